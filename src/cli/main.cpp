@@ -1,0 +1,2 @@
+// Placeholder entry point; replaced by the CLI.
+int main() { return 0; }

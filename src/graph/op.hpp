@@ -1,0 +1,138 @@
+// Ops of a step program. Each op names its input and output tensors; the order of ops in a
+// Program is the execution order. The tensor conventions of every kind are listed below and
+// are the contract between builders (graph/), the planner (plan/) and kernels (kernels/).
+//
+// Shapes: B batch, T sequence, C channels, NH heads, HS head size, V vocabulary (padded Vp),
+// N rows (B*T), L layers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "graph/tensor.hpp"
+
+namespace memfit {
+
+enum class Phase : uint8_t { forward, backward, recompute, optimizer, communication, transfer };
+inline constexpr int kNumPhases = 6;
+std::string_view phase_name(Phase p);
+
+enum class OpKind : uint16_t {
+  // --- data ---
+  load_input,          // out [tokens (B,T) i32, targets (B,T) i32]; filled by the host (data loader)
+  // --- forward / backward kernels ---
+  embedding_forward,   // in [tokens, wte (Vp,C), wpe (Tmax,C)] out [x (B,T,C)]
+  embedding_backward,  // in [dx, tokens] out [dwte, dwpe]
+  layernorm_forward,   // in [x (N,C), w (C), b (C)] out [y (N,C), mean (N), rstd (N)]
+  layernorm_backward,  // in [dy, x, w, mean, rstd] out [dx, dw, db]
+  rmsnorm_forward,     // in [x, w] out [y, rstd]
+  rmsnorm_backward,    // in [dy, x, w, rstd] out [dx, dw]
+  matmul,              // in [A, B, (bias)] out [C]: C = alpha * op(A) @ op(B) (+ bias); MatmulAttrs
+  bias_grad,           // in [dy (M,N)] out [db (N)]: column sums
+  gelu_forward,        // in [x] out [y]                 (tanh form)
+  gelu_backward,       // in [dy, x] out [dx]            dx may overwrite dy
+  swiglu_forward,      // in [gate, up] out [y]
+  swiglu_backward,     // in [dy, gate, up] out [dgate, dup]
+  rope_forward,        // in [x] out [y]
+  rope_backward,       // in [dy] out [dx]
+  attention_forward,   // in [qkv (B,T,3C)] out [y (B,T,C), probs (B,NH,T,T)]   causal, plain form
+  attention_backward,  // in [dy, qkv, probs] out [dqkv]  workspace [dprobs (B,NH,T,T)]
+  flash_attention_forward,   // in [qkv] out [y, lse (B,NH,T) fp32]
+  flash_attention_backward,  // in [dy, qkv, y, lse] out [dqkv]
+  add,                 // in [a, b] out [y = a + b]      y may overwrite a or b
+  accumulate,          // in [x] out [y]: y = x (overwrite) or y += x (accumulate)
+  classifier,          // in [x (N,C), wte (Vp,C), targets (N)] out [losses (N), dx (N,C), dwte]
+                       //   fused logits + softmax + cross-entropy + gradient, chunked over rows;
+                       //   workspace [logits chunk (R,Vp)]
+  classifier_eval,     // in [x, wte, targets] out [losses (N)] workspace [logits chunk]
+  loss_mean,           // in [losses (N)] out [loss (1)]: loss = scale * sum(losses)
+  // --- precision ---
+  cast,                // in [x] out [y] with another dtype
+  quantize,            // in [x] out [codes, scales]
+  dequantize,          // in [codes, scales] out [x]
+  check_finite,        // in [tensors...] out [flag (1)]
+  // --- optimizer ---
+  fill,                // out [x]: x = value
+  grad_norm,           // in [grads...] out [norm (1)]
+  adamw,               // in [grads... (n)] out [params... (n), m... (n), v... (n)]  (all updated in place)
+  adamw8bit,           // in [grads...] out [params..., m codes..., v codes..., m absmax..., v absmax...]
+  // --- communication (collectives over the data-parallel group) ---
+  all_reduce,          // out [x] (in place)
+  reduce_scatter,      // in [full] out [shard]
+  all_gather,          // in [shard] out [full]
+  broadcast,           // out [x] (in place)
+  // --- transfers between tiers ---
+  transfer,            // in [src] out [dst] on another tier
+};
+std::string_view op_kind_name(OpKind k);
+
+// How an op writes each output.
+enum class WriteMode : uint8_t {
+  overwrite,                     // y = f(...)
+  accumulate,                    // y += f(...): reads y first
+  accumulate_after_first_micro,  // overwrite in the first micro-step of an optimizer step,
+                                 // accumulate in the later ones (gradient accumulation)
+  update,                        // read-modify-write of state (optimizer updates)
+};
+bool write_mode_reads(WriteMode m);  // true when the op reads the output's previous value
+
+struct NoAttrs {};
+struct MatmulAttrs {
+  // C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N]; op(X) = X^T when trans_x. A is stored [M,K] or
+  // [K,M], B is stored [K,N] or [N,K]; leading dimensions are packed.
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f;
+};
+struct NormAttrs {
+  float eps = 1e-5f;
+};
+struct AttentionAttrs {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 0;  // 1/sqrt(head_dim)
+};
+struct ClassifierAttrs {
+  int64_t rows = 0;        // N
+  int64_t vocab = 0;       // real vocabulary; columns >= vocab are padding and get no probability
+  int64_t chunk_rows = 0;  // R: rows of logits materialised at once
+  float grad_scale = 1;    // d(loss)/d(loss_i): 1 / (tokens per optimizer step)
+};
+struct ScaleAttrs {
+  float scale = 1;
+};
+struct AdamWAttrs {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  std::vector<float> weight_decay;  // per parameter tensor (0 for biases and norm weights)
+};
+struct FillAttrs {
+  float value = 0;
+};
+struct CollectiveAttrs {
+  int world_size = 1;
+};
+using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
+                             ScaleAttrs, AdamWAttrs, FillAttrs, CollectiveAttrs>;
+
+struct Op {
+  OpKind kind = OpKind::fill;
+  Phase phase = Phase::forward;
+  std::string name;
+  int layer = -1;
+  std::vector<TensorId> inputs;
+  std::vector<TensorId> outputs;
+  std::vector<WriteMode> modes;      // one per output
+  std::vector<TensorId> workspace;   // scratch used only while this op runs
+  // (output index, input index): the kernel accepts the output in the input's bytes; the
+  // planner uses it when the input dies at this op.
+  std::vector<std::pair<int, int>> inplace;
+  OpAttrs attrs;
+  int replays = -1;     // a recomputed op: index of the forward op it re-emits
+  double flops = 0;     // arithmetic work of one execution
+  double comm_bytes = 0;  // bytes a collective sends per rank
+};
+
+}  // namespace memfit

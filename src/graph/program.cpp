@@ -1,0 +1,140 @@
+#include "graph/program.hpp"
+
+#include <unordered_set>
+
+#include "core/error.hpp"
+
+namespace memfit {
+
+TensorId Program::add_tensor(TensorDesc desc) {
+  MEMFIT_ASSERT(desc.view_of == kNoTensor, "use add_view for views ({})", desc.name);
+  tensors_.push_back(std::move(desc));
+  return TensorId(tensors_.size() - 1);
+}
+
+TensorId Program::add_view(TensorId base, std::string name, Shape shape, DType dtype, uint64_t offset) {
+  const TensorId root = root_of(base);
+  const TensorDesc& b = tensor(base);
+  TensorDesc v = b;
+  v.name = std::move(name);
+  v.shape = std::move(shape);
+  v.dtype = dtype;
+  v.view_of = root;
+  v.view_offset = (b.is_view() ? b.view_offset : 0) + offset;
+  MEMFIT_ASSERT(v.view_offset + v.bytes() <= tensor(root).bytes(), "view {} exceeds its root {}",
+                v.name, tensor(root).name);
+  tensors_.push_back(std::move(v));
+  return TensorId(tensors_.size() - 1);
+}
+
+int Program::add_op(Op op) {
+  if (op.modes.empty()) op.modes.assign(op.outputs.size(), WriteMode::overwrite);
+  MEMFIT_ASSERT(op.modes.size() == op.outputs.size(), "op {}: {} modes for {} outputs", op.name,
+                op.modes.size(), op.outputs.size());
+  ops_.push_back(std::move(op));
+  return int(ops_.size() - 1);
+}
+
+void Program::begin_section(std::string name, int repeat) {
+  MEMFIT_ASSERT(!section_open_, "section {} opened inside another", name);
+  MEMFIT_ASSERT(repeat >= 1, "section {} repeats {} times", name, repeat);
+  sections_.push_back(Section{std::move(name), int(ops_.size()), int(ops_.size()), repeat});
+  section_open_ = true;
+}
+
+void Program::end_section() {
+  MEMFIT_ASSERT(section_open_, "end_section without begin_section");
+  sections_.back().end = int(ops_.size());
+  section_open_ = false;
+}
+
+const TensorDesc& Program::tensor(TensorId id) const {
+  MEMFIT_ASSERT(id >= 0 && size_t(id) < tensors_.size(), "tensor id {} out of range", id);
+  return tensors_[size_t(id)];
+}
+
+TensorDesc& Program::tensor(TensorId id) {
+  MEMFIT_ASSERT(id >= 0 && size_t(id) < tensors_.size(), "tensor id {} out of range", id);
+  return tensors_[size_t(id)];
+}
+
+TensorId Program::root_of(TensorId id) const {
+  const TensorDesc& t = tensor(id);
+  return t.is_view() ? t.view_of : id;
+}
+
+TensorId Program::find_tensor(std::string_view name) const {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (tensors_[i].name == name) return TensorId(i);
+  return kNoTensor;
+}
+
+const Section* Program::find_section(std::string_view name) const {
+  for (const Section& s : sections_)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+int Program::section_of_op(int op_index) const {
+  for (size_t i = 0; i < sections_.size(); ++i)
+    if (op_index >= sections_[i].begin && op_index < sections_[i].end) return int(i);
+  return -1;
+}
+
+int64_t Program::parameter_count() const {
+  int64_t n = 0;
+  for (const ParamEntry& p : params_) n += tensor(p.value).numel();
+  return n;
+}
+
+void Program::validate() const {
+  auto check_id = [&](TensorId id, const Op& op) {
+    MEMFIT_CHECK(id >= 0 && size_t(id) < tensors_.size(), "graph", "op '{}' names tensor id {} which does not exist",
+                 op.name, id);
+  };
+  MEMFIT_CHECK(!section_open_, "graph", "section '{}' was never closed", sections_.back().name);
+  int covered = 0;
+  for (const Section& s : sections_) {
+    MEMFIT_CHECK(s.begin == covered && s.end >= s.begin, "graph", "section '{}' [{}, {}) leaves a gap or overlaps",
+                 s.name, s.begin, s.end);
+    covered = s.end;
+  }
+  MEMFIT_CHECK(covered == int(ops_.size()), "graph", "ops [{}, {}) belong to no section", covered, ops_.size());
+
+  for (const TensorDesc& t : tensors_) {
+    if (!t.is_view()) continue;
+    const TensorDesc& r = tensor(t.view_of);
+    MEMFIT_CHECK(!r.is_view() && t.view_offset + t.bytes() <= r.bytes(), "graph",
+                 "view '{}' does not fit inside its root '{}'", t.name, r.name);
+    MEMFIT_CHECK(t.tier == r.tier, "graph", "view '{}' is on another tier than its root '{}'", t.name, r.name);
+  }
+
+  // A transient root must be written (overwritten) before anything reads it within a pass
+  // over its section; persistent tensors are initialised outside the program.
+  std::vector<char> written(tensors_.size(), 0);
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (tensors_[i].lifetime == Lifetime::persistent) written[i] = 1;
+  for (const Op& op : ops_) {
+    MEMFIT_CHECK(op.modes.size() == op.outputs.size(), "graph", "op '{}' has {} write modes for {} outputs", op.name,
+                 op.modes.size(), op.outputs.size());
+    for (TensorId id : op.inputs) {
+      check_id(id, op);
+      MEMFIT_CHECK(written[size_t(root_of(id))], "graph", "op '{}' reads '{}' before anything writes it", op.name,
+                   tensor(id).name);
+    }
+    for (TensorId id : op.workspace) check_id(id, op);
+    for (size_t j = 0; j < op.outputs.size(); ++j) {
+      TensorId id = op.outputs[j];
+      check_id(id, op);
+      const bool reads = op.modes[j] == WriteMode::accumulate || op.modes[j] == WriteMode::update;
+      MEMFIT_CHECK(!reads || written[size_t(root_of(id))], "graph", "op '{}' accumulates into '{}' before it is written",
+                   op.name, tensor(id).name);
+      written[size_t(root_of(id))] = 1;
+    }
+    for (auto [o, in] : op.inplace)
+      MEMFIT_CHECK(o >= 0 && size_t(o) < op.outputs.size() && in >= 0 && size_t(in) < op.inputs.size(), "graph",
+                   "op '{}' has an in-place pair out of range", op.name);
+  }
+}
+
+}  // namespace memfit

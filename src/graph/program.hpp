@@ -1,0 +1,75 @@
+// StepProgram: the tensors and ops of one training step, in execution order, grouped into
+// sections. The trainer runs section "micro" `repeat` times (gradient accumulation), then
+// "optimizer"; "eval" runs on its own for validation. Persistent tensors (parameters,
+// optimizer state) are shared by every section, so one memory plan covers them all.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/op.hpp"
+#include "graph/tensor.hpp"
+
+namespace memfit {
+
+struct Section {
+  std::string name;
+  int begin = 0, end = 0;  // ops [begin, end)
+  int repeat = 1;          // times the trainer runs it back to back per step
+};
+
+// A trainable (or frozen) parameter and the tensors the optimizer keeps for it.
+enum class ParamInit : uint8_t { normal, zeros, ones };
+struct ParamEntry {
+  std::string name;  // HF-style name without the "transformer." prefix, e.g. "h.0.attn.c_attn.weight"
+  TensorId value = kNoTensor;
+  TensorId grad = kNoTensor;
+  TensorId master = kNoTensor;  // fp32 master copy under mixed precision
+  std::vector<TensorId> state;  // optimizer state (AdamW: m, v)
+  ParamInit init = ParamInit::normal;
+  float init_std = 0.02f;
+  bool decay = true;  // weight decay applies (matrices and embeddings; not biases or norms)
+  bool trainable = true;
+};
+
+class Program {
+ public:
+  TensorId add_tensor(TensorDesc desc);
+  // A view of bytes [offset, offset + bytes(shape, dtype)) of `base` (resolved to its root).
+  TensorId add_view(TensorId base, std::string name, Shape shape, DType dtype, uint64_t offset);
+  int add_op(Op op);  // returns the op's index
+
+  void begin_section(std::string name, int repeat = 1);
+  void end_section();
+
+  const TensorDesc& tensor(TensorId id) const;
+  TensorDesc& tensor(TensorId id);
+  TensorId root_of(TensorId id) const;
+  TensorId find_tensor(std::string_view name) const;  // kNoTensor when absent
+  const std::vector<TensorDesc>& tensors() const { return tensors_; }
+  const std::vector<Op>& ops() const { return ops_; }
+  std::vector<Op>& ops() { return ops_; }
+  const Op& op(int index) const { return ops_[size_t(index)]; }
+  const std::vector<Section>& sections() const { return sections_; }
+  const Section* find_section(std::string_view name) const;
+  int section_of_op(int op_index) const;  // -1 when outside every section
+
+  std::vector<ParamEntry>& params() { return params_; }
+  const std::vector<ParamEntry>& params() const { return params_; }
+  int64_t parameter_count() const;  // elements of all parameter tensors
+
+  // Structural checks: tensor ids in range, one write mode per output, views inside their
+  // root, sections disjoint and covering every op, every transient tensor written before it
+  // is read. Throws [graph] with the first problem found.
+  void validate() const;
+
+ private:
+  std::vector<TensorDesc> tensors_;
+  std::vector<Op> ops_;
+  std::vector<Section> sections_;
+  std::vector<ParamEntry> params_;
+  bool section_open_ = false;
+};
+
+}  // namespace memfit

@@ -1,0 +1,65 @@
+// The narrow interface between the step program and the code that computes. A Backend turns
+// each op of a program into a PreparedOp whose tensor addresses are fixed (arenas never move),
+// so that running a step is a loop of run() calls with no allocation and no lookups.
+// Nothing above kernels/ knows which backend runs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "graph/program.hpp"
+
+namespace memfit {
+
+// Values that change from step to step and are therefore not baked into the program.
+struct StepContext {
+  int64_t step = 1;         // optimizer step, 1-based (AdamW bias correction)
+  float lr = 0;             // learning rate of this step
+  float loss_scale = 1;     // multiplies d(loss)/d(logits) (fp16 loss scaling); 1 otherwise
+  int micro = 0;            // index of the micro-step within the optimizer step
+  int micro_count = 1;      // micro-steps per optimizer step
+};
+
+// Whether an output written with `mode` is accumulated into (true) or overwritten (false).
+inline bool accumulates(WriteMode mode, const StepContext& ctx) {
+  switch (mode) {
+    case WriteMode::overwrite: return false;
+    case WriteMode::accumulate: return true;
+    case WriteMode::update: return true;
+    case WriteMode::accumulate_after_first_micro: return ctx.micro > 0;
+  }
+  return false;
+}
+
+// Addresses of an op's tensors, in the op's order; nullptr for an output that is kNoTensor.
+// workspace lists the op's own workspace tensors, then the backend scratch (if any) last.
+struct OpBinding {
+  std::vector<void*> inputs;
+  std::vector<void*> outputs;
+  std::vector<void*> workspace;
+};
+
+class PreparedOp {
+ public:
+  virtual ~PreparedOp() = default;
+  virtual void run(const StepContext& ctx) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  // Bytes of library scratch the op's kernel needs beyond the op's own workspace tensors
+  // (oneDNN's user scratchpad on the CPU). The program gets one more workspace tensor of this
+  // size, so the plan counts it.
+  virtual uint64_t scratch_bytes(const Program& program, const Op& op) const = 0;
+  // Throws [kernels] naming the op kind when this backend has no kernel for it.
+  virtual std::unique_ptr<PreparedOp> prepare(const Program& program, const Op& op, const OpBinding& binding) = 0;
+};
+
+// The CPU backend: oneDNN for matrix products, OpenMP loops for the rest.
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace memfit
