@@ -125,6 +125,7 @@ void Program::validate() const {
     for (TensorId id : op.workspace) check_id(id, op);
     for (size_t j = 0; j < op.outputs.size(); ++j) {
       TensorId id = op.outputs[j];
+      if (id == kNoTensor) continue;  // an output the op need not compute
       check_id(id, op);
       const bool reads = op.modes[j] == WriteMode::accumulate || op.modes[j] == WriteMode::update;
       MEMFIT_CHECK(!reads || written[size_t(root_of(id))], "graph", "op '{}' accumulates into '{}' before it is written",

@@ -1,0 +1,81 @@
+#include "cli/options.hpp"
+
+#include <omp.h>
+
+#include "core/bytes.hpp"
+
+namespace memfit::cli {
+
+template <typename T>
+void RunOptions::add(CLI::App& app, const std::string& name, const std::string& help,
+                     std::function<void(RunConfig&, T)> apply) {
+  app.add_option_function<T>(name, [this, apply](const T& v) { given_.push_back([apply, v](RunConfig& c) { apply(c, v); }); },
+                             help);
+}
+
+RunOptions::RunOptions(CLI::App& app, bool training) {
+  app.add_option("--config", config_file_, "JSON config file (memfit keys and DeepSpeed keys); flags override it");
+  add<std::string>(app, "--model", "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl) or HF config.json path",
+                   [](RunConfig& c, std::string v) { c.model = v; });
+  add<int64_t>(app, "--batch", "micro-batch size B", [](RunConfig& c, int64_t v) { c.policy.batch = v; });
+  add<int64_t>(app, "--seq", "sequence length T", [](RunConfig& c, int64_t v) { c.policy.seq = v; });
+  add<int>(app, "--grad-accum", "micro-steps per optimizer step", [](RunConfig& c, int v) { c.policy.grad_accum = v; });
+  add<std::string>(app, "--precision", "fp32 | bf16 | fp16",
+                   [](RunConfig& c, std::string v) { c.policy.precision = parse_precision(v); });
+  add<std::string>(app, "--grad-dtype", "gradient buffer dtype: fp32 | bf16 | fp16",
+                   [](RunConfig& c, std::string v) { c.policy.grad_dtype = parse_dtype(v); });
+  add<std::string>(app, "--recompute", "none | full | every:K | selective[:ops] | auto",
+                   [](RunConfig& c, std::string v) { c.policy.recompute = parse_recompute(v); });
+  add<std::string>(app, "--attention", "naive | flash",
+                   [](RunConfig& c, std::string v) { c.policy.attention = parse_attention(v); });
+  add<std::string>(app, "--optimizer", "adamw | adamw8bit",
+                   [](RunConfig& c, std::string v) { c.policy.optimizer = parse_optimizer(v); });
+  add<int>(app, "--zero", "ZeRO stage 0..3", [](RunConfig& c, int v) { c.policy.zero_stage = v; });
+  add<std::string>(app, "--offload-optimizer", "device | host | disk",
+                   [](RunConfig& c, std::string v) { c.policy.offload_optimizer = parse_tier(v); });
+  add<std::string>(app, "--offload-params", "device | host | disk",
+                   [](RunConfig& c, std::string v) { c.policy.offload_params = parse_tier(v); });
+  add<float>(app, "--weight-decay", "AdamW weight decay (matrices and embeddings)",
+             [](RunConfig& c, float v) { c.policy.adamw.weight_decay = v; });
+  add<float>(app, "--beta1", "AdamW beta1", [](RunConfig& c, float v) { c.policy.adamw.beta1 = v; });
+  add<float>(app, "--beta2", "AdamW beta2", [](RunConfig& c, float v) { c.policy.adamw.beta2 = v; });
+  add<float>(app, "--adam-eps", "AdamW epsilon", [](RunConfig& c, float v) { c.policy.adamw.eps = v; });
+  add<int64_t>(app, "--classifier-chunk", "rows of logits materialised at once (0: automatic)",
+               [](RunConfig& c, int64_t v) { c.policy.classifier_chunk_rows = v; });
+  add<int>(app, "--threads", "OpenMP threads for kernels (default: OMP_NUM_THREADS or all cores)",
+           [](RunConfig&, int v) { omp_set_num_threads(v); });
+  add<std::string>(app, "--memory-budget", "device memory budget, e.g. 16GiB (default: available RAM)",
+                   [](RunConfig& c, std::string v) { c.memory_budget = parse_bytes(v); });
+  add<double>(app, "--val-fraction", "share of the data held out for validation (0: none)",
+              [](RunConfig& c, double v) { c.val_fraction = v; });
+  if (!training) return;
+  add<std::string>(app, "--data", "token file (llm.c .bin, nanoGPT .bin) or text file; default: built-in synthetic corpus",
+                   [](RunConfig& c, std::string v) { c.data = v; });
+  add<std::string>(app, "--data-format", "auto | llmc | nanogpt | text",
+                   [](RunConfig& c, std::string v) { c.data_format = parse_token_format(v); });
+  add<int64_t>(app, "--steps", "optimizer steps", [](RunConfig& c, int64_t v) { c.steps = v; });
+  add<float>(app, "--lr", "learning rate", [](RunConfig& c, float v) { c.lr = v; });
+  add<int64_t>(app, "--warmup", "linear warmup steps", [](RunConfig& c, int64_t v) { c.warmup_steps = v; });
+  add<uint64_t>(app, "--seed", "seed of initialisation, synthetic data and shuffling",
+                [](RunConfig& c, uint64_t v) { c.seed = v; });
+  add<bool>(app, "--shuffle", "read batches in a seeded random order", [](RunConfig& c, bool v) { c.shuffle = v; });
+  add<int64_t>(app, "--eval-every", "validation loss every N steps (0: at the end only)",
+               [](RunConfig& c, int64_t v) { c.eval_every = v; });
+  add<int64_t>(app, "--eval-batches", "validation batches per evaluation", [](RunConfig& c, int64_t v) { c.eval_batches = v; });
+  add<std::string>(app, "--load", "initial weights: .safetensors file or HF model directory",
+                   [](RunConfig& c, std::string v) { c.load = v; });
+  add<std::string>(app, "--save", "write weights: directory (model.safetensors + config.json) or .safetensors file",
+                   [](RunConfig& c, std::string v) { c.save = v; });
+  add<std::string>(app, "--report-json", "write the run report to this file",
+                   [](RunConfig& c, std::string v) { c.report_json = v; });
+  add<int64_t>(app, "--log-every", "progress line every N steps", [](RunConfig& c, int64_t v) { c.log_every = v; });
+}
+
+RunConfig RunOptions::resolve() const {
+  RunConfig c;
+  if (!config_file_.empty()) apply_config_file(config_file_, c);
+  for (const auto& apply : given_) apply(c);
+  return c;
+}
+
+}  // namespace memfit::cli

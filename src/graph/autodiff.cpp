@@ -1,0 +1,163 @@
+#include "graph/autodiff.hpp"
+
+#include "core/error.hpp"
+
+namespace memfit {
+
+Autodiff::Autodiff(GraphBuilder& builder, bool persistent_param_grads)
+    : b_(builder), p_(builder.program()), persistent_param_grads_(persistent_param_grads) {
+  for (const ParamEntry& e : p_.params())
+    if (e.grad != kNoTensor) grads_[e.value] = e.grad;
+}
+
+TensorId Autodiff::grad(TensorId x) const {
+  auto it = grads_.find(x);
+  return it == grads_.end() ? kNoTensor : it->second;
+}
+
+std::pair<TensorId, WriteMode> Autodiff::contribute(TensorId x) {
+  const TensorDesc& t = p_.tensor(x);
+  MEMFIT_ASSERT(t.requires_grad, "gradient contributed to {}, which does not require one", t.name);
+  const bool is_param = t.category == Category::parameters;
+  auto it = grads_.find(x);
+  if (it != grads_.end()) {
+    // A persistent parameter gradient registered up front: its first write in a micro-step
+    // overwrites in the first micro-step and accumulates in later ones.
+    const bool first_write = is_param && persistent_param_grads_ && written_.insert(x).second;
+    return {it->second, first_write ? WriteMode::accumulate_after_first_micro : WriteMode::accumulate};
+  }
+  MEMFIT_ASSERT(!(is_param && persistent_param_grads_), "parameter {} has no persistent gradient", t.name);
+  const int saved_layer = b_.layer();
+  b_.set_layer(t.layer);
+  const TensorId g = b_.transient("d." + t.name, t.shape, is_param ? Category::gradients : Category::temporaries);
+  b_.set_layer(saved_layer);
+  grads_[x] = g;
+  if (is_param) {
+    for (ParamEntry& e : p_.params())
+      if (e.value == x) e.grad = g;
+  }
+  return {g, WriteMode::overwrite};
+}
+
+void Autodiff::backward(int begin, int end) {
+  const Phase saved = b_.phase();
+  b_.set_phase(Phase::backward);
+  for (int i = end - 1; i >= begin; --i) {
+    const Op fwd = p_.op(i);  // copy: emitting ops may reallocate the op vector
+    if (fwd.phase != Phase::forward) continue;
+    b_.set_layer(fwd.layer);
+    backward_of(fwd);
+  }
+  b_.set_layer(-1);
+  b_.set_phase(saved);
+}
+
+void Autodiff::backward_of(const Op& fwd) {
+  auto needs = [&](TensorId t) { return t != kNoTensor && p_.tensor(t).requires_grad; };
+  // Ops whose outputs received no gradient contribute nothing.
+  const TensorId dy = grad(fwd.outputs[0]);
+  if (dy == kNoTensor) return;
+  const std::string bname = fwd.name + ".bwd";
+  switch (fwd.kind) {
+    case OpKind::matmul: return matmul_backward(fwd, dy);
+    case OpKind::add: return add_backward(fwd, dy);
+    case OpKind::embedding_forward: {
+      const TensorId tokens = fwd.inputs[0], wte = fwd.inputs[1], wpe = fwd.inputs[2];
+      std::vector<TensorId> outs{kNoTensor, kNoTensor};
+      std::vector<WriteMode> modes{WriteMode::overwrite, WriteMode::overwrite};
+      if (needs(wte)) std::tie(outs[0], modes[0]) = contribute(wte);
+      if (needs(wpe)) std::tie(outs[1], modes[1]) = contribute(wpe);
+      b_.emit({OpKind::embedding_backward, bname, {dy, tokens}, outs, NoAttrs{}, double(p_.tensor(dy).numel()), modes});
+      return;
+    }
+    case OpKind::layernorm_forward: {
+      const TensorId x = fwd.inputs[0], w = fwd.inputs[1], bias = fwd.inputs[2];
+      const TensorId mean = fwd.outputs[1], rstd = fwd.outputs[2];
+      std::vector<TensorId> outs{kNoTensor, kNoTensor, kNoTensor};
+      std::vector<WriteMode> modes(3, WriteMode::overwrite);
+      if (needs(x)) std::tie(outs[0], modes[0]) = contribute(x);
+      if (needs(w)) std::tie(outs[1], modes[1]) = contribute(w);
+      if (needs(bias)) std::tie(outs[2], modes[2]) = contribute(bias);
+      b_.emit({OpKind::layernorm_backward, bname, {dy, x, w, mean, rstd}, outs, fwd.attrs,
+               12.0 * double(p_.tensor(x).numel()), modes});
+      return;
+    }
+    case OpKind::gelu_forward: {
+      const TensorId x = fwd.inputs[0];
+      if (!needs(x)) return;
+      auto [dx, mode] = contribute(x);
+      // dx may reuse dy's bytes when dy dies here and dx is fresh.
+      std::vector<std::pair<int, int>> inplace;
+      if (mode == WriteMode::overwrite) inplace.push_back({0, 0});
+      b_.emit({OpKind::gelu_backward, bname, {dy, x}, {dx}, NoAttrs{}, 16.0 * double(p_.tensor(x).numel()), {mode}, {},
+               inplace});
+      return;
+    }
+    case OpKind::attention_forward: {
+      const TensorId qkv = fwd.inputs[0], probs = fwd.outputs[1];
+      if (!needs(qkv)) return;
+      const auto& a = std::get<AttentionAttrs>(fwd.attrs);
+      auto [dqkv, mode] = contribute(qkv);
+      const TensorId dprobs = b_.transient(fwd.name + ".dprobs", p_.tensor(probs).shape, Category::temporaries);
+      const double flops = 8.0 * double(a.batch * a.heads) * double(a.seq * a.seq) * double(a.head_dim) +
+                           6.0 * double(a.batch * a.heads * a.seq * a.seq);
+      b_.emit({OpKind::attention_backward, bname, {dy, qkv, probs}, {dqkv}, fwd.attrs, flops, {mode}, {dprobs}});
+      return;
+    }
+    default:
+      MEMFIT_CHECK(false, "graph", "no backward rule for forward op '{}' of kind {}", fwd.name, op_kind_name(fwd.kind));
+  }
+}
+
+void Autodiff::matmul_backward(const Op& fwd, TensorId dy) {
+  const auto& a = std::get<MatmulAttrs>(fwd.attrs);
+  MEMFIT_ASSERT(!a.trans_a, "matmul backward of {} with a transposed A is not emitted by any builder", fwd.name);
+  const TensorId A = fwd.inputs[0], B = fwd.inputs[1];
+  const TensorId bias = fwd.inputs.size() > 2 ? fwd.inputs[2] : kNoTensor;
+  const double flops = 2.0 * double(a.m) * double(a.n) * double(a.k);
+  auto needs = [&](TensorId t) { return t != kNoTensor && p_.tensor(t).requires_grad; };
+  if (needs(A)) {
+    // dA[M,K] = dC[M,N] @ op(B)^T
+    auto [dA, mode] = contribute(A);
+    MatmulAttrs g{a.m, a.k, a.n, false, !a.trans_b, a.alpha};
+    b_.emit({OpKind::matmul, fwd.name + ".bwd_input", {dy, B}, {dA}, g, flops, {mode}});
+  }
+  if (needs(B)) {
+    auto [dB, mode] = contribute(B);
+    if (a.trans_b) {
+      // B stored [N,K]: dB[N,K] = dC^T[N,M] @ A[M,K]
+      MatmulAttrs g{a.n, a.k, a.m, true, false, a.alpha};
+      b_.emit({OpKind::matmul, fwd.name + ".bwd_weight", {dy, A}, {dB}, g, flops, {mode}});
+    } else {
+      // B stored [K,N]: dB[K,N] = A^T[K,M] @ dC[M,N]
+      MatmulAttrs g{a.k, a.n, a.m, true, false, a.alpha};
+      b_.emit({OpKind::matmul, fwd.name + ".bwd_weight", {A, dy}, {dB}, g, flops, {mode}});
+    }
+  }
+  if (needs(bias)) {
+    auto [db, mode] = contribute(bias);
+    b_.emit({OpKind::bias_grad, fwd.name + ".bwd_bias", {dy}, {db}, NoAttrs{}, double(a.m) * double(a.n), {mode}});
+  }
+}
+
+void Autodiff::add_backward(const Op& fwd, TensorId dy) {
+  const TensorId a = fwd.inputs[0], b = fwd.inputs[1];
+  // d(a + b)/da = d(a + b)/db = dy. The first input takes dy's buffer as its gradient when it
+  // has none yet: every contribution to dy has already been made (its consumers come later
+  // in forward order, so earlier in this reverse walk), and later contributions to a's
+  // gradient then accumulate straight into it. The second input gets a copy, because a's
+  // later contributions would otherwise change it while it is still being read.
+  for (int which = 0; which < 2; ++which) {
+    const TensorId x = which == 0 ? a : b;
+    if (!p_.tensor(x).requires_grad) continue;
+    if (which == 0 && grad(x) == kNoTensor && p_.tensor(x).category != Category::parameters) {
+      grads_[x] = dy;
+      continue;
+    }
+    auto [dx, mode] = contribute(x);
+    b_.emit({OpKind::accumulate, fwd.name + (which == 0 ? ".bwd_a" : ".bwd_b"), {dy}, {dx}, NoAttrs{},
+             double(p_.tensor(dy).numel()), {mode}});
+  }
+}
+
+}  // namespace memfit

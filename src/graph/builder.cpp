@@ -1,0 +1,134 @@
+#include "graph/builder.hpp"
+
+#include "core/error.hpp"
+
+namespace memfit {
+
+TensorId GraphBuilder::parameter(std::string name, Shape shape, ParamInit init, float init_std, bool decay) {
+  TensorDesc d;
+  d.name = name;
+  d.shape = std::move(shape);
+  d.category = Category::parameters;
+  d.lifetime = Lifetime::persistent;
+  d.requires_grad = true;
+  d.layer = layer_;
+  const TensorId id = p_.add_tensor(std::move(d));
+  ParamEntry e;
+  e.name = std::move(name);
+  e.value = id;
+  e.init = init;
+  e.init_std = init_std;
+  e.decay = decay;
+  p_.params().push_back(std::move(e));
+  return id;
+}
+
+TensorId GraphBuilder::persistent(std::string name, Shape shape, Category category, DType dtype) {
+  TensorDesc d;
+  d.name = std::move(name);
+  d.shape = std::move(shape);
+  d.dtype = dtype;
+  d.category = category;
+  d.lifetime = Lifetime::persistent;
+  d.layer = layer_;
+  return p_.add_tensor(std::move(d));
+}
+
+TensorId GraphBuilder::transient(std::string name, Shape shape, Category category, DType dtype) {
+  TensorDesc d;
+  d.name = std::move(name);
+  d.shape = std::move(shape);
+  d.dtype = dtype;
+  d.category = category;
+  d.lifetime = Lifetime::transient;
+  d.layer = layer_;
+  return p_.add_tensor(std::move(d));
+}
+
+int GraphBuilder::emit(OpSpec spec) {
+  Op op;
+  op.kind = spec.kind;
+  op.phase = phase_;
+  op.name = std::move(spec.name);
+  op.layer = layer_;
+  op.inputs = std::move(spec.inputs);
+  op.outputs = std::move(spec.outputs);
+  op.modes = std::move(spec.modes);
+  op.workspace = std::move(spec.workspace);
+  op.inplace = std::move(spec.inplace);
+  op.attrs = std::move(spec.attrs);
+  op.flops = spec.flops;
+  return p_.add_op(std::move(op));
+}
+
+TensorId GraphBuilder::activation_like(const std::string& name, Shape shape, std::initializer_list<TensorId> inputs) {
+  const TensorId id = transient(name, std::move(shape), Category::activations);
+  bool grad = false;
+  for (TensorId in : inputs) grad = grad || (grad_enabled_ && p_.tensor(in).requires_grad);
+  p_.tensor(id).requires_grad = grad;
+  return id;
+}
+
+TensorId GraphBuilder::embedding(const std::string& name, TensorId tokens, TensorId wte, TensorId wpe) {
+  const Shape& ts = p_.tensor(tokens).shape;
+  const int64_t C = p_.tensor(wte).shape[1];
+  const TensorId x = activation_like(name, Shape{ts[0], ts[1], C}, {wte, wpe});
+  emit({OpKind::embedding_forward, name, {tokens, wte, wpe}, {x}, NoAttrs{}, double(ts.numel() * C)});
+  return x;
+}
+
+GraphBuilder::NormOut GraphBuilder::layernorm(const std::string& name, TensorId x, TensorId w, TensorId b, float eps) {
+  const Shape& s = p_.tensor(x).shape;
+  NormOut out;
+  out.y = activation_like(name + ".y", s, {x, w, b});
+  out.mean = activation_like(name + ".mean", Shape{s.rows()}, {x});
+  out.rstd = activation_like(name + ".rstd", Shape{s.rows()}, {x});
+  emit({OpKind::layernorm_forward, name, {x, w, b}, {out.y, out.mean, out.rstd}, NormAttrs{eps}, 8.0 * double(s.numel())});
+  return out;
+}
+
+TensorId GraphBuilder::linear(const std::string& name, TensorId x, TensorId w, TensorId b) {
+  const Shape& xs = p_.tensor(x).shape;
+  const Shape& ws = p_.tensor(w).shape;
+  MEMFIT_ASSERT(ws.rank() == 2 && ws[1] == xs.last(), "linear {}: weight {} does not match input {}", name,
+                ws.to_string(), xs.to_string());
+  std::vector<int64_t> dims = xs.dims();
+  dims.back() = ws[0];
+  const TensorId y = activation_like(name + ".y", Shape(dims), {x, w});
+  if (grad_enabled_ && b != kNoTensor && p_.tensor(b).requires_grad) p_.tensor(y).requires_grad = true;
+  MatmulAttrs a;
+  a.m = xs.rows();
+  a.n = ws[0];
+  a.k = ws[1];
+  a.trans_b = true;
+  std::vector<TensorId> inputs = {x, w};
+  if (b != kNoTensor) inputs.push_back(b);
+  emit({OpKind::matmul, name, std::move(inputs), {y}, a, 2.0 * double(a.m) * double(a.n) * double(a.k)});
+  return y;
+}
+
+TensorId GraphBuilder::gelu(const std::string& name, TensorId x) {
+  const TensorId y = activation_like(name + ".y", p_.tensor(x).shape, {x});
+  emit({OpKind::gelu_forward, name, {x}, {y}, NoAttrs{}, 10.0 * double(p_.tensor(x).numel())});
+  return y;
+}
+
+TensorId GraphBuilder::add(const std::string& name, TensorId a, TensorId b) {
+  const TensorId y = activation_like(name, p_.tensor(a).shape, {a, b});
+  emit({OpKind::add, name, {a, b}, {y}, NoAttrs{}, double(p_.tensor(a).numel()), {}, {}, {{0, 0}, {0, 1}}});
+  return y;
+}
+
+GraphBuilder::AttentionOut GraphBuilder::attention(const std::string& name, TensorId qkv, const AttentionAttrs& a) {
+  const int64_t C = a.heads * a.head_dim;
+  AttentionOut out;
+  out.y = activation_like(name + ".y", Shape{a.batch, a.seq, C}, {qkv});
+  out.probs = activation_like(name + ".probs", Shape{a.batch, a.heads, a.seq, a.seq}, {qkv});
+  // Two batched products over the full T x T square (the causal half is masked, not skipped).
+  const double flops = 4.0 * double(a.batch * a.heads) * double(a.seq * a.seq) * double(a.head_dim) +
+                       5.0 * double(a.batch * a.heads * a.seq * a.seq);
+  emit({OpKind::attention_forward, name, {qkv}, {out.y, out.probs}, a, flops});
+  return out;
+}
+
+}  // namespace memfit

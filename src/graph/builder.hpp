@@ -1,0 +1,68 @@
+// GraphBuilder: the vocabulary model builders use to emit a step program. It names tensors,
+// counts FLOPs per op, tags ops with the current layer and phase, and marks forward outputs
+// as requiring gradients when any input does (so autodiff knows where gradients flow).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graph/program.hpp"
+
+namespace memfit {
+
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(Program& program) : p_(program) {}
+  Program& program() { return p_; }
+
+  void set_layer(int layer) { layer_ = layer; }
+  int layer() const { return layer_; }
+  void set_phase(Phase phase) { phase_ = phase; }
+  Phase phase() const { return phase_; }
+  // Off while emitting forward passes that are never differentiated (validation).
+  void set_grad_enabled(bool on) { grad_enabled_ = on; }
+
+  // A persistent, trainable parameter (registered in program().params()).
+  TensorId parameter(std::string name, Shape shape, ParamInit init, float init_std, bool decay);
+  TensorId persistent(std::string name, Shape shape, Category category, DType dtype = DType::f32);
+  TensorId transient(std::string name, Shape shape, Category category, DType dtype = DType::f32);
+
+  struct OpSpec {
+    OpKind kind;
+    std::string name;
+    std::vector<TensorId> inputs;
+    std::vector<TensorId> outputs;
+    OpAttrs attrs = NoAttrs{};
+    double flops = 0;
+    std::vector<WriteMode> modes = {};
+    std::vector<TensorId> workspace = {};
+    std::vector<std::pair<int, int>> inplace = {};
+  };
+  int emit(OpSpec spec);  // returns the op index
+
+  // --- forward ops (activations are transient fp32 of category activations) ---
+  TensorId embedding(const std::string& name, TensorId tokens, TensorId wte, TensorId wpe);
+  struct NormOut {
+    TensorId y, mean, rstd;
+  };
+  NormOut layernorm(const std::string& name, TensorId x, TensorId w, TensorId b, float eps);
+  // y (N, out) = x (N, in) @ w^T + b, with w stored [out, in] (nn.Linear layout).
+  TensorId linear(const std::string& name, TensorId x, TensorId w, TensorId b);
+  TensorId gelu(const std::string& name, TensorId x);
+  TensorId add(const std::string& name, TensorId a, TensorId b);
+  struct AttentionOut {
+    TensorId y, probs;
+  };
+  AttentionOut attention(const std::string& name, TensorId qkv, const AttentionAttrs& attrs);
+
+ private:
+  TensorId activation_like(const std::string& name, Shape shape, std::initializer_list<TensorId> inputs);
+
+  Program& p_;
+  int layer_ = -1;
+  Phase phase_ = Phase::forward;
+  bool grad_enabled_ = true;
+};
+
+}  // namespace memfit

@@ -1,0 +1,28 @@
+// GPT-2: parameters with HF names and GPT-2 initialisation, and the forward pass as ops.
+// Linear weights are kept [out, in] (nn.Linear layout); io/ transposes HF's Conv1D [in, out].
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graph/builder.hpp"
+#include "graph/model_spec.hpp"
+
+namespace memfit {
+
+struct Gpt2Block {
+  TensorId ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+};
+struct Gpt2Params {
+  TensorId wte, wpe, lnf_w, lnf_b;
+  std::vector<Gpt2Block> blocks;
+};
+
+Gpt2Params declare_gpt2_parameters(GraphBuilder& b, const ModelSpec& spec);
+
+// Emits the forward pass for tokens (B, T); returns the final normalised hidden state (B, T, C).
+// `prefix` keeps tensor names unique when the forward is emitted twice (training and eval).
+TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& spec, const Gpt2Params& params, TensorId tokens,
+                      const std::string& prefix);
+
+}  // namespace memfit

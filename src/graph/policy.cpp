@@ -1,0 +1,94 @@
+#include "graph/policy.hpp"
+
+#include <charconv>
+
+#include "core/error.hpp"
+
+namespace memfit {
+
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+  }
+  return "?";
+}
+
+Precision parse_precision(std::string_view s) {
+  if (s == "fp32" || s == "float32") return Precision::fp32;
+  if (s == "bf16" || s == "bfloat16") return Precision::bf16;
+  if (s == "fp16" || s == "float16") return Precision::fp16;
+  throw Error("policy", fmt::format("unknown precision '{}' (expected fp32, bf16 or fp16)", s));
+}
+
+std::string_view attention_name(AttentionKind a) { return a == AttentionKind::naive ? "naive" : "flash"; }
+
+AttentionKind parse_attention(std::string_view s) {
+  if (s == "naive") return AttentionKind::naive;
+  if (s == "flash") return AttentionKind::flash;
+  throw Error("policy", fmt::format("unknown attention '{}' (expected naive or flash)", s));
+}
+
+std::string_view optimizer_name(OptimizerKind o) { return o == OptimizerKind::adamw ? "adamw" : "adamw8bit"; }
+
+OptimizerKind parse_optimizer(std::string_view s) {
+  if (s == "adamw") return OptimizerKind::adamw;
+  if (s == "adamw8bit") return OptimizerKind::adamw8bit;
+  throw Error("policy", fmt::format("unknown optimizer '{}' (expected adamw or adamw8bit)", s));
+}
+
+std::string RecomputePolicy::to_string() const {
+  switch (mode) {
+    case RecomputeMode::none: return "none";
+    case RecomputeMode::full: return "full";
+    case RecomputeMode::every: return every > 0 ? fmt::format("every:{}", every) : "every:sqrt";
+    case RecomputeMode::automatic: return "auto";
+    case RecomputeMode::selective: {
+      std::string s = "selective";
+      for (size_t i = 0; i < ops.size(); ++i) s += (i ? "," : ":") + ops[i];
+      return s;
+    }
+  }
+  return "?";
+}
+
+RecomputePolicy parse_recompute(std::string_view s) {
+  RecomputePolicy r;
+  const auto colon = s.find(':');
+  const std::string_view head = s.substr(0, colon);
+  const std::string_view tail = colon == std::string_view::npos ? std::string_view{} : s.substr(colon + 1);
+  if (head == "none" && tail.empty()) return r;
+  if (head == "full" && tail.empty()) {
+    r.mode = RecomputeMode::full;
+    return r;
+  }
+  if (head == "auto" && tail.empty()) {
+    r.mode = RecomputeMode::automatic;
+    return r;
+  }
+  if (head == "every") {
+    r.mode = RecomputeMode::every;
+    if (tail == "sqrt") return r;  // every = 0: chosen from the layer count
+    int k = 0;
+    auto [p, ec] = std::from_chars(tail.data(), tail.data() + tail.size(), k);
+    if (ec == std::errc() && p == tail.data() + tail.size() && k >= 1) {
+      r.every = k;
+      return r;
+    }
+  }
+  if (head == "selective") {
+    r.mode = RecomputeMode::selective;
+    std::string_view rest = tail.empty() ? std::string_view("attention") : tail;
+    while (!rest.empty()) {
+      const auto comma = rest.find(',');
+      r.ops.emplace_back(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    }
+    return r;
+  }
+  throw Error("policy",
+              fmt::format("unknown recompute policy '{}' (expected none, full, every:K, every:sqrt, selective[:op,...] or auto)", s));
+}
+
+}  // namespace memfit

@@ -1,0 +1,64 @@
+// Policy: how a model is trained (precision, recomputation, attention kind, batch shape,
+// accumulation, optimizer, sharding, offload). Every field is a transformation of the step
+// program; the builder rejects combinations it cannot express yet with a clear [graph] error.
+// Topology: where the program runs (data-parallel world).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "graph/tensor.hpp"
+
+namespace memfit {
+
+enum class Precision : uint8_t { fp32, bf16, fp16 };
+enum class AttentionKind : uint8_t { naive, flash };
+enum class OptimizerKind : uint8_t { adamw, adamw8bit };
+enum class RecomputeMode : uint8_t { none, full, every, selective, automatic };
+
+std::string_view precision_name(Precision p);
+Precision parse_precision(std::string_view s);
+std::string_view attention_name(AttentionKind a);
+AttentionKind parse_attention(std::string_view s);
+std::string_view optimizer_name(OptimizerKind o);
+OptimizerKind parse_optimizer(std::string_view s);
+
+struct RecomputePolicy {
+  RecomputeMode mode = RecomputeMode::none;
+  int every = 0;                  // every:K keeps the input of every K-th block
+  std::vector<std::string> ops;   // selective: which ops are recomputed
+  std::string to_string() const;
+};
+RecomputePolicy parse_recompute(std::string_view s);
+
+struct AdamWConfig {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.01f;  // PyTorch's default; applied to matrices and embeddings only
+};
+
+struct Policy {
+  int64_t batch = 4;    // micro-batch rows (B)
+  int64_t seq = 64;     // sequence length (T)
+  int grad_accum = 1;   // micro-steps per optimizer step
+  Precision precision = Precision::fp32;
+  DType grad_dtype = DType::f32;
+  RecomputePolicy recompute;
+  AttentionKind attention = AttentionKind::naive;
+  OptimizerKind optimizer = OptimizerKind::adamw;
+  AdamWConfig adamw;
+  int zero_stage = 0;
+  Tier offload_optimizer = Tier::device;
+  Tier offload_params = Tier::device;
+  int64_t classifier_chunk_rows = 0;  // 0: chosen by the builder (logits chunk of about 64 MiB at most)
+  bool with_eval = true;              // add the "eval" section (validation loss)
+};
+
+struct Topology {
+  int world_size = 1;
+  int rank = 0;
+};
+
+}  // namespace memfit

@@ -1,0 +1,150 @@
+#include "graph/training_program.hpp"
+
+#include <algorithm>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+#include "graph/autodiff.hpp"
+#include "graph/gpt2.hpp"
+
+namespace memfit {
+
+namespace {
+
+void check_supported(const ModelSpec& spec, const Policy& p, const Topology& topo) {
+  auto unsupported = [](std::string_view what) {
+    throw Error("policy", fmt::format("{} is not supported by this build yet", what));
+  };
+  MEMFIT_CHECK(p.batch >= 1, "policy", "batch must be at least 1 (got {})", p.batch);
+  MEMFIT_CHECK(p.seq >= 1, "policy", "sequence length must be at least 1 (got {})", p.seq);
+  MEMFIT_CHECK(p.grad_accum >= 1, "policy", "gradient accumulation must be at least 1 (got {})", p.grad_accum);
+  MEMFIT_CHECK(p.seq <= spec.max_seq, "policy", "sequence length {} exceeds the context of model '{}' ({} positions)",
+               p.seq, spec.name, spec.max_seq);
+  if (spec.arch != Arch::gpt2) unsupported(fmt::format("training the {} architecture", arch_name(spec.arch)));
+  if (p.precision != Precision::fp32) unsupported(fmt::format("precision {}", precision_name(p.precision)));
+  if (p.grad_dtype != DType::f32) unsupported(fmt::format("gradient dtype {}", dtype_name(p.grad_dtype)));
+  if (p.recompute.mode != RecomputeMode::none) unsupported(fmt::format("recompute {}", p.recompute.to_string()));
+  if (p.attention != AttentionKind::naive) unsupported(fmt::format("attention {}", attention_name(p.attention)));
+  if (p.optimizer != OptimizerKind::adamw) unsupported(fmt::format("optimizer {}", optimizer_name(p.optimizer)));
+  if (p.zero_stage != 0) unsupported(fmt::format("ZeRO stage {}", p.zero_stage));
+  if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
+  if (topo.world_size != 1) unsupported(fmt::format("world size {}", topo.world_size));
+}
+
+void emit_adamw(GraphBuilder& b, const Policy& policy) {
+  Program& p = b.program();
+  b.set_phase(Phase::optimizer);
+  b.set_layer(-1);
+  AdamWAttrs a;
+  a.beta1 = policy.adamw.beta1;
+  a.beta2 = policy.adamw.beta2;
+  a.eps = policy.adamw.eps;
+  std::vector<TensorId> grads, params, ms, vs;
+  double elements = 0;
+  for (const ParamEntry& e : p.params()) {
+    if (!e.trainable) continue;
+    MEMFIT_ASSERT(e.grad != kNoTensor, "parameter {} received no gradient", e.name);
+    grads.push_back(e.grad);
+    params.push_back(e.value);
+    ms.push_back(e.state[0]);
+    vs.push_back(e.state[1]);
+    a.weight_decay.push_back(e.decay ? policy.adamw.weight_decay : 0.0f);
+    elements += double(p.tensor(e.value).numel());
+  }
+  std::vector<TensorId> outputs = params;
+  outputs.insert(outputs.end(), ms.begin(), ms.end());
+  outputs.insert(outputs.end(), vs.begin(), vs.end());
+  std::vector<WriteMode> modes(outputs.size(), WriteMode::update);
+  b.emit({OpKind::adamw, "adamw", grads, outputs, a, 12.0 * elements, modes});
+}
+
+}  // namespace
+
+int64_t classifier_chunk_rows(const ModelSpec& spec, const Policy& policy) {
+  const int64_t rows = policy.batch * policy.seq;
+  if (policy.classifier_chunk_rows > 0) return std::min(rows, policy.classifier_chunk_rows);
+  // About 64 MiB of fp32 logits at once, in multiples of 16 rows; small vocabularies do all rows.
+  const int64_t budget_rows = int64_t(64 * MiB) / (spec.padded_vocab * 4);
+  return std::clamp(budget_rows / 16 * 16, int64_t(16), rows);
+}
+
+Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology) {
+  spec.validate();
+  check_supported(spec, policy, topology);
+  const int64_t B = policy.batch, T = policy.seq, N = B * T, k = policy.grad_accum;
+
+  Program p;
+  GraphBuilder b(p);
+  const Gpt2Params params = declare_gpt2_parameters(b, spec);
+  for (ParamEntry& e : p.params()) {
+    const TensorDesc& t = p.tensor(e.value);
+    b.set_layer(t.layer);
+    e.state.push_back(b.persistent("adamw.m." + e.name, t.shape, Category::optimizer_state));
+    e.state.push_back(b.persistent("adamw.v." + e.name, t.shape, Category::optimizer_state));
+    // Accumulation across micro-steps needs gradients that outlive one micro-step.
+    if (k > 1) e.grad = b.persistent("grad." + e.name, t.shape, Category::gradients);
+  }
+  b.set_layer(-1);
+  const TensorId loss = b.persistent(kLoss, Shape{1}, Category::activations);
+
+  p.begin_section("micro", int(k));
+  {
+    const TensorId tokens = b.transient(kTokens, Shape{B, T}, Category::activations, DType::i32);
+    const TensorId targets = b.transient(kTargets, Shape{B, T}, Category::activations, DType::i32);
+    b.emit({OpKind::load_input, "load_batch", {}, {tokens, targets}});
+    const int fwd_begin = int(p.ops().size());
+    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "");
+    const int fwd_end = int(p.ops().size());
+
+    Autodiff ad(b, k > 1);
+    b.set_phase(Phase::backward);
+    ClassifierAttrs c;
+    c.rows = N;
+    c.vocab = spec.vocab_size;
+    c.chunk_rows = classifier_chunk_rows(spec, policy);
+    c.grad_scale = 1.0f / float(N * k);
+    const TensorId losses = b.transient("losses", Shape{N}, Category::activations);
+    const TensorId chunk = b.transient("classifier.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
+    auto [dhidden, mode_hidden] = ad.contribute(hidden);
+    auto [dwte, mode_wte] = ad.contribute(params.wte);
+    const double flops = 6.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd) +
+                         5.0 * double(N) * double(spec.vocab_size);
+    b.emit({OpKind::classifier, "classifier", {hidden, params.wte, targets}, {losses, dhidden, dwte}, c, flops,
+            {WriteMode::overwrite, mode_hidden, mode_wte}, {chunk}});
+    b.emit({OpKind::loss_mean, "loss", {losses}, {loss}, ScaleAttrs{1.0f / float(N * k)}, double(N),
+            {k > 1 ? WriteMode::accumulate_after_first_micro : WriteMode::overwrite}});
+    ad.backward(fwd_begin, fwd_end);
+  }
+  p.end_section();
+
+  p.begin_section("optimizer");
+  emit_adamw(b, policy);
+  p.end_section();
+
+  if (policy.with_eval) {
+    p.begin_section("eval");
+    b.set_grad_enabled(false);
+    b.set_phase(Phase::forward);
+    b.set_layer(-1);
+    const TensorId eval_loss = b.persistent(kEvalLoss, Shape{1}, Category::activations);
+    const TensorId tokens = b.transient(kEvalTokens, Shape{B, T}, Category::activations, DType::i32);
+    const TensorId targets = b.transient(kEvalTargets, Shape{B, T}, Category::activations, DType::i32);
+    b.emit({OpKind::load_input, "load_eval_batch", {}, {tokens, targets}});
+    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "eval.");
+    ClassifierAttrs c;
+    c.rows = N;
+    c.vocab = spec.vocab_size;
+    c.chunk_rows = classifier_chunk_rows(spec, policy);
+    const TensorId losses = b.transient("eval.losses", Shape{N}, Category::activations);
+    const TensorId chunk = b.transient("eval.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
+    b.emit({OpKind::classifier_eval, "eval.classifier", {hidden, params.wte, targets}, {losses}, c,
+            2.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd), {}, {chunk}});
+    b.emit({OpKind::loss_mean, "eval.loss", {losses}, {eval_loss}, ScaleAttrs{1.0f / float(N)}, double(N)});
+    b.set_grad_enabled(true);
+    p.end_section();
+  }
+  p.validate();
+  return p;
+}
+
+}  // namespace memfit

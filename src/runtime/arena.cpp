@@ -1,0 +1,66 @@
+#include "runtime/arena.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+
+namespace memfit {
+
+Arena::Arena(Tier tier, uint64_t bytes) : tier_(tier), size_(bytes) {
+  if (bytes == 0) return;
+  const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+  mapped_ = (bytes + page - 1) / page * page;
+  void* p = mmap(nullptr, mapped_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  MEMFIT_CHECK(p != MAP_FAILED, "runtime", "could not map the {} arena of {}: {}", tier_name(tier), format_bytes(bytes),
+               std::strerror(errno));
+  base_ = static_cast<std::byte*>(p);
+  MEMFIT_CHECK(mprotect(base_ + mapped_, page, PROT_NONE) == 0, "runtime", "could not protect the arena's guard page: {}",
+               std::strerror(errno));
+  madvise(base_, mapped_, MADV_HUGEPAGE);  // advisory: fewer TLB misses where the kernel allows it
+  std::memset(base_, kSentinel, mapped_);
+}
+
+Arena::~Arena() { release(); }
+
+Arena::Arena(Arena&& o) noexcept
+    : tier_(o.tier_), base_(std::exchange(o.base_, nullptr)), size_(std::exchange(o.size_, 0)),
+      mapped_(std::exchange(o.mapped_, 0)) {}
+
+Arena& Arena::operator=(Arena&& o) noexcept {
+  if (this != &o) {
+    release();
+    tier_ = o.tier_;
+    base_ = std::exchange(o.base_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    mapped_ = std::exchange(o.mapped_, 0);
+  }
+  return *this;
+}
+
+void Arena::release() {
+  if (base_) munmap(base_, mapped_ + uint64_t(sysconf(_SC_PAGESIZE)));
+  base_ = nullptr;
+}
+
+uint64_t Arena::measured_high_water() const {
+  if (!base_) return 0;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(base_);
+  // Word-wise from the top, then byte-wise within the first differing word.
+  uint64_t end = mapped_;
+  const uint64_t pattern = 0x0101010101010101ull * kSentinel;
+  while (end >= 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes + end - 8, 8);
+    if (w != pattern) break;
+    end -= 8;
+  }
+  while (end > 0 && bytes[end - 1] == kSentinel) --end;
+  return end;
+}
+
+}  // namespace memfit

@@ -1,0 +1,45 @@
+// Arena: the one block of memory of a tier, allocated once at the planned size before the
+// first step. It is mapped with transparent huge pages requested, and every byte is written
+// with a sentinel at start-up: that pre-faults every page (steps never fault) and lets the
+// arena measure its own high-water mark afterwards, as the highest byte that no longer holds
+// the sentinel. An inaccessible guard page follows the mapping, so a write past the page
+// holding the last planned byte faults at once; a write past the planned size within that
+// page shows up in the measured high-water mark.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "graph/tensor.hpp"
+
+namespace memfit {
+
+class Arena {
+ public:
+  static constexpr unsigned char kSentinel = 0xA5;
+
+  Arena() = default;
+  Arena(Tier tier, uint64_t bytes);  // throws [runtime] when the memory cannot be mapped
+  ~Arena();
+  Arena(Arena&& other) noexcept;
+  Arena& operator=(Arena&& other) noexcept;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  std::byte* data() const { return base_; }
+  uint64_t size() const { return size_; }
+  Tier tier() const { return tier_; }
+  // Offset one past the highest byte that differs from the sentinel (0 if none), scanning
+  // the whole mapping (also the slack after size(), up to the guard page).
+  uint64_t measured_high_water() const;
+
+ private:
+  void release();
+
+  Tier tier_ = Tier::device;
+  std::byte* base_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t mapped_ = 0;  // accessible bytes (size rounded up to pages)
+};
+
+}  // namespace memfit

@@ -1,0 +1,21 @@
+// From a built program to a runnable one: the backend's library scratch becomes a workspace
+// tensor of each op that needs it (so the plan counts it), then memory is planned.
+// `memfit plan` and `memfit train` both go through compile_program, so the plan printed
+// before a run is the plan the run executes.
+#pragma once
+
+#include "graph/program.hpp"
+#include "kernels/backend.hpp"
+#include "plan/memory_plan.hpp"
+
+namespace memfit {
+
+struct CompiledProgram {
+  Program program;
+  MemoryPlan plan;
+};
+
+void attach_backend_scratch(Program& program, const Backend& backend);
+CompiledProgram compile_program(Program program, const Backend& backend);
+
+}  // namespace memfit

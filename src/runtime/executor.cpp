@@ -1,0 +1,76 @@
+#include "runtime/executor.hpp"
+
+#include <chrono>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+
+namespace memfit {
+
+Executor::Executor(const CompiledProgram& compiled, Backend& backend)
+    : program_(compiled.program), plan_(compiled.plan) {
+  for (Tier t : kAllTiers) {
+    const uint64_t bytes = plan_.tier(t).peak_bytes;
+    if (t != Tier::device && bytes > 0)
+      throw Error("runtime", fmt::format("the plan puts {} on the {} tier, which the {} backend cannot run yet",
+                                         format_bytes(bytes), tier_name(t), backend.name()));
+    arenas_[size_t(t)] = Arena(t, bytes);
+  }
+  const auto& tensors = program_.tensors();
+  pointers_.assign(tensors.size(), nullptr);
+  for (size_t id = 0; id < tensors.size(); ++id) {
+    const TensorPlacement& pl = plan_.tensors[id];
+    if (pl.buffer < 0) continue;
+    MEMFIT_ASSERT(pl.offset + pl.bytes <= arenas_[size_t(pl.tier)].size(), "tensor {} placed outside its arena",
+                  tensors[id].name);
+    pointers_[id] = arenas_[size_t(pl.tier)].data() + pl.offset;
+  }
+  prepared_.resize(program_.ops().size());
+  op_seconds_.assign(program_.ops().size(), 0.0);
+  for (size_t i = 0; i < program_.ops().size(); ++i) {
+    const Op& op = program_.op(int(i));
+    if (op.kind == OpKind::load_input) continue;
+    OpBinding b;
+    auto ptr = [&](TensorId id) -> void* { return id == kNoTensor ? nullptr : pointers_[size_t(id)]; };
+    for (TensorId id : op.inputs) b.inputs.push_back(ptr(id));
+    for (TensorId id : op.outputs) b.outputs.push_back(ptr(id));
+    for (TensorId id : op.workspace) b.workspace.push_back(ptr(id));
+    prepared_[i] = backend.prepare(program_, op, b);
+  }
+  const Section* micro = program_.find_section("micro");
+  const Section* opt = program_.find_section("optimizer");
+  if (micro) micro_begin_ = micro->begin, micro_end_ = micro->end, micro_repeat_ = micro->repeat;
+  if (opt) opt_begin_ = opt->begin, opt_end_ = opt->end;
+}
+
+void Executor::run_range(int begin, int end, const StepContext& ctx) {
+  for (int i = begin; i < end; ++i) {
+    const auto t0 = timing_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    if (PreparedOp* op = prepared_[size_t(i)].get()) {
+      op->run(ctx);
+    } else {
+      MEMFIT_CHECK(bool(input_), "runtime", "op '{}' loads input but no input handler is installed",
+                   program_.op(i).name);
+      input_(program_.op(i), ctx);
+    }
+    if (timing_)
+      op_seconds_[size_t(i)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+}
+
+void Executor::run_section(std::string_view name, const StepContext& ctx) {
+  const Section* s = program_.find_section(name);
+  MEMFIT_CHECK(s != nullptr, "runtime", "the program has no section '{}'", name);
+  run_range(s->begin, s->end, ctx);
+}
+
+void Executor::run_step(StepContext ctx) {
+  ctx.micro_count = micro_repeat_;
+  for (int m = 0; m < micro_repeat_; ++m) {
+    ctx.micro = m;
+    run_range(micro_begin_, micro_end_, ctx);
+  }
+  run_range(opt_begin_, opt_end_, ctx);
+}
+
+}  // namespace memfit

@@ -1,0 +1,65 @@
+// Executor: runs a compiled program. At construction it maps one arena per tier at the
+// planned size, binds every tensor to its planned address and asks the backend to prepare
+// every op; after that, running a section is a loop over prepared ops with no allocation.
+// Ops of kind load_input are served by the InputHandler the trainer installs (the data
+// loader writes a batch straight into the planned tensors).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "runtime/arena.hpp"
+#include "runtime/compile.hpp"
+
+namespace memfit {
+
+using InputHandler = std::function<void(const Op& op, const StepContext& ctx)>;
+
+class Executor {
+ public:
+  // Throws [runtime] when a tier other than device is planned (the CPU backend has no host
+  // or disk tier yet) and [kernels] when an op has no kernel.
+  Executor(const CompiledProgram& compiled, Backend& backend);
+
+  const Program& program() const { return program_; }
+  const MemoryPlan& plan() const { return plan_; }
+
+  void set_input_handler(InputHandler handler) { input_ = std::move(handler); }
+  // Runs the ops of a section once.
+  void run_section(std::string_view name, const StepContext& ctx);
+  // One optimizer step: the "micro" section micro_count times, then "optimizer".
+  void run_step(StepContext ctx);
+  // Ops [begin, end) in program order (tests use it to stop mid-section and inspect).
+  void run_ops(int begin, int end, const StepContext& ctx) { run_range(begin, end, ctx); }
+
+  std::byte* data(TensorId id) const { return pointers_[size_t(id)]; }
+  template <typename T>
+  T* data_as(TensorId id) const {
+    return reinterpret_cast<T*>(pointers_[size_t(id)]);
+  }
+  const Arena& arena(Tier t) const { return arenas_[size_t(t)]; }
+
+  // Time spent per op (seconds, summed over runs) when timing is on.
+  void set_timing(bool on) { timing_ = on; }
+  const std::vector<double>& op_seconds() const { return op_seconds_; }
+
+ private:
+  void run_range(int begin, int end, const StepContext& ctx);
+
+  const Program& program_;
+  const MemoryPlan& plan_;
+  std::array<Arena, kNumTiers> arenas_;
+  std::vector<std::byte*> pointers_;
+  std::vector<std::unique_ptr<PreparedOp>> prepared_;  // null for load_input
+  InputHandler input_;
+  bool timing_ = false;
+  std::vector<double> op_seconds_;
+  int micro_begin_ = 0, micro_end_ = 0, micro_repeat_ = 1, opt_begin_ = 0, opt_end_ = 0;
+};
+
+}  // namespace memfit

@@ -1,0 +1,55 @@
+#include "train/data_loader.hpp"
+
+#include <numeric>
+
+#include "core/error.hpp"
+#include "train/rng.hpp"
+
+namespace memfit {
+
+BatchLoader::BatchLoader(const TokenData& data, int64_t begin, int64_t end, int64_t batch, int64_t seq, int64_t vocab,
+                         bool shuffle, uint64_t seed, std::string split)
+    : data_(data), begin_(begin), end_(end), batch_(batch), seq_(seq), vocab_(vocab), shuffle_(shuffle), seed_(seed),
+      split_(std::move(split)) {
+  const int64_t need = batch * seq + 1;
+  MEMFIT_CHECK(end - begin >= need, "data",
+               "the {} split of {} holds {} tokens, but one batch of {} x {} needs {}", split_, data.description(),
+               end - begin, batch, seq, need);
+  const int64_t n_batches = (end - begin - 1) / (batch * seq);
+  order_.resize(size_t(n_batches));
+  for (int64_t i = 0; i < n_batches; ++i) order_[size_t(i)] = begin + i * batch * seq;
+  buffer_.resize(size_t(need));
+  if (shuffle_) shuffle_order();
+}
+
+void BatchLoader::shuffle_order() {
+  std::sort(order_.begin(), order_.end());
+  Rng rng(derive_seed(seed_, "epoch") + uint64_t(epoch_));
+  for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[rng.below(i)]);
+}
+
+void BatchLoader::reset() {
+  cursor_ = 0;
+  epoch_ = 0;
+  if (shuffle_) shuffle_order();
+}
+
+void BatchLoader::next(int32_t* tokens, int32_t* targets) {
+  if (cursor_ == int64_t(order_.size())) {
+    cursor_ = 0;
+    ++epoch_;
+    if (shuffle_) shuffle_order();
+  }
+  const int64_t start = order_[size_t(cursor_++)];
+  const int64_t n = batch_ * seq_;
+  data_.copy(start, n + 1, buffer_.data());
+  for (int64_t i = 0; i <= n; ++i) {
+    const int32_t t = buffer_[size_t(i)];
+    MEMFIT_CHECK(t >= 0 && t < vocab_, "data", "token {} at position {} of {} is outside the model's vocabulary of {}",
+                 t, start + i, data_.description(), vocab_);
+  }
+  std::copy(buffer_.begin(), buffer_.begin() + n, tokens);
+  std::copy(buffer_.begin() + 1, buffer_.begin() + n + 1, targets);
+}
+
+}  // namespace memfit

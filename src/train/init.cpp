@@ -1,0 +1,51 @@
+#include "train/init.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+#include "train/rng.hpp"
+
+namespace memfit {
+
+void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed) {
+  const Program& p = ex.program();
+  constexpr int64_t kChunk = 1 << 16;
+  for (const ParamEntry& e : p.params()) {
+    const TensorDesc& t = p.tensor(e.value);
+    MEMFIT_ASSERT(t.dtype == DType::f32, "parameter {} is {}, initialised as fp32", e.name, dtype_name(t.dtype));
+    float* x = ex.data_as<float>(e.value);
+    const int64_t n = t.numel();
+    if (e.init != ParamInit::normal) {
+      const float v = e.init == ParamInit::ones ? 1.0f : 0.0f;
+      std::fill(x, x + n, v);
+      continue;
+    }
+    const uint64_t base = derive_seed(seed, e.name);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
+      Rng rng(base + uint64_t(c) * 0x9E3779B97F4A7C15ull);
+      const int64_t end = std::min(n, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < end; ++i) x[i] = float(rng.normal() * double(e.init_std));
+    }
+  }
+  zero_padded_vocab_rows(ex, spec);
+}
+
+void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec) {
+  const Program& p = ex.program();
+  const TensorId wte = p.find_tensor("wte.weight");
+  if (wte == kNoTensor || spec.padded_vocab == spec.vocab_size) return;
+  float* x = ex.data_as<float>(wte);
+  std::fill(x + spec.vocab_size * spec.n_embd, x + spec.padded_vocab * spec.n_embd, 0.0f);
+}
+
+void zero_persistent_state(Executor& ex) {
+  const Program& p = ex.program();
+  for (size_t id = 0; id < p.tensors().size(); ++id) {
+    const TensorDesc& t = p.tensors()[id];
+    if (t.is_view() || t.lifetime != Lifetime::persistent || t.category == Category::parameters) continue;
+    std::memset(ex.data(TensorId(id)), 0, t.bytes());
+  }
+}
+
+}  // namespace memfit

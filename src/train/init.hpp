@@ -1,0 +1,20 @@
+// Start-of-run state: parameters drawn per their ParamEntry (GPT-2: normal(0, 0.02), residual
+// projections scaled, norms at one, biases at zero), padded vocabulary rows at zero (they are
+// never a target and get no gradient), and every other persistent tensor (optimizer state,
+// accumulated gradients, loss scalars) at zero. Each parameter's values come from a seed
+// derived from the run seed and the parameter's name, in fixed-size chunks, so they do not
+// depend on the thread count or on the order of initialisation.
+#pragma once
+
+#include <cstdint>
+
+#include "graph/model_spec.hpp"
+#include "runtime/executor.hpp"
+
+namespace memfit {
+
+void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed);
+void zero_persistent_state(Executor& ex);  // every persistent tensor that is not a parameter
+void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec);
+
+}  // namespace memfit

@@ -1,0 +1,118 @@
+#include "train/run_config.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "io/hf_config.hpp"
+
+namespace memfit {
+
+ModelSpec resolve_model(const std::string& model) {
+  namespace fs = std::filesystem;
+  const bool looks_like_path = model.find('/') != std::string::npos || model.ends_with(".json");
+  if (looks_like_path) {
+    fs::path path(model);
+    if (fs::is_directory(path)) path /= "config.json";
+    return read_hf_config(path.string());
+  }
+  return model_preset(model);
+}
+
+namespace {
+
+using json = nlohmann::json;
+
+template <typename T>
+T get_as(const json& j, const std::string& key) {
+  try {
+    return j.get<T>();
+  } catch (const json::exception&) {
+    throw Error("config", fmt::format("key '{}' has the wrong type ({})", key, j.type_name()));
+  }
+}
+
+void refuse_unless(bool ok, const std::string& key, const std::string& why) {
+  MEMFIT_CHECK(ok, "config", "key '{}': {}", key, why);
+}
+
+}  // namespace
+
+void apply_config_file(const std::string& path, RunConfig& c) {
+  std::ifstream in(path);
+  MEMFIT_CHECK(in.good(), "config", "cannot open config file '{}'", path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error("config", fmt::format("'{}' is not valid JSON: {}", path, e.what()));
+  }
+  MEMFIT_CHECK(j.is_object(), "config", "'{}' must hold a JSON object", path);
+  Policy& p = c.policy;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "model") c.model = get_as<std::string>(v, key);
+    else if (key == "data") c.data = get_as<std::string>(v, key);
+    else if (key == "steps" || key == "train_iters") c.steps = get_as<int64_t>(v, key);
+    else if (key == "batch" || key == "train_micro_batch_size_per_gpu") p.batch = get_as<int64_t>(v, key);
+    else if (key == "seq" || key == "seq_len") p.seq = get_as<int64_t>(v, key);
+    else if (key == "gradient_accumulation_steps" || key == "grad_accum") p.grad_accum = get_as<int>(v, key);
+    else if (key == "lr") c.lr = get_as<float>(v, key);
+    else if (key == "seed") c.seed = get_as<uint64_t>(v, key);
+    else if (key == "shuffle") c.shuffle = get_as<bool>(v, key);
+    else if (key == "val_fraction") c.val_fraction = get_as<double>(v, key);
+    else if (key == "eval_every") c.eval_every = get_as<int64_t>(v, key);
+    else if (key == "eval_batches") c.eval_batches = get_as<int64_t>(v, key);
+    else if (key == "warmup_steps") c.warmup_steps = get_as<int64_t>(v, key);
+    else if (key == "precision") p.precision = parse_precision(get_as<std::string>(v, key));
+    else if (key == "bf16" || key == "fp16") {
+      MEMFIT_CHECK(v.is_object(), "config", "key '{}' must be an object", key);
+      const bool enabled = v.value("enabled", false);
+      if (enabled) p.precision = key == "bf16" ? Precision::bf16 : Precision::fp16;
+      for (const auto& [sub, _] : v.items())
+        refuse_unless(sub == "enabled", key + "." + sub, "loss-scaling settings are not supported by this build yet");
+    } else if (key == "optimizer") {
+      MEMFIT_CHECK(v.is_object(), "config", "key 'optimizer' must be an object");
+      const std::string type = v.value("type", "AdamW");
+      refuse_unless(type == "AdamW" || type == "adamw" || type == "Adam", "optimizer.type",
+                    fmt::format("optimizer '{}' is not supported (AdamW is)", type));
+      if (v.contains("params")) {
+        const json& op = v["params"];
+        for (const auto& [sub, sv] : op.items()) {
+          if (sub == "lr") c.lr = get_as<float>(sv, "optimizer.params.lr");
+          else if (sub == "betas") {
+            const auto b = get_as<std::vector<float>>(sv, "optimizer.params.betas");
+            refuse_unless(b.size() == 2, "optimizer.params.betas", "expected two numbers");
+            p.adamw.beta1 = b[0];
+            p.adamw.beta2 = b[1];
+          } else if (sub == "eps") p.adamw.eps = get_as<float>(sv, "optimizer.params.eps");
+          else if (sub == "weight_decay") p.adamw.weight_decay = get_as<float>(sv, "optimizer.params.weight_decay");
+          else throw Error("config", fmt::format("unknown key 'optimizer.params.{}'", sub));
+        }
+      }
+    } else if (key == "zero_optimization") {
+      MEMFIT_CHECK(v.is_object(), "config", "key 'zero_optimization' must be an object");
+      for (const auto& [sub, sv] : v.items()) {
+        if (sub == "stage") p.zero_stage = get_as<int>(sv, "zero_optimization.stage");
+        else if (sub == "offload_optimizer" || sub == "offload_param") {
+          const std::string dev = sv.value("device", "none");
+          (sub == "offload_optimizer" ? p.offload_optimizer : p.offload_params) = parse_tier(dev);
+        } else throw Error("config", fmt::format("unknown key 'zero_optimization.{}'", sub));
+      }
+    } else if (key == "gradient_clipping") {
+      refuse_unless(get_as<double>(v, key) == 0.0, key, "gradient clipping is not supported by this build yet");
+    } else if (key == "train_batch_size") {
+      // DeepSpeed's global batch: must agree with micro-batch x accumulation x world size.
+      const int64_t global = get_as<int64_t>(v, key);
+      const int64_t implied = j.value("train_micro_batch_size_per_gpu", p.batch) *
+                              j.value("gradient_accumulation_steps", p.grad_accum) * c.topology.world_size;
+      refuse_unless(global == implied, key,
+                    fmt::format("{} does not equal micro-batch x accumulation x world size = {}", global, implied));
+    } else {
+      throw Error("config", fmt::format("unknown key '{}' in '{}'", key, path));
+    }
+  }
+}
+
+}  // namespace memfit

@@ -1,0 +1,44 @@
+// RunConfig: everything a `memfit train` or `memfit plan` run is told, from flags and from a
+// JSON config file. The config file accepts memfit's own keys and the DeepSpeed keys that
+// mean the same thing; keys this build cannot honour yet are refused by name rather than
+// ignored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "graph/model_spec.hpp"
+#include "graph/policy.hpp"
+#include "io/token_file.hpp"
+
+namespace memfit {
+
+struct RunConfig {
+  std::string model = "gpt2-tiny";  // preset name or path of an HF config.json
+  Policy policy;
+  Topology topology;
+
+  std::string data;  // token file or text file; empty: the built-in synthetic corpus
+  TokenFormat data_format = TokenFormat::automatic;
+  int64_t steps = 50;
+  float lr = 1e-3f;
+  int64_t warmup_steps = 0;  // linear warmup from 0 to lr
+  uint64_t seed = 1337;
+  bool shuffle = false;
+  double val_fraction = 0.1;  // share of the data held out at its end; 0: no validation
+  int64_t eval_every = 0;     // 0: validate after the last step only
+  int64_t eval_batches = 4;
+  std::string load;  // safetensors file or a directory holding model.safetensors
+  std::string save;  // directory (model.safetensors + config.json) or a .safetensors path
+  std::string report_json;
+  uint64_t memory_budget = 0;  // bytes; 0: the memory available on this machine
+  int64_t log_every = 1;
+};
+
+ModelSpec resolve_model(const std::string& model);  // throws [model] / [config]
+
+// Applies a JSON config file on top of `config` (flags given on the command line are
+// applied after it by the CLI). Throws [config] on malformed files and unknown keys.
+void apply_config_file(const std::string& path, RunConfig& config);
+
+}  // namespace memfit

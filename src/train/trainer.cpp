@@ -1,0 +1,248 @@
+#include "train/trainer.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <optional>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+#include "graph/training_program.hpp"
+#include "plan/plan_report.hpp"
+#include "runtime/executor.hpp"
+#include "train/data_loader.hpp"
+#include "train/init.hpp"
+#include "train/synthetic_corpus.hpp"
+#include "train/weights.hpp"
+
+namespace memfit {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kSyntheticBytes = 2 << 20;
+
+uint64_t max_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return uint64_t(u.ru_maxrss) * 1024;
+}
+
+TokenData open_data(const RunConfig& c) {
+  if (!c.data.empty()) return TokenData::open(c.data, c.data_format);
+  const std::string text = synthetic_corpus(c.seed, kSyntheticBytes);
+  std::vector<uint16_t> tokens(text.size());
+  for (size_t i = 0; i < text.size(); ++i) tokens[i] = uint8_t(text[i]);
+  return TokenData::from_tokens(std::move(tokens), fmt::format("the synthetic corpus (seed {})", c.seed));
+}
+
+float lr_at(const RunConfig& c, int64_t step) {
+  if (c.warmup_steps > 0 && step <= c.warmup_steps) return c.lr * float(step) / float(c.warmup_steps);
+  return c.lr;
+}
+
+}  // namespace
+
+uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
+}
+
+PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
+  PreparedRun run;
+  run.spec = resolve_model(c.model);
+  run.policy = c.policy;
+  run.policy.with_eval = c.val_fraction > 0;
+  run.compiled = compile_program(build_training_program(run.spec, run.policy, c.topology), backend);
+  return run;
+}
+
+void check_memory_budget(const PreparedRun& run, uint64_t budget) {
+  const TierPlan& t = run.compiled.plan.tier(Tier::device);
+  if (t.peak_bytes <= budget) return;
+  const Op& op = run.compiled.program.op(t.peak_op);
+  Category top = Category::parameters;
+  for (Category c : kAllCategories)
+    if (t.at_peak[size_t(c)] > t.at_peak[size_t(top)]) top = c;
+  throw Error("plan", fmt::format("the run needs {} on the device tier but the budget is {} ({} over); the peak is at "
+                                  "op '{}' ({}), where {} is the largest category with {}; try a smaller --batch or --seq",
+                                  format_bytes(t.peak_bytes), format_bytes(budget), format_bytes(t.peak_bytes - budget),
+                                  op.name, phase_name(op.phase), category_name(top), format_bytes(t.at_peak[size_t(top)])));
+}
+
+nlohmann::json model_json(const ModelSpec& s, int64_t parameters) {
+  return {{"name", s.name},         {"arch", arch_name(s.arch)}, {"n_layer", s.n_layer},
+          {"n_head", s.n_head},     {"n_embd", s.n_embd},        {"vocab_size", s.vocab_size},
+          {"padded_vocab", s.padded_vocab}, {"max_seq", s.max_seq}, {"parameters", parameters}};
+}
+
+nlohmann::json policy_json(const Policy& p) {
+  return {{"batch", p.batch},
+          {"seq", p.seq},
+          {"grad_accum", p.grad_accum},
+          {"precision", precision_name(p.precision)},
+          {"grad_dtype", dtype_name(p.grad_dtype)},
+          {"recompute", p.recompute.to_string()},
+          {"attention", attention_name(p.attention)},
+          {"optimizer", optimizer_name(p.optimizer)},
+          {"adamw", {{"beta1", p.adamw.beta1}, {"beta2", p.adamw.beta2}, {"eps", p.adamw.eps},
+                     {"weight_decay", p.adamw.weight_decay}}},
+          {"zero_stage", p.zero_stage},
+          {"offload_optimizer", tier_name(p.offload_optimizer)},
+          {"offload_params", tier_name(p.offload_params)},
+          {"classifier_chunk_rows", p.classifier_chunk_rows}};
+}
+
+nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
+  MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);
+  MEMFIT_CHECK(c.val_fraction >= 0 && c.val_fraction < 1, "train", "the validation fraction must be in [0, 1) (got {})",
+               c.val_fraction);
+  MEMFIT_CHECK(c.eval_every >= 0 && c.eval_batches >= 1, "train", "--eval-every must be >= 0 and --eval-batches >= 1");
+  auto backend = make_cpu_backend();
+  const TokenData data = open_data(c);
+  const PreparedRun run = prepare_run(c, *backend);
+  const ModelSpec& spec = run.spec;
+  const Policy& pol = run.policy;
+  const Program& prog = run.compiled.program;
+  const int64_t B = pol.batch, T = pol.seq, k = pol.grad_accum;
+
+  // Validation split from the end of the data; it must hold at least one batch.
+  const int64_t n = data.size();
+  int64_t val_tokens = 0;
+  if (pol.with_eval) val_tokens = std::max<int64_t>(int64_t(double(n) * c.val_fraction), B * T + 1);
+  MEMFIT_CHECK(val_tokens < n, "data", "{} holds {} tokens, too few for a validation split of {}", data.description(),
+               n, val_tokens);
+  BatchLoader train_loader(data, 0, n - val_tokens, B, T, spec.vocab_size, c.shuffle, c.seed, "training");
+  std::optional<BatchLoader> val_loader;
+  if (pol.with_eval) val_loader.emplace(data, n - val_tokens, n, B, T, spec.vocab_size, false, c.seed, "validation");
+
+  log << fmt::format("memfit train: model {} ({} parameters), batch {} x {} tokens, accumulation {}, {}, lr {}\n",
+                     spec.name, prog.parameter_count(), B, T, k, precision_name(pol.precision), c.lr);
+  log << fmt::format("data: {}: {} tokens ({} training, {} validation)\n", data.description(), n, n - val_tokens,
+                     val_tokens);
+  log << format_memory_table(prog, run.compiled.plan);
+  const uint64_t budget = c.memory_budget ? c.memory_budget : available_memory_bytes();
+  check_memory_budget(run, budget);
+
+  Executor ex(run.compiled, *backend);
+  if (c.load.empty()) {
+    initialize_parameters(ex, spec, c.seed);
+  } else {
+    load_weights(c.load, ex, spec);
+    log << fmt::format("loaded weights from {}\n", c.load);
+  }
+  zero_persistent_state(ex);
+
+  const TensorId tokens = prog.find_tensor(kTokens), targets = prog.find_tensor(kTargets);
+  const TensorId eval_tokens = prog.find_tensor(kEvalTokens), eval_targets = prog.find_tensor(kEvalTargets);
+  ex.set_input_handler([&](const Op& op, const StepContext&) {
+    if (op.outputs[0] == tokens) train_loader.next(ex.data_as<int32_t>(tokens), ex.data_as<int32_t>(targets));
+    else val_loader->next(ex.data_as<int32_t>(eval_tokens), ex.data_as<int32_t>(eval_targets));
+  });
+  const float* loss = ex.data_as<float>(prog.find_tensor(kLoss));
+
+  auto evaluate = [&]() {
+    val_loader->reset();
+    const float* eval_loss = ex.data_as<float>(prog.find_tensor(kEvalLoss));
+    double sum = 0;
+    for (int64_t i = 0; i < c.eval_batches; ++i) {
+      ex.run_section("eval", StepContext{});
+      sum += *eval_loss;
+    }
+    return sum / double(c.eval_batches);
+  };
+
+  nlohmann::json history = nlohmann::json::array(), val_history = nlohmann::json::array();
+  double timed_seconds = 0;
+  int64_t timed_steps = 0;
+  const double tokens_per_step = double(B * T * k);
+  const uint64_t planned = run.compiled.plan.tier(Tier::device).peak_bytes;
+  float first_loss = NAN, last_loss = NAN;
+  for (int64_t step = 1; step <= c.steps; ++step) {
+    StepContext ctx;
+    ctx.step = step;
+    ctx.lr = lr_at(c, step);
+    const auto t0 = Clock::now();
+    ex.run_step(ctx);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    last_loss = *loss;
+    if (step == 1) first_loss = last_loss;
+    MEMFIT_CHECK(std::isfinite(last_loss), "train", "the loss became {} at step {}; lower --lr", last_loss, step);
+    history.push_back(last_loss);
+    if (step > 1) timed_seconds += dt, ++timed_steps;
+    if (step == 1 || step == c.steps || (c.log_every > 0 && step % c.log_every == 0))
+      log << fmt::format("step {:>5}/{} | loss {:.4f} | {:8.1f} ms | {:>9.0f} tok/s | lr {:.3g} | device {} planned\n",
+                         step, c.steps, last_loss, dt * 1e3, tokens_per_step / dt, ctx.lr, format_bytes(planned));
+    if (pol.with_eval && c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {
+      const double v = evaluate();
+      val_history.push_back({{"step", step}, {"loss", v}});
+      log << fmt::format("step {:>5}/{} | validation loss {:.4f} ({} batches)\n", step, c.steps, v, c.eval_batches);
+    }
+  }
+  std::optional<double> final_val;
+  if (pol.with_eval) {
+    final_val = evaluate();
+    val_history.push_back({{"step", c.steps}, {"loss", *final_val}});
+    log << fmt::format("validation loss {:.4f} ({} batches of {} x {})\n", *final_val, c.eval_batches, B, T);
+  }
+
+  TierBytes measured{};
+  for (Tier t : kAllTiers) measured[size_t(t)] = ex.arena(t).measured_high_water();
+  const uint64_t rss = max_rss_bytes();
+  log << fmt::format("memory: device planned peak {} ({} bytes), measured high-water {} ({} bytes){}; max RSS {}\n",
+                     format_bytes(planned), planned, format_bytes(measured[0]), measured[0],
+                     planned == measured[0] ? ", equal" : ", DIFFERENT", format_bytes(rss));
+  const double tps = timed_steps ? tokens_per_step * double(timed_steps) / timed_seconds : 0.0;
+  if (timed_steps) log << fmt::format("speed: {:.0f} tokens/s, {:.1f} ms/step over steps 2..{}\n", tps,
+                                      1e3 * timed_seconds / double(timed_steps), c.steps);
+  if (!c.save.empty()) {
+    save_weights(c.save, ex, spec);
+    log << fmt::format("saved weights to {}\n", c.save);
+  }
+
+  double flops_per_step = 0;
+  for (int i = 0; i < int(prog.ops().size()); ++i) {
+    const int s = prog.section_of_op(i);
+    const Section& sec = prog.sections()[size_t(s)];
+    if (sec.name == "micro") flops_per_step += prog.op(i).flops * double(sec.repeat);
+    else if (sec.name == "optimizer") flops_per_step += prog.op(i).flops;
+  }
+  nlohmann::json report;
+  report["steps"] = c.steps;
+  report["tokens_per_step"] = tokens_per_step;
+  report["tokens_per_second"] = tps;
+  report["ms_per_step"] = timed_steps ? 1e3 * timed_seconds / double(timed_steps) : 0.0;
+  report["flops_per_step"] = flops_per_step;
+  report["gflops_per_second"] = timed_steps ? flops_per_step * double(timed_steps) / timed_seconds / 1e9 : 0.0;
+  report["loss"] = {{"first", first_loss}, {"last", last_loss}, {"history", history}};
+  report["validation"] = {{"history", val_history}, {"last", final_val ? nlohmann::json(*final_val) : nlohmann::json()}};
+  report["model"] = model_json(spec, prog.parameter_count());
+  report["policy"] = policy_json(pol);
+  report["data"] = {{"source", data.description()}, {"tokens", n}, {"validation_tokens", val_tokens}};
+  report["memory"] = memory_json(prog, run.compiled.plan, measured);
+  report["memory"]["max_rss_bytes"] = rss;
+  report["memory"]["budget_bytes"] = budget;
+  report["seed"] = c.seed;
+  report["lr"] = c.lr;
+  if (!c.report_json.empty()) {
+    const std::string tmp = c.report_json + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << report.dump(2) << "\n";
+      MEMFIT_CHECK(out.good(), "train", "cannot write the report to '{}'", c.report_json);
+    }
+    std::rename(tmp.c_str(), c.report_json.c_str());
+  }
+  return report;
+}
+
+}  // namespace memfit

@@ -1,0 +1,114 @@
+#include "train/weights.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "core/error.hpp"
+#include "io/hf_config.hpp"
+#include "io/safetensors.hpp"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+
+bool is_conv1d_weight(const std::string& name) {
+  for (const char* suffix : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"})
+    if (name.ends_with(suffix)) return true;
+  return false;
+}
+
+namespace {
+
+std::string strip_prefix(const std::string& name) {
+  const std::string prefix = "transformer.";
+  return name.starts_with(prefix) ? name.substr(prefix.size()) : name;
+}
+
+// Tensors HF checkpoints carry that are not parameters of memfit's model.
+bool is_ignored_buffer(const std::string& name) {
+  return name == "lm_head.weight" || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+}
+
+}  // namespace
+
+void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec) {
+  MEMFIT_CHECK(spec.arch == Arch::gpt2, "safetensors", "loading {} weights is not supported yet", arch_name(spec.arch));
+  fs::path file(path);
+  if (fs::is_directory(file)) file /= "model.safetensors";
+  const SafetensorsReader reader(file.string());
+  const Program& p = ex.program();
+
+  std::map<std::string, const SafetensorsEntry*> by_name;
+  for (const SafetensorsEntry& e : reader.entries()) {
+    const std::string name = strip_prefix(e.name);
+    if (is_ignored_buffer(name)) continue;
+    MEMFIT_CHECK(by_name.emplace(name, &e).second, "safetensors", "{}: tensor '{}' appears twice (with and without the "
+                 "'transformer.' prefix)", file.string(), name);
+  }
+  std::set<std::string> used;
+  for (const ParamEntry& param : p.params()) {
+    auto it = by_name.find(param.name);
+    MEMFIT_CHECK(it != by_name.end(), "safetensors", "{} has no tensor '{}' (nor 'transformer.{}')", file.string(),
+                 param.name, param.name);
+    used.insert(param.name);
+    const TensorDesc& t = p.tensor(param.value);
+    float* dst = ex.data_as<float>(param.value);
+    Shape expected = t.shape;
+    const bool transpose = is_conv1d_weight(param.name);
+    if (transpose) expected = Shape{t.shape[1], t.shape[0]};
+    if (param.name == "wte.weight") expected = Shape{spec.vocab_size, spec.n_embd};  // padded rows are memfit's own
+    reader.read_f32(it->second->name, expected, dst, transpose);
+  }
+  for (const auto& [name, entry] : by_name)
+    MEMFIT_CHECK(used.count(name), "safetensors", "{} holds tensor '{}', which model '{}' does not have", file.string(),
+                 entry->name, spec.name);
+  const TensorId wte = p.find_tensor("wte.weight");
+  float* x = ex.data_as<float>(wte);
+  std::fill(x + spec.vocab_size * spec.n_embd, x + spec.padded_vocab * spec.n_embd, 0.0f);
+}
+
+void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec) {
+  MEMFIT_CHECK(spec.arch == Arch::gpt2, "safetensors", "saving {} weights is not supported yet", arch_name(spec.arch));
+  const Program& p = ex.program();
+  fs::path file(path);
+  const bool directory = !path.ends_with(".safetensors");
+  if (directory) {
+    std::error_code ec;
+    fs::create_directories(file, ec);
+    MEMFIT_CHECK(!ec, "safetensors", "cannot create directory '{}': {}", path, ec.message());
+    file /= "model.safetensors";
+  }
+  // Transposed copies for Conv1D weights; everything else is written from the arena.
+  std::vector<std::vector<float>> transposed;
+  transposed.reserve(p.params().size());
+  std::vector<SafetensorsTensor> tensors;
+  for (const ParamEntry& param : p.params()) {
+    const TensorDesc& t = p.tensor(param.value);
+    const float* src = ex.data_as<const float>(param.value);
+    SafetensorsTensor st{"transformer." + param.name, DType::f32, t.shape, src};
+    if (is_conv1d_weight(param.name)) {
+      const int64_t rows = t.shape[0], cols = t.shape[1];
+      std::vector<float>& buf = transposed.emplace_back(size_t(rows * cols));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) buf[size_t(c * rows + r)] = src[r * cols + c];
+      st.shape = Shape{cols, rows};
+      st.data = buf.data();
+    }
+    if (param.name == "wte.weight") st.shape = Shape{spec.vocab_size, spec.n_embd};
+    tensors.push_back(st);
+  }
+  write_safetensors(file.string(), tensors, {{"format", "pt"}, {"producer", "memfit"}});
+  if (directory) {
+    const fs::path config = fs::path(path) / "config.json";
+    const fs::path tmp = fs::path(path) / "config.json.tmp";
+    {
+      std::ofstream out(tmp);
+      out << gpt2_hf_config(spec).dump(2) << "\n";
+      MEMFIT_CHECK(out.good(), "safetensors", "cannot write '{}'", tmp.string());
+    }
+    fs::rename(tmp, config);
+  }
+}
+
+}  // namespace memfit

@@ -1,0 +1,28 @@
+// GPT-2 weights in HF's safetensors layout. memfit keeps linear weights [out, in]; HF's GPT-2
+// Conv1D weights are stored [in, out], so attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj
+// weights are transposed on the way in and out. Names are accepted with or without the
+// "transformer." prefix (the hub's gpt2 checkpoint has none); saved files use the prefix, as
+// HF's save_pretrained does, so a saved directory loads with from_pretrained.
+#pragma once
+
+#include <string>
+
+#include "graph/model_spec.hpp"
+#include "runtime/executor.hpp"
+
+namespace memfit {
+
+// Loads every parameter from a .safetensors file or a directory holding model.safetensors.
+// The embedding table's padded rows are zeroed. Throws [safetensors] naming a missing or
+// mis-shaped tensor, or a tensor the model does not have.
+void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec);
+
+// Writes the parameters: into DIR/model.safetensors plus DIR/config.json when `path` is a
+// directory (created if needed), or into `path` itself when it ends in .safetensors.
+// Writes are atomic, so an earlier file at the same path survives a failed save.
+void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec);
+
+// True for HF GPT-2 Conv1D weights, which are stored transposed.
+bool is_conv1d_weight(const std::string& name);
+
+}  // namespace memfit

@@ -1,0 +1,130 @@
+// The memfit binary end to end: a short training run whose report shows a falling loss and
+// measured == planned device memory, `plan --json` agreeing with it, weights saved and
+// loaded back, and bad input of every kind answered by one line on stderr and exit status 1
+// (never a crash, never a saved file lost).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "support/paths.hpp"
+#include "support/run_cli.hpp"
+
+namespace memfit {
+namespace {
+
+using test::run_memfit;
+using test::temp_dir;
+using test::write_file;
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+void expect_one_line_error(const test::CliResult& r, const std::string& needle) {
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.rfind("memfit: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
+}
+
+TEST(Cli, TrainReportShowsFallingLossAndMeasuredEqualsPlanned) {
+  const std::string report = temp_dir() + "/r.json";
+  const auto r = run_memfit("train --model gpt2-tiny --steps 30 --batch 4 --seq 64 --lr 2e-3 --log-every 10 --report-json " + report);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = read_json(report);
+  EXPECT_EQ(j["steps"], 30);
+  EXPECT_LT(j["loss"]["last"].get<double>(), j["loss"]["first"].get<double>() - 1.0);
+  EXPECT_EQ(j["loss"]["history"].size(), 30u);
+  const auto& mem = j["memory"];
+  EXPECT_EQ(mem["planned_peak_bytes"]["device"], mem["measured_peak_bytes"]["device"]);
+  EXPECT_EQ(mem["planned_peak_bytes"]["host"], 0);
+  EXPECT_GT(mem["max_rss_bytes"].get<uint64_t>(), mem["planned_peak_bytes"]["device"].get<uint64_t>());
+  EXPECT_GT(j["tokens_per_second"].get<double>(), 0);
+  EXPECT_EQ(j["model"]["parameters"], 858880);
+  uint64_t sum = mem["planned_free_at_peak_bytes"];
+  for (const auto& [cat, bytes] : mem["planned_by_category"].items()) sum += bytes.get<uint64_t>();
+  EXPECT_EQ(sum, mem["planned_peak_bytes"]["device"].get<uint64_t>());
+
+  // `plan` builds the same program: the same planned memory.
+  const auto p = run_memfit("plan --json --model gpt2-tiny --batch 4 --seq 64");
+  ASSERT_EQ(p.status, 0) << p.err;
+  const auto pj = nlohmann::json::parse(p.out);
+  EXPECT_EQ(pj["memory"]["planned_peak_bytes"], mem["planned_peak_bytes"]);
+  EXPECT_EQ(pj["memory"]["planned_by_category"], mem["planned_by_category"]);
+}
+
+TEST(Cli, SavedWeightsLoadBackAndResumeTheLoss) {
+  const std::string dir = temp_dir() + "/saved";
+  const auto a = run_memfit("train --steps 10 --batch 2 --seq 32 --save " + dir + " --report-json " + dir + ".json");
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/config.json"));
+  // Loading through the saved config.json gives the same model; the first loss of a run
+  // starting from the saved weights is below the first loss from scratch.
+  const auto b = run_memfit("train --model " + dir + " --load " + dir + " --steps 1 --batch 2 --seq 32 --report-json " +
+                            dir + "2.json");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_LT(read_json(dir + "2.json")["loss"]["first"].get<double>(),
+            read_json(dir + ".json")["loss"]["first"].get<double>() - 0.3);
+}
+
+TEST(Cli, BadInputGivesOneLineAndExitStatusOne) {
+  const std::string d = temp_dir();
+  expect_one_line_error(run_memfit("train --data " + d + "/missing.bin --steps 1"), "missing.bin");
+  expect_one_line_error(run_memfit("train --model gpt2-nano --steps 1"), "unknown model 'gpt2-nano'");
+  expect_one_line_error(run_memfit("train --seq 300 --steps 1"), "exceeds the context");
+  expect_one_line_error(run_memfit("train --steps 1 --batch 64 --seq 256 --memory-budget 64MiB"), "budget");
+  expect_one_line_error(run_memfit("plan --precision fp8"), "unknown precision");
+  expect_one_line_error(run_memfit("train --steps 1 --precision bf16"), "not supported");
+
+  write_file(d + "/garbage.safetensors", "this is not a safetensors file at all");
+  expect_one_line_error(run_memfit("train --steps 1 --load " + d + "/garbage.safetensors"), "safetensors");
+  // A real checkpoint cut short.
+  const std::string good = test::fixture_path("gpt2_tiny_torch/model.safetensors");
+  std::ifstream in(good, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  write_file(d + "/truncated.safetensors", bytes.substr(0, bytes.size() / 2));
+  expect_one_line_error(run_memfit("train --steps 1 --model " + test::fixture_path("gpt2_tiny_torch/config.json") +
+                                   " --load " + d + "/truncated.safetensors"),
+                        "safetensors");
+  // Weights of another shape.
+  expect_one_line_error(run_memfit("train --steps 1 --load " + good), "shape");
+
+  write_file(d + "/bad.json", "{ \"batch\": 4, ");
+  expect_one_line_error(run_memfit("train --steps 1 --config " + d + "/bad.json"), "not valid JSON");
+  write_file(d + "/typo.json", "{ \"train_micro_batch_size_per_gpu\": 4, \"gradient_acumulation_steps\": 2 }");
+  expect_one_line_error(run_memfit("train --steps 1 --config " + d + "/typo.json"), "gradient_acumulation_steps");
+
+  write_file(d + "/short.txt", "too short");
+  expect_one_line_error(run_memfit("train --steps 1 --data " + d + "/short.txt"), "tokens");
+  // A token id outside the model's vocabulary (a uint16 file read by a 256-token model).
+  std::string tokens;
+  for (int i = 0; i < 20000; ++i) tokens += char(i % 256), tokens += char(i % 7 == 0 ? 1 : 0);
+  write_file(d + "/wide.bin", tokens);
+  expect_one_line_error(run_memfit("train --steps 1 --data " + d + "/wide.bin --data-format nanogpt"), "vocabulary");
+}
+
+TEST(Cli, FailedSaveKeepsTheEarlierCheckpoint) {
+  const std::string dir = temp_dir() + "/keep";
+  ASSERT_EQ(run_memfit("train --steps 2 --batch 2 --seq 16 --save " + dir).status, 0);
+  std::ifstream before_in(dir + "/model.safetensors", std::ios::binary);
+  const std::string before((std::istreambuf_iterator<char>(before_in)), std::istreambuf_iterator<char>());
+  // This run fails before it can save (bad data): the checkpoint must be untouched.
+  const auto r = run_memfit("train --steps 2 --batch 2 --seq 16 --data /nonexistent --save " + dir);
+  EXPECT_EQ(r.status, 1);
+  // This one fails while saving (its temporary file cannot be created): same.
+  std::filesystem::create_directories(dir + "/model.safetensors.tmp/blocker");
+  const auto s = run_memfit("train --steps 2 --batch 2 --seq 16 --seed 99 --save " + dir);
+  EXPECT_EQ(s.status, 1) << s.out << s.err;
+  std::ifstream after_in(dir + "/model.safetensors", std::ios::binary);
+  const std::string after((std::istreambuf_iterator<char>(after_in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(before, after);
+}
+
+}  // namespace
+}  // namespace memfit
