@@ -1,0 +1,184 @@
+#include "io/hf_config.hpp"
+
+#include <limits>
+
+#include "core/error.hpp"
+#include "io/json_errors.hpp"
+#include "io/mapped_file.hpp"
+
+namespace memfit {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view kPiece = "config";
+constexpr uint64_t kMaxConfigBytes = 16 * 1024 * 1024;  // real config.json files are a few KB
+
+// Typed access to the keys of one config.json, every error naming the file and the key.
+// A key set to null counts as absent: HF writes `"n_inner": null` for "use the default".
+class ConfigKeys {
+ public:
+  ConfigKeys(const json& j, const std::string& path) : j_(j), path_(path) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  int64_t integer(const char* key) const {
+    MEMFIT_CHECK(has(key), kPiece, "{}: missing key '{}'", path_, key);
+    const json& v = j_[key];
+    // Sizes are bounded so that shape arithmetic downstream stays far from int64 overflow.
+    constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+    MEMFIT_CHECK(v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() <= kMax, kPiece,
+                 "{}: key '{}' must be a positive integer below 2^31, got {}", path_, key, v.dump());
+    return v.get<int64_t>();
+  }
+  int64_t integer(const char* key, int64_t fallback) const { return has(key) ? integer(key) : fallback; }
+
+  double positive_number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_[key];
+    MEMFIT_CHECK(v.is_number() && v.get<double>() > 0 &&
+                     v.get<double>() <= double(std::numeric_limits<float>::max()), kPiece,
+                 "{}: key '{}' must be a positive number, got {}", path_, key, v.dump());
+    return v.get<double>();
+  }
+
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_[key];
+    MEMFIT_CHECK(v.is_boolean(), kPiece, "{}: key '{}' must be true or false, got {}", path_, key, v.dump());
+    return v.get<bool>();
+  }
+
+  std::string string(const char* key, std::string fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_[key];
+    MEMFIT_CHECK(v.is_string(), kPiece, "{}: key '{}' must be a string, got {}", path_, key, v.dump());
+    return v.get<std::string>();
+  }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  const json& j_;
+  const std::string& path_;
+};
+
+json parse_config_file(const std::string& path) {
+  const MappedFile file = MappedFile::open(path, kPiece);
+  MEMFIT_CHECK(file.size() <= kMaxConfigBytes, kPiece, "{}: {} bytes is too large for a config.json", path,
+               file.size());
+  const char* text = reinterpret_cast<const char*>(file.data());
+  try {
+    return json::parse(text, text + file.size());
+  } catch (const json::exception& e) {
+    throw Error(kPiece, fmt::format("{}: not valid JSON: {}", path, printable_error_text(e)));
+  }
+}
+
+ModelSpec read_gpt2(const ConfigKeys& keys) {
+  const std::string activation = keys.string("activation_function", "gelu_new");
+  // gelu_pytorch_tanh is the same tanh approximation as gelu_new, computed by a fused kernel.
+  MEMFIT_CHECK(activation == "gelu_new" || activation == "gelu_pytorch_tanh", kPiece,
+               "{}: activation_function '{}' is not supported (memfit's gpt2 uses the tanh GELU, 'gelu_new')",
+               keys.path(), activation);
+  ModelSpec s;
+  s.arch = Arch::gpt2;
+  s.n_layer = keys.integer("n_layer");
+  s.n_head = keys.integer("n_head");
+  s.n_kv_head = s.n_head;
+  s.n_embd = keys.integer("n_embd");
+  s.n_inner = keys.integer("n_inner", 4 * s.n_embd);
+  s.vocab_size = keys.integer("vocab_size");
+  MEMFIT_CHECK(keys.has("n_positions") || keys.has("n_ctx"), kPiece, "{}: missing key 'n_positions' (or 'n_ctx')",
+               keys.path());
+  s.max_seq = keys.has("n_positions") ? keys.integer("n_positions") : keys.integer("n_ctx");
+  s.norm_eps = float(keys.positive_number("layer_norm_epsilon", 1e-5));
+  s.tied_embeddings = keys.boolean("tie_word_embeddings", true);
+  return s;
+}
+
+ModelSpec read_llama_family(const ConfigKeys& keys) {
+  const std::string activation = keys.string("hidden_act", "silu");
+  MEMFIT_CHECK(activation == "silu", kPiece,
+               "{}: hidden_act '{}' is not supported (memfit's llama uses SwiGLU with 'silu')", keys.path(),
+               activation);
+  for (const char* bias : {"attention_bias", "mlp_bias"})
+    MEMFIT_CHECK(!keys.boolean(bias, false), kPiece, "{}: '{}': true is not supported (memfit's llama has no "
+                 "projection biases)", keys.path(), bias);
+  ModelSpec s;
+  s.arch = Arch::llama;
+  s.n_layer = keys.integer("num_hidden_layers");
+  s.n_head = keys.integer("num_attention_heads");
+  s.n_kv_head = keys.integer("num_key_value_heads", s.n_head);
+  s.n_embd = keys.integer("hidden_size");
+  s.n_inner = keys.integer("intermediate_size");
+  s.vocab_size = keys.integer("vocab_size");
+  s.max_seq = keys.integer("max_position_embeddings");
+  s.norm_eps = float(keys.positive_number("rms_norm_eps", 1e-6));
+  s.rope_theta = float(keys.positive_number("rope_theta", 10000.0));
+  s.tied_embeddings = keys.boolean("tie_word_embeddings", false);
+  if (keys.has("head_dim") && s.n_embd % s.n_head == 0)
+    MEMFIT_CHECK(keys.integer("head_dim") == s.n_embd / s.n_head, kPiece,
+                 "{}: head_dim {} differs from hidden_size / num_attention_heads = {}, which memfit does not support",
+                 keys.path(), keys.integer("head_dim"), s.n_embd / s.n_head);
+  return s;
+}
+
+}  // namespace
+
+ModelSpec read_hf_config(const std::string& path) {
+  const json j = parse_config_file(path);
+  MEMFIT_CHECK(j.is_object(), kPiece, "{}: must hold a JSON object, got {}", path, j.type_name());
+  const ConfigKeys keys(j, path);
+  MEMFIT_CHECK(keys.has("model_type"), kPiece, "{}: missing key 'model_type'", path);
+  const std::string model_type = keys.string("model_type", "");
+  ModelSpec spec;
+  if (model_type == "gpt2") {
+    spec = read_gpt2(keys);
+  } else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") {
+    spec = read_llama_family(keys);
+  } else {
+    throw Error(kPiece, fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, mistral, qwen2)",
+                                    path, model_type));
+  }
+  spec.name = fmt::format("{} from {}", model_type, path);
+  spec.padded_vocab = pad_vocab(spec.vocab_size);
+  try {
+    spec.validate();
+  } catch (const Error& e) {
+    // Re-raised under [config] so that every failure of this reader names the file first.
+    throw Error(kPiece, fmt::format("{}: {}", path, std::string_view(e.what()).substr(e.piece().size() + 3)));
+  }
+  return spec;
+}
+
+json gpt2_hf_config(const ModelSpec& spec) {
+  MEMFIT_CHECK(spec.arch == Arch::gpt2, kPiece, "model '{}' is {}, and only gpt2 models have a GPT-2 config.json",
+               spec.name, arch_name(spec.arch));
+  MEMFIT_CHECK(spec.n_kv_head == spec.n_head, kPiece, "model '{}': GPT-2 has no grouped-query attention ({} kv heads "
+               "for {} heads)", spec.name, spec.n_kv_head, spec.n_head);
+  spec.validate();
+  // The float epsilon written as its shortest decimal (1e-05, not 9.99999974737875e-06).
+  const double eps = std::stod(fmt::format("{}", spec.norm_eps));
+  return json{
+      {"model_type", "gpt2"},
+      {"architectures", json::array({"GPT2LMHeadModel"})},
+      {"n_layer", spec.n_layer},
+      {"n_head", spec.n_head},
+      {"n_embd", spec.n_embd},
+      {"n_positions", spec.max_seq},
+      {"n_ctx", spec.max_seq},
+      {"vocab_size", spec.vocab_size},
+      {"n_inner", spec.n_inner == 4 * spec.n_embd ? json(nullptr) : json(spec.n_inner)},
+      {"layer_norm_epsilon", eps},
+      {"activation_function", "gelu_new"},
+      {"resid_pdrop", 0.0},
+      {"embd_pdrop", 0.0},
+      {"attn_pdrop", 0.0},
+      {"tie_word_embeddings", spec.tied_embeddings},
+      {"torch_dtype", "float32"},
+  };
+}
+
+}  // namespace memfit

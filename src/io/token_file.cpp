@@ -1,0 +1,169 @@
+#include "io/token_file.hpp"
+
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace memfit {
+
+namespace {
+
+constexpr std::string_view kPiece = "data";
+// llm.c: 256 little-endian int32 (magic, version, token count, unused), then the tokens.
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcVersionUint16 = 1;
+constexpr int32_t kLlmcVersionUint32 = 2;  // LLaMA 3 tokenizer files
+constexpr uint64_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
+constexpr int64_t kMinTokens = 2;  // one input and its target
+
+int32_t read_le_i32(const std::byte* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);  // little-endian host asserted in float_convert.cpp
+  return v;
+}
+
+bool starts_with_llmc_magic(const MappedFile& file) {
+  return file.size() >= 4 && read_le_i32(file.data()) == kLlmcMagic;
+}
+
+TokenFormat detect_format(const MappedFile& file) {
+  if (starts_with_llmc_magic(file)) return TokenFormat::llmc;
+  if (std::filesystem::path(file.path()).extension() == ".bin") return TokenFormat::nanogpt;
+  return TokenFormat::text;
+}
+
+}  // namespace
+
+TokenFormat parse_token_format(std::string_view name) {
+  if (name == "auto") return TokenFormat::automatic;
+  if (name == "llmc") return TokenFormat::llmc;
+  if (name == "nanogpt") return TokenFormat::nanogpt;
+  if (name == "text") return TokenFormat::text;
+  throw Error(kPiece, fmt::format("unknown token format '{}' (expected auto, llmc, nanogpt or text)", name));
+}
+
+std::string_view token_format_name(TokenFormat format) {
+  switch (format) {
+    case TokenFormat::automatic: return "auto";
+    case TokenFormat::llmc: return "llmc";
+    case TokenFormat::nanogpt: return "nanogpt";
+    case TokenFormat::text: return "text";
+  }
+  MEMFIT_ASSERT(false, "unknown token format {}", int(format));
+}
+
+TokenData TokenData::open(const std::string& path, TokenFormat format) {
+  MappedFile file = MappedFile::open(path, kPiece);
+  MEMFIT_CHECK(file.size() > 0, kPiece, "{}: file is empty", path);
+  if (format == TokenFormat::automatic) format = detect_format(file);
+
+  TokenData data;
+  data.format_ = format;
+  switch (format) {
+    case TokenFormat::llmc: {
+      MEMFIT_CHECK(file.size() >= kLlmcHeaderBytes, kPiece,
+                   "{}: {} bytes is shorter than the {}-byte llm.c header", path, file.size(), kLlmcHeaderBytes);
+      const int32_t magic = read_le_i32(file.data());
+      const int32_t version = read_le_i32(file.data() + 4);
+      const int32_t count = read_le_i32(file.data() + 8);
+      MEMFIT_CHECK(magic == kLlmcMagic, kPiece, "{}: bad llm.c magic {} (expected {})", path, magic, kLlmcMagic);
+      MEMFIT_CHECK(version != kLlmcVersionUint32, kPiece,
+                   "{}: llm.c version 2 (uint32 tokens, LLaMA 3) is not supported yet", path);
+      MEMFIT_CHECK(version == kLlmcVersionUint16, kPiece, "{}: unknown llm.c version {} (expected {})", path,
+                   version, kLlmcVersionUint16);
+      MEMFIT_CHECK(count >= 0, kPiece, "{}: negative token count {} in the llm.c header", path, count);
+      const uint64_t expected = kLlmcHeaderBytes + 2 * uint64_t(count);
+      MEMFIT_CHECK(file.size() == expected, kPiece,
+                   "{}: header says {} tokens, so the file should be {} bytes, but it is {} bytes ({})", path, count,
+                   expected, file.size(), file.size() < expected ? "truncated" : "trailing bytes");
+      data.words_ = reinterpret_cast<const uint16_t*>(file.data() + kLlmcHeaderBytes);  // page + 1024: aligned
+      data.size_ = count;
+      break;
+    }
+    case TokenFormat::nanogpt:
+      MEMFIT_CHECK(file.size() % 2 == 0, kPiece,
+                   "{}: {} bytes is an odd size, not a whole number of uint16 tokens (nanoGPT format)", path,
+                   file.size());
+      data.words_ = reinterpret_cast<const uint16_t*>(file.data());  // page-aligned mapping
+      data.size_ = int64_t(file.size() / 2);
+      break;
+    case TokenFormat::text:
+      data.bytes_ = reinterpret_cast<const uint8_t*>(file.data());
+      data.size_ = int64_t(file.size());
+      break;
+    case TokenFormat::automatic:
+      MEMFIT_ASSERT(false, "format left undetected");
+  }
+  MEMFIT_CHECK(data.size_ >= kMinTokens, kPiece, "{}: {} token(s) is too few (need at least {})", path, data.size_,
+               kMinTokens);
+  data.description_ = fmt::format("{} ({}, {} tokens)", path, token_format_name(format), data.size_);
+  data.file_ = std::move(file);  // the mapping's address does not change on move
+  return data;
+}
+
+TokenData TokenData::from_tokens(std::vector<uint16_t> tokens, std::string description) {
+  MEMFIT_CHECK(int64_t(tokens.size()) >= kMinTokens, kPiece, "{}: {} token(s) is too few (need at least {})",
+               description, tokens.size(), kMinTokens);
+  TokenData data;
+  data.owned_ = std::move(tokens);
+  data.words_ = data.owned_.data();
+  data.size_ = int64_t(data.owned_.size());
+  data.format_ = TokenFormat::nanogpt;
+  data.description_ = std::move(description);
+  return data;
+}
+
+TokenData::TokenData(TokenData&& other) noexcept
+    : file_(std::move(other.file_)),
+      owned_(std::move(other.owned_)),  // a moved vector keeps its buffer, so words_ stays valid
+      bytes_(std::exchange(other.bytes_, nullptr)),
+      words_(std::exchange(other.words_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      format_(other.format_),
+      description_(std::move(other.description_)) {}
+
+TokenData& TokenData::operator=(TokenData&& other) noexcept {
+  if (this != &other) {
+    file_ = std::move(other.file_);
+    owned_ = std::move(other.owned_);
+    bytes_ = std::exchange(other.bytes_, nullptr);
+    words_ = std::exchange(other.words_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    format_ = other.format_;
+    description_ = std::move(other.description_);
+  }
+  return *this;
+}
+
+int32_t TokenData::at(int64_t i) const {
+  MEMFIT_ASSERT(i >= 0 && i < size_, "token {} out of range [0, {}) in {}", i, size_, description_);
+  return bytes_ ? int32_t(bytes_[i]) : int32_t(words_[i]);
+}
+
+void TokenData::copy(int64_t start, int64_t count, int32_t* dst) const {
+  MEMFIT_ASSERT(start >= 0 && count >= 0 && start <= size_ - count, "tokens [{}, {}) out of range [0, {}) in {}",
+                start, start + count, size_, description_);
+  if (bytes_) {
+    for (int64_t i = 0; i < count; ++i) dst[i] = int32_t(bytes_[start + i]);
+  } else {
+    for (int64_t i = 0; i < count; ++i) dst[i] = int32_t(words_[start + i]);
+  }
+}
+
+void write_llmc_tokens(const std::string& path, std::span<const uint16_t> tokens) {
+  MEMFIT_CHECK(tokens.size() <= uint64_t(std::numeric_limits<int32_t>::max()), kPiece,
+               "{}: {} tokens do not fit the llm.c header's int32 count", path, tokens.size());
+  int32_t header[256] = {};
+  header[0] = kLlmcMagic;
+  header[1] = kLlmcVersionUint16;
+  header[2] = int32_t(tokens.size());
+  AtomicFileWriter out(path, kPiece);
+  out.write(header, sizeof(header));
+  out.write(tokens.data(), tokens.size_bytes());
+  out.commit();
+}
+
+}  // namespace memfit

@@ -1,0 +1,212 @@
+// Token files: llm.c files built header by header here, nanoGPT and text files built byte by
+// byte, format detection, and every malformed case the loader must refuse.
+#include "io/token_file.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <numeric>
+
+#include "io/io_test_util.hpp"
+
+namespace memfit {
+namespace {
+
+using test::bytes_of;
+using test::expect_error;
+using test::ScratchDir;
+
+std::string llmc_header(int32_t magic, int32_t version, int32_t count) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = magic;
+  header[1] = version;
+  header[2] = count;
+  return std::string(reinterpret_cast<const char*>(header.data()), 1024);
+}
+
+std::vector<int32_t> all_tokens(const TokenData& data) {
+  std::vector<int32_t> out(size_t(data.size()));
+  data.copy(0, data.size(), out.data());
+  return out;
+}
+
+TEST(TokenFormat, ParsesItsNames) {
+  EXPECT_EQ(parse_token_format("auto"), TokenFormat::automatic);
+  EXPECT_EQ(parse_token_format("llmc"), TokenFormat::llmc);
+  EXPECT_EQ(parse_token_format("nanogpt"), TokenFormat::nanogpt);
+  EXPECT_EQ(parse_token_format("text"), TokenFormat::text);
+  expect_error([] { (void)parse_token_format("parquet"); }, "data", {"'parquet'", "auto, llmc, nanogpt or text"});
+}
+
+TEST(TokenFile, WritesTheLlmcLayoutAndReadsItBack) {
+  ScratchDir dir;
+  const std::string path = dir.file("train.bin");
+  const std::vector<uint16_t> tokens = {50256, 0, 1, 65535, 464, 3290};
+  write_llmc_tokens(path, tokens);
+
+  // The bytes, independently of the reader: 256 int32 then the uint16 tokens.
+  const std::string bytes = test::read_bytes(path);
+  ASSERT_EQ(bytes.size(), 1024u + 2 * tokens.size());
+  EXPECT_EQ(bytes.substr(0, 1024), llmc_header(20240520, 1, 6));
+  EXPECT_EQ(bytes.substr(1024), std::string(reinterpret_cast<const char*>(tokens.data()), 12));
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+
+  for (TokenFormat format : {TokenFormat::automatic, TokenFormat::llmc}) {
+    const TokenData data = TokenData::open(path, format);
+    EXPECT_EQ(data.format(), TokenFormat::llmc);
+    EXPECT_EQ(data.size(), 6);
+    EXPECT_EQ(data.vocab_hint(), 65536);
+    EXPECT_EQ(all_tokens(data), (std::vector<int32_t>{50256, 0, 1, 65535, 464, 3290}));
+    EXPECT_EQ(data.at(3), 65535);  // unsigned: not -1
+    EXPECT_NE(data.description().find(path), std::string::npos);
+    int32_t window[2];
+    data.copy(4, 2, window);
+    EXPECT_EQ(window[0], 464);
+    EXPECT_EQ(window[1], 3290);
+  }
+}
+
+TEST(TokenFile, RefusesMalformedLlmcFiles) {
+  ScratchDir dir;
+  const std::string path = dir.file("bad.bin");
+  const std::string four_tokens = bytes_of<uint16_t>({1, 2, 3, 4});
+  const struct {
+    const char* what;
+    std::string bytes;
+    std::vector<std::string_view> expected;
+  } cases[] = {
+      {"bad magic", llmc_header(20240521, 1, 4) + four_tokens, {"magic 20240521", "20240520"}},
+      {"llama 3 version", llmc_header(20240520, 2, 4) + four_tokens, {"version 2", "uint32"}},
+      {"unknown version", llmc_header(20240520, 7, 4) + four_tokens, {"version 7"}},
+      {"negative count", llmc_header(20240520, 1, -4) + four_tokens, {"negative token count -4"}},
+      {"truncated", llmc_header(20240520, 1, 4) + four_tokens.substr(0, 6), {"1032 bytes", "1030 bytes", "truncated"}},
+      {"padded", llmc_header(20240520, 1, 4) + four_tokens + "xy", {"1032 bytes", "1034 bytes", "trailing"}},
+      {"header cut short", llmc_header(20240520, 1, 4).substr(0, 100), {"100 bytes", "1024-byte llm.c header"}},
+      {"one token", llmc_header(20240520, 1, 1) + bytes_of<uint16_t>({7}), {"1 token(s) is too few"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    test::write_bytes(path, c.bytes);
+    // The magic test names the format explicitly: detection would (rightly) take it for nanoGPT.
+    const std::string message = expect_error([&] { (void)TokenData::open(path, TokenFormat::llmc); }, "data", {path});
+    for (std::string_view part : c.expected) EXPECT_NE(message.find(part), std::string::npos) << part << " / " << message;
+  }
+}
+
+TEST(TokenFile, ReadsNanogptRawTokens) {
+  ScratchDir dir;
+  const std::string path = dir.file("val.bin");
+  test::write_bytes(path, bytes_of<uint16_t>({10, 20, 40000, 30}));
+  for (TokenFormat format : {TokenFormat::automatic, TokenFormat::nanogpt}) {
+    const TokenData data = TokenData::open(path, format);
+    EXPECT_EQ(data.format(), TokenFormat::nanogpt);
+    EXPECT_EQ(all_tokens(data), (std::vector<int32_t>{10, 20, 40000, 30}));
+    EXPECT_EQ(data.vocab_hint(), 65536);
+  }
+  test::write_bytes(path, "abc");
+  expect_error([&] { (void)TokenData::open(path); }, "data", {path, "3 bytes", "odd"});
+  test::write_bytes(path, "ab");
+  expect_error([&] { (void)TokenData::open(path); }, "data", {path, "1 token(s) is too few"});
+}
+
+TEST(TokenFile, ReadsTextAsOneTokenPerByte) {
+  ScratchDir dir;
+  const std::string path = dir.file("input.txt");
+  test::write_bytes(path, "Hi\n\xC3\xA9\xFF");
+  const TokenData data = TokenData::open(path);
+  EXPECT_EQ(data.format(), TokenFormat::text);
+  EXPECT_EQ(data.vocab_hint(), 256);
+  EXPECT_EQ(all_tokens(data), (std::vector<int32_t>{'H', 'i', '\n', 0xC3, 0xA9, 0xFF}));  // bytes, unsigned
+  EXPECT_EQ(data.at(5), 255);
+}
+
+TEST(TokenFile, DetectsTheFormat) {
+  ScratchDir dir;
+  // The magic decides, whatever the extension.
+  const std::string llmc = dir.file("tokens.dat");
+  test::write_bytes(llmc, llmc_header(20240520, 1, 2) + bytes_of<uint16_t>({5, 6}));
+  EXPECT_EQ(TokenData::open(llmc).format(), TokenFormat::llmc);
+  // .bin without the magic is nanoGPT, even when its first int32 is close to the magic.
+  const std::string raw = dir.file("tokens.bin");
+  test::write_bytes(raw, llmc_header(20240521, 1, 2) + bytes_of<uint16_t>({5, 6}));
+  EXPECT_EQ(TokenData::open(raw).format(), TokenFormat::nanogpt);
+  EXPECT_EQ(TokenData::open(raw).size(), 514);
+  // Anything else is text, including files with no extension and files shorter than 4 bytes.
+  for (const char* name : {"notes.txt", "README", "x.binary"}) {
+    const std::string text = dir.file(name);
+    test::write_bytes(text, "abcd");
+    EXPECT_EQ(TokenData::open(text).format(), TokenFormat::text) << name;
+  }
+  const std::string tiny = dir.file("tiny.bin");
+  test::write_bytes(tiny, "ab");
+  EXPECT_EQ(TokenData::open(tiny, TokenFormat::text).size(), 2);
+  // A text file read as llm.c is refused, not misread.
+  const std::string text = dir.file("story.txt");
+  test::write_bytes(text, std::string(2000, 'a'));
+  expect_error([&] { (void)TokenData::open(text, TokenFormat::llmc); }, "data", {text, "magic"});
+}
+
+TEST(TokenFile, RefusesMissingEmptyAndDirectoryPaths) {
+  ScratchDir dir;
+  expect_error([&] { (void)TokenData::open(dir.file("absent.bin")); }, "data", {"absent.bin", "no such file"});
+  expect_error([&] { (void)TokenData::open(dir.path().string()); }, "data", {"is a directory"});
+  const std::string empty = dir.file("empty.txt");
+  test::write_bytes(empty, "");
+  expect_error([&] { (void)TokenData::open(empty); }, "data", {empty, "empty"});
+  const std::string one = dir.file("one.txt");
+  test::write_bytes(one, "x");
+  expect_error([&] { (void)TokenData::open(one); }, "data", {one, "too few"});
+}
+
+TEST(TokenFile, MovesWithoutLosingTheMapping) {
+  ScratchDir dir;
+  const std::string path = dir.file("m.bin");
+  write_llmc_tokens(path, std::vector<uint16_t>{1, 2, 3});
+  TokenData a = TokenData::open(path);
+  TokenData b = std::move(a);
+  EXPECT_EQ(b.size(), 3);
+  EXPECT_EQ(a.size(), 0);  // moved-from is empty, not dangling
+  EXPECT_EQ(all_tokens(b), (std::vector<int32_t>{1, 2, 3}));
+
+  TokenData owned = TokenData::from_tokens({7, 8, 9, 10}, "in memory");
+  owned = std::move(b);  // releases nothing b still needs; owned's vector is freed
+  EXPECT_EQ(all_tokens(owned), (std::vector<int32_t>{1, 2, 3}));
+
+  std::vector<TokenData> many;
+  for (int i = 0; i < 20; ++i) many.push_back(TokenData::from_tokens({uint16_t(i), uint16_t(i + 1)}, "t"));
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(many[size_t(i)].at(1), i + 1);  // survived reallocation
+}
+
+TEST(TokenFile, OwnsTokensFromMemory) {
+  const TokenData data = TokenData::from_tokens({3, 1, 4, 1, 5}, "digits of pi");
+  EXPECT_EQ(data.size(), 5);
+  EXPECT_EQ(data.description(), "digits of pi");
+  EXPECT_EQ(data.vocab_hint(), 65536);
+  EXPECT_EQ(all_tokens(data), (std::vector<int32_t>{3, 1, 4, 1, 5}));
+  expect_error([] { (void)TokenData::from_tokens({1}, "single"); }, "data", {"single", "too few"});
+}
+
+TEST(TokenFile, WriterKeepsTheExistingFileWhenItCannotWrite) {
+  ScratchDir dir;
+  const std::string missing = dir.file("no-dir/t.bin");
+  expect_error([&] { write_llmc_tokens(missing, std::vector<uint16_t>{1, 2}); }, "data", {missing, "cannot create"});
+  const std::string path = dir.file("t.bin");
+  write_llmc_tokens(path, std::vector<uint16_t>{1, 2});
+  write_llmc_tokens(path, std::vector<uint16_t>{3, 4, 5});
+  EXPECT_EQ(all_tokens(TokenData::open(path)), (std::vector<int32_t>{3, 4, 5}));
+}
+
+TEST(TokenFile, OpensTinyShakespeareAsText) {
+  const std::string path = "/work/shared/data/tinyshakespeare.txt";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not present";
+  const TokenData data = TokenData::open(path);
+  EXPECT_EQ(data.format(), TokenFormat::text);
+  EXPECT_EQ(data.size(), int64_t(std::filesystem::file_size(path)));
+  EXPECT_EQ(data.at(0), 'F');  // "First Citizen:"
+  int32_t first[5];
+  data.copy(0, 5, first);
+  EXPECT_EQ(std::string(first, first + 5), "First");
+}
+
+}  // namespace
+}  // namespace memfit
