@@ -1,5 +1,6 @@
 #include "train/data_loader.hpp"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/error.hpp"
