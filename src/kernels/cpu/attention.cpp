@@ -69,11 +69,11 @@ void attention_softmax_forward(float* probs, int64_t rows, int64_t seq) {
       float* p = probs + r * seq;
       float mx = p[0];
 #pragma omp simd reduction(max : mx)
-      for (int64_t s = 0; s <= t; ++s) mx = std::max(mx, p[s]);
+      for (int64_t s = 0; s <= t; ++s) mx = p[s] > mx ? p[s] : mx;  // not std::max: see vec_math.hpp
       float sum = 0;
 #pragma omp simd reduction(+ : sum)
       for (int64_t s = 0; s <= t; ++s) {
-        p[s] = exp_approx(p[s] - mx);
+        p[s] = softmax_exp(p[s] - mx);
         sum += p[s];
       }
       const float inv = 1.0f / sum;

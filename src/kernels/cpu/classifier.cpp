@@ -116,7 +116,7 @@ void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) cons
       float* l = logits + i * Vp;
       float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, l[j]);
+      for (int64_t j = 0; j < V; ++j) mx = l[j] > mx ? l[j] : mx;  // not std::max: see vec_math.hpp
       const float target_logit = l[target];
       // The sum of up to ~1e5 exponentials is kept in double; the exponentials themselves are
       // float and stored in place when a gradient follows.
@@ -124,12 +124,12 @@ void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) cons
       if (grad) {
 #pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j < V; ++j) {
-          l[j] = exp_approx(l[j] - mx);
+          l[j] = softmax_exp(l[j] - mx);
           sum += double(l[j]);
         }
       } else {
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < V; ++j) sum += double(exp_approx(l[j] - mx));
+        for (int64_t j = 0; j < V; ++j) sum += double(softmax_exp(l[j] - mx));
       }
       if (losses) losses[row0 + i] = float(std::log(sum) + double(mx) - double(target_logit));
       if (!grad) continue;

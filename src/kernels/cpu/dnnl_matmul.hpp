@@ -59,6 +59,9 @@ class DnnlMatmul {
   // Runs the product on binding `index`. Allocates nothing in memfit code.
   void execute(int index = 0) const;
   bool valid() const { return bool(prim_); }
+  // oneDNN's name for the implementation it picked ("brg:avx512_core", "gemm:jit", ...), for
+  // diagnosing a slow product (a "ref:" implementation is orders of magnitude slower).
+  const char* impl_name() const { return pd_.impl_info_str(); }
 
  private:
   struct Bound {
