@@ -1,0 +1,167 @@
+// Fused classifier (see classifier.hpp). Per chunk of R rows: one GEMM makes the logits, a
+// row pass turns them in place into dlogits while computing each loss, then two GEMMs
+// consume dlogits. The subtle points: the padded columns j >= V get no probability and
+// exactly zero gradient (so the padding rows of dwte stay untouched by the softmax), and the
+// write mode of dwte applies to the first chunk only, since every later chunk adds to what
+// the earlier ones wrote.
+#include "kernels/cpu/classifier.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.hpp"
+#include "kernels/cpu/parallel.hpp"
+#include "kernels/cpu/vec_math.hpp"
+
+namespace memfit {
+namespace {
+
+MatmulAttrs logits_attrs(const ClassifierShape& s, int64_t rows) {
+  MatmulAttrs a;
+  a.m = rows, a.n = s.padded_vocab, a.k = s.channels, a.trans_b = true;
+  return a;
+}
+MatmulAttrs dx_attrs(const ClassifierShape& s, int64_t rows) {
+  MatmulAttrs a;
+  a.m = rows, a.n = s.channels, a.k = s.padded_vocab;
+  return a;
+}
+MatmulAttrs dwte_attrs(const ClassifierShape& s, int64_t rows) {
+  MatmulAttrs a;
+  a.m = s.padded_vocab, a.n = s.channels, a.k = rows, a.trans_a = true;
+  return a;
+}
+
+// The product specs the kernel needs, as (size index, spec) pairs, in one place so that
+// scratch_bytes and the constructor agree. visit(kind, size, acc, spec); kind 0 logits,
+// 1 dx, 2 dwte.
+template <class Visit>
+void for_each_product(const ClassifierShape& s, const ClassifierOutputs& o, Visit visit) {
+  const int64_t chunk = std::min(s.chunk_rows, s.rows);
+  const int64_t full = s.rows / chunk, tail = s.rows % chunk;
+  for (int size = 0; size < 2; ++size) {
+    const int64_t rows = size == 0 ? chunk : tail;
+    if (rows == 0) continue;
+    visit(0, size, 0, matmul_spec(logits_attrs(s, rows), false, false));
+    for (int acc = 0; acc < 2; ++acc) {
+      if (o.dx && (acc ? o.dx_modes.accumulate : o.dx_modes.overwrite))
+        visit(1, size, acc, matmul_spec(dx_attrs(s, rows), false, acc));
+      // Only the first chunk (always a full one) can overwrite dwte; every other adds.
+      const bool needed = acc ? (o.dwte_modes.accumulate || full > 1 || tail > 0)
+                              : (size == 0 && o.dwte_modes.overwrite);
+      if (o.dwte && needed) visit(2, size, acc, matmul_spec(dwte_attrs(s, rows), false, acc));
+    }
+  }
+}
+
+}  // namespace
+
+ClassifierKernel::ClassifierKernel(const DnnlEnv& env, const ClassifierShape& shape, const ClassifierOutputs& outputs)
+    : shape_(shape), outputs_(outputs) {
+  MEMFIT_CHECK(shape.rows > 0 && shape.channels > 0 && shape.chunk_rows > 0 && shape.vocab > 0 &&
+                   shape.vocab <= shape.padded_vocab,
+               "kernels", "classifier with rows={} channels={} chunk_rows={} vocab={} padded_vocab={}", shape.rows,
+               shape.channels, shape.chunk_rows, shape.vocab, shape.padded_vocab);
+  chunk_ = std::min(shape.chunk_rows, shape.rows);
+  full_chunks_ = shape.rows / chunk_;
+  tail_rows_ = shape.rows % chunk_;
+  for_each_product(shape, outputs, [&](int kind, int size, int acc, const DnnlMatmulSpec& spec) {
+    DnnlMatmul& slot = kind == 0 ? logits_mm_[size] : kind == 1 ? dx_mm_[size][acc] : dwte_mm_[size][acc];
+    slot = DnnlMatmul(env, spec);
+  });
+}
+
+uint64_t ClassifierKernel::scratch_bytes(const DnnlEnv& env, const ClassifierShape& shape,
+                                         const ClassifierOutputs& outputs) {
+  uint64_t bytes = 0;
+  for_each_product(shape, outputs, [&](int, int, int, const DnnlMatmulSpec& spec) {
+    bytes = std::max(bytes, DnnlMatmul::scratch_bytes(env, spec));
+  });
+  return bytes;
+}
+
+void ClassifierKernel::bind(const float* x, const float* wte, const int32_t* targets, float* losses, float* dx,
+                            float* dwte, float* logits, void* scratch) {
+  MEMFIT_ASSERT(bool(dx) == outputs_.dx && bool(dwte) == outputs_.dwte && bool(losses) == outputs_.losses,
+                "classifier bound with other outputs than it was prepared for");
+  const int64_t C = shape_.channels;
+  const int64_t chunks = full_chunks_ + (tail_rows_ > 0 ? 1 : 0);
+  // Binding i of a full-size product is chunk i; the tail products have one binding.
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int size = i < full_chunks_ ? 0 : 1;
+    const float* xc = x + i * chunk_ * C;
+    logits_mm_[size].bind(xc, wte, nullptr, logits, scratch);
+    for (int acc = 0; acc < 2; ++acc) {
+      if (dx_mm_[size][acc].valid()) dx_mm_[size][acc].bind(logits, wte, nullptr, dx + i * chunk_ * C, scratch);
+      if (dwte_mm_[size][acc].valid() && (acc == 1 || i == 0))
+        dwte_mm_[size][acc].bind(logits, xc, nullptr, dwte, scratch);
+    }
+  }
+  targets_ = targets;
+  losses_ = losses;
+  logits_ = logits;
+}
+
+void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) const {
+  const int64_t V = shape_.vocab, Vp = shape_.padded_vocab;
+  const bool grad = outputs_.dx || outputs_.dwte;
+  float* losses = losses_;
+  const int32_t* targets = targets_;
+  float* logits = logits_;
+  parallel_for(count, 1, [=](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const int64_t target = targets[row0 + i];
+      MEMFIT_ASSERT(target >= 0 && target < V, "target {} at row {} outside [0, {})", target, row0 + i, V);
+      float* l = logits + i * Vp;
+      float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < V; ++j) mx = l[j] > mx ? l[j] : mx;  // not std::max: see vec_math.hpp
+      const float target_logit = l[target];
+      // The sum of up to ~1e5 exponentials is kept in double; the exponentials themselves are
+      // float and stored in place when a gradient follows.
+      double sum = 0;
+      if (grad) {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < V; ++j) {
+          l[j] = softmax_exp(l[j] - mx);
+          sum += double(l[j]);
+        }
+      } else {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < V; ++j) sum += double(softmax_exp(l[j] - mx));
+      }
+      if (losses) losses[row0 + i] = float(std::log(sum) + double(mx) - double(target_logit));
+      if (!grad) continue;
+      const float f = float(double(dscale) / sum);
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) l[j] *= f;
+      l[target] -= dscale;
+      std::fill(l + V, l + Vp, 0.0f);
+    }
+  });
+}
+
+void ClassifierKernel::run(float dscale, bool acc_dx, bool acc_dwte) const {
+  const int64_t chunks = full_chunks_ + (tail_rows_ > 0 ? 1 : 0);
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int size = i < full_chunks_ ? 0 : 1;
+    const int index = size == 0 ? int(i) : 0;
+    logits_mm_[size].execute(index);
+    rows_pass(i * chunk_, size == 0 ? chunk_ : tail_rows_, dscale);
+    if (outputs_.dx) {
+      const DnnlMatmul& mm = dx_mm_[size][acc_dx ? 1 : 0];
+      MEMFIT_ASSERT(mm.valid(), "classifier prepared without its dx {} variant", acc_dx ? "accumulate" : "overwrite");
+      mm.execute(index);
+    }
+    if (outputs_.dwte) {
+      const bool acc = i > 0 || acc_dwte;
+      const DnnlMatmul& mm = dwte_mm_[size][acc ? 1 : 0];
+      MEMFIT_ASSERT(mm.valid(), "classifier prepared without its dwte {} variant", acc ? "accumulate" : "overwrite");
+      // The overwrite variant has a single binding (chunk 0).
+      mm.execute(acc ? index : 0);
+    }
+  }
+}
+
+}  // namespace memfit

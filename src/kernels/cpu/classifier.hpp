@@ -1,0 +1,52 @@
+// Fused classifier: logits = x wte^T, per-row cross-entropy against integer targets, and
+// (in training) the gradients dx = dlogits wte and dwte = dlogits^T x, computed chunk by
+// chunk of rows so that the (N, Vp) logits never exist beyond one (R, Vp) chunk.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/dnnl_matmul.hpp"
+#include "kernels/cpu/matmul.hpp"
+
+namespace memfit {
+
+struct ClassifierShape {
+  int64_t rows = 0;          // N
+  int64_t channels = 0;      // C
+  int64_t vocab = 0;         // V: columns that take part in the softmax
+  int64_t padded_vocab = 0;  // Vp >= V: rows of wte and columns of the logits
+  int64_t chunk_rows = 0;    // R: rows of logits materialised at once (the last chunk may be shorter)
+};
+
+// Which outputs the op has and how each may be written. Eval has only losses.
+struct ClassifierOutputs {
+  bool losses = true, dx = false, dwte = false;
+  WriteVariants dx_modes, dwte_modes;
+};
+
+class ClassifierKernel {
+ public:
+  ClassifierKernel(const DnnlEnv& env, const ClassifierShape& shape, const ClassifierOutputs& outputs);
+  static uint64_t scratch_bytes(const DnnlEnv& env, const ClassifierShape& shape, const ClassifierOutputs& outputs);
+
+  // logits is the (R, Vp) workspace chunk. Pointers of absent outputs are nullptr.
+  void bind(const float* x, const float* wte, const int32_t* targets, float* losses, float* dx, float* dwte,
+            float* logits, void* scratch);
+  // dscale multiplies d(loss_i)/d(logits): grad_scale * loss_scale. acc_dwte is the mode of
+  // the first chunk only; later chunks always add.
+  void run(float dscale, bool acc_dx, bool acc_dwte) const;
+
+ private:
+  void rows_pass(int64_t row0, int64_t count, float dscale) const;
+
+  ClassifierShape shape_;
+  ClassifierOutputs outputs_;
+  int64_t chunk_ = 0, full_chunks_ = 0, tail_rows_ = 0;
+  const int32_t* targets_ = nullptr;
+  float* losses_ = nullptr;
+  float* logits_ = nullptr;
+  // [0] full chunks, [1] the tail chunk; dx_ and dwte_ further by [overwrite, accumulate].
+  DnnlMatmul logits_mm_[2], dx_mm_[2][2], dwte_mm_[2][2];
+};
+
+}  // namespace memfit

@@ -1,0 +1,59 @@
+// GELU forward and backward (tanh form). The one subtle point is speed: std::tanh does not
+// vectorize without -ffast-math, so the loops use tanh_approx from vec_math.hpp (absolute
+// error a few 1e-8, harmless because GELU adds the tanh to 1). Outputs may alias inputs
+// (gelu_backward runs in place on dy); each element is read before it is written, so the
+// pointers are deliberately not __restrict.
+#include "kernels/cpu/gelu.hpp"
+
+#include <cmath>
+
+#include "kernels/cpu/parallel.hpp"
+#include "kernels/cpu/vec_math.hpp"
+
+namespace memfit {
+namespace {
+
+constexpr float kC = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kA = 0.044715f;
+
+inline float gelu(float x) { return 0.5f * x * (1.0f + tanh_approx(kC * (x + kA * x * x * x))); }
+
+// 1 - tanh^2 is taken as 4e / (1 + e)^2 with e = exp(-2|u|) rather than from the rounded
+// tanh, which would cancel where |tanh| is close to 1 and large |x| multiplies the error.
+inline float gelu_grad(float x) {
+  const float u = kC * (x + kA * x * x * x);
+  const float e = exp_approx(-2.0f * std::fabs(u));
+  const float inv = 1.0f / (1.0f + e);
+  const float th = std::copysign((1.0f - e) * inv, u);
+  const float sech2 = 4.0f * e * inv * inv;
+  const float du = kC * (1.0f + 3.0f * kA * x * x);
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * du;
+}
+
+}  // namespace
+
+void gelu_forward(const float* x, float* y, int64_t n, bool acc) {
+  parallel_for(n, kParallelGrain / 8, [=](int64_t lo, int64_t hi) {
+    if (acc) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) y[i] += gelu(x[i]);
+    } else {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) y[i] = gelu(x[i]);
+    }
+  });
+}
+
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool acc) {
+  parallel_for(n, kParallelGrain / 8, [=](int64_t lo, int64_t hi) {
+    if (acc) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) dx[i] += dy[i] * gelu_grad(x[i]);
+    } else {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) dx[i] = dy[i] * gelu_grad(x[i]);
+    }
+  });
+}
+
+}  // namespace memfit

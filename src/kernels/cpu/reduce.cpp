@@ -1,0 +1,36 @@
+// Column sums and the loss sum. The one subtle point is determinism: threads split the
+// columns into fixed blocks, never the rows, and each block sums its rows in order, so the
+// result does not depend on how many threads run (and no atomics or per-thread buffers are
+// needed). Sums are kept in double: a gradient over B*T rows loses no digits that way.
+#include "kernels/cpu/reduce.hpp"
+
+#include <algorithm>
+
+#include "kernels/cpu/parallel.hpp"
+
+namespace memfit {
+
+void bias_grad(const float* dy, float* db, int64_t M, int64_t N, bool acc) {
+  const int64_t blocks = (N + kColumnBlock - 1) / kColumnBlock;
+  parallel_for(blocks, 1, [=](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) {
+      const int64_t c0 = blk * kColumnBlock, w = std::min(kColumnBlock, N - c0);
+      double sum[kColumnBlock] = {};
+      for (int64_t i = 0; i < M; ++i) {
+        const float* row = dy + i * N + c0;
+#pragma omp simd
+        for (int64_t c = 0; c < w; ++c) sum[c] += double(row[c]);
+      }
+      for (int64_t c = 0; c < w; ++c) db[c0 + c] = acc ? float(double(db[c0 + c]) + sum[c]) : float(sum[c]);
+    }
+  });
+}
+
+void loss_mean(const float* losses, float* loss, int64_t n, float scale, bool acc) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += double(losses[i]);
+  const double value = double(scale) * sum;
+  *loss = acc ? float(double(*loss) + value) : float(value);
+}
+
+}  // namespace memfit

@@ -1,0 +1,76 @@
+// Naive reference kernels: the oracle that the CPU kernels are tested against. Plain loops,
+// one element at a time, double accumulation, no OpenMP and no oneDNN, written to be read
+// rather than to be fast. Each is a template over the element type and is instantiated for
+// float (to compare with the CPU kernels) and double (so that the backward kernels can be
+// checked against central finite differences of the forward ones; see tests/kernels).
+//
+// Conventions follow graph/op.hpp. Every output takes an `acc` flag: false overwrites, true
+// adds into the existing values. An output pointer may be nullptr where the op allows it
+// (the kernel then skips that output). Shape letters: N rows, C channels, B batch, T
+// sequence, NH heads, HS head size, V vocabulary, Vp padded vocabulary.
+#pragma once
+
+#include <cstdint>
+
+namespace memfit::ref {
+
+// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows.
+template <class F>
+void embedding_forward(const int32_t* tokens, const F* wte, const F* wpe, F* x, int64_t N, int64_t seq, int64_t C,
+                       bool acc);
+// dwte[tok] += dx rows; dwpe[t] += sum over the batch. Overwrite mode zeroes the whole
+// tables (all Vp rows of dwte, all Tmax rows of dwpe) before scattering.
+template <class F>
+void embedding_backward(const F* dx, const int32_t* tokens, F* dwte, F* dwpe, int64_t N, int64_t seq, int64_t C,
+                        int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe);
+
+template <class F>
+void layernorm_forward(const F* x, const F* w, const F* b, F* y, F* mean, F* rstd, int64_t N, int64_t C, double eps);
+template <class F>
+void layernorm_backward(const F* dy, const F* x, const F* w, const F* mean, const F* rstd, F* dx, F* dw, F* db,
+                        int64_t N, int64_t C, bool acc_dx, bool acc_dw, bool acc_db);
+
+// C[M,N] = alpha * op(A) op(B) (+ bias[N]); A stored [M,K] or [K,M] (trans_a), B stored
+// [K,N] or [N,K] (trans_b).
+template <class F>
+void matmul(const F* a, const F* b, const F* bias, F* c, int64_t M, int64_t N, int64_t K, bool trans_a,
+            bool trans_b, double alpha, bool acc);
+// db[n] = sum over rows of dy[m, n].
+template <class F>
+void bias_grad(const F* dy, F* db, int64_t M, int64_t N, bool acc);
+
+template <class F>
+void gelu_forward(const F* x, F* y, int64_t n, bool acc);
+template <class F>
+void gelu_backward(const F* dy, const F* x, F* dx, int64_t n, bool acc);
+
+template <class F>
+void add(const F* a, const F* b, F* y, int64_t n, bool acc);
+template <class F>
+void accumulate(const F* x, F* y, int64_t n, bool acc);
+template <class F>
+void fill(F* x, int64_t n, double value, bool acc);
+template <class F>
+void loss_mean(const F* losses, F* loss, int64_t n, double scale, bool acc);
+
+// Causal attention over qkv (B, T, 3C) laid out [q | k | v], head h at columns h*HS.
+template <class F>
+void attention_forward(const F* qkv, F* y, F* probs, int64_t B, int64_t T, int64_t NH, int64_t HS, double scale,
+                       bool acc_y);
+template <class F>
+void attention_backward(const F* dy, const F* qkv, const F* probs, F* dqkv, int64_t B, int64_t T, int64_t NH,
+                        int64_t HS, double scale, bool acc);
+
+// Fused classifier: logits = x wte^T over all Vp columns; loss_i = logsumexp over the first V
+// columns - logit[target]; dlogits = (softmax - onehot) * dscale on the first V columns and 0
+// on the padding; dx = dlogits wte; dwte = dlogits^T x. Any output may be nullptr.
+template <class F>
+void classifier(const F* x, const F* wte, const int32_t* targets, F* losses, F* dx, F* dwte, int64_t N, int64_t C,
+                int64_t V, int64_t Vp, double dscale, bool acc_dx, bool acc_dwte);
+
+// PyTorch's AdamW on one tensor; step is 1-based.
+template <class F>
+void adamw(F* param, const F* grad, F* m, F* v, int64_t n, double lr, double beta1, double beta2, double eps,
+           double weight_decay, int64_t step);
+
+}  // namespace memfit::ref

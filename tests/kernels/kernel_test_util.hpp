@@ -1,0 +1,54 @@
+// Helpers shared by the kernel tests: seeded random data and the normalised error metric.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace memfit::test {
+
+template <class F = float>
+std::vector<F> random_vector(size_t n, uint32_t seed, double lo = -1.0, double hi = 1.0) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<F> v(n);
+  for (auto& x : v) x = F(dist(gen));
+  return v;
+}
+
+inline std::vector<int32_t> random_ints(size_t n, int32_t bound, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> dist(0, bound - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+// max|a - b| / max|b|: an error relative to the scale of the expected tensor, so that
+// near-zero elements (common in gradients) are not judged by their own tiny magnitude.
+template <class A, class B>
+double normalized_error(const A* a, const B* b, size_t n) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+template <class A, class B>
+double normalized_error(const std::vector<A>& a, const std::vector<B>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  return normalized_error(a.data(), b.data(), std::min(a.size(), b.size()));
+}
+
+template <class T>
+std::vector<double> to_double(const std::vector<T>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+}  // namespace memfit::test
