@@ -1,20 +1,26 @@
 #include "runtime/compile.hpp"
 
+#include <algorithm>
+
 namespace memfit {
 
 void attach_backend_scratch(Program& p, const Backend& backend) {
-  for (size_t i = 0; i < p.ops().size(); ++i) {
-    const uint64_t bytes = backend.scratch_bytes(p, p.op(int(i)));
-    if (bytes == 0) continue;
-    TensorDesc d;
-    d.name = p.op(int(i)).name + ".scratch";
-    d.shape = Shape{int64_t(bytes)};
-    d.dtype = DType::u8;
-    d.category = Category::temporaries;
-    d.layer = p.op(int(i)).layer;
-    const TensorId id = p.add_tensor(std::move(d));
-    p.ops()[i].workspace.push_back(id);
-  }
+  std::vector<uint64_t> bytes(p.ops().size());
+  uint64_t largest = 0;
+  for (size_t i = 0; i < p.ops().size(); ++i) largest = std::max(largest, bytes[i] = backend.scratch_bytes(p, p.op(int(i))));
+  if (largest == 0) return;
+  // One scratch shared by every op that needs one (ops run one at a time), persistent and so
+  // laid out at the bottom of the arena: its size is what the library asks for, but the
+  // library may leave the end of it untouched, and it must never be what sets the peak.
+  TensorDesc d;
+  d.name = "library.scratch";
+  d.shape = Shape{int64_t(largest)};
+  d.dtype = DType::u8;
+  d.category = Category::temporaries;
+  d.lifetime = Lifetime::persistent;
+  const TensorId id = p.add_tensor(std::move(d));
+  for (size_t i = 0; i < p.ops().size(); ++i)
+    if (bytes[i] > 0) p.ops()[i].workspace.push_back(id);
 }
 
 CompiledProgram compile_program(Program program, const Backend& backend) {

@@ -1,5 +1,6 @@
-// From a built program to a runnable one: the backend's library scratch becomes a workspace
-// tensor of each op that needs it (so the plan counts it), then memory is planned.
+// From a built program to a runnable one: the backend's library scratch (oneDNN's user
+// scratchpad) becomes one persistent tensor, the workspace of every op that needs it, so the
+// plan counts it; then memory is planned.
 // `memfit plan` and `memfit train` both go through compile_program, so the plan printed
 // before a run is the plan the run executes.
 #pragma once

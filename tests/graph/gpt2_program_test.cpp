@@ -84,7 +84,9 @@ TEST(Gpt2Program, EveryParameterGetsOneGradientWrittenFirstThenAccumulated) {
     EXPECT_EQ(writes[0], WriteMode::overwrite) << e.name;
     for (size_t i = 1; i < writes.size(); ++i) EXPECT_EQ(writes[i], WriteMode::accumulate) << e.name;
     // The tied embedding receives the classifier's and the embedding's contributions.
-    if (e.name == "wte.weight") EXPECT_EQ(writes.size(), 2u);
+    if (e.name == "wte.weight") {
+      EXPECT_EQ(writes.size(), 2u);
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <random>
 
+#include "core/error.hpp"
 #include "graph/program.hpp"
 #include "plan/memory_plan.hpp"
 

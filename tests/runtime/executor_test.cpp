@@ -4,6 +4,7 @@
 // high-water mark equals the planned peak byte for byte.
 #include <gtest/gtest.h>
 
+#include "core/error.hpp"
 #include "graph/training_program.hpp"
 #include "runtime/executor.hpp"
 #include "support/alloc_counter.hpp"
@@ -85,8 +86,14 @@ TEST(Executor, RefusesTiersTheBackendCannotRun) {
   d.shape = Shape{16};
   d.tier = Tier::host;
   d.lifetime = Lifetime::persistent;
-  p.add_tensor(d);
+  const TensorId id = p.add_tensor(d);
   p.begin_section("micro");
+  Op fill;
+  fill.kind = OpKind::fill;
+  fill.name = "host.fill";
+  fill.outputs = {id};
+  fill.attrs = FillAttrs{0};
+  p.add_op(fill);
   p.end_section();
   auto backend = make_cpu_backend();
   const CompiledProgram c = compile_program(std::move(p), *backend);

@@ -72,7 +72,7 @@ TEST(PyTorchParity, LossesAndEveryGradientMatch) {
   const int64_t V = run.spec.vocab_size, N = 2 * 32;
   std::vector<float> logits(size_t(N * V));
   expected.read_f32("logits", Shape{2, 32, V}, logits.data());
-  std::vector<int32_t> targets(size_t(N));
+  std::vector<int32_t> targets(static_cast<size_t>(N));
   run.copy_i32("targets", targets.data());
   const float* losses = run.ex->data_as<float>(p.find_tensor("losses"));
   for (int64_t i = 0; i < N; ++i) {
@@ -87,8 +87,11 @@ TEST(PyTorchParity, LossesAndEveryGradientMatch) {
   expected.read_f32("loss", Shape{}, ref_loss.data());
   const float loss = *run.ex->data_as<float>(p.find_tensor(kLoss));
   EXPECT_NEAR(loss, ref_loss[0], 1e-5 * std::fabs(ref_loss[0]));
+  std::printf("loss: memfit %.7f, PyTorch %.7f\n", loss, ref_loss[0]);
 
   run.ex->run_ops(loss_op + 1, micro->end, ctx);
+  double worst = 0;
+  std::string worst_name;
   for (const ParamEntry& e : p.params()) {
     const TensorDesc& t = p.tensor(e.value);
     const bool transpose = is_conv1d_weight(e.name);
@@ -102,12 +105,14 @@ TEST(PyTorchParity, LossesAndEveryGradientMatch) {
     for (size_t i = 0; i < ref.size(); ++i) err = std::max(err, double(std::fabs(ours[i] - ref[i])));
     const double scale = max_abs(ref);
     EXPECT_LE(err, 1e-4 * scale) << e.name << " max abs error " << err << " of max " << scale;
+    if (err / scale > worst) worst = err / scale, worst_name = e.name;
     if (e.name == "wte.weight") {
       // Padded rows get exactly zero gradient.
       for (int64_t i = V * run.spec.n_embd; i < t.numel(); ++i) ASSERT_EQ(ours[i], 0.0f) << "padded row element " << i;
     }
     (void)rows_compared;
   }
+  std::printf("largest normalised gradient error: %.3g (%s)\n", worst, worst_name.c_str());
 }
 
 TEST(PyTorchParity, ThreeAdamWStepsFollowTheSameLosses) {
@@ -122,9 +127,11 @@ TEST(PyTorchParity, ThreeAdamWStepsFollowTheSameLosses) {
     ctx.step = step;
     run.ex->run_step(ctx);
     EXPECT_NEAR(*loss, ref[size_t(step - 1)], 1e-4 * ref[size_t(step - 1)]) << "before update " << step;
+    std::printf("step %d loss: memfit %.7f, PyTorch %.7f\n", step, *loss, ref[size_t(step - 1)]);
   }
   run.ex->run_section("micro", ctx);
   EXPECT_NEAR(*loss, ref[3], 1e-4 * ref[3]) << "after three updates";
+  std::printf("after 3 updates: memfit %.7f, PyTorch %.7f\n", *loss, ref[3]);
 }
 
 }  // namespace

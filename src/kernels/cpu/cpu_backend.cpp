@@ -65,8 +65,10 @@ void check_dtypes(const Program& program, const Op& op) {
   }
   for (TensorId id : op.outputs)
     if (id != kNoTensor && program.tensor(id).dtype != DType::f32) no_kernel(op, program.tensor(id).dtype);
+  // uint8 workspace is library scratch (runtime/compile.cpp), bytes without a type.
   for (TensorId id : op.workspace)
-    if (program.tensor(id).dtype != DType::f32) no_kernel(op, program.tensor(id).dtype);
+    if (program.tensor(id).dtype != DType::f32 && program.tensor(id).dtype != DType::u8)
+      no_kernel(op, program.tensor(id).dtype);
 }
 
 void check_arity(const Op& op, size_t inputs, size_t outputs, size_t workspace = 0) {
@@ -95,8 +97,12 @@ const A& attrs_of(const Op& op) {
   return *a;
 }
 
-void* scratch_of(const Op& op, const OpBinding& binding) {
-  return binding.workspace.size() > op.workspace.size() ? binding.workspace.back() : nullptr;
+// Library scratch is the op's last workspace tensor, typed uint8 (runtime/compile.cpp adds it
+// to the program so the plan counts it), or an extra binding entry past the op's own tensors.
+void* scratch_of(const Program& p, const Op& op, const OpBinding& binding) {
+  if (binding.workspace.size() > op.workspace.size()) return binding.workspace.back();
+  if (!op.workspace.empty() && p.tensor(op.workspace.back()).dtype == DType::u8) return binding.workspace.back();
+  return nullptr;
 }
 
 const float* in_f(const OpBinding& b, size_t i) { return static_cast<const float*>(b.inputs[i]); }
@@ -213,7 +219,7 @@ std::unique_ptr<PreparedOp> prepare_matmul(const DnnlEnv& env, const Program& p,
   const MatmulAttrs a = matmul_attrs(p, op);
   const bool has_bias = op.inputs.size() == 3;
   MatmulKernel kernel(env, a, has_bias, WriteVariants::of(op.modes[0]));
-  kernel.bind(in_f(b, 0), in_f(b, 1), has_bias ? in_f(b, 2) : nullptr, out_f(b, 0), scratch_of(op, b));
+  kernel.bind(in_f(b, 0), in_f(b, 1), has_bias ? in_f(b, 2) : nullptr, out_f(b, 0), scratch_of(p, op, b));
   return make_op([kernel = std::move(kernel), mode = op.modes[0]](const StepContext& ctx) {
     kernel.run(accumulates(mode, ctx));
   });
@@ -253,7 +259,7 @@ std::unique_ptr<PreparedOp> prepare_attention_forward(const DnnlEnv& env, const 
   check_numel(p, op, op.outputs[1], B * NH * T * T, "probs");
   require_overwrite(op, 1);
   AttentionForwardKernel kernel(env, s, WriteVariants::of(op.modes[0]));
-  kernel.bind(in_f(b, 0), out_f(b, 0), out_f(b, 1), scratch_of(op, b));
+  kernel.bind(in_f(b, 0), out_f(b, 0), out_f(b, 1), scratch_of(p, op, b));
   return make_op([kernel = std::move(kernel), mode = op.modes[0]](const StepContext& ctx) {
     kernel.run(accumulates(mode, ctx));
   });
@@ -271,7 +277,7 @@ std::unique_ptr<PreparedOp> prepare_attention_backward(const DnnlEnv& env, const
   check_numel(p, op, op.workspace[0], B * NH * T * T, "dprobs");
   AttentionBackwardKernel kernel(env, s, WriteVariants::of(op.modes[0]));
   kernel.bind(in_f(b, 0), in_f(b, 1), in_f(b, 2), out_f(b, 0), static_cast<float*>(b.workspace[0]),
-              scratch_of(op, b));
+              scratch_of(p, op, b));
   return make_op([kernel = std::move(kernel), mode = op.modes[0]](const StepContext& ctx) {
     kernel.run(accumulates(mode, ctx));
   });
@@ -292,7 +298,7 @@ std::unique_ptr<PreparedOp> prepare_classifier(const DnnlEnv& env, const Program
   const float grad_scale = attrs_of<ClassifierAttrs>(op).grad_scale;
   ClassifierKernel kernel(env, s, o);
   kernel.bind(in_f(b, 0), in_f(b, 1), in_i(b, 2), out_f(b, 0), train ? out_f(b, 1) : nullptr,
-              train ? out_f(b, 2) : nullptr, static_cast<float*>(b.workspace[0]), scratch_of(op, b));
+              train ? out_f(b, 2) : nullptr, static_cast<float*>(b.workspace[0]), scratch_of(p, op, b));
   const WriteMode m1 = train ? op.modes[1] : WriteMode::overwrite, m2 = train ? op.modes[2] : WriteMode::overwrite;
   return make_op([kernel = std::move(kernel), grad_scale, m1, m2](const StepContext& ctx) {
     kernel.run(grad_scale * ctx.loss_scale, accumulates(m1, ctx), accumulates(m2, ctx));
