@@ -248,5 +248,27 @@ TEST(CpuBackend, UnsupportedOpsFailAtPrepareNamingTheOp) {
   EXPECT_NE(message(f.op(OpKind::matmul, {a, b}, {c}, mm)).find("elements"), std::string::npos);
 }
 
+TEST(CpuBackend, BindingsAreCheckedAndAbsentOutputsSkipped) {
+  auto backend = make_cpu_backend();
+  ProgramFixture f;
+  const int64_t M = 64, N = 48, K = 40;
+  const TensorId a = f.tensor("a", {M, K}), b = f.tensor("b", {N, K}), c = f.tensor("c", {M, N});
+  MatmulAttrs mm;
+  mm.m = M, mm.n = N, mm.k = K, mm.trans_b = true;
+  const int op = f.op(OpKind::matmul, {a, b}, {c}, mm);
+  const Op& o = f.program.op(op);
+  OpBinding bare{{f.data(a), f.data(b)}, {f.data(c)}, {}};
+  if (backend->scratch_bytes(f.program, o) > 0)  // the scratch entry is required when asked for
+    EXPECT_THROW(backend->prepare(f.program, o, bare), Error);
+  else  // and refused when not
+    EXPECT_THROW(backend->prepare(f.program, o, OpBinding{bare.inputs, bare.outputs, {f.data(c)}}), Error);
+  EXPECT_THROW(backend->prepare(f.program, o, OpBinding{{f.data(a)}, {f.data(c)}, {}}), Error);
+
+  // An op whose only output is absent runs as a no-op.
+  const TensorId dy = f.tensor("dy", {M, N});
+  const int bg = f.op(OpKind::bias_grad, {dy}, {kNoTensor});
+  f.prepare(*backend, bg)->run(StepContext{});
+}
+
 }  // namespace
 }  // namespace memfit

@@ -79,7 +79,10 @@ struct AttentionCase {
 };
 
 TEST(CpuAttention, ForwardAndBackwardMatchReference) {
-  const std::vector<AttentionCase> cases = {{1, 1, 1, 8}, {2, 7, 3, 5}, {3, 33, 2, 16}, {1, 64, 4, 64}};
+  // T = 130, 259 and 575 split the causal products into 2, 4 and 8 uneven blocks
+  // (AttentionShape::blocks).
+  const std::vector<AttentionCase> cases = {{1, 1, 1, 8},   {2, 7, 3, 5},   {3, 33, 2, 16},
+                                            {1, 64, 4, 64}, {2, 130, 2, 8}, {1, 259, 2, 4}, {1, 575, 1, 3}};
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(testing::Message() << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " HS=" << c.HS);
     const int64_t C = c.NH * c.HS;
@@ -87,6 +90,13 @@ TEST(CpuAttention, ForwardAndBackwardMatchReference) {
     attrs.batch = c.B, attrs.seq = c.T, attrs.heads = c.NH, attrs.kv_heads = c.NH, attrs.head_dim = c.HS;
     attrs.scale = 1.0f / std::sqrt(float(c.HS));
     const AttentionShape shape = AttentionShape::of(attrs);
+    if (c.T == 130) {
+      EXPECT_EQ(shape.blocks(), 2);
+    } else if (c.T == 259) {
+      EXPECT_EQ(shape.blocks(), 4);
+    } else if (c.T == 575) {
+      EXPECT_EQ(shape.blocks(), 8);
+    }
     const Vec qkv = random_vector(c.B * c.T * 3 * C, 5, -2, 2), dy = random_vector(c.B * c.T * C, 6);
     const Vec y0 = random_vector(c.B * c.T * C, 7), dqkv0 = random_vector(c.B * c.T * 3 * C, 8);
     const WriteVariants both{true, true};

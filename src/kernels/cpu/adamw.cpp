@@ -10,7 +10,57 @@
 
 #include "kernels/cpu/parallel.hpp"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace memfit {
+namespace {
+
+struct AdamWStep {
+  float b1, b2, one_b1, one_b2, step_size, inv_sqrt_bc2, eps, decay;
+};
+
+// The update of elements [begin, end) of one tensor. std::sqrt must set errno for negative
+// arguments, so under GCC's default -fmath-errno every sqrt in the loop gets a branch to libm
+// and the loop does not vectorize (16 ms instead of 9 ms for 15.5M parameters, measured).
+// With AVX-512 the body is therefore written with intrinsics; it performs the same IEEE
+// operations in the same order as the scalar loop (no fused multiply-adds; the ISO -std the
+// project builds with turns contraction off for the scalar loop too), so both paths
+// give identical bits and the scalar loop covers tails and other CPUs.
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end, const AdamWStep& c) {
+  int64_t e = begin;
+#if defined(__AVX512F__)
+  const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), one_b1 = _mm512_set1_ps(c.one_b1);
+  const __m512 one_b2 = _mm512_set1_ps(c.one_b2), step = _mm512_set1_ps(c.step_size);
+  const __m512 inv_bc2 = _mm512_set1_ps(c.inv_sqrt_bc2), eps = _mm512_set1_ps(c.eps), decay = _mm512_set1_ps(c.decay);
+  for (; e + 16 <= end; e += 16) {
+    const __m512 ge = _mm512_loadu_ps(g + e);
+    const __m512 me = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + e)), _mm512_mul_ps(one_b1, ge));
+    const __m512 ve =
+        _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + e)), _mm512_mul_ps(_mm512_mul_ps(one_b2, ge), ge));
+    // maskz with a full mask is the plain sqrt; _mm512_sqrt_ps trips a false GCC 12
+    // -Wmaybe-uninitialized inside its own header.
+    const __m512 root = _mm512_maskz_sqrt_ps(__mmask16(0xFFFF), ve);
+    const __m512 denom = _mm512_add_ps(_mm512_mul_ps(root, inv_bc2), eps);
+    const __m512 pe = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(p + e), decay),
+                                    _mm512_div_ps(_mm512_mul_ps(step, me), denom));
+    _mm512_storeu_ps(m + e, me);
+    _mm512_storeu_ps(v + e, ve);
+    _mm512_storeu_ps(p + e, pe);
+  }
+#endif
+  for (; e < end; ++e) {
+    const float ge = g[e];
+    const float me = c.b1 * m[e] + c.one_b1 * ge;
+    const float ve = c.b2 * v[e] + c.one_b2 * ge * ge;
+    m[e] = me;
+    v[e] = ve;
+    p[e] = p[e] * c.decay - c.step_size * me / (std::sqrt(ve) * c.inv_sqrt_bc2 + c.eps);
+  }
+}
+
+}  // namespace
 
 AdamWSet::AdamWSet(std::vector<AdamWTensor> tensors) : tensors_(std::move(tensors)) {
   offsets_.assign(tensors_.size() + 1, 0);
@@ -20,10 +70,9 @@ AdamWSet::AdamWSet(std::vector<AdamWTensor> tensors) : tensors_(std::move(tensor
 void AdamWSet::run(const AdamWHyper& h) const {
   const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.step));
   const double bc2 = 1.0 - std::pow(double(h.beta2), double(h.step));
-  const float step_size = float(double(h.lr) / bc1);
-  const float inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
-  const float b1 = h.beta1, b2 = h.beta2, eps = h.eps;
-  const float one_b1 = 1.0f - b1, one_b2 = 1.0f - b2;
+  const AdamWStep base{h.beta1,        h.beta2, 1.0f - h.beta1, 1.0f - h.beta2, float(double(h.lr) / bc1),
+                       float(1.0 / std::sqrt(bc2)), h.eps, 1.0f};
+  const double lr = double(h.lr);
   const int64_t total = offsets_.back();
   const AdamWTensor* tensors = tensors_.data();
   const int64_t* offsets = offsets_.data();
@@ -33,20 +82,9 @@ void AdamWSet::run(const AdamWHyper& h) const {
     for (int64_t pos = lo; pos < hi && i < count; ++i) {
       const AdamWTensor& t = tensors[i];
       const int64_t begin = pos - offsets[i], end = std::min(hi, offsets[i + 1]) - offsets[i];
-      const float decay = float(1.0 - double(h.lr) * double(t.weight_decay));
-      float* p = t.param;
-      const float* g = t.grad;
-      float* m = t.m;
-      float* v = t.v;
-#pragma omp simd
-      for (int64_t e = begin; e < end; ++e) {
-        const float ge = g[e];
-        const float me = b1 * m[e] + one_b1 * ge;
-        const float ve = b2 * v[e] + one_b2 * ge * ge;
-        m[e] = me;
-        v[e] = ve;
-        p[e] = p[e] * decay - step_size * me / (std::sqrt(ve) * inv_sqrt_bc2 + eps);
-      }
+      AdamWStep k = base;
+      k.decay = float(1.0 - lr * double(t.weight_decay));
+      adamw_update(t.param, t.grad, t.m, t.v, begin, end, k);
       pos = offsets[i] + end;
     }
   });

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "graph/op.hpp"
 #include "kernels/cpu/dnnl_matmul.hpp"
@@ -13,11 +14,19 @@
 
 namespace memfit {
 
+// Causal block splitting only pays while each block keeps the GEMMs reasonably large.
+inline constexpr int64_t kAttentionBlockMin = 64;
+inline constexpr int64_t kAttentionMaxBlocks = 8;
+
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
   float scale = 0;
   static AttentionShape of(const AttentionAttrs& a);  // throws [kernels] for grouped kv heads
   int64_t channels() const { return heads * head_dim; }
+  // The causal products are split into this many blocks of sequence positions, so that the
+  // blocks above the diagonal (entirely masked) are never computed.
+  int64_t blocks() const;
+  int64_t block_begin(int64_t i) const { return seq * i / blocks(); }
 };
 
 // In place over probs (B, NH, T, T) holding scaled scores: causal softmax per row, future
@@ -38,7 +47,8 @@ class AttentionForwardKernel {
  private:
   AttentionShape shape_;
   float* probs_ = nullptr;
-  DnnlMatmul scores_, out_, out_acc_;
+  // Per query block: scores = scale q k^T over its causal prefix of keys, and y (+)= probs v.
+  std::vector<DnnlMatmul> scores_, out_[2];  // out_[0] overwrite, out_[1] accumulate
 };
 
 // in [dy (B,T,C), qkv, probs] out [dqkv (B,T,3C)] workspace [dprobs (B,NH,T,T)].
@@ -53,8 +63,10 @@ class AttentionBackwardKernel {
   AttentionShape shape_;
   const float* probs_ = nullptr;
   float* dprobs_ = nullptr;
-  DnnlMatmul dprobs_mm_;
-  DnnlMatmul dq_[2], dk_[2], dv_[2];  // [0] overwrite, [1] accumulate
+  // Per query block: dprobs = dy v^T and dq (+)= scale dscores k. Per key block (the queries
+  // at or after it): dv (+)= probs^T dy and dk (+)= scale dscores^T q. [0] overwrite,
+  // [1] accumulate.
+  std::vector<DnnlMatmul> dprobs_mm_, dq_[2], dk_[2], dv_[2];
 };
 
 }  // namespace memfit

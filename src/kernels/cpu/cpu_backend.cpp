@@ -183,6 +183,7 @@ std::unique_ptr<PreparedOp> prepare_embedding_backward(const Program& p, const O
 
 std::unique_ptr<PreparedOp> prepare_layernorm_forward(const Program& p, const Op& op, const OpBinding& b) {
   check_arity(op, 3, 3);
+  MEMFIT_CHECK(op.outputs[0] != kNoTensor, "kernels", "op '{}': layernorm_forward needs its output y", op.name);
   const TensorDesc& x = p.tensor(op.inputs[0]);
   const int64_t C = x.shape.last(), N = x.numel() / C;
   check_numel(p, op, op.inputs[1], C, "w");
@@ -251,6 +252,7 @@ std::unique_ptr<PreparedOp> prepare_gelu(const Program& p, const Op& op, const O
 std::unique_ptr<PreparedOp> prepare_attention_forward(const DnnlEnv& env, const Program& p, const Op& op,
                                                       const OpBinding& b) {
   check_arity(op, 1, 2);
+  MEMFIT_CHECK(op.outputs[0] != kNoTensor, "kernels", "op '{}': attention_forward needs its output y", op.name);
   const AttentionShape s = AttentionShape::of(attrs_of<AttentionAttrs>(op));
   const int64_t B = s.batch, T = s.seq, NH = s.heads, C = s.channels();
   check_numel(p, op, op.inputs[0], B * T * 3 * C, "qkv");
@@ -294,7 +296,10 @@ std::unique_ptr<PreparedOp> prepare_classifier(const DnnlEnv& env, const Program
     check_numel(p, op, op.outputs[2], s.padded_vocab * s.channels, "dwte");
   }
   require_overwrite(op, 0);
-  check_numel(p, op, op.workspace[0], std::min(s.chunk_rows, s.rows) * s.padded_vocab, "logits chunk");
+  const int64_t chunk_numel = std::min(s.chunk_rows, s.rows) * s.padded_vocab;
+  MEMFIT_CHECK(p.tensor(op.workspace[0]).numel() >= chunk_numel, "kernels",
+               "op '{}': the logits chunk '{}' has {} elements, fewer than {}", op.name, p.tensor(op.workspace[0]).name,
+               p.tensor(op.workspace[0]).numel(), chunk_numel);
   const float grad_scale = attrs_of<ClassifierAttrs>(op).grad_scale;
   ClassifierKernel kernel(env, s, o);
   kernel.bind(in_f(b, 0), in_f(b, 1), in_i(b, 2), out_f(b, 0), train ? out_f(b, 1) : nullptr,
@@ -311,6 +316,9 @@ std::unique_ptr<PreparedOp> prepare_adamw(const Program& p, const Op& op, const 
   const AdamWAttrs& a = attrs_of<AdamWAttrs>(op);
   MEMFIT_CHECK(a.weight_decay.empty() || a.weight_decay.size() == n, "kernels",
                "op '{}' (adamw): {} weight decays for {} tensors", op.name, a.weight_decay.size(), n);
+  for (TensorId id : op.outputs)
+    MEMFIT_CHECK(id != kNoTensor, "kernels", "op '{}' (adamw): every parameter and state tensor must be present",
+                 op.name);
   std::vector<AdamWTensor> tensors(n);
   for (size_t i = 0; i < n; ++i) {
     const int64_t numel = p.tensor(op.inputs[i]).numel();
@@ -328,7 +336,13 @@ class CpuBackend final : public Backend {
   CpuBackend() : env_(DnnlEnv::make_cpu()) {}
   std::string_view name() const override { return "cpu"; }
 
+  // 0 for kinds (and dtypes) without a kernel: prepare() is where those fail, with the op named.
   uint64_t scratch_bytes(const Program& program, const Op& op) const override {
+    try {
+      check_dtypes(program, op);
+    } catch (const Error&) {
+      return 0;
+    }
     switch (op.kind) {
       case OpKind::matmul:
         return MatmulKernel::scratch_bytes(env_, matmul_attrs(program, op), op.inputs.size() == 3,
@@ -353,9 +367,13 @@ class CpuBackend final : public Backend {
     MEMFIT_CHECK(binding.inputs.size() == op.inputs.size() && binding.outputs.size() == op.outputs.size() &&
                      binding.workspace.size() >= op.workspace.size(),
                  "kernels", "op '{}': the binding does not match the op's tensors", op.name);
-    MEMFIT_CHECK(binding.workspace.size() == op.workspace.size() || scratch_bytes(program, op) > 0, "kernels",
-                 "op '{}': a scratch buffer was bound but the op needs none", op.name);
     check_dtypes(program, op);
+    const bool scratch = scratch_bytes(program, op) > 0;
+    MEMFIT_CHECK(binding.workspace.size() == op.workspace.size() + (scratch ? 1 : 0), "kernels",
+                 "op '{}': the binding has {} workspace entries; expected {} tensors{}", op.name,
+                 binding.workspace.size(), op.workspace.size(), scratch ? " and the backend scratch" : "");
+    const bool any_output = std::any_of(op.outputs.begin(), op.outputs.end(), [](TensorId id) { return id != kNoTensor; });
+    if (!any_output && op.kind != OpKind::fill) return make_op([](const StepContext&) {});
     switch (op.kind) {
       case OpKind::embedding_forward: return prepare_embedding_forward(program, op, binding);
       case OpKind::embedding_backward: return prepare_embedding_backward(program, op, binding);
