@@ -37,9 +37,9 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.policy.offload_params = parse_tier(v); });
   add<float>(app, "--weight-decay", "AdamW weight decay (matrices and embeddings)",
              [](RunConfig& c, float v) { c.policy.adamw.weight_decay = v; });
-  add<float>(app, "--beta1", "AdamW beta1", [](RunConfig& c, float v) { c.policy.adamw.beta1 = v; });
-  add<float>(app, "--beta2", "AdamW beta2", [](RunConfig& c, float v) { c.policy.adamw.beta2 = v; });
-  add<float>(app, "--adam-eps", "AdamW epsilon", [](RunConfig& c, float v) { c.policy.adamw.eps = v; });
+  add<double>(app, "--beta1", "AdamW beta1", [](RunConfig& c, double v) { c.policy.adamw.beta1 = v; });
+  add<double>(app, "--beta2", "AdamW beta2", [](RunConfig& c, double v) { c.policy.adamw.beta2 = v; });
+  add<double>(app, "--adam-eps", "AdamW epsilon", [](RunConfig& c, double v) { c.policy.adamw.eps = v; });
   add<int64_t>(app, "--classifier-chunk", "rows of logits materialised at once (0: automatic)",
                [](RunConfig& c, int64_t v) { c.policy.classifier_chunk_rows = v; });
   add<int>(app, "--threads", "OpenMP threads for kernels (default: OMP_NUM_THREADS or all cores)",
@@ -54,7 +54,7 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add<std::string>(app, "--data-format", "auto | llmc | nanogpt | text",
                    [](RunConfig& c, std::string v) { c.data_format = parse_token_format(v); });
   add<int64_t>(app, "--steps", "optimizer steps", [](RunConfig& c, int64_t v) { c.steps = v; });
-  add<float>(app, "--lr", "learning rate", [](RunConfig& c, float v) { c.lr = v; });
+  add<double>(app, "--lr", "learning rate", [](RunConfig& c, double v) { c.lr = v; });
   add<int64_t>(app, "--warmup", "linear warmup steps", [](RunConfig& c, int64_t v) { c.warmup_steps = v; });
   add<uint64_t>(app, "--seed", "seed of initialisation, synthetic data and shuffling",
                 [](RunConfig& c, uint64_t v) { c.seed = v; });

@@ -105,7 +105,8 @@ struct ScaleAttrs {
   float scale = 1;
 };
 struct AdamWAttrs {
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  // Doubles, as PyTorch's hyper-parameters are: 1 - beta is then rounded to fp32 once.
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   std::vector<float> weight_decay;  // per parameter tensor (0 for biases and norm weights)
 };
 struct FillAttrs {

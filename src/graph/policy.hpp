@@ -35,7 +35,7 @@ struct RecomputePolicy {
 RecomputePolicy parse_recompute(std::string_view s);
 
 struct AdamWConfig {
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   float weight_decay = 0.01f;  // PyTorch's default; applied to matrices and embeddings only
 };
 

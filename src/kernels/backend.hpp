@@ -16,7 +16,7 @@ namespace memfit {
 // Values that change from step to step and are therefore not baked into the program.
 struct StepContext {
   int64_t step = 1;         // optimizer step, 1-based (AdamW bias correction)
-  float lr = 0;             // learning rate of this step
+  double lr = 0;            // learning rate of this step
   float loss_scale = 1;     // multiplies d(loss)/d(logits) (fp16 loss scaling); 1 otherwise
   int micro = 0;            // index of the micro-step within the optimizer step
   int micro_count = 1;      // micro-steps per optimizer step
@@ -34,7 +34,6 @@ inline bool accumulates(WriteMode mode, const StepContext& ctx) {
 }
 
 // Addresses of an op's tensors, in the op's order; nullptr for an output that is kNoTensor.
-// workspace lists the op's own workspace tensors, then the backend scratch (if any) last.
 struct OpBinding {
   std::vector<void*> inputs;
   std::vector<void*> outputs;
@@ -52,8 +51,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
   // Bytes of library scratch the op's kernel needs beyond the op's own workspace tensors
-  // (oneDNN's user scratchpad on the CPU). The program gets one more workspace tensor of this
-  // size, so the plan counts it.
+  // (oneDNN's user scratchpad on the CPU). Before planning, the op gets a uint8 workspace
+  // tensor of at least this size as its last workspace entry (runtime/compile.hpp), so the
+  // plan counts it; prepare() requires it there.
   virtual uint64_t scratch_bytes(const Program& program, const Op& op) const = 0;
   // Throws [kernels] naming the op kind when this backend has no kernel for it.
   virtual std::unique_ptr<PreparedOp> prepare(const Program& program, const Op& op, const OpBinding& binding) = 0;

@@ -58,7 +58,7 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     else if (key == "batch" || key == "train_micro_batch_size_per_gpu") p.batch = get_as<int64_t>(v, key);
     else if (key == "seq" || key == "seq_len") p.seq = get_as<int64_t>(v, key);
     else if (key == "gradient_accumulation_steps" || key == "grad_accum") p.grad_accum = get_as<int>(v, key);
-    else if (key == "lr") c.lr = get_as<float>(v, key);
+    else if (key == "lr") c.lr = get_as<double>(v, key);
     else if (key == "seed") c.seed = get_as<uint64_t>(v, key);
     else if (key == "shuffle") c.shuffle = get_as<bool>(v, key);
     else if (key == "val_fraction") c.val_fraction = get_as<double>(v, key);
@@ -80,13 +80,13 @@ void apply_config_file(const std::string& path, RunConfig& c) {
       if (v.contains("params")) {
         const json& op = v["params"];
         for (const auto& [sub, sv] : op.items()) {
-          if (sub == "lr") c.lr = get_as<float>(sv, "optimizer.params.lr");
+          if (sub == "lr") c.lr = get_as<double>(sv, "optimizer.params.lr");
           else if (sub == "betas") {
-            const auto b = get_as<std::vector<float>>(sv, "optimizer.params.betas");
+            const auto b = get_as<std::vector<double>>(sv, "optimizer.params.betas");
             refuse_unless(b.size() == 2, "optimizer.params.betas", "expected two numbers");
             p.adamw.beta1 = b[0];
             p.adamw.beta2 = b[1];
-          } else if (sub == "eps") p.adamw.eps = get_as<float>(sv, "optimizer.params.eps");
+          } else if (sub == "eps") p.adamw.eps = get_as<double>(sv, "optimizer.params.eps");
           else if (sub == "weight_decay") p.adamw.weight_decay = get_as<float>(sv, "optimizer.params.weight_decay");
           else throw Error("config", fmt::format("unknown key 'optimizer.params.{}'", sub));
         }

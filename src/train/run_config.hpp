@@ -21,7 +21,7 @@ struct RunConfig {
   std::string data;  // token file or text file; empty: the built-in synthetic corpus
   TokenFormat data_format = TokenFormat::automatic;
   int64_t steps = 50;
-  float lr = 1e-3f;
+  double lr = 1e-3;
   int64_t warmup_steps = 0;  // linear warmup from 0 to lr
   uint64_t seed = 1337;
   bool shuffle = false;

@@ -40,8 +40,8 @@ TokenData open_data(const RunConfig& c) {
   return TokenData::from_tokens(std::move(tokens), fmt::format("the synthetic corpus (seed {})", c.seed));
 }
 
-float lr_at(const RunConfig& c, int64_t step) {
-  if (c.warmup_steps > 0 && step <= c.warmup_steps) return c.lr * float(step) / float(c.warmup_steps);
+double lr_at(const RunConfig& c, int64_t step) {
+  if (c.warmup_steps > 0 && step <= c.warmup_steps) return c.lr * double(step) / double(c.warmup_steps);
   return c.lr;
 }
 

@@ -258,10 +258,10 @@ TEST(CpuBackend, BindingsAreCheckedAndAbsentOutputsSkipped) {
   const int op = f.op(OpKind::matmul, {a, b}, {c}, mm);
   const Op& o = f.program.op(op);
   OpBinding bare{{f.data(a), f.data(b)}, {f.data(c)}, {}};
-  if (backend->scratch_bytes(f.program, o) > 0)  // the scratch entry is required when asked for
+  if (backend->scratch_bytes(f.program, o) > 0)  // the scratch tensor is required when asked for
     EXPECT_THROW(backend->prepare(f.program, o, bare), Error);
-  else  // and refused when not
-    EXPECT_THROW(backend->prepare(f.program, o, OpBinding{bare.inputs, bare.outputs, {f.data(c)}}), Error);
+  // A binding with more workspace entries than the op has tensors is refused.
+  EXPECT_THROW(backend->prepare(f.program, o, OpBinding{bare.inputs, bare.outputs, {f.data(c)}}), Error);
   EXPECT_THROW(backend->prepare(f.program, o, OpBinding{{f.data(a)}, {f.data(c)}, {}}), Error);
 
   // An op whose only output is absent runs as a no-op.

@@ -1,6 +1,6 @@
 // A hand-built Program with one std::vector of bytes per tensor, standing in for the planner
 // and the arenas in backend tests: add tensors and ops, then prepare each op on a backend
-// with a binding into these buffers (plus the scratch the backend asks for).
+// with a binding into these buffers (the scratch the backend asks for becomes a tensor too).
 #pragma once
 
 #include <cstring>
@@ -52,18 +52,21 @@ class ProgramFixture {
     return std::vector<T>(p, p + program.tensor(id).numel());
   }
 
-  // Prepares op `index`, adding the scratch buffer the backend asks for as the last workspace
-  // entry of the binding.
+  // Prepares op `index`, first giving it the scratch tensor the backend asks for as its last
+  // (uint8) workspace tensor, as runtime/compile.cpp does.
   std::unique_ptr<PreparedOp> prepare(Backend& backend, int index) {
+    if (const uint64_t bytes = backend.scratch_bytes(program, program.op(index)); bytes > 0) {
+      const std::vector<TensorId>& ws = program.op(index).workspace;
+      if (ws.empty() || program.tensor(ws.back()).dtype != DType::u8) {
+        const TensorId s = tensor(program.op(index).name + ".scratch", Shape{int64_t(bytes)}, DType::u8);
+        program.ops()[size_t(index)].workspace.push_back(s);
+      }
+    }
     const Op& o = program.op(index);
     OpBinding b;
     for (TensorId id : o.inputs) b.inputs.push_back(data(id));
     for (TensorId id : o.outputs) b.outputs.push_back(data(id));
     for (TensorId id : o.workspace) b.workspace.push_back(data(id));
-    if (const uint64_t bytes = backend.scratch_bytes(program, o); bytes > 0) {
-      scratch_.emplace_back(bytes);
-      b.workspace.push_back(scratch_.back().data());
-    }
     return backend.prepare(program, o, b);
   }
 
@@ -71,7 +74,6 @@ class ProgramFixture {
 
  private:
   std::vector<std::vector<char>> buffers_;
-  std::vector<std::vector<char>> scratch_;
 };
 
 }  // namespace memfit::test

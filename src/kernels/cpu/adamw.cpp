@@ -70,8 +70,8 @@ AdamWSet::AdamWSet(std::vector<AdamWTensor> tensors) : tensors_(std::move(tensor
 void AdamWSet::run(const AdamWHyper& h) const {
   const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.step));
   const double bc2 = 1.0 - std::pow(double(h.beta2), double(h.step));
-  const AdamWStep base{h.beta1,        h.beta2, 1.0f - h.beta1, 1.0f - h.beta2, float(double(h.lr) / bc1),
-                       float(1.0 / std::sqrt(bc2)), h.eps, 1.0f};
+  const AdamWStep base{float(h.beta1), float(h.beta2), float(1.0 - h.beta1), float(1.0 - h.beta2),
+                       float(h.lr / bc1), float(1.0 / std::sqrt(bc2)), float(h.eps), 1.0f};
   const double lr = double(h.lr);
   const int64_t total = offsets_.back();
   const AdamWTensor* tensors = tensors_.data();

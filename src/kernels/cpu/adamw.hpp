@@ -16,7 +16,7 @@ struct AdamWTensor {
 };
 
 struct AdamWHyper {
-  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   int64_t step = 1;  // 1-based
 };
 

@@ -97,10 +97,8 @@ const A& attrs_of(const Op& op) {
   return *a;
 }
 
-// Library scratch is the op's last workspace tensor, typed uint8 (runtime/compile.cpp adds it
-// to the program so the plan counts it), or an extra binding entry past the op's own tensors.
+// Library scratch is the op's last workspace tensor, typed uint8 (backend.hpp).
 void* scratch_of(const Program& p, const Op& op, const OpBinding& binding) {
-  if (binding.workspace.size() > op.workspace.size()) return binding.workspace.back();
   if (!op.workspace.empty() && p.tensor(op.workspace.back()).dtype == DType::u8) return binding.workspace.back();
   return nullptr;
 }
@@ -368,10 +366,15 @@ class CpuBackend final : public Backend {
                      binding.workspace.size() >= op.workspace.size(),
                  "kernels", "op '{}': the binding does not match the op's tensors", op.name);
     check_dtypes(program, op);
-    const bool scratch = scratch_bytes(program, op) > 0;
-    MEMFIT_CHECK(binding.workspace.size() == op.workspace.size() + (scratch ? 1 : 0), "kernels",
-                 "op '{}': the binding has {} workspace entries; expected {} tensors{}", op.name,
-                 binding.workspace.size(), op.workspace.size(), scratch ? " and the backend scratch" : "");
+    const uint64_t scratch = scratch_bytes(program, op);
+    MEMFIT_CHECK(binding.workspace.size() == op.workspace.size(), "kernels",
+                 "op '{}': the binding has {} workspace entries for {} workspace tensors", op.name,
+                 binding.workspace.size(), op.workspace.size());
+    if (scratch > 0) {
+      const bool has = !op.workspace.empty() && program.tensor(op.workspace.back()).dtype == DType::u8;
+      MEMFIT_CHECK(has && program.tensor(op.workspace.back()).bytes() >= scratch, "kernels",
+                   "op '{}' needs {} bytes of library scratch as its last (uint8) workspace tensor", op.name, scratch);
+    }
     const bool any_output = std::any_of(op.outputs.begin(), op.outputs.end(), [](TensorId id) { return id != kNoTensor; });
     if (!any_output && op.kind != OpKind::fill) return make_op([](const StepContext&) {});
     switch (op.kind) {
