@@ -52,7 +52,7 @@ struct Policy {
   int zero_stage = 0;
   Tier offload_optimizer = Tier::device;
   Tier offload_params = Tier::device;
-  int64_t classifier_chunk_rows = 0;  // 0: chosen by the builder (logits chunk of about 64 MiB at most)
+  int64_t classifier_chunk_rows = 0;  // 0: chosen by the builder (logits chunk of at most 128 MiB)
   bool with_eval = true;              // add the "eval" section (validation loss)
 };
 

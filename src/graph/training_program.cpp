@@ -63,9 +63,13 @@ void emit_adamw(GraphBuilder& b, const Policy& policy) {
 int64_t classifier_chunk_rows(const ModelSpec& spec, const Policy& policy) {
   const int64_t rows = policy.batch * policy.seq;
   if (policy.classifier_chunk_rows > 0) return std::min(rows, policy.classifier_chunk_rows);
-  // About 64 MiB of fp32 logits at once, in multiples of 16 rows; small vocabularies do all rows.
-  const int64_t budget_rows = int64_t(64 * MiB) / (spec.padded_vocab * 4);
-  return std::clamp(budget_rows / 16 * 16, int64_t(16), rows);
+  // At most 128 MiB of fp32 logits at once, in multiples of 64 rows (GPT-2: 640 of B*T rows);
+  // small vocabularies do all rows. Fewer rows save memory but make the three GEMMs less
+  // efficient: on this CPU the classifier ran at 220 GFLOP/s with 128 rows, 263 with 512.
+  // Chunks are equal (up to a multiple of 16) so the last one is not a small, slow product.
+  const int64_t budget_rows = std::max<int64_t>(64, int64_t(128 * MiB) / (spec.padded_vocab * 4) / 64 * 64);
+  const int64_t chunks = (rows + budget_rows - 1) / budget_rows;
+  return std::min(rows, ((rows + chunks - 1) / chunks + 15) / 16 * 16);
 }
 
 Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology) {

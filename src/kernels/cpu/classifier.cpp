@@ -4,7 +4,9 @@
 // exactly zero gradient (so the padding rows of dwte receive exactly nothing), and the
 // write mode of dwte applies to the first chunk only, since every later chunk adds to what
 // the earlier ones wrote. Probabilities below 2^-64 are flushed to zero (softmax_exp): as
-// subnormal GEMM operands they made the dwte product ~70x slower.
+// subnormal GEMM operands they made the dwte product ~70x slower. dx is computed transposed,
+// dx^T (C, R) = wte^T dlogits^T, into the scratch and then transposed into place: with
+// wte as a non-transposed B oneDNN's product ran at ~225 GFLOP/s here, transposed at ~265.
 #include "kernels/cpu/classifier.hpp"
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "kernels/cpu/parallel.hpp"
+#include "kernels/cpu/transpose.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace memfit {
@@ -23,10 +26,14 @@ MatmulAttrs logits_attrs(const ClassifierShape& s, int64_t rows) {
   a.m = rows, a.n = s.padded_vocab, a.k = s.channels, a.trans_b = true;
   return a;
 }
+// dx^T (C, rows) = wte^T (C, Vp) . dlogits^T (Vp, rows), always overwritten (then transposed).
 MatmulAttrs dx_attrs(const ClassifierShape& s, int64_t rows) {
   MatmulAttrs a;
-  a.m = rows, a.n = s.channels, a.k = s.padded_vocab;
+  a.m = s.channels, a.n = rows, a.k = s.padded_vocab, a.trans_a = true, a.trans_b = true;
   return a;
+}
+uint64_t dx_staging_bytes(const ClassifierShape& s) {
+  return (uint64_t(std::min(s.chunk_rows, s.rows)) * uint64_t(s.channels) * sizeof(float) + 63) / 64 * 64;
 }
 MatmulAttrs dwte_attrs(const ClassifierShape& s, int64_t rows) {
   MatmulAttrs a;
@@ -45,9 +52,8 @@ void for_each_product(const ClassifierShape& s, const ClassifierOutputs& o, Visi
     const int64_t rows = size == 0 ? chunk : tail;
     if (rows == 0) continue;
     visit(0, size, 0, matmul_spec(logits_attrs(s, rows), false, false));
+    if (o.dx) visit(1, size, 0, matmul_spec(dx_attrs(s, rows), false, false));
     for (int acc = 0; acc < 2; ++acc) {
-      if (o.dx && (acc ? o.dx_modes.accumulate : o.dx_modes.overwrite))
-        visit(1, size, acc, matmul_spec(dx_attrs(s, rows), false, acc));
       // Only the first chunk (always a full one) can overwrite dwte; every other adds.
       const bool needed = acc ? (o.dwte_modes.accumulate || full > 1 || tail > 0)
                               : (size == 0 && o.dwte_modes.overwrite);
@@ -79,7 +85,7 @@ uint64_t ClassifierKernel::scratch_bytes(const DnnlEnv& env, const ClassifierSha
   for_each_product(shape, outputs, [&](int, int, int, const DnnlMatmulSpec& spec) {
     bytes = std::max(bytes, DnnlMatmul::scratch_bytes(env, spec));
   });
-  return bytes;
+  return (outputs.dx ? dx_staging_bytes(shape) : 0) + bytes;
 }
 
 void ClassifierKernel::bind(const float* x, const float* wte, const int32_t* targets, float* losses, float* dx,
@@ -88,13 +94,18 @@ void ClassifierKernel::bind(const float* x, const float* wte, const int32_t* tar
                 "classifier bound with other outputs than it was prepared for");
   const int64_t C = shape_.channels;
   const int64_t chunks = full_chunks_ + (tail_rows_ > 0 ? 1 : 0);
+  if (outputs_.dx) {
+    dx_ = dx;
+    dx_t_ = static_cast<float*>(scratch);
+    scratch = static_cast<char*>(scratch) + dx_staging_bytes(shape_);
+  }
   // Binding i of a full-size product is chunk i; the tail products have one binding.
   for (int64_t i = 0; i < chunks; ++i) {
     const int size = i < full_chunks_ ? 0 : 1;
     const float* xc = x + i * chunk_ * C;
     logits_mm_[size].bind(xc, wte, nullptr, logits, scratch);
+    if (dx_mm_[size][0].valid() && (size == 1 || i == 0)) dx_mm_[size][0].bind(wte, logits, nullptr, dx_t_, scratch);
     for (int acc = 0; acc < 2; ++acc) {
-      if (dx_mm_[size][acc].valid()) dx_mm_[size][acc].bind(logits, wte, nullptr, dx + i * chunk_ * C, scratch);
       if (dwte_mm_[size][acc].valid() && (acc == 1 || i == 0))
         dwte_mm_[size][acc].bind(logits, xc, nullptr, dwte, scratch);
     }
@@ -151,9 +162,9 @@ void ClassifierKernel::run(float dscale, bool acc_dx, bool acc_dwte) const {
     logits_mm_[size].execute(index);
     rows_pass(i * chunk_, size == 0 ? chunk_ : tail_rows_, dscale);
     if (outputs_.dx) {
-      const DnnlMatmul& mm = dx_mm_[size][acc_dx ? 1 : 0];
-      MEMFIT_ASSERT(mm.valid(), "classifier prepared without its dx {} variant", acc_dx ? "accumulate" : "overwrite");
-      mm.execute(index);
+      const int64_t rows = size == 0 ? chunk_ : tail_rows_;
+      dx_mm_[size][0].execute(0);
+      transpose(dx_ + i * chunk_ * shape_.channels, dx_t_, shape_.channels, rows, acc_dx);
     }
     if (outputs_.dwte) {
       const bool acc = i > 0 || acc_dwte;

@@ -45,7 +45,10 @@ class ClassifierKernel {
   const int32_t* targets_ = nullptr;
   float* losses_ = nullptr;
   float* logits_ = nullptr;
-  // [0] full chunks, [1] the tail chunk; dx_ and dwte_ further by [overwrite, accumulate].
+  float* dx_ = nullptr;    // the op's dx (N, C)
+  float* dx_t_ = nullptr;  // one chunk of dx^T (C, R), at the start of the scratch
+  // [0] full chunks, [1] the tail chunk; dwte_ further by [overwrite, accumulate]; dx_mm_ only
+  // uses [size][0] (it always overwrites the staging buffer).
   DnnlMatmul logits_mm_[2], dx_mm_[2][2], dwte_mm_[2][2];
 };
 

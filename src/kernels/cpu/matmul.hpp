@@ -1,6 +1,9 @@
 // matmul: C[M,N] = alpha * op(A) op(B) (+ bias[N]), or C += ... in accumulate mode, through
-// oneDNN. The transposes of MatmulAttrs are expressed as strides of the operands, so no
-// operand is ever copied; linear layers pass the weight [out, in] with trans_b.
+// oneDNN. The transposes of MatmulAttrs are expressed as strides of the operands; linear
+// layers pass the weight [out, in] with trans_b. One exception, measured on this CPU with
+// oneDNN 2.6: a wide non-transposed B (N >= kStageBMinN) makes oneDNN's brgemm take a path
+// without packing B that runs at half speed (~130 vs ~300 GFLOP/s for [768, 3072]), so such
+// a B is first transposed into the kernel's scratch and multiplied in the fast layout.
 #pragma once
 
 #include <cstdint>
@@ -21,10 +24,14 @@ struct WriteVariants {
 // The oneDNN spec of C (+)= alpha op(A) op(B) (+ bias) for packed row-major operands.
 DnnlMatmulSpec matmul_spec(const MatmulAttrs& attrs, bool has_bias, bool accumulate);
 
+inline constexpr int64_t kStageBMinN = 2048;
+bool stages_b(const MatmulAttrs& attrs);
+
 class MatmulKernel {
  public:
   MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias, WriteVariants variants);
   // Scratch the kernel needs: the larger of its primitives' scratchpads.
+  // (plus the staged copy of B when stages_b).
   static uint64_t scratch_bytes(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias, WriteVariants variants);
 
   // Prepare time: the addresses every run uses. bias may be nullptr when there is none.
@@ -33,6 +40,9 @@ class MatmulKernel {
 
  private:
   DnnlMatmul overwrite_, accumulate_;
+  const float* b_ = nullptr;  // B as the op stores it, when staged
+  float* staged_b_ = nullptr;  // its transpose, at the start of the scratch
+  int64_t k_ = 0, n_ = 0;
 };
 
 }  // namespace memfit
