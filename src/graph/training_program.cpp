@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "graph/autodiff.hpp"
 #include "graph/gpt2.hpp"
+#include "graph/optimizer.hpp"
 
 namespace memfit {
 
@@ -31,33 +32,6 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   if (topo.world_size != 1) unsupported(fmt::format("world size {}", topo.world_size));
 }
 
-void emit_adamw(GraphBuilder& b, const Policy& policy) {
-  Program& p = b.program();
-  b.set_phase(Phase::optimizer);
-  b.set_layer(-1);
-  AdamWAttrs a;
-  a.beta1 = policy.adamw.beta1;
-  a.beta2 = policy.adamw.beta2;
-  a.eps = policy.adamw.eps;
-  std::vector<TensorId> grads, params, ms, vs;
-  double elements = 0;
-  for (const ParamEntry& e : p.params()) {
-    if (!e.trainable) continue;
-    MEMFIT_ASSERT(e.grad != kNoTensor, "parameter {} received no gradient", e.name);
-    grads.push_back(e.grad);
-    params.push_back(e.value);
-    ms.push_back(e.state[0]);
-    vs.push_back(e.state[1]);
-    a.weight_decay.push_back(e.decay ? policy.adamw.weight_decay : 0.0f);
-    elements += double(p.tensor(e.value).numel());
-  }
-  std::vector<TensorId> outputs = params;
-  outputs.insert(outputs.end(), ms.begin(), ms.end());
-  outputs.insert(outputs.end(), vs.begin(), vs.end());
-  std::vector<WriteMode> modes(outputs.size(), WriteMode::update);
-  b.emit({OpKind::adamw, "adamw", grads, outputs, a, 12.0 * elements, modes});
-}
-
 }  // namespace
 
 int64_t classifier_chunk_rows(const ModelSpec& spec, const Policy& policy) {
@@ -80,11 +54,10 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
   Program p;
   GraphBuilder b(p);
   const Gpt2Params params = declare_gpt2_parameters(b, spec);
+  declare_optimizer_state(b, policy);
   for (ParamEntry& e : p.params()) {
     const TensorDesc& t = p.tensor(e.value);
     b.set_layer(t.layer);
-    e.state.push_back(b.persistent("adamw.m." + e.name, t.shape, Category::optimizer_state));
-    e.state.push_back(b.persistent("adamw.v." + e.name, t.shape, Category::optimizer_state));
     // Accumulation across micro-steps needs gradients that outlive one micro-step.
     if (k > 1) e.grad = b.persistent("grad." + e.name, t.shape, Category::gradients);
   }
@@ -122,7 +95,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
   p.end_section();
 
   p.begin_section("optimizer");
-  emit_adamw(b, policy);
+  emit_optimizer_step(b, policy);
   p.end_section();
 
   if (policy.with_eval) {
