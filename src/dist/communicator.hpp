@@ -1,0 +1,59 @@
+// Communicator: the collectives data parallelism needs, over one group of ranks. Step programs
+// name collectives as ops (all_reduce, reduce_scatter, all_gather, broadcast); a backend runs
+// them through this interface, with MPI between processes on the CPU (NCCL later, behind the
+// same interface) and a single-process implementation for world size 1.
+//
+// Collectives can be started and completed separately, so communication overlaps compute:
+// start_*() returns a ticket, wait(ticket) completes it. Tickets index a fixed table of
+// request slots, so starting and waiting allocate nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/dtype.hpp"
+
+namespace memfit {
+
+enum class ReduceOp : uint8_t { sum, max };
+
+using CommTicket = int;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place: data (count elements) becomes the reduction over ranks.
+  virtual CommTicket start_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) = 0;
+  // send holds size() * count elements; rank r receives the reduction of block r into recv.
+  virtual CommTicket start_reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) = 0;
+  // send holds count elements; recv receives size() * count, rank r's block at r * count.
+  virtual CommTicket start_all_gather(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  virtual CommTicket start_broadcast(void* data, int64_t count, DType dtype, int root) = 0;
+  virtual void wait(CommTicket ticket) = 0;
+  virtual void barrier() = 0;
+
+  // Blocking forms.
+  void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) { wait(start_all_reduce(data, count, dtype, op)); }
+  void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) {
+    wait(start_reduce_scatter(send, recv, count, dtype, op));
+  }
+  void all_gather(const void* send, void* recv, int64_t count, DType dtype) {
+    wait(start_all_gather(send, recv, count, dtype));
+  }
+  void broadcast(void* data, int64_t count, DType dtype, int root) { wait(start_broadcast(data, count, dtype, root)); }
+};
+
+std::unique_ptr<Communicator> make_single_process_communicator();
+
+// MPI_COMM_WORLD; initialises MPI on first use (finalised at exit). Throws [dist] when MPI
+// cannot start.
+std::unique_ptr<Communicator> make_mpi_communicator();
+
+// True when this process was started by an MPI launcher (mpirun / srun) with more than one
+// rank, read from the launcher's environment without initialising MPI.
+bool launched_with_several_ranks();
+
+}  // namespace memfit
