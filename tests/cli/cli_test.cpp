@@ -80,7 +80,9 @@ TEST(Cli, BadInputGivesOneLineAndExitStatusOne) {
   expect_one_line_error(run_memfit("train --seq 300 --steps 1"), "exceeds the context");
   expect_one_line_error(run_memfit("train --steps 1 --batch 64 --seq 256 --memory-budget 64MiB"), "budget");
   expect_one_line_error(run_memfit("plan --precision fp8"), "unknown precision");
-  expect_one_line_error(run_memfit("train --steps 1 --precision bf16"), "not supported");
+  expect_one_line_error(run_memfit("train --steps 1 --precision bf16 --grad-dtype fp16"), "gradient dtype fp16");
+  expect_one_line_error(run_memfit("plan --precision bf16 --fp32-ops no_such_op"), "no_such_op");
+  expect_one_line_error(run_memfit("train --steps 1 --attention flash"), "not supported");
 
   write_file(d + "/garbage.safetensors", "this is not a safetensors file at all");
   expect_one_line_error(run_memfit("train --steps 1 --load " + d + "/garbage.safetensors"), "safetensors");
