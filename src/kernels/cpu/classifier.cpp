@@ -47,14 +47,16 @@ MatmulAttrs dwte_attrs(const ClassifierShape& s, int64_t rows) {
 // scratch_bytes and the constructor agree. visit(kind, size, acc, spec); kind 0 logits,
 // 1 dx, 2 dwte.
 // bf16 products: logits in fp32 from bf16 operands; dx (rows, C) = dlogits wte and
-// dwte (Vp, C) (+)= dlogits^T x with the bf16 dlogits at a row stride of 2 Vp elements.
+// dwte (Vp, C) (+)= dlogits^T x with the bf16 dlogits dense at the start of the chunk (a
+// dense operand gets oneDNN's AMX kernel; a strided one fell back to gemm:jit, which with a
+// bf16 dwte asked for ~300 MiB of scratch).
 DnnlMatmulSpec logits_spec(const ClassifierShape& s, int64_t rows) {
   return matmul_spec(logits_attrs(s, rows), false, false, MatmulTypes{s.dtype, s.dtype, DType::f32, DType::f32});
 }
 DnnlMatmulSpec dx_spec(const ClassifierShape& s, int64_t rows, bool acc) {
   if (!s.bf16()) return matmul_spec(dx_attrs(s, rows), false, false);
   DnnlMatmulSpec sp;
-  sp.src = DnnlOperand{{rows, s.padded_vocab}, {2 * s.padded_vocab, 1}, dnnl_type(s.dtype)};
+  sp.src = DnnlOperand{{rows, s.padded_vocab}, {s.padded_vocab, 1}, dnnl_type(s.dtype)};
   sp.wei = dnnl_matrix(s.padded_vocab, s.channels, false, dnnl_type(s.dtype));
   sp.dst = dnnl_matrix(rows, s.channels, false, dnnl_type(s.dtype));
   sp.accumulate = acc;
@@ -63,7 +65,7 @@ DnnlMatmulSpec dx_spec(const ClassifierShape& s, int64_t rows, bool acc) {
 DnnlMatmulSpec dwte_spec(const ClassifierShape& s, int64_t rows, bool acc) {
   if (!s.bf16()) return matmul_spec(dwte_attrs(s, rows), false, acc);
   DnnlMatmulSpec sp;
-  sp.src = DnnlOperand{{s.padded_vocab, rows}, {1, 2 * s.padded_vocab}, dnnl_type(s.dtype)};
+  sp.src = DnnlOperand{{s.padded_vocab, rows}, {1, s.padded_vocab}, dnnl_type(s.dtype)};
   sp.wei = dnnl_matrix(rows, s.channels, false, dnnl_type(s.dtype));
   sp.dst = dnnl_matrix(s.padded_vocab, s.channels, false, dnnl_type(s.grad_dtype));
   sp.accumulate = acc;
@@ -158,7 +160,7 @@ void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) cons
   float* losses = losses_;
   const int32_t* targets = targets_;
   float* logits = logits_;
-  parallel_for(count, 1, [=](int64_t first, int64_t last) {
+  auto rows = [=](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i) {
       const int64_t target = targets[row0 + i];
       MEMFIT_ASSERT(target >= 0 && target < V, "target {} at row {} outside [0, {})", target, row0 + i, V);
@@ -190,10 +192,11 @@ void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) cons
         std::fill(l + V, l + Vp, 0.0f);
         continue;
       }
-      // bf16 dlogits over the first half of the row, in chunks each read before written:
-      // bf16 element j lands on the bytes of fp32 element j/2, already consumed.
+      // bf16 dlogits, dense: row i at bf16 element i Vp of the chunk. Row 0 overlaps its own
+      // fp32 bytes, so it goes in pieces each read before written (bf16 element j lands on the
+      // bytes of fp32 element j/2, already consumed); row i >= 1 lands on fp32 rows below i.
       constexpr int64_t kChunk = 256;
-      bf16_t* out = reinterpret_cast<bf16_t*>(l);
+      bf16_t* out = reinterpret_cast<bf16_t*>(logits) + i * Vp;
       for (int64_t c0 = 0; c0 < Vp; c0 += kChunk) {
         const int64_t n = std::min(kChunk, Vp - c0), real = std::clamp<int64_t>(V - c0, 0, n);
         float tmp[kChunk];
@@ -205,7 +208,16 @@ void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) cons
         for (int64_t j = 0; j < n; ++j) out[c0 + j] = narrow<bf16_t>(tmp[j]);
       }
     }
-  });
+  };
+  if (!(bf16 && grad)) return parallel_for(count, 1, rows);
+  // Dense bf16 rows overwrite fp32 rows of lower index (row i lands on rows [i/2, (i+1)/2)),
+  // so rows go in generations [1, 2), [2, 4), [4, 8), ...: each generation writes only over
+  // rows an earlier one finished, and its own rows run in parallel.
+  rows(0, 1);
+  for (int64_t lo = 1; lo < count; lo *= 2) {
+    const int64_t hi = std::min(count, 2 * lo);
+    parallel_for(hi - lo, 1, [&](int64_t first, int64_t last) { rows(lo + first, lo + last); });
+  }
 }
 
 void ClassifierKernel::run(float dscale, bool acc_dx, bool acc_dwte) const {

@@ -4,8 +4,9 @@
 //
 // bf16 (ClassifierShape::dtype): x, wte and dx are bf16, dwte has its own dtype; the logits
 // chunk stays fp32 (the loss and softmax run in fp32). The row pass writes the bf16 dlogits
-// over the first half of each fp32 row of the chunk, and the two gradient products read
-// them from there (row stride 2 Vp) on oneDNN's bf16 path.
+// densely over the start of the same chunk (rows in generations, so that no row is
+// overwritten before it is read), and the two gradient products read them from there on
+// oneDNN's bf16 (AMX) path.
 #pragma once
 
 #include <cstdint>
