@@ -5,12 +5,14 @@
 // (2 for command-line usage errors).
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/options.hpp"
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
+#include "plan/plan_compare.hpp"
 #include "plan/plan_report.hpp"
 #include "train/trainer.hpp"
 
@@ -21,6 +23,15 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
   auto backend = make_cpu_backend();
   const PreparedRun run = prepare_run(config, *backend);
   const Program& p = run.compiled.program;
+  // Under bf16 / fp16, the same run in fp32 for comparison: what each category saves.
+  std::optional<PreparedRun> fp32;
+  if (run.policy.precision != Precision::fp32) {
+    RunConfig base = config;
+    base.policy.precision = Precision::fp32;
+    base.policy.grad_dtype = DType::f32;
+    base.policy.fp32_ops.clear();
+    fp32 = prepare_run(base, *backend);
+  }
   if (as_json) {
     nlohmann::json j;
     j["model"] = model_json(run.spec, p.parameter_count());
@@ -28,12 +39,17 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
     j["memory"] = memory_json(p, run.compiled.plan);
     j["ops"] = p.ops().size();
     j["tensors"] = p.tensors().size();
+    if (fp32) j["compared_to_fp32"] = plan_comparison_json("fp32", fp32->compiled.plan, precision_name(run.policy.precision),
+                                                           run.compiled.plan);
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << fmt::format("memfit plan: model {} ({} parameters), batch {} x {}, accumulation {}, {}, {} ops\n",
                              run.spec.name, p.parameter_count(), run.policy.batch, run.policy.seq,
                              run.policy.grad_accum, precision_name(run.policy.precision), p.ops().size());
     std::cout << format_memory_table(p, run.compiled.plan);
+    if (fp32)
+      std::cout << format_plan_comparison("fp32", fp32->compiled.plan, precision_name(run.policy.precision),
+                                          run.compiled.plan);
   }
   return 0;
 }

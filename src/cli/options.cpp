@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <algorithm>
+
 #include "core/bytes.hpp"
 
 namespace memfit::cli {
@@ -22,8 +24,17 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add<int>(app, "--grad-accum", "micro-steps per optimizer step", [](RunConfig& c, int v) { c.policy.grad_accum = v; });
   add<std::string>(app, "--precision", "fp32 | bf16 | fp16",
                    [](RunConfig& c, std::string v) { c.policy.precision = parse_precision(v); });
-  add<std::string>(app, "--grad-dtype", "gradient buffer dtype: fp32 | bf16 | fp16",
+  add<std::string>(app, "--grad-dtype", "parameter gradient dtype under bf16/fp16: fp32 (default) | bf16 | fp16",
                    [](RunConfig& c, std::string v) { c.policy.grad_dtype = parse_dtype(v); });
+  add<std::string>(app, "--fp32-ops", "ops computed in fp32 under bf16/fp16: comma-separated op kinds, op names, or name prefixes ending in *",
+                   [](RunConfig& c, std::string v) {
+                     c.policy.fp32_ops.clear();
+                     for (size_t at = 0; at <= v.size();) {
+                       const size_t comma = std::min(v.find(',', at), v.size());
+                       if (comma > at) c.policy.fp32_ops.push_back(v.substr(at, comma - at));
+                       at = comma + 1;
+                     }
+                   });
   add<std::string>(app, "--recompute", "none | full | every:K | selective[:ops] | auto",
                    [](RunConfig& c, std::string v) { c.policy.recompute = parse_recompute(v); });
   add<std::string>(app, "--attention", "naive | flash",
@@ -69,6 +80,14 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add<std::string>(app, "--report-json", "write the run report to this file",
                    [](RunConfig& c, std::string v) { c.report_json = v; });
   add<int64_t>(app, "--log-every", "progress line every N steps", [](RunConfig& c, int64_t v) { c.log_every = v; });
+  add<std::string>(app, "--loss-scaler", "fp16 dynamic loss scaling: pytorch (GradScaler) | deepspeed",
+                   [](RunConfig& c, std::string v) { c.loss_scale.convention = parse_loss_scale_convention(v); });
+  add<double>(app, "--loss-scale", "fp16: a fixed loss scale (0: dynamic)",
+              [](RunConfig& c, double v) { c.loss_scale.fixed_scale = v; });
+  add<double>(app, "--initial-loss-scale", "fp16: the dynamic scale's start (default 65536)",
+              [](RunConfig& c, double v) { c.loss_scale.initial_scale = v; });
+  add<double>(app, "--min-loss-scale", "fp16: the dynamic scale's floor (default 1)",
+              [](RunConfig& c, double v) { c.loss_scale.min_scale = v; });
 }
 
 RunConfig RunOptions::resolve() const {

@@ -4,6 +4,16 @@
 //
 // Shapes: B batch, T sequence, C channels, NH heads, HS head size, V vocabulary (padded Vp),
 // N rows (B*T), L layers.
+//
+// Dtypes (graph/precision.hpp): float tensors are fp32, or 16-bit under a bf16/fp16 policy,
+// except these slots, fp32 whatever the policy: layernorm_forward's mean and rstd,
+// rmsnorm_forward's rstd, flash_attention_forward's lse, classifier losses, loss_mean's input
+// and output, check_finite's and grad_norm's outputs, and every float workspace. Kernels
+// compute in fp32 and accumulate every product and reduction in fp32.
+//
+// Loss scaling: the classifier multiplies d(loss)/d(logits) by StepContext::loss_scale;
+// every optimizer-section kernel (adamw, adamw8bit, grad_norm) divides the gradients it
+// reads by it before using them.
 #pragma once
 
 #include <cstdint>
@@ -51,14 +61,17 @@ enum class OpKind : uint16_t {
   classifier_eval,     // in [x, wte, targets] out [losses (N)] workspace [logits chunk]
   loss_mean,           // in [losses (N)] out [loss (1)]: loss = scale * sum(losses)
   // --- precision ---
-  cast,                // in [x] out [y] with another dtype
+  cast,                // in [x] out [y] with another dtype: y = round(x), or y = round(y + x)
+                       //   in accumulate modes (one rounding, round to nearest even)
   quantize,            // in [x] out [codes, scales]
   dequantize,          // in [codes, scales] out [x]
-  check_finite,        // in [tensors...] out [flag (1)]
+  check_finite,        // in [tensors...] (any float dtype) out [flag (1) fp32]: 1 when any
+                       //   element is inf or NaN, else 0
   // --- optimizer ---
   fill,                // out [x]: x = value
   grad_norm,           // in [grads...] out [norm (1)]
   adamw,               // in [grads... (n)] out [params... (n), m... (n), v... (n)]  (all updated in place)
+                       //   params are fp32 (the masters under mixed precision); grads any float
   adamw8bit,           // in [grads...] out [params..., m codes..., v codes..., m absmax..., v absmax...]
   // --- communication (collectives over the data-parallel group) ---
   all_reduce,          // out [x] (in place)

@@ -31,7 +31,7 @@ void emit_optimizer_step(GraphBuilder& b, const Policy& policy) {
     if (!e.trainable) continue;
     MEMFIT_ASSERT(e.grad != kNoTensor, "parameter {} received no gradient", e.name);
     grads.push_back(e.grad);
-    params.push_back(e.value);
+    params.push_back(e.master != kNoTensor ? e.master : e.value);  // mixed precision: the fp32 master
     ms.push_back(e.state[0]);
     vs.push_back(e.state[1]);
     a.weight_decay.push_back(e.decay ? policy.adamw.weight_decay : 0.0f);
@@ -42,6 +42,10 @@ void emit_optimizer_step(GraphBuilder& b, const Policy& policy) {
   outputs.insert(outputs.end(), vs.begin(), vs.end());
   std::vector<WriteMode> modes(outputs.size(), WriteMode::update);
   b.emit({OpKind::adamw, "adamw", grads, outputs, a, 12.0 * elements, modes});
+  // Mixed precision: the updated masters are narrowed into the 16-bit parameters.
+  for (const ParamEntry& e : p.params())
+    if (e.trainable && e.master != kNoTensor)
+      b.emit({OpKind::cast, "cast." + e.name, {e.master}, {e.value}, NoAttrs{}, double(p.tensor(e.value).numel())});
 }
 
 

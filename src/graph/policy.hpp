@@ -44,7 +44,9 @@ struct Policy {
   int64_t seq = 64;     // sequence length (T)
   int grad_accum = 1;   // micro-steps per optimizer step
   Precision precision = Precision::fp32;
-  DType grad_dtype = DType::f32;
+  DType grad_dtype = DType::f32;          // dtype of the parameter gradients (bf16/fp16 runs)
+  std::vector<std::string> fp32_ops;      // ops computed in fp32 under bf16/fp16: kind names,
+                                          // op names, or name prefixes ending in '*'
   RecomputePolicy recompute;
   AttentionKind attention = AttentionKind::naive;
   OptimizerKind optimizer = OptimizerKind::adamw;

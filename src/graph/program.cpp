@@ -48,6 +48,27 @@ void Program::end_section() {
   section_open_ = false;
 }
 
+void Program::replace_ops(std::vector<Op> ops, const std::vector<int>& section_of) {
+  MEMFIT_ASSERT(!section_open_ && ops.size() == section_of.size(), "replace_ops: {} ops, {} section indices",
+                ops.size(), section_of.size());
+  int previous = 0;
+  for (Section& s : sections_) s.begin = s.end = -1;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const int s = section_of[i];
+    MEMFIT_ASSERT(s >= previous && s < int(sections_.size()), "replace_ops: op {} out of section order", ops[i].name);
+    if (sections_[size_t(s)].begin < 0) sections_[size_t(s)].begin = int(i);
+    sections_[size_t(s)].end = int(i) + 1;
+    previous = s;
+  }
+  // Empty sections keep their place between their neighbours.
+  int at = 0;
+  for (Section& s : sections_) {
+    if (s.begin < 0) s.begin = s.end = at;
+    at = s.end;
+  }
+  ops_ = std::move(ops);
+}
+
 const TensorDesc& Program::tensor(TensorId id) const {
   MEMFIT_ASSERT(id >= 0 && size_t(id) < tensors_.size(), "tensor id {} out of range", id);
   return tensors_[size_t(id)];

@@ -42,6 +42,10 @@ class Program {
 
   void begin_section(std::string name, int repeat = 1);
   void end_section();
+  // For transformations that insert ops (graph/precision.cpp): replaces the op list;
+  // section_of[i] is the index into sections() of ops[i], and each section's ops must be
+  // contiguous and in section order. Op::replays indices are the caller's to remap.
+  void replace_ops(std::vector<Op> ops, const std::vector<int>& section_of);
 
   const TensorDesc& tensor(TensorId id) const;
   TensorDesc& tensor(TensorId id);

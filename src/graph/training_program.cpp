@@ -7,6 +7,7 @@
 #include "graph/autodiff.hpp"
 #include "graph/gpt2.hpp"
 #include "graph/optimizer.hpp"
+#include "graph/precision.hpp"
 
 namespace memfit {
 
@@ -22,8 +23,7 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   MEMFIT_CHECK(p.seq <= spec.max_seq, "policy", "sequence length {} exceeds the context of model '{}' ({} positions)",
                p.seq, spec.name, spec.max_seq);
   if (spec.arch != Arch::gpt2) unsupported(fmt::format("training the {} architecture", arch_name(spec.arch)));
-  if (p.precision != Precision::fp32) unsupported(fmt::format("precision {}", precision_name(p.precision)));
-  if (p.grad_dtype != DType::f32) unsupported(fmt::format("gradient dtype {}", dtype_name(p.grad_dtype)));
+  check_precision_policy(p);
   if (p.recompute.mode != RecomputeMode::none) unsupported(fmt::format("recompute {}", p.recompute.to_string()));
   if (p.attention != AttentionKind::naive) unsupported(fmt::format("attention {}", attention_name(p.attention)));
   if (p.optimizer != OptimizerKind::adamw) unsupported(fmt::format("optimizer {}", optimizer_name(p.optimizer)));
@@ -54,6 +54,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
   Program p;
   GraphBuilder b(p);
   const Gpt2Params params = declare_gpt2_parameters(b, spec);
+  declare_master_weights(b, policy);
   declare_optimizer_state(b, policy);
   for (ParamEntry& e : p.params()) {
     const TensorDesc& t = p.tensor(e.value);
@@ -91,6 +92,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     b.emit({OpKind::loss_mean, "loss", {losses}, {loss}, ScaleAttrs{1.0f / float(N * k)}, double(N),
             {k > 1 ? WriteMode::accumulate_after_first_micro : WriteMode::overwrite}});
     ad.backward(fwd_begin, fwd_end);
+    emit_overflow_check(b, policy);
   }
   p.end_section();
 
@@ -120,6 +122,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     b.set_grad_enabled(true);
     p.end_section();
   }
+  apply_precision(p, policy);
   p.validate();
   return p;
 }

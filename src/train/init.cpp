@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "train/master_weights.hpp"
 #include "train/rng.hpp"
 
 namespace memfit {
@@ -10,14 +11,16 @@ namespace memfit {
 void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed) {
   const Program& p = ex.program();
   constexpr int64_t kChunk = 1 << 16;
+  std::vector<float> staging;  // a 16-bit parameter without an fp32 master (frozen)
   for (const ParamEntry& e : p.params()) {
     const TensorDesc& t = p.tensor(e.value);
-    MEMFIT_ASSERT(t.dtype == DType::f32, "parameter {} is {}, initialised as fp32", e.name, dtype_name(t.dtype));
-    float* x = ex.data_as<float>(e.value);
     const int64_t n = t.numel();
+    float* x = fp32_values(ex, e);
+    if (!x) staging.resize(size_t(n)), x = staging.data();
     if (e.init != ParamInit::normal) {
       const float v = e.init == ParamInit::ones ? 1.0f : 0.0f;
       std::fill(x, x + n, v);
+      store_parameter(ex, e, x);
       continue;
     }
     const uint64_t base = derive_seed(seed, e.name);
@@ -27,6 +30,7 @@ void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed) {
       const int64_t end = std::min(n, (c + 1) * kChunk);
       for (int64_t i = c * kChunk; i < end; ++i) x[i] = float(rng.normal() * double(e.init_std));
     }
+    store_parameter(ex, e, x);
   }
   zero_padded_vocab_rows(ex, spec);
 }
@@ -35,15 +39,21 @@ void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec) {
   const Program& p = ex.program();
   const TensorId wte = p.find_tensor("wte.weight");
   if (wte == kNoTensor || spec.padded_vocab == spec.vocab_size) return;
-  float* x = ex.data_as<float>(wte);
-  std::fill(x + spec.vocab_size * spec.n_embd, x + spec.padded_vocab * spec.n_embd, 0.0f);
+  // All-zero bits are +0 in fp32, bf16 and fp16 alike; the master (if any) is zeroed too.
+  const int64_t first = spec.vocab_size * spec.n_embd, count = (spec.padded_vocab - spec.vocab_size) * spec.n_embd;
+  const DType dt = p.tensor(wte).dtype;
+  std::memset(ex.data(wte) + dtype_bytes(dt, first), 0, dtype_bytes(dt, count));
+  for (const ParamEntry& e : p.params())
+    if (e.value == wte && e.master != kNoTensor) std::fill_n(ex.data_as<float>(e.master) + first, count, 0.0f);
 }
 
 void zero_persistent_state(Executor& ex) {
   const Program& p = ex.program();
   for (size_t id = 0; id < p.tensors().size(); ++id) {
     const TensorDesc& t = p.tensors()[id];
-    if (t.is_view() || t.lifetime != Lifetime::persistent || t.category == Category::parameters) continue;
+    if (t.is_view() || t.lifetime != Lifetime::persistent || t.category == Category::parameters ||
+        t.category == Category::master_weights)
+      continue;
     std::memset(ex.data(TensorId(id)), 0, t.bytes());
   }
 }

@@ -1,7 +1,8 @@
 // Start-of-run state: parameters drawn per their ParamEntry (GPT-2: normal(0, 0.02), residual
 // projections scaled, norms at one, biases at zero), padded vocabulary rows at zero (they are
 // never a target and get no gradient), and every other persistent tensor (optimizer state,
-// accumulated gradients, loss scalars) at zero. Each parameter's values come from a seed
+// accumulated gradients, loss scalars) at zero. Under mixed precision the values are drawn into
+// the fp32 masters and rounded into the 16-bit parameters (train/master_weights.hpp). Each parameter's values come from a seed
 // derived from the run seed and the parameter's name, in fixed-size chunks, so they do not
 // depend on the thread count or on the order of initialisation.
 #pragma once

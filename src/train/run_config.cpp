@@ -1,5 +1,6 @@
 #include "train/run_config.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -66,12 +67,46 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     else if (key == "eval_batches") c.eval_batches = get_as<int64_t>(v, key);
     else if (key == "warmup_steps") c.warmup_steps = get_as<int64_t>(v, key);
     else if (key == "precision") p.precision = parse_precision(get_as<std::string>(v, key));
+    else if (key == "grad_dtype") p.grad_dtype = parse_dtype(get_as<std::string>(v, key));
+    else if (key == "fp32_ops") p.fp32_ops = get_as<std::vector<std::string>>(v, key);
+    else if (key == "loss_scaler") c.loss_scale.convention = parse_loss_scale_convention(get_as<std::string>(v, key));
     else if (key == "bf16" || key == "fp16") {
       MEMFIT_CHECK(v.is_object(), "config", "key '{}' must be an object", key);
-      const bool enabled = v.value("enabled", false);
-      if (enabled) p.precision = key == "bf16" ? Precision::bf16 : Precision::fp16;
-      for (const auto& [sub, _] : v.items())
-        refuse_unless(sub == "enabled", key + "." + sub, "loss-scaling settings are not supported by this build yet");
+      if (key == "fp16") c.loss_scale.convention = LossScaleConvention::deepspeed;  // DeepSpeed's keys, its rules
+      for (const auto& [sub, sv] : v.items()) {
+        const std::string name = key + "." + sub;
+        LossScaleConfig& ls = c.loss_scale;
+        if (sub == "enabled") {
+          if (get_as<bool>(sv, name)) p.precision = key == "bf16" ? Precision::bf16 : Precision::fp16;
+        } else if (key == "bf16") {
+          throw Error("config", fmt::format("unknown key '{}'", name));
+        } else if (sub == "loss_scale") {
+          ls.fixed_scale = get_as<double>(sv, name);  // 0: dynamic
+        } else if (sub == "initial_scale_power") {
+          const int power = get_as<int>(sv, name);
+          refuse_unless(power >= -100 && power <= 100, name, fmt::format("{} is outside [-100, 100]", power));
+          ls.initial_scale = std::ldexp(1.0, power);
+        } else if (sub == "loss_scale_window") {
+          ls.window = get_as<int64_t>(sv, name);
+          refuse_unless(ls.window >= 1, name, "must be at least 1");
+        } else if (sub == "hysteresis") {
+          ls.hysteresis = get_as<int>(sv, name);
+          refuse_unless(ls.hysteresis >= 1, name, "must be at least 1");
+        } else if (sub == "consecutive_hysteresis") {
+          ls.consecutive_hysteresis = get_as<bool>(sv, name);
+        } else if (sub == "min_loss_scale") {
+          ls.min_scale = get_as<double>(sv, name);
+        } else {
+          throw Error("config", fmt::format("unknown key '{}'", name));
+        }
+      }
+      c.loss_scale.validate();
+    } else if (key == "data_types") {
+      MEMFIT_CHECK(v.is_object(), "config", "key 'data_types' must be an object");
+      for (const auto& [sub, sv] : v.items()) {
+        if (sub == "grad_accum_dtype") p.grad_dtype = parse_dtype(get_as<std::string>(sv, "data_types." + sub));
+        else throw Error("config", fmt::format("unknown key 'data_types.{}'", sub));
+      }
     } else if (key == "optimizer") {
       MEMFIT_CHECK(v.is_object(), "config", "key 'optimizer' must be an object");
       const std::string type = v.value("type", "AdamW");

@@ -10,6 +10,7 @@
 #include "graph/model_spec.hpp"
 #include "graph/policy.hpp"
 #include "io/token_file.hpp"
+#include "train/loss_scaler.hpp"
 
 namespace memfit {
 
@@ -32,6 +33,7 @@ struct RunConfig {
   std::string save;  // directory (model.safetensors + config.json) or a .safetensors path
   std::string report_json;
   uint64_t memory_budget = 0;  // bytes; 0: the memory available on this machine
+  LossScaleConfig loss_scale;  // fp16 runs (DeepSpeed's fp16 block selects its convention)
   int64_t log_every = 1;
 };
 

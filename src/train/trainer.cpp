@@ -15,6 +15,7 @@
 #include "runtime/executor.hpp"
 #include "train/data_loader.hpp"
 #include "train/init.hpp"
+#include "train/step_runner.hpp"
 #include "train/synthetic_corpus.hpp"
 #include "train/weights.hpp"
 
@@ -91,6 +92,7 @@ nlohmann::json policy_json(const Policy& p) {
           {"grad_accum", p.grad_accum},
           {"precision", precision_name(p.precision)},
           {"grad_dtype", dtype_name(p.grad_dtype)},
+          {"fp32_ops", p.fp32_ops},
           {"recompute", p.recompute.to_string()},
           {"attention", attention_name(p.attention)},
           {"optimizer", optimizer_name(p.optimizer)},
@@ -144,10 +146,14 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
 
   const TensorId tokens = prog.find_tensor(kTokens), targets = prog.find_tensor(kTargets);
   const TensorId eval_tokens = prog.find_tensor(kEvalTokens), eval_targets = prog.find_tensor(kEvalTargets);
-  ex.set_input_handler([&](const Op& op, const StepContext&) {
+  StepRunner runner(ex, [&](const Op& op, const StepContext&) {
     if (op.outputs[0] == tokens) train_loader.next(ex.data_as<int32_t>(tokens), ex.data_as<int32_t>(targets));
     else val_loader->next(ex.data_as<int32_t>(eval_tokens), ex.data_as<int32_t>(eval_targets));
-  });
+  }, c.loss_scale);
+  if (runner.loss_scaling())
+    log << fmt::format("loss scaling: {} convention, initial scale {}\n",
+                       c.loss_scale.fixed_scale > 0 ? "fixed" : loss_scale_convention_name(c.loss_scale.convention),
+                       runner.loss_scale());
   const float* loss = ex.data_as<float>(prog.find_tensor(kLoss));
 
   auto evaluate = [&]() {
@@ -167,21 +173,37 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   const double tokens_per_step = double(B * T * k);
   const uint64_t planned = run.compiled.plan.tier(Tier::device).peak_bytes;
   float first_loss = NAN, last_loss = NAN;
+  // Optimizer steps actually applied: a step skipped for a gradient overflow does not count
+  // (AdamW's bias correction and the learning-rate schedule see only applied steps, as in
+  // PyTorch's GradScaler and DeepSpeed).
+  int64_t applied = 0;
+  nlohmann::json scale_history = nlohmann::json::array(), skipped_at = nlohmann::json::array();
   for (int64_t step = 1; step <= c.steps; ++step) {
     StepContext ctx;
-    ctx.step = step;
-    ctx.lr = lr_at(c, step);
+    ctx.step = applied + 1;
+    ctx.lr = lr_at(c, applied + 1);
     const auto t0 = Clock::now();
-    ex.run_step(ctx);
+    const StepRunner::Result r = runner.run(ctx);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    applied += r.applied ? 1 : 0;
     last_loss = *loss;
     if (step == 1) first_loss = last_loss;
-    MEMFIT_CHECK(std::isfinite(last_loss), "train", "the loss became {} at step {}; lower --lr", last_loss, step);
+    MEMFIT_CHECK(std::isfinite(last_loss) || !r.applied, "train", "the loss became {} at step {}; lower --lr",
+                 last_loss, step);
     history.push_back(last_loss);
+    if (runner.loss_scaling()) {
+      scale_history.push_back(r.scale);
+      if (!r.applied) skipped_at.push_back(step);
+    }
     if (step > 1) timed_seconds += dt, ++timed_steps;
-    if (step == 1 || step == c.steps || (c.log_every > 0 && step % c.log_every == 0))
-      log << fmt::format("step {:>5}/{} | loss {:.4f} | {:8.1f} ms | {:>9.0f} tok/s | lr {:.3g} | device {} planned\n",
-                         step, c.steps, last_loss, dt * 1e3, tokens_per_step / dt, ctx.lr, format_bytes(planned));
+    const std::string scaling = runner.loss_scaling() ? fmt::format(" | scale {:g}{} | skipped {}", r.scale,
+                                                                    r.applied ? "" : " (overflow: step skipped)",
+                                                                    runner.skipped_steps())
+                                                      : std::string();
+    if (step == 1 || step == c.steps || !r.applied || (c.log_every > 0 && step % c.log_every == 0))
+      log << fmt::format("step {:>5}/{} | loss {:.4f} | {:8.1f} ms | {:>9.0f} tok/s | lr {:.3g} | device {} planned{}\n",
+                         step, c.steps, last_loss, dt * 1e3, tokens_per_step / dt, ctx.lr, format_bytes(planned),
+                         scaling);
     if (pol.with_eval && c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {
       const double v = evaluate();
       val_history.push_back({{"step", step}, {"loss", v}});
@@ -231,6 +253,14 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   report["memory"] = memory_json(prog, run.compiled.plan, measured);
   report["memory"]["max_rss_bytes"] = rss;
   report["memory"]["budget_bytes"] = budget;
+  report["optimizer_steps_applied"] = applied;
+  if (runner.loss_scaling())
+    report["loss_scaling"] = {
+        {"convention", c.loss_scale.fixed_scale > 0 ? "fixed" : loss_scale_convention_name(c.loss_scale.convention)},
+        {"final_scale", runner.loss_scale()},
+        {"skipped_steps", runner.skipped_steps()},
+        {"skipped_at", skipped_at},
+        {"history", scale_history}};
   report["seed"] = c.seed;
   report["lr"] = c.lr;
   if (!c.report_json.empty()) {

@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "io/hf_config.hpp"
 #include "io/safetensors.hpp"
+#include "train/master_weights.hpp"
 
 namespace memfit {
 
@@ -47,25 +48,27 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec) 
                  "'transformer.' prefix)", file.string(), name);
   }
   std::set<std::string> used;
+  std::vector<float> staging;  // a 16-bit parameter without an fp32 master
   for (const ParamEntry& param : p.params()) {
     auto it = by_name.find(param.name);
     MEMFIT_CHECK(it != by_name.end(), "safetensors", "{} has no tensor '{}' (nor 'transformer.{}')", file.string(),
                  param.name, param.name);
     used.insert(param.name);
     const TensorDesc& t = p.tensor(param.value);
-    float* dst = ex.data_as<float>(param.value);
+    float* dst = fp32_values(ex, param);
+    if (!dst) staging.assign(size_t(t.numel()), 0.0f), dst = staging.data();
     Shape expected = t.shape;
     const bool transpose = is_conv1d_weight(param.name);
     if (transpose) expected = Shape{t.shape[1], t.shape[0]};
     if (param.name == "wte.weight") expected = Shape{spec.vocab_size, spec.n_embd};  // padded rows are memfit's own
     reader.read_f32(it->second->name, expected, dst, transpose);
+    if (param.name == "wte.weight")  // padded rows are memfit's own: zero
+      std::fill(dst + spec.vocab_size * spec.n_embd, dst + spec.padded_vocab * spec.n_embd, 0.0f);
+    store_parameter(ex, param, dst);
   }
   for (const auto& [name, entry] : by_name)
     MEMFIT_CHECK(used.count(name), "safetensors", "{} holds tensor '{}', which model '{}' does not have", file.string(),
                  entry->name, spec.name);
-  const TensorId wte = p.find_tensor("wte.weight");
-  float* x = ex.data_as<float>(wte);
-  std::fill(x + spec.vocab_size * spec.n_embd, x + spec.padded_vocab * spec.n_embd, 0.0f);
 }
 
 void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec) {
@@ -80,12 +83,14 @@ void save_weights(const std::string& path, const Executor& ex, const ModelSpec& 
     file /= "model.safetensors";
   }
   // Transposed copies for Conv1D weights; everything else is written from the arena.
+  // (fp32 values: the masters under mixed precision, widened copies of frozen 16-bit ones).
   std::vector<std::vector<float>> transposed;
-  transposed.reserve(p.params().size());
+  transposed.reserve(2 * p.params().size());
   std::vector<SafetensorsTensor> tensors;
   for (const ParamEntry& param : p.params()) {
     const TensorDesc& t = p.tensor(param.value);
-    const float* src = ex.data_as<const float>(param.value);
+    const float* src = fp32_values(ex, param);
+    if (!src) src = transposed.emplace_back(load_parameter(ex, param)).data();
     SafetensorsTensor st{"transformer." + param.name, DType::f32, t.shape, src};
     if (is_conv1d_weight(param.name)) {
       const int64_t rows = t.shape[0], cols = t.shape[1];

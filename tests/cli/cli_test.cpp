@@ -4,6 +4,7 @@
 // (never a crash, never a saved file lost).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -80,7 +81,9 @@ TEST(Cli, BadInputGivesOneLineAndExitStatusOne) {
   expect_one_line_error(run_memfit("train --seq 300 --steps 1"), "exceeds the context");
   expect_one_line_error(run_memfit("train --steps 1 --batch 64 --seq 256 --memory-budget 64MiB"), "budget");
   expect_one_line_error(run_memfit("plan --precision fp8"), "unknown precision");
-  expect_one_line_error(run_memfit("train --steps 1 --precision bf16"), "not supported");
+  expect_one_line_error(run_memfit("train --steps 1 --precision bf16 --grad-dtype fp16"), "gradient dtype fp16");
+  expect_one_line_error(run_memfit("plan --precision bf16 --fp32-ops no_such_op"), "no_such_op");
+  expect_one_line_error(run_memfit("train --steps 1 --attention flash"), "not supported");
 
   write_file(d + "/garbage.safetensors", "this is not a safetensors file at all");
   expect_one_line_error(run_memfit("train --steps 1 --load " + d + "/garbage.safetensors"), "safetensors");
@@ -107,6 +110,67 @@ TEST(Cli, BadInputGivesOneLineAndExitStatusOne) {
   for (int i = 0; i < 20000; ++i) tokens += char(i % 256), tokens += char(i % 7 == 0 ? 1 : 0);
   write_file(d + "/wide.bin", tokens);
   expect_one_line_error(run_memfit("train --steps 1 --data " + d + "/wide.bin --data-format nanogpt"), "vocabulary");
+}
+
+// bf16: measured == planned, and `plan` shows what each category saves against fp32: the
+// parameters exactly 2 bytes each, the masters cost 4 bytes each (858,880 parameters).
+TEST(Cli, Bf16RunMeasuresItsPlanAndThePlanShowsTheSavings) {
+  const std::string report = temp_dir() + "/bf16.json";
+  const auto r = run_memfit("train --steps 5 --batch 2 --seq 32 --precision bf16 --report-json " + report);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = read_json(report);
+  EXPECT_EQ(j["memory"]["planned_peak_bytes"]["device"], j["memory"]["measured_peak_bytes"]["device"]);
+  EXPECT_EQ(j["policy"]["precision"], "bf16");
+  EXPECT_FALSE(j.contains("loss_scaling"));  // bf16 needs none
+  const auto p = run_memfit("plan --json --batch 2 --seq 32 --precision bf16 --grad-dtype bf16");
+  ASSERT_EQ(p.status, 0) << p.err;
+  const auto saved = nlohmann::json::parse(p.out)["compared_to_fp32"]["saved_bytes"];
+  EXPECT_EQ(saved["parameters"], 2 * 858880);
+  EXPECT_EQ(saved["master_weights"], -4 * 858880);
+  EXPECT_EQ(saved["optimizer_state"], 0);
+  EXPECT_GT(saved["activations"].get<int64_t>(), 0);
+  const auto text = run_memfit("plan --batch 2 --seq 32 --precision bf16");
+  EXPECT_NE(text.out.find("bf16 vs fp32"), std::string::npos) << text.out;
+}
+
+// fp16 with DeepSpeed's keys, starting at 2^32 (DeepSpeed's old default): the first steps
+// overflow and are skipped while the scale comes down (hysteresis 2: the first overflow only
+// uses up the hysteresis), then training proceeds; the report and the progress lines say so.
+TEST(Cli, Fp16WithDeepSpeedKeysSkipsOverflowingSteps) {
+  const std::string d = temp_dir();
+  write_file(d + "/ds.json", R"({"train_micro_batch_size_per_gpu": 2, "seq": 32,
+    "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 32, "loss_scale_window": 1000,
+             "hysteresis": 2, "min_loss_scale": 1}})");
+  const auto r = run_memfit("train --config " + d + "/ds.json --steps 30 --report-json " + d + "/r.json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("(overflow: step skipped)"), std::string::npos) << r.out;
+  const auto j = read_json(d + "/r.json");
+  const auto& ls = j["loss_scaling"];
+  EXPECT_EQ(ls["convention"], "deepspeed");
+  const int64_t skipped = ls["skipped_steps"];
+  EXPECT_GE(skipped, 3);
+  EXPECT_LT(skipped, 30);
+  EXPECT_EQ(j["optimizer_steps_applied"], 30 - skipped);
+  // The first steps overflow in a row; the first overflow only uses up the hysteresis, every
+  // later one halves the scale (no growth within 30 steps restores the hysteresis).
+  EXPECT_EQ(ls["skipped_at"][0], 1);
+  EXPECT_EQ(ls["skipped_at"][1], 2);
+  EXPECT_EQ(ls["skipped_at"][2], 3);
+  EXPECT_EQ(ls["history"][0], 4294967296.0);
+  EXPECT_EQ(ls["history"][1], 4294967296.0);
+  EXPECT_EQ(ls["history"][2], 2147483648.0);
+  EXPECT_EQ(ls["final_scale"].get<double>(), std::ldexp(1.0, 33 - int(skipped)));
+  EXPECT_EQ(j["memory"]["planned_peak_bytes"]["device"], j["memory"]["measured_peak_bytes"]["device"]);
+  EXPECT_LT(j["loss"]["last"].get<double>(), j["loss"]["first"].get<double>());
+
+  write_file(d + "/bad.json", R"({"fp16": {"enabled": true, "loss_scale_windw": 10}})");
+  expect_one_line_error(run_memfit("train --steps 1 --config " + d + "/bad.json"), "fp16.loss_scale_windw");
+  write_file(d + "/bad2.json", R"({"bf16": {"enabled": true, "loss_scale": 10}})");
+  expect_one_line_error(run_memfit("train --steps 1 --config " + d + "/bad2.json"), "bf16.loss_scale");
+  write_file(d + "/grads.json", R"({"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"}})");
+  const auto g = run_memfit("plan --json --config " + d + "/grads.json");
+  ASSERT_EQ(g.status, 0) << g.err;
+  EXPECT_EQ(nlohmann::json::parse(g.out)["policy"]["grad_dtype"], "bf16");
 }
 
 TEST(Cli, FailedSaveKeepsTheEarlierCheckpoint) {

@@ -80,7 +80,7 @@ TEST(CpuEmbedding, BackwardMatchesReferenceAndIsDeterministic) {
     }
   // One output absent.
   Vec dwpe(Tmax * C, 5.0f), ewpe(Tmax * C, 5.0f);
-  embedding_backward(dx.data(), tokens.data(), nullptr, dwpe.data(), N, T, C, Vp, Tmax, false, false);
+  embedding_backward(dx.data(), tokens.data(), (float*)nullptr, dwpe.data(), N, T, C, Vp, Tmax, false, false);
   ref::embedding_backward(dx.data(), tokens.data(), (float*)nullptr, ewpe.data(), N, T, C, Vp, Tmax, false, false);
   EXPECT_LE(normalized_error(dwpe, ewpe), 1e-5);
   expect_thread_count_independent([&] {
@@ -130,7 +130,7 @@ TEST(CpuLayerNorm, BackwardMatchesReferenceInEveryMode) {
   }
   // In place: dx overwrites dy; dw absent.
   Vec inplace = dy, edx(N * C), db(C), edb(C);
-  layernorm_backward(inplace.data(), x.data(), w.data(), mean.data(), rstd.data(), inplace.data(), nullptr, db.data(),
+  layernorm_backward(inplace.data(), x.data(), w.data(), mean.data(), rstd.data(), inplace.data(), (float*)nullptr, db.data(),
                      N, C, false, false, false);
   ref::layernorm_backward(dy.data(), x.data(), w.data(), mean.data(), rstd.data(), edx.data(), (float*)nullptr,
                           edb.data(), N, C, false, false, false);
@@ -232,7 +232,7 @@ TEST(CpuAdamW, FusedPassMatchesReferenceOverSteps) {
   }
   ep = p, em = m, ev = v;
   for (size_t i = 0; i < sizes.size(); ++i)
-    tensors.push_back(AdamWTensor{p[i].data(), g[i].data(), m[i].data(), v[i].data(), sizes[i], decay[i]});
+    tensors.push_back(AdamWTensor{p[i].data(), g[i].data(), DType::f32, m[i].data(), v[i].data(), sizes[i], decay[i]});
   const AdamWSet set(tensors);
   for (int64_t step = 1; step <= 3; ++step) {
     const AdamWHyper h{1e-3f * float(step), 0.9f, 0.95f, 1e-8f, step};

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
+#include "graph/precision.hpp"
 #include "graph/training_program.hpp"
 #include "runtime/executor.hpp"
 #include "support/alloc_counter.hpp"
@@ -77,6 +78,26 @@ TEST(Executor, SameWithAccumulationAndChunkedClassifier) {
   pol.grad_accum = 3;
   pol.classifier_chunk_rows = 80;  // 192 rows in chunks of 80, 80, 32
   expect_steps_allocate_nothing(pol);
+}
+
+// Mixed precision: 16-bit parameters and activations, fp32 masters, casts and (fp16) fp32
+// islands around the products and the overflow check; also with accumulation (persistent
+// gradients, written with accumulate_after_first_micro through the islands' casts) and with
+// 16-bit gradients.
+TEST(Executor, SameUnderBf16AndFp16) {
+  for (Precision precision : {Precision::bf16, Precision::fp16}) {
+    for (DType grads : {DType::f32, compute_dtype(precision)}) {
+      Policy pol;
+      pol.batch = 2;
+      pol.seq = 64;
+      pol.grad_accum = grads == DType::f32 ? 1 : 2;
+      pol.precision = precision;
+      pol.grad_dtype = grads;
+      pol.classifier_chunk_rows = 48;  // 128 rows in chunks of 48, 48, 32
+      SCOPED_TRACE(fmt::format("{} with {} gradients", precision_name(precision), dtype_name(grads)));
+      expect_steps_allocate_nothing(pol);
+    }
+  }
 }
 
 TEST(Executor, RefusesTiersTheBackendCannotRun) {

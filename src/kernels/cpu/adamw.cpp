@@ -2,12 +2,15 @@
 // p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps). The one subtle point is load
 // balance: a GPT-2 has a few huge matrices and many tiny bias and norm vectors, so the pass
 // runs over the concatenation of all tensors and each thread takes one contiguous slice of
-// that flattened range, whatever tensors it crosses.
+// that flattened range, whatever tensors it crosses. Gradients are unscaled on load
+// (g * 1/loss_scale): with loss_scale 1 the product is exact, so fp32 results are unchanged.
 #include "kernels/cpu/adamw.hpp"
 
 #include <algorithm>
 #include <cmath>
 
+#include "core/error.hpp"
+#include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
 
 #if defined(__AVX512F__)
@@ -18,8 +21,21 @@ namespace memfit {
 namespace {
 
 struct AdamWStep {
-  float b1, b2, one_b1, one_b2, step_size, inv_sqrt_bc2, eps, decay;
+  float b1, b2, one_b1, one_b2, step_size, inv_sqrt_bc2, eps, decay, unscale;
 };
+
+#if defined(__AVX512F__)
+// 16 gradients widened to fp32. Full-mask maskz forms, for the reason given at the sqrt below.
+constexpr __mmask16 kAll = 0xFFFF;
+inline __m512 load16(const float* g) { return _mm512_loadu_ps(g); }
+inline __m512 load16(const bf16_t* g) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, h), 16));
+}
+inline __m512 load16(const fp16_t* g) {
+  return _mm512_maskz_cvtph_ps(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+}
+#endif
 
 // The update of elements [begin, end) of one tensor. std::sqrt must set errno for negative
 // arguments, so under GCC's default -fmath-errno every sqrt in the loop gets a branch to libm
@@ -28,14 +44,16 @@ struct AdamWStep {
 // operations in the same order as the scalar loop (no fused multiply-adds; the ISO -std the
 // project builds with turns contraction off for the scalar loop too), so both paths
 // give identical bits and the scalar loop covers tails and other CPUs.
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end, const AdamWStep& c) {
+template <class G>
+void adamw_update(float* p, const G* g, float* m, float* v, int64_t begin, int64_t end, const AdamWStep& c) {
   int64_t e = begin;
 #if defined(__AVX512F__)
+  const __m512 unscale = _mm512_set1_ps(c.unscale);
   const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), one_b1 = _mm512_set1_ps(c.one_b1);
   const __m512 one_b2 = _mm512_set1_ps(c.one_b2), step = _mm512_set1_ps(c.step_size);
   const __m512 inv_bc2 = _mm512_set1_ps(c.inv_sqrt_bc2), eps = _mm512_set1_ps(c.eps), decay = _mm512_set1_ps(c.decay);
   for (; e + 16 <= end; e += 16) {
-    const __m512 ge = _mm512_loadu_ps(g + e);
+    const __m512 ge = _mm512_mul_ps(load16(g + e), unscale);
     const __m512 me = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + e)), _mm512_mul_ps(one_b1, ge));
     const __m512 ve =
         _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + e)), _mm512_mul_ps(_mm512_mul_ps(one_b2, ge), ge));
@@ -51,7 +69,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t begin, i
   }
 #endif
   for (; e < end; ++e) {
-    const float ge = g[e];
+    const float ge = widen(g[e]) * c.unscale;
     const float me = c.b1 * m[e] + c.one_b1 * ge;
     const float ve = c.b2 * v[e] + c.one_b2 * ge * ge;
     m[e] = me;
@@ -64,14 +82,22 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t begin, i
 
 AdamWSet::AdamWSet(std::vector<AdamWTensor> tensors) : tensors_(std::move(tensors)) {
   offsets_.assign(tensors_.size() + 1, 0);
-  for (size_t i = 0; i < tensors_.size(); ++i) offsets_[i + 1] = offsets_[i] + tensors_[i].numel;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const DType g = tensors_[i].grad_dtype;
+    MEMFIT_CHECK(g == DType::f32 || g == DType::bf16 || g == DType::f16, "kernels", "AdamW with {} gradients",
+                 dtype_name(g));
+    offsets_[i + 1] = offsets_[i] + tensors_[i].numel;
+  }
 }
 
 void AdamWSet::run(const AdamWHyper& h) const {
   const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.step));
   const double bc2 = 1.0 - std::pow(double(h.beta2), double(h.step));
-  const AdamWStep base{float(h.beta1), float(h.beta2), float(1.0 - h.beta1), float(1.0 - h.beta2),
-                       float(h.lr / bc1), float(1.0 / std::sqrt(bc2)), float(h.eps), 1.0f};
+  const AdamWStep base{float(h.beta1),   float(h.beta2),
+                       float(1.0 - h.beta1), float(1.0 - h.beta2),
+                       float(h.lr / bc1),    float(1.0 / std::sqrt(bc2)),
+                       float(h.eps),         1.0f,
+                       float(1.0 / double(h.loss_scale))};
   const double lr = double(h.lr);
   const int64_t total = offsets_.back();
   const AdamWTensor* tensors = tensors_.data();
@@ -84,7 +110,11 @@ void AdamWSet::run(const AdamWHyper& h) const {
       const int64_t begin = pos - offsets[i], end = std::min(hi, offsets[i + 1]) - offsets[i];
       AdamWStep k = base;
       k.decay = float(1.0 - lr * double(t.weight_decay));
-      adamw_update(t.param, t.grad, t.m, t.v, begin, end, k);
+      switch (t.grad_dtype) {
+        case DType::bf16: adamw_update(t.param, static_cast<const bf16_t*>(t.grad), t.m, t.v, begin, end, k); break;
+        case DType::f16: adamw_update(t.param, static_cast<const fp16_t*>(t.grad), t.m, t.v, begin, end, k); break;
+        default: adamw_update(t.param, static_cast<const float*>(t.grad), t.m, t.v, begin, end, k); break;
+      }
       pos = offsets[i] + end;
     }
   });

@@ -1,14 +1,20 @@
-// AdamW over many parameter tensors in one fused pass.
+// AdamW over many parameter tensors in one fused pass. The parameters it updates are fp32
+// (the parameters themselves, or their fp32 masters under mixed precision); the gradients
+// may be fp32, bf16 or fp16 and arrive multiplied by the loss scale, which the update divides
+// out first (StepContext::loss_scale; 1 without loss scaling).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "core/dtype.hpp"
+
 namespace memfit {
 
 struct AdamWTensor {
   float* param = nullptr;
-  const float* grad = nullptr;
+  const void* grad = nullptr;
+  DType grad_dtype = DType::f32;
   float* m = nullptr;
   float* v = nullptr;
   int64_t numel = 0;
@@ -18,6 +24,7 @@ struct AdamWTensor {
 struct AdamWHyper {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   int64_t step = 1;  // 1-based
+  float loss_scale = 1;  // gradients are divided by it (multiplied by its inverse: exact for powers of 2)
 };
 
 // The tensors of one adamw op, with the prefix sums that let threads split the flattened

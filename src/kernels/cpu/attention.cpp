@@ -17,27 +17,67 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace memfit {
 namespace {
 
+using dt = dnnl::memory::data_type;
+
 // Strided views of the tensors the products read and write. rows/cols are the extents of
-// the (sub)matrix taken; the pointer offset of a block is added when binding.
+// the (sub)matrix taken; the pointer offset of a block is added when binding. `io` is the
+// type of qkv, y, probs and their gradients.
 struct Views {
   int64_t B, NH, T, HS, C;
-  explicit Views(const AttentionShape& s) : B(s.batch), NH(s.heads), T(s.seq), HS(s.head_dim), C(s.channels()) {}
+  dt io;
+  explicit Views(const AttentionShape& s)
+      : B(s.batch), NH(s.heads), T(s.seq), HS(s.head_dim), C(s.channels()), io(dnnl_type(s.dtype)) {}
+  bool bf16() const { return io == dt::bf16; }
   // `rows` positions of q, k or v (a part of qkv or dqkv) as {B, NH, rows, HS}.
-  DnnlOperand part(int64_t rows) const { return {{B, NH, rows, HS}, {T * 3 * C, HS, 3 * C, 1}}; }
+  DnnlOperand part(int64_t rows) const { return {{B, NH, rows, HS}, {T * 3 * C, HS, 3 * C, 1}, io}; }
   // the same part transposed to {B, NH, HS, cols}.
-  DnnlOperand part_t(int64_t cols) const { return {{B, NH, HS, cols}, {T * 3 * C, HS, 1, 3 * C}}; }
+  DnnlOperand part_t(int64_t cols) const { return {{B, NH, HS, cols}, {T * 3 * C, HS, 1, 3 * C}, io}; }
   // `rows` positions of y or dy (B, T, C) as {B, NH, rows, HS}.
-  DnnlOperand out(int64_t rows) const { return {{B, NH, rows, HS}, {T * C, HS, C, 1}}; }
-  // A rows x cols block of a (B, NH, T, T) tensor, or of its transpose.
-  DnnlOperand square(int64_t rows, int64_t cols) const { return {{B, NH, rows, cols}, {NH * T * T, T * T, T, 1}}; }
-  DnnlOperand square_t(int64_t rows, int64_t cols) const { return {{B, NH, rows, cols}, {NH * T * T, T * T, 1, T}}; }
+  DnnlOperand out(int64_t rows) const { return {{B, NH, rows, HS}, {T * C, HS, C, 1}, io}; }
+  // A rows x cols block of a (B, NH, T, T) tensor, or of its transpose: probs in `io`.
+  DnnlOperand square(int64_t rows, int64_t cols) const { return square_as(rows, cols, io, T); }
+  DnnlOperand square_t(int64_t rows, int64_t cols) const { return square_t_as(rows, cols, io, T); }
+  // The same with an explicit type and row stride: fp32 dprobs (stride T), and the bf16
+  // dscores written over the first half of each fp32 dprobs row (stride 2T bf16 elements).
+  DnnlOperand square_as(int64_t rows, int64_t cols, dt type, int64_t row) const {
+    return {{B, NH, rows, cols}, {NH * T * row, T * row, row, 1}, type};
+  }
+  DnnlOperand square_t_as(int64_t rows, int64_t cols, dt type, int64_t row) const {
+    return {{B, NH, rows, cols}, {NH * T * row, T * row, 1, row}, type};
+  }
+  DnnlOperand dprobs(int64_t rows, int64_t cols) const { return square_as(rows, cols, dt::f32, T); }
+  DnnlOperand dscores(int64_t rows, int64_t cols) const {
+    return bf16() ? square_as(rows, cols, io, 2 * T) : square_as(rows, cols, dt::f32, T);
+  }
+  DnnlOperand dscores_t(int64_t rows, int64_t cols) const {
+    return bf16() ? square_t_as(rows, cols, io, 2 * T) : square_t_as(rows, cols, dt::f32, T);
+  }
+  // bf16 forward: fp32 scores of one query block of at most bm rows, {B, NH, rows, cols}.
+  DnnlOperand scores_block(int64_t rows, int64_t cols, int64_t bm) const {
+    return {{B, NH, rows, cols}, {NH * bm * T, bm * T, T, 1}, dt::f32};
+  }
+  int64_t io_bytes() const { return bf16() ? 2 : 4; }
 };
+
+// Byte arithmetic for operands of either width.
+const void* advance(const void* p, int64_t elements, int64_t element_bytes) {
+  return static_cast<const char*>(p) + elements * element_bytes;
+}
+void* advance(void* p, int64_t elements, int64_t element_bytes) {
+  return static_cast<char*>(p) + elements * element_bytes;
+}
+
+uint64_t scores_block_bytes(const AttentionShape& s) {
+  if (s.dtype == DType::f32) return 0;
+  return (uint64_t(s.batch * s.heads * s.max_block() * s.seq) * sizeof(float) + 63) / 64 * 64;
+}
 
 DnnlMatmulSpec spec(DnnlOperand src, DnnlOperand wei, DnnlOperand dst, float scale, bool accumulate) {
   DnnlMatmulSpec s;
@@ -57,23 +97,24 @@ struct Block {
 };
 Block block(const AttentionShape& s, int64_t i) { return Block{s.block_begin(i), s.block_begin(i + 1)}; }
 
-DnnlMatmulSpec scores_spec(const Views& v, Block q, float scale) {
-  return spec(v.part(q.size()), v.part_t(q.e), v.square(q.size(), q.e), scale, false);
+DnnlMatmulSpec scores_spec(const Views& v, Block q, float scale, int64_t bm) {
+  const DnnlOperand dst = v.bf16() ? v.scores_block(q.size(), q.e, bm) : v.square(q.size(), q.e);
+  return spec(v.part(q.size()), v.part_t(q.e), dst, scale, false);
 }
 DnnlMatmulSpec out_spec(const Views& v, Block q, bool acc) {
   return spec(v.square(q.size(), q.e), v.part(q.e), v.out(q.size()), 1.0f, acc);
 }
 DnnlMatmulSpec dprobs_spec(const Views& v, Block q) {
-  return spec(v.out(q.size()), v.part_t(q.e), v.square(q.size(), q.e), 1.0f, false);
+  return spec(v.out(q.size()), v.part_t(q.e), v.dprobs(q.size(), q.e), 1.0f, false);
 }
 DnnlMatmulSpec dq_spec(const Views& v, Block q, float scale, bool acc) {
-  return spec(v.square(q.size(), q.e), v.part(q.e), v.part(q.size()), scale, acc);
+  return spec(v.dscores(q.size(), q.e), v.part(q.e), v.part(q.size()), scale, acc);
 }
 DnnlMatmulSpec dv_spec(const Views& v, Block k, bool acc) {
   return spec(v.square_t(k.size(), v.T - k.b), v.out(v.T - k.b), v.part(k.size()), 1.0f, acc);
 }
 DnnlMatmulSpec dk_spec(const Views& v, Block k, float scale, bool acc) {
-  return spec(v.square_t(k.size(), v.T - k.b), v.part(v.T - k.b), v.part(k.size()), scale, acc);
+  return spec(v.dscores_t(k.size(), v.T - k.b), v.part(v.T - k.b), v.part(k.size()), scale, acc);
 }
 
 template <class Visit>
@@ -89,7 +130,13 @@ AttentionShape AttentionShape::of(const AttentionAttrs& a) {
                "no CPU kernel for attention with {} kv heads for {} query heads yet", a.kv_heads, a.heads);
   MEMFIT_CHECK(a.batch > 0 && a.seq > 0 && a.heads > 0 && a.head_dim > 0, "kernels",
                "attention with empty shape B={} T={} NH={} HS={}", a.batch, a.seq, a.heads, a.head_dim);
-  return AttentionShape{a.batch, a.seq, a.heads, a.head_dim, a.scale};
+  return AttentionShape{a.batch, a.seq, a.heads, a.head_dim, a.scale, DType::f32};
+}
+
+int64_t AttentionShape::max_block() const {
+  int64_t m = 0;
+  for (int64_t i = 0; i < blocks(); ++i) m = std::max(m, block_begin(i + 1) - block_begin(i));
+  return m;
 }
 
 // With b blocks the products compute (b + 1) / 2b of the full T x T work. Measured at
@@ -135,13 +182,63 @@ void attention_softmax_backward(const float* probs, float* dprobs, int64_t rows,
   });
 }
 
+void attention_softmax_forward_bf16(const float* scores, bf16_t* probs, int64_t rows, int64_t seq, int64_t first_pos,
+                                    int64_t rows_per_head, int64_t scores_head_stride) {
+  parallel_for(rows, kParallelGrain / seq, [=](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      // Row r is position first_pos + r % rows_per_head of head r / rows_per_head.
+      const int64_t head = r / rows_per_head, t = first_pos + r % rows_per_head;
+      const float* x = scores + head * scores_head_stride + (r % rows_per_head) * seq;
+      bf16_t* p = probs + (head * seq + t) * seq;
+      float mx = x[0];
+#pragma omp simd reduction(max : mx)
+      for (int64_t s = 0; s <= t; ++s) mx = x[s] > mx ? x[s] : mx;
+      float sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t s = 0; s <= t; ++s) sum += softmax_exp(x[s] - mx);
+      const float inv = 1.0f / sum;
+#pragma omp simd
+      for (int64_t s = 0; s <= t; ++s) p[s] = narrow<bf16_t>(softmax_exp(x[s] - mx) * inv);
+      std::fill(p + t + 1, p + seq, bf16_t{0});
+    }
+  });
+}
+
+void attention_softmax_backward_bf16(const bf16_t* probs, float* dprobs, int64_t rows, int64_t seq) {
+  constexpr int64_t kChunk = 256;
+  parallel_for(rows, kParallelGrain / seq, [=](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const int64_t t = r % seq;
+      const bf16_t* p = probs + r * seq;
+      float* d = dprobs + r * seq;
+      bf16_t* out = reinterpret_cast<bf16_t*>(d);  // the first half of the row's bytes
+      float dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t s = 0; s <= t; ++s) dot += widen(p[s]) * d[s];
+      // In chunks, each fully read before any of it is written: bf16 element s lands on the
+      // bytes of fp32 element s/2, which an earlier chunk (or this one) has already consumed.
+      for (int64_t c0 = 0; c0 <= t; c0 += kChunk) {
+        const int64_t n = std::min(kChunk, t + 1 - c0);
+        float tmp[kChunk];
+#pragma omp simd
+        for (int64_t s = 0; s < n; ++s) tmp[s] = widen(p[c0 + s]) * (d[c0 + s] - dot);
+#pragma omp simd
+        for (int64_t s = 0; s < n; ++s) out[c0 + s] = narrow<bf16_t>(tmp[s]);
+      }
+      std::fill(out + t + 1, out + seq, bf16_t{0});
+    }
+  });
+}
+
 AttentionForwardKernel::AttentionForwardKernel(const DnnlEnv& env, const AttentionShape& shape,
                                                WriteVariants y_modes)
     : shape_(shape) {
+  MEMFIT_CHECK(shape.dtype == DType::f32 || shape.dtype == DType::bf16, "kernels", "no CPU attention over {} tensors",
+               dtype_name(shape.dtype));
   const Views v(shape);
   for (int64_t i = 0; i < shape.blocks(); ++i) {
     const Block q = block(shape, i);
-    scores_.emplace_back(env, scores_spec(v, q, shape.scale));
+    scores_.emplace_back(env, scores_spec(v, q, shape.scale, shape.max_block()));
     for_each_variant(y_modes, [&](int acc) { out_[acc].emplace_back(env, out_spec(v, q, acc)); });
   }
 }
@@ -152,21 +249,29 @@ uint64_t AttentionForwardKernel::scratch_bytes(const DnnlEnv& env, const Attenti
   uint64_t bytes = 0;
   for (int64_t i = 0; i < shape.blocks(); ++i) {
     const Block q = block(shape, i);
-    bytes = std::max(bytes, DnnlMatmul::scratch_bytes(env, scores_spec(v, q, shape.scale)));
+    bytes = std::max(bytes, DnnlMatmul::scratch_bytes(env, scores_spec(v, q, shape.scale, shape.max_block())));
     for_each_variant(y_modes, [&](int acc) {
       bytes = std::max(bytes, DnnlMatmul::scratch_bytes(env, out_spec(v, q, acc)));
     });
   }
-  return bytes;
+  return scores_block_bytes(shape) + bytes;
 }
 
-void AttentionForwardKernel::bind(const float* qkv, float* y, float* probs, void* scratch) {
-  const int64_t C = shape_.channels(), T = shape_.seq;
+void AttentionForwardKernel::bind(const void* qkv, void* y, void* probs, void* scratch) {
+  const Views v(shape_);
+  const int64_t C = shape_.channels(), T = shape_.seq, w = v.io_bytes();
+  if (v.bf16()) {
+    scores_block_ = static_cast<float*>(scratch);
+    scratch = static_cast<char*>(scratch) + scores_block_bytes(shape_);
+  }
   for (int64_t i = 0; i < shape_.blocks(); ++i) {
     const Block q = block(shape_, i);
-    scores_[size_t(i)].bind(qkv + q.b * 3 * C, qkv + C, nullptr, probs + q.b * T, scratch);
+    void* scores = v.bf16() ? static_cast<void*>(scores_block_) : advance(probs, q.b * T, w);
+    scores_[size_t(i)].bind(advance(qkv, q.b * 3 * C, w), advance(qkv, C, w), nullptr, scores, scratch);
     for (auto& out : out_)
-      if (!out.empty()) out[size_t(i)].bind(probs + q.b * T, qkv + 2 * C, nullptr, y + q.b * C, scratch);
+      if (!out.empty())
+        out[size_t(i)].bind(advance(probs, q.b * T, w), advance(qkv, 2 * C, w), nullptr, advance(y, q.b * C, w),
+                            scratch);
   }
   probs_ = probs;
 }
@@ -174,14 +279,28 @@ void AttentionForwardKernel::bind(const float* qkv, float* y, float* probs, void
 void AttentionForwardKernel::run(bool acc_y) const {
   const std::vector<DnnlMatmul>& out = out_[acc_y ? 1 : 0];
   MEMFIT_ASSERT(!out.empty(), "attention prepared without its {} variant", acc_y ? "accumulate" : "overwrite");
-  for (const DnnlMatmul& mm : scores_) mm.execute();
-  attention_softmax_forward(probs_, shape_.batch * shape_.heads * shape_.seq, shape_.seq);
-  for (const DnnlMatmul& mm : out) mm.execute();
+  const int64_t BH = shape_.batch * shape_.heads, T = shape_.seq;
+  if (shape_.dtype == DType::f32) {
+    for (const DnnlMatmul& mm : scores_) mm.execute();
+    attention_softmax_forward(static_cast<float*>(probs_), BH * T, T);
+    for (const DnnlMatmul& mm : out) mm.execute();
+    return;
+  }
+  // bf16: block by block, the fp32 scores of a block live only in the scratch.
+  for (int64_t i = 0; i < shape_.blocks(); ++i) {
+    const Block q = block(shape_, i);
+    scores_[size_t(i)].execute();
+    attention_softmax_forward_bf16(scores_block_, static_cast<bf16_t*>(probs_), BH * q.size(), T, q.b, q.size(),
+                                   shape_.max_block() * T);
+    out[size_t(i)].execute();
+  }
 }
 
 AttentionBackwardKernel::AttentionBackwardKernel(const DnnlEnv& env, const AttentionShape& shape,
                                                  WriteVariants dqkv_modes)
     : shape_(shape) {
+  MEMFIT_CHECK(shape.dtype == DType::f32 || shape.dtype == DType::bf16, "kernels", "no CPU attention over {} tensors",
+               dtype_name(shape.dtype));
   const Views v(shape);
   for (int64_t i = 0; i < shape.blocks(); ++i) {
     const Block blk = block(shape, i);
@@ -210,20 +329,27 @@ uint64_t AttentionBackwardKernel::scratch_bytes(const DnnlEnv& env, const Attent
   return bytes;
 }
 
-void AttentionBackwardKernel::bind(const float* dy, const float* qkv, const float* probs, float* dqkv, float* dprobs,
+void AttentionBackwardKernel::bind(const void* dy, const void* qkv, const void* probs, void* dqkv, float* dprobs,
                                    void* scratch) {
-  const int64_t C = shape_.channels(), T = shape_.seq;
+  const Views v(shape_);
+  const int64_t C = shape_.channels(), T = shape_.seq, w = v.io_bytes();
+  // dscores elements: fp32 at the dprobs positions, or bf16 with rows of 2T elements.
+  const int64_t ds_row = v.bf16() ? 2 * T : T;
   for (int64_t i = 0; i < shape_.blocks(); ++i) {
     const Block blk = block(shape_, i);
     // As a query block: rows [b, e) of dprobs / dscores against keys [0, e).
-    dprobs_mm_[size_t(i)].bind(dy + blk.b * C, qkv + 2 * C, nullptr, dprobs + blk.b * T, scratch);
+    dprobs_mm_[size_t(i)].bind(advance(dy, blk.b * C, w), advance(qkv, 2 * C, w), nullptr, dprobs + blk.b * T,
+                               scratch);
     // As a key block: the transposed [b, T) x [b, e) block of probs / dscores starts at (b, b).
-    const int64_t corner = blk.b * T + blk.b;
     for (int acc = 0; acc < 2; ++acc) {
       if (dq_[acc].empty()) continue;
-      dq_[acc][size_t(i)].bind(dprobs + blk.b * T, qkv + C, nullptr, dqkv + blk.b * 3 * C, scratch);
-      dv_[acc][size_t(i)].bind(probs + corner, dy + blk.b * C, nullptr, dqkv + 2 * C + blk.b * 3 * C, scratch);
-      dk_[acc][size_t(i)].bind(dprobs + corner, qkv + blk.b * 3 * C, nullptr, dqkv + C + blk.b * 3 * C, scratch);
+      void* ds_rows = advance(static_cast<void*>(dprobs), blk.b * ds_row, w);
+      void* ds_corner = advance(static_cast<void*>(dprobs), blk.b * ds_row + blk.b, w);
+      dq_[acc][size_t(i)].bind(ds_rows, advance(qkv, C, w), nullptr, advance(dqkv, blk.b * 3 * C, w), scratch);
+      dv_[acc][size_t(i)].bind(advance(probs, blk.b * T + blk.b, w), advance(dy, blk.b * C, w), nullptr,
+                               advance(dqkv, 2 * C + blk.b * 3 * C, w), scratch);
+      dk_[acc][size_t(i)].bind(ds_corner, advance(qkv, blk.b * 3 * C, w), nullptr,
+                               advance(dqkv, C + blk.b * 3 * C, w), scratch);
     }
   }
   probs_ = probs;
@@ -234,9 +360,13 @@ void AttentionBackwardKernel::run(bool acc_dqkv) const {
   const int acc = acc_dqkv ? 1 : 0;
   MEMFIT_ASSERT(!dv_[acc].empty(), "attention backward prepared without its {} variant",
                 acc_dqkv ? "accumulate" : "overwrite");
+  const int64_t rows = shape_.batch * shape_.heads * shape_.seq;
   for (const DnnlMatmul& mm : dv_[acc]) mm.execute();
   for (const DnnlMatmul& mm : dprobs_mm_) mm.execute();
-  attention_softmax_backward(probs_, dprobs_, shape_.batch * shape_.heads * shape_.seq, shape_.seq);
+  if (shape_.dtype == DType::f32)
+    attention_softmax_backward(static_cast<const float*>(probs_), dprobs_, rows, shape_.seq);
+  else
+    attention_softmax_backward_bf16(static_cast<const bf16_t*>(probs_), dprobs_, rows, shape_.seq);
   for (const DnnlMatmul& mm : dq_[acc]) mm.execute();
   for (const DnnlMatmul& mm : dk_[acc]) mm.execute();
 }

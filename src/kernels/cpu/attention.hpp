@@ -3,12 +3,19 @@
 // products are oneDNN batched matmuls over (B, NH) whose strided descriptors read q, k and v
 // straight out of qkv and write y and dqkv in their own layouts; softmax and its backward
 // are OpenMP loops.
+//
+// bf16 (AttentionShape::dtype): qkv, y, probs and their gradients are bf16 and every product
+// runs on oneDNN's bf16 path; softmax and its backward stay fp32. The forward writes the fp32
+// scores of one query block into the kernel's scratch, softmaxes them into the bf16 probs;
+// the backward gets fp32 dprobs from its product and writes the bf16 dscores over the first
+// half of each fp32 row of the same workspace (no second T x T buffer).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "graph/op.hpp"
+#include "core/half.hpp"
 #include "kernels/cpu/dnnl_matmul.hpp"
 #include "kernels/cpu/matmul.hpp"
 
@@ -21,12 +28,14 @@ inline constexpr int64_t kAttentionMaxBlocks = 8;
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
   float scale = 0;
+  DType dtype = DType::f32;  // of qkv, y, probs, dy, dqkv: f32 or bf16
   static AttentionShape of(const AttentionAttrs& a);  // throws [kernels] for grouped kv heads
   int64_t channels() const { return heads * head_dim; }
   // The causal products are split into this many blocks of sequence positions, so that the
   // blocks above the diagonal (entirely masked) are never computed.
   int64_t blocks() const;
   int64_t block_begin(int64_t i) const { return seq * i / blocks(); }
+  int64_t max_block() const;  // rows of the largest block
 };
 
 // In place over probs (B, NH, T, T) holding scaled scores: causal softmax per row, future
@@ -35,18 +44,26 @@ void attention_softmax_forward(float* probs, int64_t rows, int64_t seq);
 // In place over dprobs holding dL/dprobs: dscores = probs * (dprobs - sum(probs * dprobs)),
 // future positions exactly 0. The attention scale is applied by the products that follow.
 void attention_softmax_backward(const float* probs, float* dprobs, int64_t rows, int64_t seq);
+// bf16 forms. Forward: `rows` rows of fp32 scores at `scores` (row stride seq) whose first row
+// is query position `first_pos` of its (b, h); probabilities go to bf16 `probs` (row stride
+// seq). Backward: in place over fp32 dprobs rows, writing bf16 dscores over the first half
+// of each row's bytes.
+void attention_softmax_forward_bf16(const float* scores, bf16_t* probs, int64_t rows, int64_t seq, int64_t first_pos,
+                                    int64_t rows_per_head, int64_t scores_head_stride);
+void attention_softmax_backward_bf16(const bf16_t* probs, float* dprobs, int64_t rows, int64_t seq);
 
 // in [qkv] out [y (B,T,C), probs (B,NH,T,T)].
 class AttentionForwardKernel {
  public:
   AttentionForwardKernel(const DnnlEnv& env, const AttentionShape& shape, WriteVariants y_modes);
   static uint64_t scratch_bytes(const DnnlEnv& env, const AttentionShape& shape, WriteVariants y_modes);
-  void bind(const float* qkv, float* y, float* probs, void* scratch);
+  void bind(const void* qkv, void* y, void* probs, void* scratch);
   void run(bool acc_y) const;
 
  private:
   AttentionShape shape_;
-  float* probs_ = nullptr;
+  void* probs_ = nullptr;
+  float* scores_block_ = nullptr;  // bf16: fp32 scores of one query block, in the scratch
   // Per query block: scores = scale q k^T over its causal prefix of keys, and y (+)= probs v.
   std::vector<DnnlMatmul> scores_, out_[2];  // out_[0] overwrite, out_[1] accumulate
 };
@@ -56,12 +73,12 @@ class AttentionBackwardKernel {
  public:
   AttentionBackwardKernel(const DnnlEnv& env, const AttentionShape& shape, WriteVariants dqkv_modes);
   static uint64_t scratch_bytes(const DnnlEnv& env, const AttentionShape& shape, WriteVariants dqkv_modes);
-  void bind(const float* dy, const float* qkv, const float* probs, float* dqkv, float* dprobs, void* scratch);
+  void bind(const void* dy, const void* qkv, const void* probs, void* dqkv, float* dprobs, void* scratch);
   void run(bool acc_dqkv) const;
 
  private:
   AttentionShape shape_;
-  const float* probs_ = nullptr;
+  const void* probs_ = nullptr;
   float* dprobs_ = nullptr;
   // Per query block: dprobs = dy v^T and dq (+)= scale dscores k. Per key block (the queries
   // at or after it): dv (+)= probs^T dy and dk (+)= scale dscores^T q. [0] overwrite,

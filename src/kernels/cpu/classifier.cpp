@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/cpu/transpose.hpp"
 #include "kernels/cpu/vec_math.hpp"
@@ -33,6 +34,7 @@ MatmulAttrs dx_attrs(const ClassifierShape& s, int64_t rows) {
   return a;
 }
 uint64_t dx_staging_bytes(const ClassifierShape& s) {
+  if (s.bf16()) return 0;  // bf16 writes dx directly
   return (uint64_t(std::min(s.chunk_rows, s.rows)) * uint64_t(s.channels) * sizeof(float) + 63) / 64 * 64;
 }
 MatmulAttrs dwte_attrs(const ClassifierShape& s, int64_t rows) {
@@ -44,6 +46,32 @@ MatmulAttrs dwte_attrs(const ClassifierShape& s, int64_t rows) {
 // The product specs the kernel needs, as (size index, spec) pairs, in one place so that
 // scratch_bytes and the constructor agree. visit(kind, size, acc, spec); kind 0 logits,
 // 1 dx, 2 dwte.
+// bf16 products: logits in fp32 from bf16 operands; dx (rows, C) = dlogits wte and
+// dwte (Vp, C) (+)= dlogits^T x with the bf16 dlogits dense at the start of the chunk (a
+// dense operand gets oneDNN's AMX kernel; a strided one fell back to gemm:jit, which with a
+// bf16 dwte asked for ~300 MiB of scratch).
+DnnlMatmulSpec logits_spec(const ClassifierShape& s, int64_t rows) {
+  return matmul_spec(logits_attrs(s, rows), false, false, MatmulTypes{s.dtype, s.dtype, DType::f32, DType::f32});
+}
+DnnlMatmulSpec dx_spec(const ClassifierShape& s, int64_t rows, bool acc) {
+  if (!s.bf16()) return matmul_spec(dx_attrs(s, rows), false, false);
+  DnnlMatmulSpec sp;
+  sp.src = DnnlOperand{{rows, s.padded_vocab}, {s.padded_vocab, 1}, dnnl_type(s.dtype)};
+  sp.wei = dnnl_matrix(s.padded_vocab, s.channels, false, dnnl_type(s.dtype));
+  sp.dst = dnnl_matrix(rows, s.channels, false, dnnl_type(s.dtype));
+  sp.accumulate = acc;
+  return sp;
+}
+DnnlMatmulSpec dwte_spec(const ClassifierShape& s, int64_t rows, bool acc) {
+  if (!s.bf16()) return matmul_spec(dwte_attrs(s, rows), false, acc);
+  DnnlMatmulSpec sp;
+  sp.src = DnnlOperand{{s.padded_vocab, rows}, {1, s.padded_vocab}, dnnl_type(s.dtype)};
+  sp.wei = dnnl_matrix(rows, s.channels, false, dnnl_type(s.dtype));
+  sp.dst = dnnl_matrix(s.padded_vocab, s.channels, false, dnnl_type(s.grad_dtype));
+  sp.accumulate = acc;
+  return sp;
+}
+
 template <class Visit>
 void for_each_product(const ClassifierShape& s, const ClassifierOutputs& o, Visit visit) {
   const int64_t chunk = std::min(s.chunk_rows, s.rows);
@@ -51,13 +79,17 @@ void for_each_product(const ClassifierShape& s, const ClassifierOutputs& o, Visi
   for (int size = 0; size < 2; ++size) {
     const int64_t rows = size == 0 ? chunk : tail;
     if (rows == 0) continue;
-    visit(0, size, 0, matmul_spec(logits_attrs(s, rows), false, false));
-    if (o.dx) visit(1, size, 0, matmul_spec(dx_attrs(s, rows), false, false));
+    visit(0, size, 0, logits_spec(s, rows));
+    if (o.dx && !s.bf16()) visit(1, size, 0, dx_spec(s, rows, false));
+    if (o.dx && s.bf16()) {
+      if (o.dx_modes.overwrite) visit(1, size, 0, dx_spec(s, rows, false));
+      if (o.dx_modes.accumulate) visit(1, size, 1, dx_spec(s, rows, true));
+    }
     for (int acc = 0; acc < 2; ++acc) {
       // Only the first chunk (always a full one) can overwrite dwte; every other adds.
       const bool needed = acc ? (o.dwte_modes.accumulate || full > 1 || tail > 0)
                               : (size == 0 && o.dwte_modes.overwrite);
-      if (o.dwte && needed) visit(2, size, acc, matmul_spec(dwte_attrs(s, rows), false, acc));
+      if (o.dwte && needed) visit(2, size, acc, dwte_spec(s, rows, acc));
     }
   }
 }
@@ -70,6 +102,9 @@ ClassifierKernel::ClassifierKernel(const DnnlEnv& env, const ClassifierShape& sh
                    shape.vocab <= shape.padded_vocab,
                "kernels", "classifier with rows={} channels={} chunk_rows={} vocab={} padded_vocab={}", shape.rows,
                shape.channels, shape.chunk_rows, shape.vocab, shape.padded_vocab);
+  MEMFIT_CHECK(shape.dtype == DType::f32 || (shape.bf16() && shape.grad_dtype != DType::f16), "kernels",
+               "no CPU classifier over {} activations with {} gradients", dtype_name(shape.dtype),
+               dtype_name(shape.grad_dtype));
   chunk_ = std::min(shape.chunk_rows, shape.rows);
   full_chunks_ = shape.rows / chunk_;
   tail_rows_ = shape.rows % chunk_;
@@ -88,23 +123,27 @@ uint64_t ClassifierKernel::scratch_bytes(const DnnlEnv& env, const ClassifierSha
   return (outputs.dx ? dx_staging_bytes(shape) : 0) + bytes;
 }
 
-void ClassifierKernel::bind(const float* x, const float* wte, const int32_t* targets, float* losses, float* dx,
-                            float* dwte, float* logits, void* scratch) {
+void ClassifierKernel::bind(const void* x, const void* wte, const int32_t* targets, float* losses, void* dx,
+                            void* dwte, float* logits, void* scratch) {
   MEMFIT_ASSERT(bool(dx) == outputs_.dx && bool(dwte) == outputs_.dwte && bool(losses) == outputs_.losses,
                 "classifier bound with other outputs than it was prepared for");
-  const int64_t C = shape_.channels;
+  const int64_t C = shape_.channels, w = shape_.bf16() ? 2 : 4;
   const int64_t chunks = full_chunks_ + (tail_rows_ > 0 ? 1 : 0);
   if (outputs_.dx) {
     dx_ = dx;
-    dx_t_ = static_cast<float*>(scratch);
+    if (!shape_.bf16()) dx_t_ = static_cast<float*>(scratch);
     scratch = static_cast<char*>(scratch) + dx_staging_bytes(shape_);
   }
   // Binding i of a full-size product is chunk i; the tail products have one binding.
   for (int64_t i = 0; i < chunks; ++i) {
     const int size = i < full_chunks_ ? 0 : 1;
-    const float* xc = x + i * chunk_ * C;
+    const void* xc = static_cast<const char*>(x) + i * chunk_ * C * w;
     logits_mm_[size].bind(xc, wte, nullptr, logits, scratch);
-    if (dx_mm_[size][0].valid() && (size == 1 || i == 0)) dx_mm_[size][0].bind(wte, logits, nullptr, dx_t_, scratch);
+    if (!shape_.bf16() && dx_mm_[size][0].valid() && (size == 1 || i == 0))
+      dx_mm_[size][0].bind(wte, logits, nullptr, dx_t_, scratch);
+    for (int acc = 0; acc < 2 && shape_.bf16(); ++acc)
+      if (dx_mm_[size][acc].valid())
+        dx_mm_[size][acc].bind(logits, wte, nullptr, static_cast<char*>(dx) + i * chunk_ * C * w, scratch);
     for (int acc = 0; acc < 2; ++acc) {
       if (dwte_mm_[size][acc].valid() && (acc == 1 || i == 0))
         dwte_mm_[size][acc].bind(logits, xc, nullptr, dwte, scratch);
@@ -117,11 +156,11 @@ void ClassifierKernel::bind(const float* x, const float* wte, const int32_t* tar
 
 void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) const {
   const int64_t V = shape_.vocab, Vp = shape_.padded_vocab;
-  const bool grad = outputs_.dx || outputs_.dwte;
+  const bool grad = outputs_.dx || outputs_.dwte, bf16 = shape_.bf16();
   float* losses = losses_;
   const int32_t* targets = targets_;
   float* logits = logits_;
-  parallel_for(count, 1, [=](int64_t first, int64_t last) {
+  auto rows = [=](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i) {
       const int64_t target = targets[row0 + i];
       MEMFIT_ASSERT(target >= 0 && target < V, "target {} at row {} outside [0, {})", target, row0 + i, V);
@@ -146,12 +185,39 @@ void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) cons
       if (losses) losses[row0 + i] = float(std::log(sum) + double(mx) - double(target_logit));
       if (!grad) continue;
       const float f = float(double(dscale) / sum);
+      if (!bf16) {
 #pragma omp simd
-      for (int64_t j = 0; j < V; ++j) l[j] *= f;
-      l[target] -= dscale;
-      std::fill(l + V, l + Vp, 0.0f);
+        for (int64_t j = 0; j < V; ++j) l[j] *= f;
+        l[target] -= dscale;
+        std::fill(l + V, l + Vp, 0.0f);
+        continue;
+      }
+      // bf16 dlogits, dense: row i at bf16 element i Vp of the chunk. Row 0 overlaps its own
+      // fp32 bytes, so it goes in pieces each read before written (bf16 element j lands on the
+      // bytes of fp32 element j/2, already consumed); row i >= 1 lands on fp32 rows below i.
+      constexpr int64_t kChunk = 256;
+      bf16_t* out = reinterpret_cast<bf16_t*>(logits) + i * Vp;
+      for (int64_t c0 = 0; c0 < Vp; c0 += kChunk) {
+        const int64_t n = std::min(kChunk, Vp - c0), real = std::clamp<int64_t>(V - c0, 0, n);
+        float tmp[kChunk];
+#pragma omp simd
+        for (int64_t j = 0; j < real; ++j) tmp[j] = l[c0 + j] * f;
+        for (int64_t j = real; j < n; ++j) tmp[j] = 0.0f;
+        if (target >= c0 && target < c0 + n) tmp[target - c0] -= dscale;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) out[c0 + j] = narrow<bf16_t>(tmp[j]);
+      }
     }
-  });
+  };
+  if (!(bf16 && grad)) return parallel_for(count, 1, rows);
+  // Dense bf16 rows overwrite fp32 rows of lower index (row i lands on rows [i/2, (i+1)/2)),
+  // so rows go in generations [1, 2), [2, 4), [4, 8), ...: each generation writes only over
+  // rows an earlier one finished, and its own rows run in parallel.
+  rows(0, 1);
+  for (int64_t lo = 1; lo < count; lo *= 2) {
+    const int64_t hi = std::min(count, 2 * lo);
+    parallel_for(hi - lo, 1, [&](int64_t first, int64_t last) { rows(lo + first, lo + last); });
+  }
 }
 
 void ClassifierKernel::run(float dscale, bool acc_dx, bool acc_dwte) const {
@@ -161,10 +227,14 @@ void ClassifierKernel::run(float dscale, bool acc_dx, bool acc_dwte) const {
     const int index = size == 0 ? int(i) : 0;
     logits_mm_[size].execute(index);
     rows_pass(i * chunk_, size == 0 ? chunk_ : tail_rows_, dscale);
-    if (outputs_.dx) {
+    if (outputs_.dx && shape_.bf16()) {
+      const DnnlMatmul& mm = dx_mm_[size][acc_dx ? 1 : 0];
+      MEMFIT_ASSERT(mm.valid(), "classifier prepared without its dx {} variant", acc_dx ? "accumulate" : "overwrite");
+      mm.execute(index);
+    } else if (outputs_.dx) {
       const int64_t rows = size == 0 ? chunk_ : tail_rows_;
       dx_mm_[size][0].execute(0);
-      transpose(dx_ + i * chunk_ * shape_.channels, dx_t_, shape_.channels, rows, acc_dx);
+      transpose(static_cast<float*>(dx_) + i * chunk_ * shape_.channels, dx_t_, shape_.channels, rows, acc_dx);
     }
     if (outputs_.dwte) {
       const bool acc = i > 0 || acc_dwte;

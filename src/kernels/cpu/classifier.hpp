@@ -1,9 +1,17 @@
 // Fused classifier: logits = x wte^T, per-row cross-entropy against integer targets, and
 // (in training) the gradients dx = dlogits wte and dwte = dlogits^T x, computed chunk by
 // chunk of rows so that the (N, Vp) logits never exist beyond one (R, Vp) chunk.
+//
+// bf16 (ClassifierShape::dtype): x, wte and dx are bf16, dwte has its own dtype; the logits
+// chunk stays fp32 (the loss and softmax run in fp32). The row pass writes the bf16 dlogits
+// densely over the start of the same chunk (rows in generations, so that no row is
+// overwritten before it is read), and the two gradient products read them from there on
+// oneDNN's bf16 (AMX) path.
 #pragma once
 
 #include <cstdint>
+
+#include "core/dtype.hpp"
 
 #include "kernels/cpu/dnnl_matmul.hpp"
 #include "kernels/cpu/matmul.hpp"
@@ -16,6 +24,9 @@ struct ClassifierShape {
   int64_t vocab = 0;         // V: columns that take part in the softmax
   int64_t padded_vocab = 0;  // Vp >= V: rows of wte and columns of the logits
   int64_t chunk_rows = 0;    // R: rows of logits materialised at once (the last chunk may be shorter)
+  DType dtype = DType::f32;       // x, wte, dx: f32 or bf16
+  DType grad_dtype = DType::f32;  // dwte
+  bool bf16() const { return dtype == DType::bf16; }
 };
 
 // Which outputs the op has and how each may be written. Eval has only losses.
@@ -30,7 +41,7 @@ class ClassifierKernel {
   static uint64_t scratch_bytes(const DnnlEnv& env, const ClassifierShape& shape, const ClassifierOutputs& outputs);
 
   // logits is the (R, Vp) workspace chunk. Pointers of absent outputs are nullptr.
-  void bind(const float* x, const float* wte, const int32_t* targets, float* losses, float* dx, float* dwte,
+  void bind(const void* x, const void* wte, const int32_t* targets, float* losses, void* dx, void* dwte,
             float* logits, void* scratch);
   // dscale multiplies d(loss_i)/d(logits): grad_scale * loss_scale. acc_dwte is the mode of
   // the first chunk only; later chunks always add.
@@ -45,10 +56,11 @@ class ClassifierKernel {
   const int32_t* targets_ = nullptr;
   float* losses_ = nullptr;
   float* logits_ = nullptr;
-  float* dx_ = nullptr;    // the op's dx (N, C)
+  void* dx_ = nullptr;     // the op's dx (N, C)
   float* dx_t_ = nullptr;  // one chunk of dx^T (C, R), at the start of the scratch
   // [0] full chunks, [1] the tail chunk; dwte_ further by [overwrite, accumulate]; dx_mm_ only
-  // uses [size][0] (it always overwrites the staging buffer).
+  // uses [size][0] in fp32 (it always overwrites the staging buffer), both in bf16 (it writes
+  // dx directly, with dx's mode).
   DnnlMatmul logits_mm_[2], dx_mm_[2][2], dwte_mm_[2][2];
 };
 

@@ -7,6 +7,11 @@
 // between micro-steps), so a kernel whose products are oneDNN primitives gets every variant
 // its mode can take at prepare time, and scratch_bytes() builds exactly the same set of
 // primitive descriptors to size the scratch the plan reserves.
+//
+// Dtypes: check_dtypes() admits fp32, bf16 and fp16 in every float slot; each prepare
+// function then picks its kernel instantiation from the tensors' dtypes (dispatch_t / _tg)
+// and refuses, naming the op, a combination it has no kernel for. The precision pass
+// (graph/precision.hpp) only emits combinations that exist here.
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -19,7 +24,9 @@
 #include "kernels/cpu/dnnl_matmul.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/finite.hpp"
 #include "kernels/cpu/gelu.hpp"
+#include "core/half.hpp"
 #include "kernels/cpu/layernorm.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/reduce.hpp"
@@ -47,8 +54,10 @@ std::unique_ptr<PreparedOp> make_op(Fn fn) {
                                      dtype_name(dtype), op.name));
 }
 
-// Checks the op's tensors are fp32, except the integer token/target inputs of the kinds
-// that have them.
+bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+// Checks the op's tensors are floats (fp32, bf16, fp16), except the integer token/target
+// inputs of the kinds that have them; which float combinations exist is each prepare's call.
 void check_dtypes(const Program& program, const Op& op) {
   auto int_input = [&](size_t i) {
     switch (op.kind) {
@@ -60,15 +69,37 @@ void check_dtypes(const Program& program, const Op& op) {
     }
   };
   for (size_t i = 0; i < op.inputs.size(); ++i) {
-    const DType want = int_input(i) ? DType::i32 : DType::f32;
-    if (program.tensor(op.inputs[i]).dtype != want) no_kernel(op, program.tensor(op.inputs[i]).dtype);
+    const DType t = program.tensor(op.inputs[i]).dtype;
+    if (int_input(i) ? t != DType::i32 : !is_float(t)) no_kernel(op, t);
   }
   for (TensorId id : op.outputs)
-    if (id != kNoTensor && program.tensor(id).dtype != DType::f32) no_kernel(op, program.tensor(id).dtype);
+    if (id != kNoTensor && !is_float(program.tensor(id).dtype)) no_kernel(op, program.tensor(id).dtype);
   // uint8 workspace is library scratch (runtime/compile.cpp), bytes without a type.
   for (TensorId id : op.workspace)
     if (program.tensor(id).dtype != DType::f32 && program.tensor(id).dtype != DType::u8)
       no_kernel(op, program.tensor(id).dtype);
+}
+
+DType dtype_of(const Program& p, TensorId id) { return id == kNoTensor ? DType::f32 : p.tensor(id).dtype; }
+
+// Requires tensor `id` (when present) to have dtype `want`.
+void require_dtype(const Program& p, const Op& op, TensorId id, DType want) {
+  if (id != kNoTensor && p.tensor(id).dtype != want) no_kernel(op, p.tensor(id).dtype);
+}
+
+// Calls fn with a value of the storage type of t: float, bf16_t or fp16_t.
+template <class Fn>
+void dispatch_t(const Op& op, DType t, Fn&& fn) {
+  if (!visit_float_type(t, fn)) no_kernel(op, t);
+}
+// The same for a (storage, gradient) pair: kernels exist for G = T and for G = float.
+template <class Fn>
+void dispatch_tg(const Op& op, DType t, DType g, Fn&& fn) {
+  dispatch_t(op, t, [&](auto tt) {
+    if (g == DType::f32) return fn(tt, float{});
+    if (g != t) no_kernel(op, g);
+    fn(tt, tt);
+  });
 }
 
 void check_arity(const Op& op, size_t inputs, size_t outputs, size_t workspace = 0) {
@@ -106,6 +137,14 @@ void* scratch_of(const Program& p, const Op& op, const OpBinding& binding) {
 const float* in_f(const OpBinding& b, size_t i) { return static_cast<const float*>(b.inputs[i]); }
 const int32_t* in_i(const OpBinding& b, size_t i) { return static_cast<const int32_t*>(b.inputs[i]); }
 float* out_f(const OpBinding& b, size_t j) { return static_cast<float*>(b.outputs[j]); }
+template <class T>
+const T* in_t(const OpBinding& b, size_t i) {
+  return static_cast<const T*>(b.inputs[i]);
+}
+template <class T>
+T* out_t(const OpBinding& b, size_t j) {
+  return static_cast<T*>(b.outputs[j]);
+}
 
 // --- shapes and attributes shared by scratch_bytes() and prepare() ---
 
@@ -120,6 +159,27 @@ MatmulAttrs matmul_attrs(const Program& program, const Op& op) {
   return a;
 }
 
+// fp32 throughout, or bf16 A and B with a bf16 or fp32 bias and C.
+MatmulTypes matmul_types(const Program& p, const Op& op) {
+  MatmulTypes t{dtype_of(p, op.inputs[0]), dtype_of(p, op.inputs[1]),
+                op.inputs.size() == 3 ? dtype_of(p, op.inputs[2]) : DType::f32, dtype_of(p, op.outputs[0])};
+  const bool fp32 = t.a == DType::f32 && t.b == DType::f32 && t.bias == DType::f32 && t.c == DType::f32;
+  auto bf16_or_f32 = [](DType x) { return x == DType::bf16 || x == DType::f32; };
+  const bool bf16 = t.a == DType::bf16 && t.b == DType::bf16 && bf16_or_f32(t.bias) && bf16_or_f32(t.c);
+  if (!fp32 && !bf16) no_kernel(op, t.a == DType::f32 ? t.b : t.a);
+  return t;
+}
+
+AttentionShape attention_shape(const Program& p, const Op& op) {
+  AttentionShape s = AttentionShape::of(attrs_of<AttentionAttrs>(op));
+  s.dtype = dtype_of(p, op.inputs[op.kind == OpKind::attention_forward ? 0 : 1]);
+  if (s.dtype != DType::f32 && s.dtype != DType::bf16) no_kernel(op, s.dtype);
+  for (TensorId id : op.inputs) require_dtype(p, op, id, s.dtype);
+  for (TensorId id : op.outputs) require_dtype(p, op, id, s.dtype);
+  if (op.kind == OpKind::attention_backward && !op.workspace.empty()) require_dtype(p, op, op.workspace[0], DType::f32);
+  return s;
+}
+
 ClassifierShape classifier_shape(const Program& program, const Op& op) {
   const ClassifierAttrs& a = attrs_of<ClassifierAttrs>(op);
   const TensorDesc& wte = program.tensor(op.inputs[1]);
@@ -129,6 +189,11 @@ ClassifierShape classifier_shape(const Program& program, const Op& op) {
   s.vocab = a.vocab;
   s.padded_vocab = wte.shape.rows();
   s.chunk_rows = a.chunk_rows;
+  s.dtype = wte.dtype;
+  s.grad_dtype = op.kind == OpKind::classifier ? dtype_of(program, op.outputs[2]) : DType::f32;
+  require_dtype(program, op, op.inputs[0], s.dtype);
+  if (op.kind == OpKind::classifier) require_dtype(program, op, op.outputs[1], s.dtype);
+  require_dtype(program, op, op.outputs[0], DType::f32);
   check_numel(program, op, op.inputs[0], s.rows * s.channels, "x");
   check_numel(program, op, op.inputs[2], s.rows, "targets");
   check_numel(program, op, op.outputs[0], s.rows, "losses");
@@ -157,10 +222,17 @@ std::unique_ptr<PreparedOp> prepare_embedding_forward(const Program& p, const Op
   MEMFIT_CHECK(p.tensor(op.inputs[2]).shape.rows() >= seq, "kernels", "op '{}': wpe has fewer rows than T={}",
                op.name, seq);
   check_numel(p, op, op.outputs[0], N * C, "x");
-  return make_op([=, tok = in_i(b, 0), wte = in_f(b, 1), wpe = in_f(b, 2), x = out_f(b, 0),
-                  mode = op.modes[0]](const StepContext& ctx) {
-    embedding_forward(tok, wte, wpe, x, N, seq, C, Vp, accumulates(mode, ctx));
+  require_dtype(p, op, op.inputs[2], wte.dtype);
+  require_dtype(p, op, op.outputs[0], wte.dtype);
+  std::unique_ptr<PreparedOp> out;
+  dispatch_t(op, wte.dtype, [&](auto t) {
+    using T = decltype(t);
+    out = make_op([=, tok = in_i(b, 0), wte = in_t<T>(b, 1), wpe = in_t<T>(b, 2), x = out_t<T>(b, 0),
+                   mode = op.modes[0]](const StepContext& ctx) {
+      embedding_forward(tok, wte, wpe, x, N, seq, C, Vp, accumulates(mode, ctx));
+    });
   });
+  return out;
 }
 
 std::unique_ptr<PreparedOp> prepare_embedding_backward(const Program& p, const Op& op, const OpBinding& b) {
@@ -173,10 +245,18 @@ std::unique_ptr<PreparedOp> prepare_embedding_backward(const Program& p, const O
   const int64_t Tmax = op.outputs[1] != kNoTensor ? p.tensor(op.outputs[1]).shape.rows() : 0;
   MEMFIT_CHECK(op.outputs[1] == kNoTensor || Tmax >= seq, "kernels", "op '{}': dwpe has fewer rows than T={}",
                op.name, seq);
-  return make_op([=, dx = in_f(b, 0), tok = in_i(b, 1), dwte = out_f(b, 0), dwpe = out_f(b, 1), m0 = op.modes[0],
-                  m1 = op.modes[1]](const StepContext& ctx) {
-    embedding_backward(dx, tok, dwte, dwpe, N, seq, C, Vp, Tmax, accumulates(m0, ctx), accumulates(m1, ctx));
+  const DType g = op.outputs[0] != kNoTensor ? dtype_of(p, op.outputs[0]) : dtype_of(p, op.outputs[1]);
+  for (TensorId id : op.outputs) require_dtype(p, op, id, g);
+  std::unique_ptr<PreparedOp> out;
+  dispatch_tg(op, dtype_of(p, op.inputs[0]), g, [&](auto t, auto gt) {
+    using T = decltype(t);
+    using G = decltype(gt);
+    out = make_op([=, dx = in_t<T>(b, 0), tok = in_i(b, 1), dwte = out_t<G>(b, 0), dwpe = out_t<G>(b, 1),
+                   m0 = op.modes[0], m1 = op.modes[1]](const StepContext& ctx) {
+      embedding_backward(dx, tok, dwte, dwpe, N, seq, C, Vp, Tmax, accumulates(m0, ctx), accumulates(m1, ctx));
+    });
   });
+  return out;
 }
 
 std::unique_ptr<PreparedOp> prepare_layernorm_forward(const Program& p, const Op& op, const OpBinding& b) {
@@ -190,9 +270,20 @@ std::unique_ptr<PreparedOp> prepare_layernorm_forward(const Program& p, const Op
   check_numel(p, op, op.outputs[1], N, "mean");
   check_numel(p, op, op.outputs[2], N, "rstd");
   for (size_t j = 0; j < 3; ++j) require_overwrite(op, j);
+  for (size_t i = 1; i < 3; ++i) require_dtype(p, op, op.inputs[i], x.dtype);
+  require_dtype(p, op, op.outputs[0], x.dtype);
+  require_dtype(p, op, op.outputs[1], DType::f32);
+  require_dtype(p, op, op.outputs[2], DType::f32);
   const float eps = attrs_of<NormAttrs>(op).eps;
-  return make_op([=, x = in_f(b, 0), w = in_f(b, 1), bias = in_f(b, 2), y = out_f(b, 0), mean = out_f(b, 1),
-                  rstd = out_f(b, 2)](const StepContext&) { layernorm_forward(x, w, bias, y, mean, rstd, N, C, eps); });
+  std::unique_ptr<PreparedOp> out;
+  dispatch_t(op, x.dtype, [&](auto t) {
+    using T = decltype(t);
+    out = make_op([=, x = in_t<T>(b, 0), w = in_t<T>(b, 1), bias = in_t<T>(b, 2), y = out_t<T>(b, 0),
+                   mean = out_f(b, 1), rstd = out_f(b, 2)](const StepContext&) {
+      layernorm_forward(x, w, bias, y, mean, rstd, N, C, eps);
+    });
+  });
+  return out;
 }
 
 std::unique_ptr<PreparedOp> prepare_layernorm_backward(const Program& p, const Op& op, const OpBinding& b) {
@@ -206,19 +297,31 @@ std::unique_ptr<PreparedOp> prepare_layernorm_backward(const Program& p, const O
   check_numel(p, op, op.outputs[0], N * C, "dx");
   check_numel(p, op, op.outputs[1], C, "dw");
   check_numel(p, op, op.outputs[2], C, "db");
-  return make_op([=, dy = in_f(b, 0), x = in_f(b, 1), w = in_f(b, 2), mean = in_f(b, 3), rstd = in_f(b, 4),
-                  dx = out_f(b, 0), dw = out_f(b, 1), db = out_f(b, 2), m0 = op.modes[0], m1 = op.modes[1],
-                  m2 = op.modes[2]](const StepContext& ctx) {
-    layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, N, C, accumulates(m0, ctx), accumulates(m1, ctx),
-                       accumulates(m2, ctx));
+  for (size_t i : {0, 2}) require_dtype(p, op, op.inputs[i], x.dtype);
+  for (size_t i : {3, 4}) require_dtype(p, op, op.inputs[i], DType::f32);
+  require_dtype(p, op, op.outputs[0], x.dtype);
+  const DType g = op.outputs[1] != kNoTensor ? dtype_of(p, op.outputs[1]) : dtype_of(p, op.outputs[2]);
+  require_dtype(p, op, op.outputs[1], g);
+  require_dtype(p, op, op.outputs[2], g);
+  std::unique_ptr<PreparedOp> out;
+  dispatch_tg(op, x.dtype, g, [&](auto t, auto gt) {
+    using T = decltype(t);
+    using G = decltype(gt);
+    out = make_op([=, dy = in_t<T>(b, 0), x = in_t<T>(b, 1), w = in_t<T>(b, 2), mean = in_f(b, 3), rstd = in_f(b, 4),
+                   dx = out_t<T>(b, 0), dw = out_t<G>(b, 1), db = out_t<G>(b, 2), m0 = op.modes[0], m1 = op.modes[1],
+                   m2 = op.modes[2]](const StepContext& ctx) {
+      layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, N, C, accumulates(m0, ctx), accumulates(m1, ctx),
+                         accumulates(m2, ctx));
+    });
   });
+  return out;
 }
 
 std::unique_ptr<PreparedOp> prepare_matmul(const DnnlEnv& env, const Program& p, const Op& op, const OpBinding& b) {
   const MatmulAttrs a = matmul_attrs(p, op);
   const bool has_bias = op.inputs.size() == 3;
-  MatmulKernel kernel(env, a, has_bias, WriteVariants::of(op.modes[0]));
-  kernel.bind(in_f(b, 0), in_f(b, 1), has_bias ? in_f(b, 2) : nullptr, out_f(b, 0), scratch_of(p, op, b));
+  MatmulKernel kernel(env, a, has_bias, WriteVariants::of(op.modes[0]), matmul_types(p, op));
+  kernel.bind(b.inputs[0], b.inputs[1], has_bias ? b.inputs[2] : nullptr, b.outputs[0], scratch_of(p, op, b));
   return make_op([kernel = std::move(kernel), mode = op.modes[0]](const StepContext& ctx) {
     kernel.run(accumulates(mode, ctx));
   });
@@ -228,30 +331,42 @@ std::unique_ptr<PreparedOp> prepare_bias_grad(const Program& p, const Op& op, co
   check_arity(op, 1, 1);
   const int64_t N = p.tensor(op.outputs[0]).numel(), M = p.tensor(op.inputs[0]).numel() / N;
   check_numel(p, op, op.inputs[0], M * N, "dy");
-  return make_op([=, dy = in_f(b, 0), db = out_f(b, 0), mode = op.modes[0]](const StepContext& ctx) {
-    bias_grad(dy, db, M, N, accumulates(mode, ctx));
+  std::unique_ptr<PreparedOp> out;
+  dispatch_tg(op, dtype_of(p, op.inputs[0]), dtype_of(p, op.outputs[0]), [&](auto t, auto gt) {
+    using T = decltype(t);
+    using G = decltype(gt);
+    out = make_op([=, dy = in_t<T>(b, 0), db = out_t<G>(b, 0), mode = op.modes[0]](const StepContext& ctx) {
+      bias_grad(dy, db, M, N, accumulates(mode, ctx));
+    });
   });
+  return out;
 }
 
 std::unique_ptr<PreparedOp> prepare_gelu(const Program& p, const Op& op, const OpBinding& b) {
   const bool fwd = op.kind == OpKind::gelu_forward;
   check_arity(op, fwd ? 1 : 2, 1);
   const int64_t n = p.tensor(op.outputs[0]).numel();
-  for (TensorId id : op.inputs) check_numel(p, op, id, n, "input");
-  if (fwd)
-    return make_op([=, x = in_f(b, 0), y = out_f(b, 0), mode = op.modes[0]](const StepContext& ctx) {
-      gelu_forward(x, y, n, accumulates(mode, ctx));
-    });
-  return make_op([=, dy = in_f(b, 0), x = in_f(b, 1), dx = out_f(b, 0), mode = op.modes[0]](const StepContext& ctx) {
-    gelu_backward(dy, x, dx, n, accumulates(mode, ctx));
+  const DType dt = dtype_of(p, op.outputs[0]);
+  for (TensorId id : op.inputs) check_numel(p, op, id, n, "input"), require_dtype(p, op, id, dt);
+  std::unique_ptr<PreparedOp> out;
+  dispatch_t(op, dt, [&](auto t) {
+    using T = decltype(t);
+    if (fwd)
+      out = make_op([=, x = in_t<T>(b, 0), y = out_t<T>(b, 0), mode = op.modes[0]](const StepContext& ctx) {
+        gelu_forward(x, y, n, accumulates(mode, ctx));
+      });
+    else
+      out = make_op([=, dy = in_t<T>(b, 0), x = in_t<T>(b, 1), dx = out_t<T>(b, 0),
+                     mode = op.modes[0]](const StepContext& ctx) { gelu_backward(dy, x, dx, n, accumulates(mode, ctx)); });
   });
+  return out;
 }
 
 std::unique_ptr<PreparedOp> prepare_attention_forward(const DnnlEnv& env, const Program& p, const Op& op,
                                                       const OpBinding& b) {
   check_arity(op, 1, 2);
   MEMFIT_CHECK(op.outputs[0] != kNoTensor, "kernels", "op '{}': attention_forward needs its output y", op.name);
-  const AttentionShape s = AttentionShape::of(attrs_of<AttentionAttrs>(op));
+  const AttentionShape s = attention_shape(p, op);
   const int64_t B = s.batch, T = s.seq, NH = s.heads, C = s.channels();
   check_numel(p, op, op.inputs[0], B * T * 3 * C, "qkv");
   check_numel(p, op, op.outputs[0], B * T * C, "y");
@@ -259,7 +374,7 @@ std::unique_ptr<PreparedOp> prepare_attention_forward(const DnnlEnv& env, const 
   check_numel(p, op, op.outputs[1], B * NH * T * T, "probs");
   require_overwrite(op, 1);
   AttentionForwardKernel kernel(env, s, WriteVariants::of(op.modes[0]));
-  kernel.bind(in_f(b, 0), out_f(b, 0), out_f(b, 1), scratch_of(p, op, b));
+  kernel.bind(b.inputs[0], b.outputs[0], b.outputs[1], scratch_of(p, op, b));
   return make_op([kernel = std::move(kernel), mode = op.modes[0]](const StepContext& ctx) {
     kernel.run(accumulates(mode, ctx));
   });
@@ -268,7 +383,7 @@ std::unique_ptr<PreparedOp> prepare_attention_forward(const DnnlEnv& env, const 
 std::unique_ptr<PreparedOp> prepare_attention_backward(const DnnlEnv& env, const Program& p, const Op& op,
                                                        const OpBinding& b) {
   check_arity(op, 3, 1, 1);
-  const AttentionShape s = AttentionShape::of(attrs_of<AttentionAttrs>(op));
+  const AttentionShape s = attention_shape(p, op);
   const int64_t B = s.batch, T = s.seq, NH = s.heads, C = s.channels();
   check_numel(p, op, op.inputs[0], B * T * C, "dy");
   check_numel(p, op, op.inputs[1], B * T * 3 * C, "qkv");
@@ -276,7 +391,7 @@ std::unique_ptr<PreparedOp> prepare_attention_backward(const DnnlEnv& env, const
   check_numel(p, op, op.outputs[0], B * T * 3 * C, "dqkv");
   check_numel(p, op, op.workspace[0], B * NH * T * T, "dprobs");
   AttentionBackwardKernel kernel(env, s, WriteVariants::of(op.modes[0]));
-  kernel.bind(in_f(b, 0), in_f(b, 1), in_f(b, 2), out_f(b, 0), static_cast<float*>(b.workspace[0]),
+  kernel.bind(b.inputs[0], b.inputs[1], b.inputs[2], b.outputs[0], static_cast<float*>(b.workspace[0]),
               scratch_of(p, op, b));
   return make_op([kernel = std::move(kernel), mode = op.modes[0]](const StepContext& ctx) {
     kernel.run(accumulates(mode, ctx));
@@ -294,14 +409,15 @@ std::unique_ptr<PreparedOp> prepare_classifier(const DnnlEnv& env, const Program
     check_numel(p, op, op.outputs[2], s.padded_vocab * s.channels, "dwte");
   }
   require_overwrite(op, 0);
+  require_dtype(p, op, op.workspace[0], DType::f32);
   const int64_t chunk_numel = std::min(s.chunk_rows, s.rows) * s.padded_vocab;
   MEMFIT_CHECK(p.tensor(op.workspace[0]).numel() >= chunk_numel, "kernels",
                "op '{}': the logits chunk '{}' has {} elements, fewer than {}", op.name, p.tensor(op.workspace[0]).name,
                p.tensor(op.workspace[0]).numel(), chunk_numel);
   const float grad_scale = attrs_of<ClassifierAttrs>(op).grad_scale;
   ClassifierKernel kernel(env, s, o);
-  kernel.bind(in_f(b, 0), in_f(b, 1), in_i(b, 2), out_f(b, 0), train ? out_f(b, 1) : nullptr,
-              train ? out_f(b, 2) : nullptr, static_cast<float*>(b.workspace[0]), scratch_of(p, op, b));
+  kernel.bind(b.inputs[0], b.inputs[1], in_i(b, 2), out_f(b, 0), train ? b.outputs[1] : nullptr,
+              train ? b.outputs[2] : nullptr, static_cast<float*>(b.workspace[0]), scratch_of(p, op, b));
   const WriteMode m1 = train ? op.modes[1] : WriteMode::overwrite, m2 = train ? op.modes[2] : WriteMode::overwrite;
   return make_op([kernel = std::move(kernel), grad_scale, m1, m2](const StepContext& ctx) {
     kernel.run(grad_scale * ctx.loss_scale, accumulates(m1, ctx), accumulates(m2, ctx));
@@ -314,18 +430,62 @@ std::unique_ptr<PreparedOp> prepare_adamw(const Program& p, const Op& op, const 
   const AdamWAttrs& a = attrs_of<AdamWAttrs>(op);
   MEMFIT_CHECK(a.weight_decay.empty() || a.weight_decay.size() == n, "kernels",
                "op '{}' (adamw): {} weight decays for {} tensors", op.name, a.weight_decay.size(), n);
-  for (TensorId id : op.outputs)
+  for (TensorId id : op.outputs) {
     MEMFIT_CHECK(id != kNoTensor, "kernels", "op '{}' (adamw): every parameter and state tensor must be present",
                  op.name);
+    require_dtype(p, op, id, DType::f32);  // 16-bit parameters are updated through their fp32 masters
+  }
   std::vector<AdamWTensor> tensors(n);
   for (size_t i = 0; i < n; ++i) {
     const int64_t numel = p.tensor(op.inputs[i]).numel();
     for (size_t k = 0; k < 3; ++k) check_numel(p, op, op.outputs[i + k * n], numel, "param/m/v");
-    tensors[i] = AdamWTensor{out_f(b, i), in_f(b, i), out_f(b, i + n), out_f(b, i + 2 * n), numel,
-                             a.weight_decay.empty() ? 0.0f : a.weight_decay[i]};
+    tensors[i] = AdamWTensor{out_f(b, i),       b.inputs[i], dtype_of(p, op.inputs[i]), out_f(b, i + n),
+                             out_f(b, i + 2 * n), numel,      a.weight_decay.empty() ? 0.0f : a.weight_decay[i]};
   }
   return make_op([set = AdamWSet(std::move(tensors)), b1 = a.beta1, b2 = a.beta2, eps = a.eps](const StepContext& ctx) {
-    set.run(AdamWHyper{ctx.lr, b1, b2, eps, ctx.step});
+    set.run(AdamWHyper{ctx.lr, b1, b2, eps, ctx.step, ctx.loss_scale});
+  });
+}
+
+// add: all tensors of one type. accumulate and cast: y (+)= x between any two float types.
+std::unique_ptr<PreparedOp> prepare_elementwise(const Program& p, const Op& op, const OpBinding& b) {
+  const bool add = op.kind == OpKind::add;
+  check_arity(op, add ? 2 : 1, 1);
+  const int64_t n = p.tensor(op.outputs[0]).numel();
+  for (TensorId id : op.inputs) check_numel(p, op, id, n, "input");
+  const DType ty = dtype_of(p, op.outputs[0]);
+  std::unique_ptr<PreparedOp> out;
+  if (add) {
+    for (TensorId id : op.inputs) require_dtype(p, op, id, ty);
+    dispatch_t(op, ty, [&](auto t) {
+      using T = decltype(t);
+      out = make_op([=, a = in_t<T>(b, 0), bb = in_t<T>(b, 1), y = out_t<T>(b, 0),
+                     mode = op.modes[0]](const StepContext& ctx) { add_forward(a, bb, y, n, accumulates(mode, ctx)); });
+    });
+    return out;
+  }
+  dispatch_t(op, dtype_of(p, op.inputs[0]), [&](auto xt) {
+    dispatch_t(op, ty, [&](auto yt) {
+      using X = decltype(xt);
+      using Y = decltype(yt);
+      out = make_op([=, x = in_t<X>(b, 0), y = out_t<Y>(b, 0), mode = op.modes[0]](const StepContext& ctx) {
+        accumulate_forward(x, y, n, accumulates(mode, ctx));
+      });
+    });
+  });
+  return out;
+}
+
+std::unique_ptr<PreparedOp> prepare_check_finite(const Program& p, const Op& op, const OpBinding& b) {
+  check_arity(op, op.inputs.size(), 1);
+  check_numel(p, op, op.outputs[0], 1, "flag");
+  require_dtype(p, op, op.outputs[0], DType::f32);
+  require_overwrite(op, 0);
+  std::vector<FiniteSpan> spans;
+  for (size_t i = 0; i < op.inputs.size(); ++i)
+    spans.push_back(FiniteSpan{b.inputs[i], dtype_of(p, op.inputs[i]), p.tensor(op.inputs[i]).numel()});
+  return make_op([check = FiniteCheck(std::move(spans)), flag = out_f(b, 0)](const StepContext&) {
+    *flag = check.run() ? 1.0f : 0.0f;
   });
 }
 
@@ -338,24 +498,24 @@ class CpuBackend final : public Backend {
   uint64_t scratch_bytes(const Program& program, const Op& op) const override {
     try {
       check_dtypes(program, op);
+      switch (op.kind) {
+        case OpKind::matmul:
+          return MatmulKernel::scratch_bytes(env_, matmul_attrs(program, op), op.inputs.size() == 3,
+                                             WriteVariants::of(op.modes.at(0)), matmul_types(program, op));
+        case OpKind::attention_forward:
+          return AttentionForwardKernel::scratch_bytes(env_, attention_shape(program, op),
+                                                       WriteVariants::of(op.modes.at(0)));
+        case OpKind::attention_backward:
+          return AttentionBackwardKernel::scratch_bytes(env_, attention_shape(program, op),
+                                                        WriteVariants::of(op.modes.at(0)));
+        case OpKind::classifier:
+        case OpKind::classifier_eval:
+          check_arity(op, 3, op.kind == OpKind::classifier ? 3 : 1, 1);
+          return ClassifierKernel::scratch_bytes(env_, classifier_shape(program, op), classifier_outputs(op));
+        default: return 0;
+      }
     } catch (const Error&) {
       return 0;
-    }
-    switch (op.kind) {
-      case OpKind::matmul:
-        return MatmulKernel::scratch_bytes(env_, matmul_attrs(program, op), op.inputs.size() == 3,
-                                           WriteVariants::of(op.modes.at(0)));
-      case OpKind::attention_forward:
-        return AttentionForwardKernel::scratch_bytes(env_, AttentionShape::of(attrs_of<AttentionAttrs>(op)),
-                                                     WriteVariants::of(op.modes.at(0)));
-      case OpKind::attention_backward:
-        return AttentionBackwardKernel::scratch_bytes(env_, AttentionShape::of(attrs_of<AttentionAttrs>(op)),
-                                                      WriteVariants::of(op.modes.at(0)));
-      case OpKind::classifier:
-      case OpKind::classifier_eval:
-        check_arity(op, 3, op.kind == OpKind::classifier ? 3 : 1, 1);
-        return ClassifierKernel::scratch_bytes(env_, classifier_shape(program, op), classifier_outputs(op));
-      default: return 0;
     }
   }
 
@@ -391,23 +551,13 @@ class CpuBackend final : public Backend {
       case OpKind::classifier:
       case OpKind::classifier_eval: return prepare_classifier(env_, program, op, binding);
       case OpKind::adamw: return prepare_adamw(program, op, binding);
-      case OpKind::add: {
-        check_arity(op, 2, 1);
-        const int64_t n = program.tensor(op.outputs[0]).numel();
-        for (TensorId id : op.inputs) check_numel(program, op, id, n, "input");
-        return make_op([=, a = in_f(binding, 0), bb = in_f(binding, 1), y = out_f(binding, 0),
-                        mode = op.modes[0]](const StepContext& ctx) { add_forward(a, bb, y, n, accumulates(mode, ctx)); });
-      }
-      case OpKind::accumulate: {
-        check_arity(op, 1, 1);
-        const int64_t n = program.tensor(op.outputs[0]).numel();
-        check_numel(program, op, op.inputs[0], n, "x");
-        return make_op([=, x = in_f(binding, 0), y = out_f(binding, 0), mode = op.modes[0]](const StepContext& ctx) {
-          accumulate_forward(x, y, n, accumulates(mode, ctx));
-        });
-      }
+      case OpKind::add:
+      case OpKind::accumulate:
+      case OpKind::cast: return prepare_elementwise(program, op, binding);
+      case OpKind::check_finite: return prepare_check_finite(program, op, binding);
       case OpKind::fill: {
         check_arity(op, 0, 1);
+        require_dtype(program, op, op.outputs[0], DType::f32);
         const int64_t n = program.tensor(op.outputs[0]).numel();
         const float value = attrs_of<FillAttrs>(op).value;
         return make_op([=, x = out_f(binding, 0), mode = op.modes[0]](const StepContext& ctx) {
@@ -417,6 +567,8 @@ class CpuBackend final : public Backend {
       case OpKind::loss_mean: {
         check_arity(op, 1, 1);
         check_numel(program, op, op.outputs[0], 1, "loss");
+        require_dtype(program, op, op.inputs[0], DType::f32);
+        require_dtype(program, op, op.outputs[0], DType::f32);
         const int64_t n = program.tensor(op.inputs[0]).numel();
         const float scale = attrs_of<ScaleAttrs>(op).scale;
         return make_op([=, l = in_f(binding, 0), y = out_f(binding, 0), mode = op.modes[0]](const StepContext& ctx) {

@@ -11,7 +11,7 @@ namespace {
 
 using dt = dnnl::memory::data_type;
 
-dnnl::memory::desc strided_desc(const DnnlOperand& op) { return dnnl::memory::desc(op.dims, dt::f32, op.strides); }
+dnnl::memory::desc strided_desc(const DnnlOperand& op) { return dnnl::memory::desc(op.dims, op.dt, op.strides); }
 
 // The bias as a (1, ..., 1, N) tensor broadcast over every other dim of dst.
 dnnl::memory::desc bias_desc(const DnnlMatmulSpec& spec) {
@@ -21,7 +21,7 @@ dnnl::memory::desc bias_desc(const DnnlMatmulSpec& spec) {
   dnnl::memory::dims dims(rank, 1), strides(rank, n);
   dims[rank - 1] = n;
   strides[rank - 1] = 1;
-  return dnnl::memory::desc(dims, dt::f32, strides);
+  return dnnl::memory::desc(dims, spec.bias_dt, strides);
 }
 
 bool bias_needs_post_op(const DnnlMatmulSpec& spec) { return spec.bias && spec.scale != 1.0f; }
@@ -55,9 +55,9 @@ DnnlEnv DnnlEnv::make_cpu() {
   return env;
 }
 
-DnnlOperand dnnl_matrix(int64_t rows, int64_t cols, bool transposed) {
-  if (transposed) return DnnlOperand{{rows, cols}, {1, rows}};
-  return DnnlOperand{{rows, cols}, {cols, 1}};
+DnnlOperand dnnl_matrix(int64_t rows, int64_t cols, bool transposed, dt type) {
+  if (transposed) return DnnlOperand{{rows, cols}, {1, rows}, type};
+  return DnnlOperand{{rows, cols}, {cols, 1}, type};
 }
 
 uint64_t DnnlMatmul::scratch_bytes(const DnnlEnv& env, const DnnlMatmulSpec& spec) {

@@ -26,22 +26,26 @@ struct DnnlEnv {
 };
 
 // A strided operand: dims and element strides, outermost first, as oneDNN takes them. The
-// last two dims are the matrix, any leading ones are batch dims.
+// last two dims are the matrix, any leading ones are batch dims. bf16 operands accumulate in
+// fp32 inside oneDNN and are rounded once when stored.
 struct DnnlOperand {
   dnnl::memory::dims dims;
   dnnl::memory::dims strides;
+  dnnl::memory::data_type dt = dnnl::memory::data_type::f32;
 };
 
 struct DnnlMatmulSpec {
   DnnlOperand src, wei, dst;
   bool bias = false;        // a bias of N elements broadcast over the rows of dst
+  dnnl::memory::data_type bias_dt = dnnl::memory::data_type::f32;
   float scale = 1.0f;       // dst = scale * src . wei (+ bias)
   bool accumulate = false;  // dst += ... instead of dst = ...
 };
 
 // Packed row-major matrix [rows, cols], or its transpose when `transposed` (the bytes then
 // hold [cols, rows]), as a 2-D operand.
-DnnlOperand dnnl_matrix(int64_t rows, int64_t cols, bool transposed);
+DnnlOperand dnnl_matrix(int64_t rows, int64_t cols, bool transposed,
+                        dnnl::memory::data_type dt = dnnl::memory::data_type::f32);
 
 class DnnlMatmul {
  public:

@@ -7,10 +7,15 @@
 
 namespace memfit {
 
+// Templates over the storage types of half.hpp (float, bf16_t, fp16_t), instantiated in
+// elementwise.cpp; arithmetic in fp32, one rounding per stored element.
 // y = a + b, or y += a + b when acc.
-void add_forward(const float* a, const float* b, float* y, int64_t n, bool acc);
-// y = x, or y += x when acc.
-void accumulate_forward(const float* x, float* y, int64_t n, bool acc);
+template <class T>
+void add_forward(const T* a, const T* b, T* y, int64_t n, bool acc);
+// y = x, or y += x when acc. x and y may have different types: this is also the cast op's
+// kernel (every pair of float, bf16_t and fp16_t is instantiated).
+template <class X, class Y>
+void accumulate_forward(const X* x, Y* y, int64_t n, bool acc);
 // x = value, or x += value when acc.
 void fill_forward(float* x, int64_t n, float value, bool acc);
 

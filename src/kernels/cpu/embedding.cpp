@@ -7,39 +7,43 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/cpu/reduce.hpp"
 
 namespace memfit {
 
-void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* x, int64_t N, int64_t seq,
-                       int64_t C, int64_t vocab_rows, bool acc) {
+template <class T>
+void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* x, int64_t N, int64_t seq, int64_t C,
+                       int64_t vocab_rows, bool acc) {
   parallel_for(N, kParallelGrain / C, [=](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {
       const int64_t tok = tokens[n];
       MEMFIT_ASSERT(tok >= 0 && tok < vocab_rows, "token {} at row {} outside [0, {})", tok, n, vocab_rows);
-      const float* te = wte + tok * C;
-      const float* pe = wpe + (n % seq) * C;
-      float* xr = x + n * C;
+      const T* te = wte + tok * C;
+      const T* pe = wpe + (n % seq) * C;
+      T* xr = x + n * C;
       if (acc) {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) xr[c] += te[c] + pe[c];
+        for (int64_t c = 0; c < C; ++c) xr[c] = narrow<T>(widen(xr[c]) + (widen(te[c]) + widen(pe[c])));
       } else {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) xr[c] = te[c] + pe[c];
+        for (int64_t c = 0; c < C; ++c) xr[c] = narrow<T>(widen(te[c]) + widen(pe[c]));
       }
     }
   });
 }
 
-void embedding_backward(const float* dx, const int32_t* tokens, float* dwte, float* dwpe, int64_t N, int64_t seq,
-                        int64_t C, int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe) {
+template <class T, class G>
+void embedding_backward(const T* dx, const int32_t* tokens, G* dwte, G* dwpe, int64_t N, int64_t seq, int64_t C,
+                        int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe) {
   for (int64_t n = 0; n < N; ++n)
     MEMFIT_ASSERT(tokens[n] >= 0 && tokens[n] < vocab_rows, "token {} at row {} outside [0, {})", tokens[n], n,
                   vocab_rows);
-  const size_t row_bytes = size_t(C) * sizeof(float);
+  const size_t row_bytes = size_t(C) * sizeof(G);  // all-zero bits are +0 in every float type
   if (dwte) {
     if (!acc_wte)
       parallel_for(vocab_rows, kParallelGrain / C, [=](int64_t first, int64_t last) {
@@ -50,10 +54,10 @@ void embedding_backward(const float* dx, const int32_t* tokens, float* dwte, flo
       for (int64_t blk = first; blk < last; ++blk) {
         const int64_t c0 = blk * kColumnBlock, w = std::min(kColumnBlock, C - c0);
         for (int64_t n = 0; n < N; ++n) {
-          float* dst = dwte + int64_t(tokens[n]) * C + c0;
-          const float* src = dx + n * C + c0;
+          G* dst = dwte + int64_t(tokens[n]) * C + c0;
+          const T* src = dx + n * C + c0;
 #pragma omp simd
-          for (int64_t c = 0; c < w; ++c) dst[c] += src[c];
+          for (int64_t c = 0; c < w; ++c) dst[c] = narrow<G>(widen(dst[c]) + widen(src[c]));
         }
       }
     });
@@ -64,16 +68,47 @@ void embedding_backward(const float* dx, const int32_t* tokens, float* dwte, flo
     const int64_t batch = N / seq;
     parallel_for(seq, kParallelGrain / (C * batch), [=](int64_t first, int64_t last) {
       for (int64_t t = first; t < last; ++t) {
-        float* dst = dwpe + t * C;
-        if (!acc_wpe) std::memset(dst, 0, row_bytes);
-        for (int64_t b = 0; b < batch; ++b) {
-          const float* src = dx + (b * seq + t) * C;
+        G* dst = dwpe + t * C;
+        if constexpr (std::is_same_v<G, float>) {
+          if (!acc_wpe) std::memset(dst, 0, row_bytes);
+          for (int64_t b = 0; b < batch; ++b) {
+            const T* src = dx + (b * seq + t) * C;
 #pragma omp simd
-          for (int64_t c = 0; c < C; ++c) dst[c] += src[c];
+            for (int64_t c = 0; c < C; ++c) dst[c] += widen(src[c]);
+          }
+        } else {
+          // A 16-bit row is summed over the batch in fp32 and rounded once, in column blocks.
+          for (int64_t c0 = 0; c0 < C; c0 += kColumnBlock) {
+            const int64_t w = std::min(kColumnBlock, C - c0);
+            float sum[kColumnBlock];
+            for (int64_t c = 0; c < w; ++c) sum[c] = acc_wpe ? widen(dst[c0 + c]) : 0.0f;
+            for (int64_t b = 0; b < batch; ++b) {
+              const T* src = dx + (b * seq + t) * C + c0;
+#pragma omp simd
+              for (int64_t c = 0; c < w; ++c) sum[c] += widen(src[c]);
+            }
+            for (int64_t c = 0; c < w; ++c) dst[c0 + c] = narrow<G>(sum[c]);
+          }
         }
       }
     });
   }
 }
+
+template void embedding_forward<float>(const int32_t*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                                       int64_t, bool);
+template void embedding_forward<bf16_t>(const int32_t*, const bf16_t*, const bf16_t*, bf16_t*, int64_t, int64_t,
+                                        int64_t, int64_t, bool);
+template void embedding_forward<fp16_t>(const int32_t*, const fp16_t*, const fp16_t*, fp16_t*, int64_t, int64_t,
+                                        int64_t, int64_t, bool);
+#define MEMFIT_INSTANTIATE(T, G)                                                                                 \
+  template void embedding_backward<T, G>(const T*, const int32_t*, G*, G*, int64_t, int64_t, int64_t, int64_t,   \
+                                         int64_t, bool, bool);
+MEMFIT_INSTANTIATE(float, float)
+MEMFIT_INSTANTIATE(bf16_t, float)
+MEMFIT_INSTANTIATE(bf16_t, bf16_t)
+MEMFIT_INSTANTIATE(fp16_t, float)
+MEMFIT_INSTANTIATE(fp16_t, fp16_t)
+#undef MEMFIT_INSTANTIATE
 
 }  // namespace memfit

@@ -5,15 +5,22 @@
 
 namespace memfit {
 
+// Templates over the storage type T of tables and activations and G of the table gradients
+// (float, bf16_t, fp16_t; half.hpp); sums in fp32.
+
 // x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows of C channels (x += when acc).
 // Tokens must lie in [0, vocab_rows); anything else aborts rather than reading outside wte.
-void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* x, int64_t N, int64_t seq,
-                       int64_t C, int64_t vocab_rows, bool acc);
+template <class T>
+void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* x, int64_t N, int64_t seq, int64_t C,
+                       int64_t vocab_rows, bool acc);
 
 // dwte[tokens[n]] += dx[n]; dwpe[t] += sum over the batch of dx[b, t]. In overwrite mode the
 // whole of dwte (all vocab_rows) and of dwpe (all max_seq rows) is zeroed first. Either
-// output may be nullptr. Results are bit-identical for any thread count.
-void embedding_backward(const float* dx, const int32_t* tokens, float* dwte, float* dwpe, int64_t N, int64_t seq,
-                        int64_t C, int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe);
+// output may be nullptr. Results are bit-identical for any thread count. With a 16-bit G,
+// every scatter-add into dwte rounds (a row hit by k tokens is rounded k times); dwpe is
+// summed over the batch in fp32 and rounded once.
+template <class T, class G>
+void embedding_backward(const T* dx, const int32_t* tokens, G* dwte, G* dwpe, int64_t N, int64_t seq, int64_t C,
+                        int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe);
 
 }  // namespace memfit

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
@@ -32,28 +33,38 @@ inline float gelu_grad(float x) {
 
 }  // namespace
 
-void gelu_forward(const float* x, float* y, int64_t n, bool acc) {
+template <class T>
+void gelu_forward(const T* x, T* y, int64_t n, bool acc) {
   parallel_for(n, kParallelGrain / 8, [=](int64_t lo, int64_t hi) {
     if (acc) {
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) y[i] += gelu(x[i]);
+      for (int64_t i = lo; i < hi; ++i) y[i] = narrow<T>(widen(y[i]) + gelu(widen(x[i])));
     } else {
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) y[i] = gelu(x[i]);
+      for (int64_t i = lo; i < hi; ++i) y[i] = narrow<T>(gelu(widen(x[i])));
     }
   });
 }
 
-void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool acc) {
+template <class T>
+void gelu_backward(const T* dy, const T* x, T* dx, int64_t n, bool acc) {
   parallel_for(n, kParallelGrain / 8, [=](int64_t lo, int64_t hi) {
     if (acc) {
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) dx[i] += dy[i] * gelu_grad(x[i]);
+      for (int64_t i = lo; i < hi; ++i) dx[i] = narrow<T>(widen(dx[i]) + widen(dy[i]) * gelu_grad(widen(x[i])));
     } else {
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) dx[i] = dy[i] * gelu_grad(x[i]);
+      for (int64_t i = lo; i < hi; ++i) dx[i] = narrow<T>(widen(dy[i]) * gelu_grad(widen(x[i])));
     }
   });
 }
+
+#define MEMFIT_INSTANTIATE(T)                                           \
+  template void gelu_forward<T>(const T*, T*, int64_t, bool);          \
+  template void gelu_backward<T>(const T*, const T*, T*, int64_t, bool);
+MEMFIT_INSTANTIATE(float)
+MEMFIT_INSTANTIATE(bf16_t)
+MEMFIT_INSTANTIATE(fp16_t)
+#undef MEMFIT_INSTANTIATE
 
 }  // namespace memfit

@@ -5,9 +5,12 @@
 
 namespace memfit {
 
+// Templates over float, bf16_t and fp16_t (half.hpp), computing in fp32.
 // y = gelu(x) (or y += when acc); y may be x.
-void gelu_forward(const float* x, float* y, int64_t n, bool acc);
+template <class T>
+void gelu_forward(const T* x, T* y, int64_t n, bool acc);
 // dx = dy * gelu'(x) (or dx += when acc); dx may be dy (in place).
-void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool acc);
+template <class T>
+void gelu_backward(const T* dy, const T* x, T* dx, int64_t n, bool acc);
 
 }  // namespace memfit

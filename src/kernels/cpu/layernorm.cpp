@@ -8,37 +8,40 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/cpu/reduce.hpp"
 
 namespace memfit {
 
-void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t N,
-                       int64_t C, float eps) {
+template <class T>
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t N, int64_t C,
+                       float eps) {
   parallel_for(N, kParallelGrain / C, [=](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {
-      const float* xr = x + n * C;
-      float* yr = y + n * C;
+      const T* xr = x + n * C;
+      T* yr = y + n * C;
       float sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < C; ++c) sum += xr[c];
+      for (int64_t c = 0; c < C; ++c) sum += widen(xr[c]);
       const float mu = sum / float(C);
       // Two passes (mean, then squared deviations) rather than E[x^2] - E[x]^2, which cancels
       // badly when |mean| >> std.
       float sq = 0;
 #pragma omp simd reduction(+ : sq)
-      for (int64_t c = 0; c < C; ++c) sq += (xr[c] - mu) * (xr[c] - mu);
+      for (int64_t c = 0; c < C; ++c) sq += (widen(xr[c]) - mu) * (widen(xr[c]) - mu);
       const float rs = 1.0f / std::sqrt(sq / float(C) + eps);
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
+      for (int64_t c = 0; c < C; ++c) yr[c] = narrow<T>((widen(xr[c]) - mu) * rs * widen(w[c]) + widen(b[c]));
       if (mean) mean[n] = mu;
       if (rstd) rstd[n] = rs;
     }
   });
 }
 
-void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                        float* dx, float* dw, float* db, int64_t N, int64_t C, bool acc_dx, bool acc_dw, bool acc_db) {
+template <class T, class G>
+void layernorm_backward(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, G* dw, G* db,
+                        int64_t N, int64_t C, bool acc_dx, bool acc_dw, bool acc_db) {
   if (dw || db) {
     const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
     parallel_for(blocks, 1, [=](int64_t first, int64_t last) {
@@ -46,18 +49,18 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
         const int64_t c0 = blk * kColumnBlock, width = std::min(kColumnBlock, C - c0);
         double sw[kColumnBlock] = {}, sb[kColumnBlock] = {};
         for (int64_t n = 0; n < N; ++n) {
-          const float* dyr = dy + n * C + c0;
-          const float* xr = x + n * C + c0;
+          const T* dyr = dy + n * C + c0;
+          const T* xr = x + n * C + c0;
           const float mu = mean[n], rs = rstd[n];
 #pragma omp simd
           for (int64_t c = 0; c < width; ++c) {
-            sw[c] += double(dyr[c] * ((xr[c] - mu) * rs));
-            sb[c] += double(dyr[c]);
+            sw[c] += double(widen(dyr[c]) * ((widen(xr[c]) - mu) * rs));
+            sb[c] += double(widen(dyr[c]));
           }
         }
         for (int64_t c = 0; c < width; ++c) {
-          if (dw) dw[c0 + c] = acc_dw ? float(double(dw[c0 + c]) + sw[c]) : float(sw[c]);
-          if (db) db[c0 + c] = acc_db ? float(double(db[c0 + c]) + sb[c]) : float(sb[c]);
+          if (dw) dw[c0 + c] = narrow<G>(acc_dw ? float(double(widen(dw[c0 + c])) + sw[c]) : float(sw[c]));
+          if (db) db[c0 + c] = narrow<G>(acc_db ? float(double(widen(db[c0 + c])) + sb[c]) : float(sb[c]));
         }
       }
     });
@@ -65,27 +68,46 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
   if (!dx) return;
   parallel_for(N, kParallelGrain / C, [=](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {
-      const float* dyr = dy + n * C;
-      const float* xr = x + n * C;
-      float* dxr = dx + n * C;
+      const T* dyr = dy + n * C;
+      const T* xr = x + n * C;
+      T* dxr = dx + n * C;
       const float mu = mean[n], rs = rstd[n];
       float sg = 0, sgx = 0;
 #pragma omp simd reduction(+ : sg, sgx)
       for (int64_t c = 0; c < C; ++c) {
-        const float g = dyr[c] * w[c];
+        const float g = widen(dyr[c]) * widen(w[c]);
         sg += g;
-        sgx += g * ((xr[c] - mu) * rs);
+        sgx += g * ((widen(xr[c]) - mu) * rs);
       }
       const float mg = sg / float(C), mgx = sgx / float(C);
       if (acc_dx) {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) dxr[c] += rs * (dyr[c] * w[c] - mg - (xr[c] - mu) * rs * mgx);
+        for (int64_t c = 0; c < C; ++c)
+          dxr[c] = narrow<T>(widen(dxr[c]) +
+                             rs * (widen(dyr[c]) * widen(w[c]) - mg - (widen(xr[c]) - mu) * rs * mgx));
       } else {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) dxr[c] = rs * (dyr[c] * w[c] - mg - (xr[c] - mu) * rs * mgx);
+        for (int64_t c = 0; c < C; ++c)
+          dxr[c] = narrow<T>(rs * (widen(dyr[c]) * widen(w[c]) - mg - (widen(xr[c]) - mu) * rs * mgx));
       }
     }
   });
 }
+
+#define MEMFIT_INSTANTIATE(T, G)                                                                                  \
+  template void layernorm_backward<T, G>(const T*, const T*, const T*, const float*, const float*, T*, G*, G*,     \
+                                         int64_t, int64_t, bool, bool, bool);
+template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*, int64_t,
+                                       int64_t, float);
+template void layernorm_forward<bf16_t>(const bf16_t*, const bf16_t*, const bf16_t*, bf16_t*, float*, float*, int64_t,
+                                        int64_t, float);
+template void layernorm_forward<fp16_t>(const fp16_t*, const fp16_t*, const fp16_t*, fp16_t*, float*, float*, int64_t,
+                                        int64_t, float);
+MEMFIT_INSTANTIATE(float, float)
+MEMFIT_INSTANTIATE(bf16_t, float)
+MEMFIT_INSTANTIATE(bf16_t, bf16_t)
+MEMFIT_INSTANTIATE(fp16_t, float)
+MEMFIT_INSTANTIATE(fp16_t, fp16_t)
+#undef MEMFIT_INSTANTIATE
 
 }  // namespace memfit

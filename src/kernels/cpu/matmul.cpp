@@ -9,27 +9,39 @@
 #include "kernels/cpu/transpose.hpp"
 
 namespace memfit {
-DnnlMatmulSpec matmul_spec(const MatmulAttrs& a, bool has_bias, bool accumulate) {
+dnnl::memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::f32: return dnnl::memory::data_type::f32;
+    case DType::bf16: return dnnl::memory::data_type::bf16;
+    case DType::f16: return dnnl::memory::data_type::f16;
+    default: throw Error("kernels", fmt::format("no oneDNN product over {} operands", dtype_name(t)));
+  }
+}
+
+DnnlMatmulSpec matmul_spec(const MatmulAttrs& a, bool has_bias, bool accumulate, const MatmulTypes& t) {
   DnnlMatmulSpec s;
-  s.src = dnnl_matrix(a.m, a.k, a.trans_a);
-  s.wei = dnnl_matrix(a.k, a.n, a.trans_b);
-  s.dst = dnnl_matrix(a.m, a.n, false);
+  s.src = dnnl_matrix(a.m, a.k, a.trans_a, dnnl_type(t.a));
+  s.wei = dnnl_matrix(a.k, a.n, a.trans_b, dnnl_type(t.b));
+  s.dst = dnnl_matrix(a.m, a.n, false, dnnl_type(t.c));
   s.bias = has_bias;
+  s.bias_dt = dnnl_type(t.bias);
   s.scale = a.alpha;
   s.accumulate = accumulate;
   return s;
 }
 
-bool stages_b(const MatmulAttrs& a) { return !a.trans_b && a.n >= kStageBMinN; }
+bool stages_b(const MatmulAttrs& a, const MatmulTypes& t) {
+  return t.b == DType::f32 && !a.trans_b && a.n >= kStageBMinN;
+}
 
 namespace {
 // The attributes oneDNN sees: a staged B is read transposed from the scratch.
-MatmulAttrs as_run(MatmulAttrs a) {
-  if (stages_b(a)) a.trans_b = true;
+MatmulAttrs as_run(MatmulAttrs a, const MatmulTypes& t) {
+  if (stages_b(a, t)) a.trans_b = true;
   return a;
 }
-uint64_t staged_bytes(const MatmulAttrs& a) {
-  return stages_b(a) ? (uint64_t(a.k) * uint64_t(a.n) * sizeof(float) + 63) / 64 * 64 : 0;
+uint64_t staged_bytes(const MatmulAttrs& a, const MatmulTypes& t) {
+  return stages_b(a, t) ? (uint64_t(a.k) * uint64_t(a.n) * sizeof(float) + 63) / 64 * 64 : 0;
 }
 }  // namespace
 
@@ -43,26 +55,30 @@ WriteVariants WriteVariants::of(WriteMode mode) {
   return {true, true};
 }
 
-MatmulKernel::MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias, WriteVariants variants) {
+MatmulKernel::MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias, WriteVariants variants,
+                           const MatmulTypes& types) {
   MEMFIT_CHECK(attrs.m > 0 && attrs.n > 0 && attrs.k > 0, "kernels", "matmul with empty shape m={} n={} k={}", attrs.m,
                attrs.n, attrs.k);
-  if (variants.overwrite) overwrite_ = DnnlMatmul(env, matmul_spec(as_run(attrs), has_bias, false));
-  if (variants.accumulate) accumulate_ = DnnlMatmul(env, matmul_spec(as_run(attrs), has_bias, true));
-  if (stages_b(attrs)) k_ = attrs.k, n_ = attrs.n;
+  const MatmulAttrs r = as_run(attrs, types);
+  if (variants.overwrite) overwrite_ = DnnlMatmul(env, matmul_spec(r, has_bias, false, types));
+  if (variants.accumulate) accumulate_ = DnnlMatmul(env, matmul_spec(r, has_bias, true, types));
+  if (stages_b(attrs, types)) k_ = attrs.k, n_ = attrs.n;
 }
 
 uint64_t MatmulKernel::scratch_bytes(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias,
-                                     WriteVariants variants) {
-  const MatmulAttrs r = as_run(attrs);
+                                     WriteVariants variants, const MatmulTypes& types) {
+  const MatmulAttrs r = as_run(attrs, types);
   uint64_t bytes = 0;
-  if (variants.overwrite) bytes = std::max(bytes, DnnlMatmul::scratch_bytes(env, matmul_spec(r, has_bias, false)));
-  if (variants.accumulate) bytes = std::max(bytes, DnnlMatmul::scratch_bytes(env, matmul_spec(r, has_bias, true)));
-  return staged_bytes(attrs) + bytes;
+  if (variants.overwrite)
+    bytes = std::max(bytes, DnnlMatmul::scratch_bytes(env, matmul_spec(r, has_bias, false, types)));
+  if (variants.accumulate)
+    bytes = std::max(bytes, DnnlMatmul::scratch_bytes(env, matmul_spec(r, has_bias, true, types)));
+  return staged_bytes(attrs, types) + bytes;
 }
 
-void MatmulKernel::bind(const float* a, const float* b, const float* bias, float* c, void* scratch) {
+void MatmulKernel::bind(const void* a, const void* b, const void* bias, void* c, void* scratch) {
   if (k_ > 0) {
-    b_ = b;
+    b_ = static_cast<const float*>(b);
     staged_b_ = static_cast<float*>(scratch);
     b = staged_b_;
     scratch = static_cast<char*>(scratch) + (uint64_t(k_) * uint64_t(n_) * sizeof(float) + 63) / 64 * 64;

@@ -4,10 +4,12 @@
 // oneDNN 2.6: a wide non-transposed B (N >= kStageBMinN) makes oneDNN's brgemm take a path
 // without packing B that runs at half speed (~130 vs ~300 GFLOP/s for [768, 3072]), so such
 // a B is first transposed into the kernel's scratch and multiplied in the fast layout.
+// bf16 operands (AMX) need no such staging: measured at ~1500 GFLOP/s in either layout.
 #pragma once
 
 #include <cstdint>
 
+#include "core/dtype.hpp"
 #include "graph/op.hpp"
 #include "kernels/cpu/dnnl_matmul.hpp"
 
@@ -21,21 +23,30 @@ struct WriteVariants {
   static WriteVariants of(WriteMode mode);
 };
 
+// Element types of a product's operands: fp32 throughout, or bf16 A and B (and bias) with a
+// bf16 or fp32 C (a parameter gradient keeps its own dtype).
+struct MatmulTypes {
+  DType a = DType::f32, b = DType::f32, bias = DType::f32, c = DType::f32;
+};
+dnnl::memory::data_type dnnl_type(DType t);  // throws [kernels] for types oneDNN products do not take
+
 // The oneDNN spec of C (+)= alpha op(A) op(B) (+ bias) for packed row-major operands.
-DnnlMatmulSpec matmul_spec(const MatmulAttrs& attrs, bool has_bias, bool accumulate);
+DnnlMatmulSpec matmul_spec(const MatmulAttrs& attrs, bool has_bias, bool accumulate, const MatmulTypes& types = {});
 
 inline constexpr int64_t kStageBMinN = 2048;
-bool stages_b(const MatmulAttrs& attrs);
+bool stages_b(const MatmulAttrs& attrs, const MatmulTypes& types = {});
 
 class MatmulKernel {
  public:
-  MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias, WriteVariants variants);
+  MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias, WriteVariants variants,
+               const MatmulTypes& types = {});
   // Scratch the kernel needs: the larger of its primitives' scratchpads.
   // (plus the staged copy of B when stages_b).
-  static uint64_t scratch_bytes(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias, WriteVariants variants);
+  static uint64_t scratch_bytes(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias, WriteVariants variants,
+                                const MatmulTypes& types = {});
 
   // Prepare time: the addresses every run uses. bias may be nullptr when there is none.
-  void bind(const float* a, const float* b, const float* bias, float* c, void* scratch);
+  void bind(const void* a, const void* b, const void* bias, void* c, void* scratch);
   void run(bool accumulate) const;
 
  private:

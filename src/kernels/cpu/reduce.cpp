@@ -6,25 +6,34 @@
 
 #include <algorithm>
 
+#include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
 
 namespace memfit {
 
-void bias_grad(const float* dy, float* db, int64_t M, int64_t N, bool acc) {
+template <class T, class G>
+void bias_grad(const T* dy, G* db, int64_t M, int64_t N, bool acc) {
   const int64_t blocks = (N + kColumnBlock - 1) / kColumnBlock;
   parallel_for(blocks, 1, [=](int64_t first, int64_t last) {
     for (int64_t blk = first; blk < last; ++blk) {
       const int64_t c0 = blk * kColumnBlock, w = std::min(kColumnBlock, N - c0);
       double sum[kColumnBlock] = {};
       for (int64_t i = 0; i < M; ++i) {
-        const float* row = dy + i * N + c0;
+        const T* row = dy + i * N + c0;
 #pragma omp simd
-        for (int64_t c = 0; c < w; ++c) sum[c] += double(row[c]);
+        for (int64_t c = 0; c < w; ++c) sum[c] += double(widen(row[c]));
       }
-      for (int64_t c = 0; c < w; ++c) db[c0 + c] = acc ? float(double(db[c0 + c]) + sum[c]) : float(sum[c]);
+      for (int64_t c = 0; c < w; ++c)
+        db[c0 + c] = narrow<G>(acc ? float(double(widen(db[c0 + c])) + sum[c]) : float(sum[c]));
     }
   });
 }
+
+template void bias_grad<float, float>(const float*, float*, int64_t, int64_t, bool);
+template void bias_grad<bf16_t, float>(const bf16_t*, float*, int64_t, int64_t, bool);
+template void bias_grad<bf16_t, bf16_t>(const bf16_t*, bf16_t*, int64_t, int64_t, bool);
+template void bias_grad<fp16_t, float>(const fp16_t*, float*, int64_t, int64_t, bool);
+template void bias_grad<fp16_t, fp16_t>(const fp16_t*, fp16_t*, int64_t, int64_t, bool);
 
 void loss_mean(const float* losses, float* loss, int64_t n, float scale, bool acc) {
   double sum = 0;

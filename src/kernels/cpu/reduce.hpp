@@ -5,9 +5,10 @@
 
 namespace memfit {
 
-// db[j] = sum over rows i of dy[i, j] (db += when acc). The result is bit-identical for any
-// number of threads.
-void bias_grad(const float* dy, float* db, int64_t M, int64_t N, bool acc);
+// db[j] = sum over rows i of dy[i, j] (db += when acc), summed in double and rounded once.
+// The result is bit-identical for any number of threads. T, G: float, bf16_t or fp16_t.
+template <class T, class G>
+void bias_grad(const T* dy, G* db, int64_t M, int64_t N, bool acc);
 // loss = scale * sum(losses), summed in double (loss += when acc).
 void loss_mean(const float* losses, float* loss, int64_t n, float scale, bool acc);
 

@@ -68,6 +68,11 @@ template <class F>
 void classifier(const F* x, const F* wte, const int32_t* targets, F* losses, F* dx, F* dwte, int64_t N, int64_t C,
                 int64_t V, int64_t Vp, double dscale, bool acc_dx, bool acc_dwte);
 
+// Round to nearest even of a real number into bf16 / fp16 bit patterns (NaN as the canonical
+// quiet NaN). bf16 follows memfit's convention of flushing fp32 subnormals to zero.
+uint16_t round_to_bf16_bits(double x);
+uint16_t round_to_fp16_bits(double x);
+
 // PyTorch's AdamW on one tensor; step is 1-based.
 template <class F>
 void adamw(F* param, const F* grad, F* m, F* v, int64_t n, double lr, double beta1, double beta2, double eps,

@@ -1,0 +1,53 @@
+#include "train/master_weights.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/half.hpp"
+
+namespace memfit {
+
+namespace {
+
+void narrow_into(void* dst, DType dtype, const float* src, int64_t n) {
+  const bool ok = visit_float_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    T* d = static_cast<T*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = narrow<T>(src[i]);
+  });
+  MEMFIT_ASSERT(ok, "parameter of dtype {}", dtype_name(dtype));
+}
+
+}  // namespace
+
+float* fp32_values(const Executor& ex, const ParamEntry& e) {
+  const Program& p = ex.program();
+  if (e.master != kNoTensor) return ex.data_as<float>(e.master);
+  return p.tensor(e.value).dtype == DType::f32 ? ex.data_as<float>(e.value) : nullptr;
+}
+
+void store_parameter(const Executor& ex, const ParamEntry& e, const float* values) {
+  const TensorDesc& t = ex.program().tensor(e.value);
+  if (e.master != kNoTensor && ex.data_as<float>(e.master) != values)
+    std::memcpy(ex.data(e.master), values, size_t(t.numel()) * sizeof(float));
+  if (ex.data_as<float>(e.value) != values) narrow_into(ex.data(e.value), t.dtype, values, t.numel());
+}
+
+std::vector<float> load_parameter(const Executor& ex, const ParamEntry& e) {
+  const TensorDesc& t = ex.program().tensor(e.value);
+  if (const float* home = fp32_values(ex, e)) return std::vector<float>(home, home + t.numel());
+  std::vector<float> out(size_t(t.numel()));
+  visit_float_type(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = ex.data_as<const T>(e.value);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = widen(s[i]);
+  });
+  return out;
+}
+
+void narrow_masters_into_parameters(const Executor& ex) {
+  for (const ParamEntry& e : ex.program().params())
+    if (e.master != kNoTensor) store_parameter(ex, e, ex.data_as<float>(e.master));
+}
+
+}  // namespace memfit
