@@ -18,7 +18,7 @@ namespace memfit {
 namespace {
 
 struct AdamWStep {
-  float b1, b2, one_b1, one_b2, step_size, inv_sqrt_bc2, eps, decay;
+  float b1, b2, one_b1, one_b2, step_size, inv_sqrt_bc2, eps, decay, grad_scale;
 };
 
 // The update of elements [begin, end) of one tensor. std::sqrt must set errno for negative
@@ -34,8 +34,9 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t begin, i
   const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), one_b1 = _mm512_set1_ps(c.one_b1);
   const __m512 one_b2 = _mm512_set1_ps(c.one_b2), step = _mm512_set1_ps(c.step_size);
   const __m512 inv_bc2 = _mm512_set1_ps(c.inv_sqrt_bc2), eps = _mm512_set1_ps(c.eps), decay = _mm512_set1_ps(c.decay);
+  const __m512 gs = _mm512_set1_ps(c.grad_scale);
   for (; e + 16 <= end; e += 16) {
-    const __m512 ge = _mm512_loadu_ps(g + e);
+    const __m512 ge = _mm512_mul_ps(_mm512_loadu_ps(g + e), gs);
     const __m512 me = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + e)), _mm512_mul_ps(one_b1, ge));
     const __m512 ve =
         _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + e)), _mm512_mul_ps(_mm512_mul_ps(one_b2, ge), ge));
@@ -51,7 +52,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t begin, i
   }
 #endif
   for (; e < end; ++e) {
-    const float ge = g[e];
+    const float ge = g[e] * c.grad_scale;
     const float me = c.b1 * m[e] + c.one_b1 * ge;
     const float ve = c.b2 * v[e] + c.one_b2 * ge * ge;
     m[e] = me;
@@ -71,7 +72,7 @@ void AdamWSet::run(const AdamWHyper& h) const {
   const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.step));
   const double bc2 = 1.0 - std::pow(double(h.beta2), double(h.step));
   const AdamWStep base{float(h.beta1), float(h.beta2), float(1.0 - h.beta1), float(1.0 - h.beta2),
-                       float(h.lr / bc1), float(1.0 / std::sqrt(bc2)), float(h.eps), 1.0f};
+                       float(h.lr / bc1), float(1.0 / std::sqrt(bc2)), float(h.eps), 1.0f, h.grad_scale};
   const double lr = double(h.lr);
   const int64_t total = offsets_.back();
   const AdamWTensor* tensors = tensors_.data();
