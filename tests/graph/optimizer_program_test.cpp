@@ -47,7 +47,9 @@ TEST(OptimizerProgram, PlannedStateBytesMatchTheClosedForm) {
       const double per_param = double(planned) / double(p.parameter_count());
       std::printf("%s %s: %lu bytes of optimizer state, %.4f per parameter\n", name,
                   std::string(optimizer_name(opt)).c_str(), (unsigned long)planned, per_param);
-      if (opt == OptimizerKind::adamw) EXPECT_EQ(per_param, 8.0);
+      if (opt == OptimizerKind::adamw) {
+        EXPECT_EQ(per_param, 8.0);
+      }
     }
   }
   // GPT-2 124M: 2 + 8/256 = 2.03125 for the matrices, and the few fp32 biases and norms.

@@ -227,8 +227,8 @@ TEST(CpuAdamW8bit, StepsMatchTheReferenceAlgorithm) {
   const float grad_scale = 0.5f;
   for (int64_t step = 1; step <= 3; ++step) {
     std::vector<Tensor8> want = ts;  // the reference starts from the kernel's state of this step
-    const AdamWHyper h{1e-3 * double(step), 0.9, 0.95, 1e-8, step + 4};
-    set.run(h, grad_scale);
+    const AdamWHyper h{1e-3 * double(step), 0.9, 0.95, 1e-8, step + 4, grad_scale};
+    set.run(h);
     for (size_t k = 0; k < ts.size(); ++k) {
       Tensor8& r = want[k];
       ref::adamw8bit(r.p.data(), r.g.data(), r.m.data(), r.v.data(), r.m_absmax.data(), r.v_absmax.data(), r.numel(),
@@ -272,9 +272,9 @@ TEST(CpuAdamW8bit, ResultDoesNotDependOnTheThreadCount) {
   const AdamW8bitSet sa = make_set(a, block), sb = make_set(b, block);
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  sa.run(AdamWHyper{1e-3, 0.9, 0.999, 1e-8, 1}, 1.0f);
+  sa.run(AdamWHyper{1e-3, 0.9, 0.999, 1e-8, 1});
   omp_set_num_threads(std::max(2, threads));
-  sb.run(AdamWHyper{1e-3, 0.9, 0.999, 1e-8, 1}, 1.0f);
+  sb.run(AdamWHyper{1e-3, 0.9, 0.999, 1e-8, 1});
   omp_set_num_threads(threads);
   for (size_t k = 0; k < a.size(); ++k) {
     EXPECT_EQ(a[k].p, b[k].p);

@@ -1,5 +1,6 @@
 // AdamW, PyTorch's formula: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps). The one subtle point is load
+// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with g the gradient times
+// grad_scale (clipping coefficient over loss scale). The one subtle point is load
 // balance: a GPT-2 has a few huge matrices and many tiny bias and norm vectors, so the pass
 // runs over the concatenation of all tensors and each thread takes one contiguous slice of
 // that flattened range, whatever tensors it crosses.

@@ -133,12 +133,12 @@ AdamW8bitSet::AdamW8bitSet(std::vector<AdamW8bitTensor> tensors, int64_t block, 
   (void)signed_codec(), (void)unsigned_codec();  // built here, at prepare time, not in a step
 }
 
-void AdamW8bitSet::run(const AdamWHyper& h, float grad_scale) const {
+void AdamW8bitSet::run(const AdamWHyper& h) const {
   const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.step));
   const double bc2 = 1.0 - std::pow(double(h.beta2), double(h.step));
   const Step base{float(h.beta1),     float(h.beta2),           float(1.0 - h.beta1), float(1.0 - h.beta2),
                   float(h.lr / bc1), float(1.0 / std::sqrt(bc2)), float(h.eps),        1.0f,
-                  grad_scale};
+                  h.grad_scale};
   const double lr = h.lr;
   const AdamW8bitTensor* tensors = tensors_.data();
   const int64_t* offsets = block_offsets_.data();

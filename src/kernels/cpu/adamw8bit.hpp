@@ -27,9 +27,9 @@ class AdamW8bitSet {
   // grad_dtype: the gradients' element type (fp32 only for now; 16-bit gradients are one
   // more instantiation of the update, see adamw8bit.cpp).
   AdamW8bitSet(std::vector<AdamW8bitTensor> tensors, int64_t block, DType grad_dtype);
-  // One step on every tensor; every gradient is multiplied by grad_scale first (the clipping
-  // coefficient over the loss scale).
-  void run(const AdamWHyper& h, float grad_scale) const;
+  // One step on every tensor; every gradient is multiplied by h.grad_scale first (the
+  // clipping coefficient over the loss scale).
+  void run(const AdamWHyper& h) const;
   int64_t blocks() const { return block_offsets_.back(); }
 
  private:

@@ -385,8 +385,7 @@ std::unique_ptr<PreparedOp> prepare_adamw8bit(const Program& p, const Op& op, co
   AdamW8bitSet set(std::move(tensors), a.block, n ? p.tensor(op.inputs[0]).dtype : DType::f32);
   return make_op([set = std::move(set), b1 = a.beta1, b2 = a.beta2, eps = a.eps, norm = clip_norm_input(p, op, a, b),
                   max_norm = a.max_grad_norm](const StepContext& ctx) {
-    const float scale = update_grad_scale(norm, max_norm, ctx);
-    set.run(AdamWHyper{ctx.lr, b1, b2, eps, ctx.step, 1.0f}, scale);
+    set.run(AdamWHyper{ctx.lr, b1, b2, eps, ctx.step, update_grad_scale(norm, max_norm, ctx)});
   });
 }
 

@@ -1,0 +1,161 @@
+// Bandwidth of the optimizer section on a real program: the GPT-2 124M training program is
+// built and planned as `memfit train` builds it, one whole step runs (so the gradients and
+// moments hold real values), then the "optimizer" section alone runs --rounds times per
+// optimizer with the executor's per-op timing. Each op's bytes moved per step (its reads
+// plus its writes, once each) over its median time is its bandwidth; a STREAM-style triad
+// over arrays of the same size, measured in the same process, is the machine's attainable
+// bandwidth for comparison.
+//
+//   build/bench/optimizer_bench [--model gpt2] [--rounds 7] [--batch 1] [--seq 64]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/optimizer.hpp"
+#include "graph/training_program.hpp"
+#include "kernels/cpu/parallel.hpp"
+#include "runtime/executor.hpp"
+#include "train/init.hpp"
+
+namespace memfit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Bytes an optimizer op reads and writes once per step: its gradient inputs, and for the
+// updates every output read and written back.
+double op_bytes(const Program& p, const Op& op) {
+  double bytes = 0;
+  for (TensorId id : op.inputs) bytes += double(p.tensor(id).bytes());
+  if (op.kind != OpKind::grad_norm)
+    for (TensorId id : op.outputs) bytes += 2.0 * double(p.tensor(id).bytes());
+  return bytes;
+}
+
+// y = a x + y over n floats: 12 bytes moved per element.
+double triad_gbps(int64_t n, int rounds) {
+  std::vector<float> x(size_t(n), 1.0f), y(size_t(n), 2.0f);
+  std::vector<double> times;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = Clock::now();
+    float* yp = y.data();
+    const float* xp = x.data();
+    parallel_for(n, kParallelGrain, [=](int64_t lo, int64_t hi) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) yp[i] = 0.5f * xp[i] + yp[i];
+    });
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return 12.0 * double(n) / median(times) / 1e9;
+}
+
+struct Result {
+  std::string optimizer, op;
+  double elements = 0, bytes = 0, ms = 0;
+};
+
+std::vector<Result> bench_optimizer(const ModelSpec& spec, OptimizerKind kind, int rounds, int64_t batch, int64_t seq) {
+  Policy pol;
+  pol.batch = batch;
+  pol.seq = seq;
+  pol.optimizer = kind;
+  pol.grad_clip = 1.0;
+  pol.with_eval = false;
+  auto backend = make_cpu_backend();
+  const CompiledProgram compiled = compile_program(build_training_program(spec, pol, {}), *backend);
+  const Program& p = compiled.program;
+  Executor ex(compiled, *backend);
+  initialize_parameters(ex, spec, 1);
+  zero_persistent_state(ex);
+  const TensorId tok = p.find_tensor(kTokens), tgt = p.find_tensor(kTargets);
+  ex.set_input_handler([&](const Op&, const StepContext& ctx) {
+    int32_t* x = ex.data_as<int32_t>(tok);
+    int32_t* y = ex.data_as<int32_t>(tgt);
+    for (int64_t i = 0; i < p.tensor(tok).numel(); ++i) {
+      x[i] = int32_t((i * 31 + ctx.step) % spec.vocab_size);
+      y[i] = int32_t((i * 31 + 7 + ctx.step) % spec.vocab_size);
+    }
+  });
+  StepContext ctx;
+  ctx.lr = 1e-4;
+  ex.run_step(ctx);  // real gradients and moments
+  const Section* opt = p.find_section("optimizer");
+  std::map<int, std::vector<double>> times;
+  for (int r = 0; r < rounds; ++r) {
+    ctx.step = 2 + r;
+    for (int i = opt->begin; i < opt->end; ++i) {
+      const auto t0 = Clock::now();
+      ex.run_ops(i, i + 1, ctx);
+      times[i].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  }
+  std::vector<Result> out;
+  for (int i = opt->begin; i < opt->end; ++i) {
+    const Op& op = p.op(i);
+    Result r;
+    r.optimizer = optimizer_name(kind);
+    r.op = op.name;
+    const size_t roles = op.kind == OpKind::adamw8bit ? 5 : 3;
+    const size_t n = op.kind == OpKind::grad_norm ? op.inputs.size() : op.outputs.size() / roles;
+    for (size_t t = 0; t < n; ++t) r.elements += double(p.tensor(op.inputs[t]).numel());
+    r.bytes = op_bytes(p, op);
+    r.ms = 1e3 * median(times[i]);
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace memfit
+
+int main(int argc, char** argv) {
+  using namespace memfit;
+  std::string model = "gpt2";
+  int rounds = 7;
+  int64_t batch = 1, seq = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--model") model = value;
+    else if (flag == "--rounds") rounds = std::stoi(value);
+    else if (flag == "--batch") batch = std::stoll(value);
+    else if (flag == "--seq") seq = std::stoll(value);
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  try {
+    const ModelSpec spec = model_preset(model);
+    std::vector<Result> results;
+    for (OptimizerKind k : {OptimizerKind::adamw, OptimizerKind::adamw8bit})
+      for (const Result& r : bench_optimizer(spec, k, rounds, batch, seq)) results.push_back(r);
+    const double triad = triad_gbps(spec.parameter_count(), rounds);
+    std::printf("model %s (%lld parameters), %d threads, median of %d rounds\n\n", model.c_str(),
+                (long long)spec.parameter_count(), omp_get_max_threads(), rounds);
+    std::printf("| optimizer | op | elements | bytes moved | ms | GB/s |\n|---|---|---|---|---|---|\n");
+    std::map<std::string, double> total_ms;
+    for (const Result& r : results) {
+      std::printf("| %s | %s | %.1fM | %.0f MB | %.1f | %.1f |\n", r.optimizer.c_str(), r.op.c_str(), r.elements / 1e6,
+                  r.bytes / 1e6, r.ms, r.bytes / (r.ms * 1e-3) / 1e9);
+      total_ms[r.optimizer] += r.ms;
+    }
+    std::printf("\noptimizer section: adamw %.1f ms, adamw8bit %.1f ms (ratio %.2f); triad (y = a x + y, 12 B per "
+                "element over %lld elements): %.1f GB/s\n",
+                total_ms["adamw"], total_ms["adamw8bit"], total_ms["adamw8bit"] / total_ms["adamw"],
+                (long long)spec.parameter_count(), triad);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "optimizer_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
