@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,78 +43,101 @@ double op_bytes(const Program& p, const Op& op) {
   return bytes;
 }
 
-// y = a x + y over n floats: 12 bytes moved per element.
-double triad_gbps(int64_t n, int rounds) {
-  std::vector<float> x(size_t(n), 1.0f), y(size_t(n), 2.0f);
-  std::vector<double> times;
-  for (int r = 0; r < rounds; ++r) {
-    const auto t0 = Clock::now();
-    float* yp = y.data();
-    const float* xp = x.data();
-    parallel_for(n, kParallelGrain, [=](int64_t lo, int64_t hi) {
-#pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) yp[i] = 0.5f * xp[i] + yp[i];
-    });
-    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return 12.0 * double(n) / median(times) / 1e9;
-}
-
 struct Result {
   std::string optimizer, op;
   double elements = 0, bytes = 0, ms = 0;
 };
 
-std::vector<Result> bench_optimizer(const ModelSpec& spec, OptimizerKind kind, int rounds, int64_t batch, int64_t seq) {
-  Policy pol;
-  pol.batch = batch;
-  pol.seq = seq;
-  pol.optimizer = kind;
-  pol.grad_clip = 1.0;
-  pol.with_eval = false;
-  auto backend = make_cpu_backend();
-  const CompiledProgram compiled = compile_program(build_training_program(spec, pol, {}), *backend);
-  const Program& p = compiled.program;
-  Executor ex(compiled, *backend);
-  initialize_parameters(ex, spec, 1);
-  zero_persistent_state(ex);
-  const TensorId tok = p.find_tensor(kTokens), tgt = p.find_tensor(kTargets);
-  ex.set_input_handler([&](const Op&, const StepContext& ctx) {
-    int32_t* x = ex.data_as<int32_t>(tok);
-    int32_t* y = ex.data_as<int32_t>(tgt);
-    for (int64_t i = 0; i < p.tensor(tok).numel(); ++i) {
-      x[i] = int32_t((i * 31 + ctx.step) % spec.vocab_size);
-      y[i] = int32_t((i * 31 + 7 + ctx.step) % spec.vocab_size);
-    }
-  });
-  StepContext ctx;
-  ctx.lr = 1e-4;
-  ex.run_step(ctx);  // real gradients and moments
-  const Section* opt = p.find_section("optimizer");
-  std::map<int, std::vector<double>> times;
-  for (int r = 0; r < rounds; ++r) {
-    ctx.step = 2 + r;
-    for (int i = opt->begin; i < opt->end; ++i) {
+// y = a x + y over n floats (12 bytes moved per element): the attainable bandwidth.
+class Triad {
+ public:
+  explicit Triad(int64_t n) : x_(size_t(n), 1.0f), y_(size_t(n), 2.0f) {}
+  double seconds() {
+    const auto t0 = Clock::now();
+    float* y = y_.data();
+    const float* x = x_.data();
+    parallel_for(int64_t(y_.size()), kParallelGrain, [=](int64_t lo, int64_t hi) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) y[i] = 0.5f * x[i] + y[i];
+    });
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  double bytes() const { return 12.0 * double(y_.size()); }
+
+ private:
+  std::vector<float> x_, y_;
+};
+
+// The training program of one optimizer, after one whole step (real gradients and moments).
+class OptimizerRun {
+ public:
+  OptimizerRun(const ModelSpec& spec, OptimizerKind kind, int64_t batch, int64_t seq) : kind_(kind) {
+    Policy pol;
+    pol.batch = batch;
+    pol.seq = seq;
+    pol.optimizer = kind;
+    pol.grad_clip = 1.0;
+    pol.with_eval = false;
+    compiled_ = compile_program(build_training_program(spec, pol, {}), *backend_);
+    const Program& p = compiled_.program;
+    ex_ = std::make_unique<Executor>(compiled_, *backend_);
+    initialize_parameters(*ex_, spec, 1);
+    zero_persistent_state(*ex_);
+    const TensorId tok = p.find_tensor(kTokens), tgt = p.find_tensor(kTargets);
+    const int64_t n = p.tensor(tok).numel(), vocab = spec.vocab_size;
+    ex_->set_input_handler([this, tok, tgt, n, vocab](const Op&, const StepContext& ctx) {
+      int32_t* x = ex_->data_as<int32_t>(tok);
+      int32_t* y = ex_->data_as<int32_t>(tgt);
+      for (int64_t i = 0; i < n; ++i) {
+        x[i] = int32_t((i * 31 + ctx.step) % vocab);
+        y[i] = int32_t((i * 31 + 7 + ctx.step) % vocab);
+      }
+    });
+    StepContext ctx;
+    ctx.lr = 1e-4;
+    ex_->run_step(ctx);
+    const Section* opt = p.find_section("optimizer");
+    begin_ = opt->begin, end_ = opt->end;
+  }
+
+  // Runs the optimizer section once, timing each op.
+  void time_section(int64_t step) {
+    StepContext ctx;
+    ctx.lr = 1e-4;
+    ctx.step = step;
+    for (int i = begin_; i < end_; ++i) {
       const auto t0 = Clock::now();
-      ex.run_ops(i, i + 1, ctx);
-      times[i].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      ex_->run_ops(i, i + 1, ctx);
+      times_[i].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
   }
-  std::vector<Result> out;
-  for (int i = opt->begin; i < opt->end; ++i) {
-    const Op& op = p.op(i);
-    Result r;
-    r.optimizer = optimizer_name(kind);
-    r.op = op.name;
-    const size_t roles = op.kind == OpKind::adamw8bit ? 5 : 3;
-    const size_t n = op.kind == OpKind::grad_norm ? op.inputs.size() : op.outputs.size() / roles;
-    for (size_t t = 0; t < n; ++t) r.elements += double(p.tensor(op.inputs[t]).numel());
-    r.bytes = op_bytes(p, op);
-    r.ms = 1e3 * median(times[i]);
-    out.push_back(r);
+
+  std::vector<Result> results() const {
+    const Program& p = compiled_.program;
+    std::vector<Result> out;
+    for (int i = begin_; i < end_; ++i) {
+      const Op& op = p.op(i);
+      Result r;
+      r.optimizer = optimizer_name(kind_);
+      r.op = op.name;
+      const size_t roles = op.kind == OpKind::adamw8bit ? 5 : 3;
+      const size_t n = op.kind == OpKind::grad_norm ? op.inputs.size() : op.outputs.size() / roles;
+      for (size_t t = 0; t < n; ++t) r.elements += double(p.tensor(op.inputs[t]).numel());
+      r.bytes = op_bytes(p, op);
+      r.ms = 1e3 * median(times_.at(i));
+      out.push_back(r);
+    }
+    return out;
   }
-  return out;
-}
+
+ private:
+  OptimizerKind kind_;
+  std::unique_ptr<Backend> backend_ = make_cpu_backend();
+  CompiledProgram compiled_;
+  std::unique_ptr<Executor> ex_;
+  int begin_ = 0, end_ = 0;
+  std::map<int, std::vector<double>> times_;
+};
 
 }  // namespace
 }  // namespace memfit
@@ -136,10 +160,18 @@ int main(int argc, char** argv) {
   }
   try {
     const ModelSpec spec = model_preset(model);
-    std::vector<Result> results;
-    for (OptimizerKind k : {OptimizerKind::adamw, OptimizerKind::adamw8bit})
-      for (const Result& r : bench_optimizer(spec, k, rounds, batch, seq)) results.push_back(r);
-    const double triad = triad_gbps(spec.parameter_count(), rounds);
+    // The two optimizers and the triad alternate in every round, so all see the same load.
+    OptimizerRun adamw(spec, OptimizerKind::adamw, batch, seq), q8(spec, OptimizerKind::adamw8bit, batch, seq);
+    Triad triad(spec.parameter_count());
+    std::vector<double> triad_seconds;
+    for (int r = 0; r < rounds; ++r) {
+      adamw.time_section(2 + r);
+      q8.time_section(2 + r);
+      triad_seconds.push_back(triad.seconds());
+    }
+    std::vector<Result> results = adamw.results();
+    for (const Result& r : q8.results()) results.push_back(r);
+    const double triad_gbps = triad.bytes() / median(triad_seconds) / 1e9;
     std::printf("model %s (%lld parameters), %d threads, median of %d rounds\n\n", model.c_str(),
                 (long long)spec.parameter_count(), omp_get_max_threads(), rounds);
     std::printf("| optimizer | op | elements | bytes moved | ms | GB/s |\n|---|---|---|---|---|---|\n");
@@ -152,7 +184,7 @@ int main(int argc, char** argv) {
     std::printf("\noptimizer section: adamw %.1f ms, adamw8bit %.1f ms (ratio %.2f); triad (y = a x + y, 12 B per "
                 "element over %lld elements): %.1f GB/s\n",
                 total_ms["adamw"], total_ms["adamw8bit"], total_ms["adamw8bit"] / total_ms["adamw"],
-                (long long)spec.parameter_count(), triad);
+                (long long)spec.parameter_count(), triad_gbps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "optimizer_bench: %s\n", e.what());
     return 1;

@@ -27,29 +27,33 @@ QuantCodec::QuantCodec(const QuantMap& map) : map_(map) {
 
 bool QuantCodec::build(int mantissa_bits, int min_exponent) {
   shift_ = 23 - mantissa_bits;
+  low_mask_ = (1u << shift_) - 1;
   base_ = int(std::bit_cast<uint32_t>(std::ldexp(1.0f, -min_exponent)) >> shift_) - 1;
   top_ = int(std::bit_cast<uint32_t>(1.0f) >> shift_) - base_;  // the bucket of [1, inf)
   const int per_side = top_ + 1;
-  first_.assign(size_t(2 * per_side) + 3, 0);
+  entries_.assign(size_t(2 * per_side), 0);
   auto magnitude = [&](int bucket) {  // lower end of a bucket's magnitudes
     if (bucket == 0) return 0.0f;
     return std::bit_cast<float>(uint32_t(base_ + bucket) << shift_);
   };
+  auto low_bits = [&](float t) { return std::bit_cast<uint32_t>(std::fabs(t)) & low_mask_; };
   const float* u = upper_.data();
   const int midpoints = kQuantMapSize - 1;
   for (int b = 0; b < per_side; ++b) {
+    const bool clamped = b == 0 || b == top_;  // spans several binades: its low bits say nothing
     const float s = magnitude(b);
     const float e = b == top_ ? std::numeric_limits<float>::infinity() : magnitude(b + 1);
-    // Positive y in [s, e): code = #{midpoints < y}.
+    // Positive y in [s, e): code = #{midpoints < y}; the sentinel low_mask_ is never exceeded.
     const int below_s = int(std::lower_bound(u, u + midpoints, s) - u);
     const int below_e = int(std::lower_bound(u, u + midpoints, e) - u);
-    if (below_e - below_s > 1) return false;
-    first_[size_t(b)] = uint8_t(below_s);
-    // Negative y in (-e, -s]: start from #{midpoints <= -e}.
+    if (below_e - below_s > 1 || (clamped && below_e > below_s)) return false;
+    entries_[size_t(b)] = uint32_t(below_s) << 24 | (below_e > below_s ? low_bits(u[below_s]) : low_mask_);
+    // Negative y in (-e, -s]: start from #{midpoints <= -e}; the sentinel 0 is never undercut.
     const int upto_neg_e = int(std::upper_bound(u, u + midpoints, -e) - u);
     const int upto_neg_s = int(std::upper_bound(u, u + midpoints, -s) - u);
-    if (upto_neg_s - upto_neg_e > 1) return false;
-    first_[size_t(per_side + b)] = uint8_t(upto_neg_e);
+    if (upto_neg_s - upto_neg_e > 1 || (clamped && upto_neg_s > upto_neg_e)) return false;
+    entries_[size_t(per_side + b)] =
+        uint32_t(upto_neg_e) << 24 | (upto_neg_s > upto_neg_e ? low_bits(u[upto_neg_e]) : 0u);
   }
   return true;
 }

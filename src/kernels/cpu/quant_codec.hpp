@@ -1,13 +1,16 @@
 // QuantCodec: codes <-> values of one 256-entry quantization map (kernels/quant_map.hpp) at
 // the speed an optimizer pass needs. Decoding is a table lookup. Encoding finds the nearest
 // entry without a search: the float's sign, exponent and top mantissa bits select a bucket
-// of the value range, a table gives the code at the bucket's lower end, and one comparison
-// with the midpoint above that code finishes.
+// of the value range, and one table entry per bucket holds the code at the bucket's lower
+// end and the low mantissa bits of the one midpoint inside the bucket, if any; comparing
+// those bits with the value's own finishes (within a bucket, floats compare as their low
+// bits do). One gather per 16 values.
 //
-// Subtle point: this is exact only if no bucket holds two midpoints. The constructor picks
-// the coarsest bucket width for which that holds (it checks every bucket), so the encoder
-// returns what an exhaustive nearest-entry search over the map returns, for every float
-// (ties, a value exactly on a midpoint, go to the lower code).
+// Subtle point: this is exact only if no bucket holds two midpoints, and the two clamped
+// buckets (below 2^-k, and [1, inf)) hold none. The constructor picks the coarsest bucket
+// width for which that holds (it checks every bucket), so the encoder returns the nearest
+// entry of the map, deciding at the midpoints rounded to float (a value exactly on one goes
+// to the lower code).
 #pragma once
 
 #include <bit>
@@ -29,11 +32,14 @@ class QuantCodec {
   float decode(uint8_t code) const { return map_[code]; }
 
   uint8_t encode(float y) const {
-    const uint32_t bits = std::bit_cast<uint32_t>(y);
-    int32_t bucket = int32_t((bits & 0x7fffffffu) >> shift_) - base_;
+    const uint32_t bits = std::bit_cast<uint32_t>(y), magnitude = bits & 0x7fffffffu, negative = bits >> 31;
+    int32_t bucket = int32_t(magnitude >> shift_) - base_;
     bucket = bucket < 0 ? 0 : bucket > top_ ? top_ : bucket;
-    const int lower = first_[size_t((bits >> 31) * uint32_t(top_ + 1) + uint32_t(bucket))];
-    return uint8_t(lower + (y > upper_[size_t(lower)]));
+    const uint32_t entry = entries_[size_t(negative * uint32_t(top_ + 1) + uint32_t(bucket))];
+    const uint32_t low = magnitude & low_mask_, midpoint_low = entry & kLowBits;
+    // Above the midpoint: a larger magnitude for positive values, a smaller one for negative.
+    const bool above = negative ? low < midpoint_low : low > midpoint_low;
+    return uint8_t((entry >> 24) + uint32_t(above));
   }
 
 #if defined(__AVX512F__)
@@ -44,16 +50,17 @@ class QuantCodec {
   // The same codes as encode() on each lane.
   __m128i encode16(__m512 y) const {
     const __m512i bits = _mm512_castps_si512(y);
-    __m512i bucket = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), shift_),
-                                      _mm512_set1_epi32(base_));
+    const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    __m512i bucket = _mm512_sub_epi32(_mm512_srli_epi32(magnitude, shift_), _mm512_set1_epi32(base_));
     bucket = _mm512_min_epi32(_mm512_max_epi32(bucket, _mm512_setzero_si512()), _mm512_set1_epi32(top_));
     const __mmask16 negative = _mm512_movepi32_mask(bits);
     bucket = _mm512_mask_add_epi32(bucket, negative, bucket, _mm512_set1_epi32(top_ + 1));
-    // Byte table read as 32-bit lanes at byte offsets (the table has 3 bytes of padding).
-    const __m512i lower =
-        _mm512_and_si512(_mm512_i32gather_epi32(bucket, first_.data(), 1), _mm512_set1_epi32(0xff));
-    const __m512 upper = _mm512_i32gather_ps(lower, upper_.data(), 4);
-    const __mmask16 above = _mm512_cmp_ps_mask(y, upper, _CMP_GT_OQ);
+    const __m512i entry = _mm512_i32gather_epi32(bucket, entries_.data(), 4);
+    const __m512i low = _mm512_and_si512(magnitude, _mm512_set1_epi32(int(low_mask_)));
+    const __m512i midpoint_low = _mm512_and_si512(entry, _mm512_set1_epi32(int(kLowBits)));
+    const __mmask16 above = _mm512_mask_cmpgt_epu32_mask(__mmask16(~negative), low, midpoint_low) |
+                            _mm512_mask_cmplt_epu32_mask(negative, low, midpoint_low);
+    const __m512i lower = _mm512_srli_epi32(entry, 24);
     return _mm512_cvtepi32_epi8(_mm512_mask_add_epi32(lower, above, lower, _mm512_set1_epi32(1)));
   }
 #endif
@@ -62,12 +69,14 @@ class QuantCodec {
   int buckets() const { return 2 * (top_ + 1); }
 
  private:
+  static constexpr uint32_t kLowBits = 0xffffff;  // an entry: code << 24 | midpoint's low bits
   bool build(int mantissa_bits, int min_exponent);
 
   QuantMap map_;
   QuantMap upper_;  // upper_[c]: midpoint between entries c and c + 1; upper_[255] = +inf
   int shift_ = 0, base_ = 0, top_ = 0;
-  std::vector<uint8_t> first_;  // [sign][bucket]: the code of the bucket's lower end, + 3 bytes of padding
+  uint32_t low_mask_ = 0;         // the mantissa bits below a bucket's
+  std::vector<uint32_t> entries_;  // [sign][bucket]
 };
 
 // Codecs of the signed (first moment) and unsigned (second moment) dynamic maps, built once.
