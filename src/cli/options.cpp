@@ -51,6 +51,8 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add<double>(app, "--beta1", "AdamW beta1", [](RunConfig& c, double v) { c.policy.adamw.beta1 = v; });
   add<double>(app, "--beta2", "AdamW beta2", [](RunConfig& c, double v) { c.policy.adamw.beta2 = v; });
   add<double>(app, "--adam-eps", "AdamW epsilon", [](RunConfig& c, double v) { c.policy.adamw.eps = v; });
+  add<double>(app, "--grad-clip", "clip gradients to this global norm (0: off)",
+              [](RunConfig& c, double v) { c.policy.grad_clip = v; });
   add<int64_t>(app, "--classifier-chunk", "rows of logits materialised at once (0: automatic)",
                [](RunConfig& c, int64_t v) { c.policy.classifier_chunk_rows = v; });
   add<int>(app, "--threads", "OpenMP threads for kernels (default: OMP_NUM_THREADS or all cores)",
@@ -67,6 +69,11 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add<int64_t>(app, "--steps", "optimizer steps", [](RunConfig& c, int64_t v) { c.steps = v; });
   add<double>(app, "--lr", "learning rate", [](RunConfig& c, double v) { c.lr = v; });
   add<int64_t>(app, "--warmup", "linear warmup steps", [](RunConfig& c, int64_t v) { c.warmup_steps = v; });
+  add<std::string>(app, "--lr-schedule", "constant | cosine (after the warmup)",
+                   [](RunConfig& c, std::string v) { c.lr_schedule = parse_lr_schedule(v); });
+  add<double>(app, "--min-lr", "cosine floor (default: lr / 10)", [](RunConfig& c, double v) { c.min_lr = v; });
+  add<int64_t>(app, "--decay-steps", "cosine: step at which --min-lr is reached (default: --steps)",
+               [](RunConfig& c, int64_t v) { c.decay_steps = v; });
   add<uint64_t>(app, "--seed", "seed of initialisation, synthetic data and shuffling",
                 [](RunConfig& c, uint64_t v) { c.seed = v; });
   add<bool>(app, "--shuffle", "read batches in a seeded random order", [](RunConfig& c, bool v) { c.shuffle = v; });

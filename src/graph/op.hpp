@@ -69,10 +69,16 @@ enum class OpKind : uint16_t {
                        //   element is inf or NaN, else 0
   // --- optimizer ---
   fill,                // out [x]: x = value
-  grad_norm,           // in [grads...] out [norm (1)]
-  adamw,               // in [grads... (n)] out [params... (n), m... (n), v... (n)]  (all updated in place)
-                       //   params are fp32 (the masters under mixed precision); grads any float
-  adamw8bit,           // in [grads...] out [params..., m codes..., v codes..., m absmax..., v absmax...]
+  grad_norm,           // in [grads...] out [norm (1)] workspace [partials (chunks) fp32]; GradNormAttrs
+                       //   norm of the unscaled gradients: sqrt(sum g^2) / loss_scale, in fp32 or better
+  adamw,               // in [grads... (n), (norm)] out [targets... (n), m... (n), v... (n)]  (all updated in place)
+                       //   targets: the parameters, or their fp32 master copies; AdamWAttrs. Every
+                       //   update op uses g * clip / loss_scale: clip = min(1, max_grad_norm /
+                       //   (norm + 1e-6)) when max_grad_norm > 0 (then `norm` is the last input)
+  adamw8bit,           // in [grads... (n), (norm)] out [targets... (n), m codes... (n), v codes... (n),
+                       //   m absmax... (n), v absmax... (n)]: codes uint8 (numel), absmax fp32
+                       //   (ceil(numel / block)); m in the signed dynamic map, v in the unsigned one
+                       //   (kernels/quant_map.hpp); AdamWAttrs (block)
   // --- communication (collectives over the data-parallel group) ---
   all_reduce,          // out [x] (in place)
   reduce_scatter,      // in [full] out [shard]
@@ -121,6 +127,11 @@ struct AdamWAttrs {
   // Doubles, as PyTorch's hyper-parameters are: 1 - beta is then rounded to fp32 once.
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   std::vector<float> weight_decay;  // per parameter tensor (0 for biases and norm weights)
+  double max_grad_norm = 0;         // > 0: clip by the global norm, the op's last input
+  int64_t block = 256;              // adamw8bit: elements per quantization block
+};
+struct GradNormAttrs {
+  int64_t chunk = 32768;  // elements per partial sum (fixed, so the norm is thread-count independent)
 };
 struct FillAttrs {
   float value = 0;
@@ -129,7 +140,7 @@ struct CollectiveAttrs {
   int world_size = 1;
 };
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
-                             ScaleAttrs, AdamWAttrs, FillAttrs, CollectiveAttrs>;
+                             ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs>;
 
 struct Op {
   OpKind kind = OpKind::fill;

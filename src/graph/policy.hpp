@@ -51,6 +51,7 @@ struct Policy {
   AttentionKind attention = AttentionKind::naive;
   OptimizerKind optimizer = OptimizerKind::adamw;
   AdamWConfig adamw;
+  double grad_clip = 0;  // > 0: clip gradients to this global norm (DeepSpeed gradient_clipping)
   int zero_stage = 0;
   Tier offload_optimizer = Tier::device;
   Tier offload_params = Tier::device;

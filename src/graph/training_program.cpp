@@ -1,6 +1,7 @@
 #include "graph/training_program.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
@@ -26,7 +27,8 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   check_precision_policy(p);
   if (p.recompute.mode != RecomputeMode::none) unsupported(fmt::format("recompute {}", p.recompute.to_string()));
   if (p.attention != AttentionKind::naive) unsupported(fmt::format("attention {}", attention_name(p.attention)));
-  if (p.optimizer != OptimizerKind::adamw) unsupported(fmt::format("optimizer {}", optimizer_name(p.optimizer)));
+  MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",
+               "gradient clipping needs a norm >= 0 (got {}; 0 turns it off)", p.grad_clip);
   if (p.zero_stage != 0) unsupported(fmt::format("ZeRO stage {}", p.zero_stage));
   if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
   if (topo.world_size != 1) unsupported(fmt::format("world size {}", topo.world_size));

@@ -1,7 +1,8 @@
 // Builds the whole step program of a training run from a model, a policy and a topology:
 //   section "micro" (repeated grad_accum times): load batch, forward, fused classifier
 //     (loss + its gradient), backward;
-//   section "optimizer": one fused AdamW update over every parameter;
+//   section "optimizer": the update of every parameter (graph/optimizer.hpp: fused AdamW or
+//     8-bit AdamW, after the global gradient norm when clipping);
 //   section "eval" (optional): load a validation batch, forward, loss only.
 // Later techniques (precision, recomputation, sharding, offload) are transformations applied
 // to what this emits.

@@ -28,10 +28,25 @@ nlohmann::json tier_json(const Program& p, const TierPlan& t) {
           {"peak_op", op_json(p, t.peak_op)}};
 }
 
+// Optimizer state of every trainable parameter (all tiers), and per trainable parameter.
+std::pair<uint64_t, double> optimizer_state(const Program& p) {
+  uint64_t bytes = 0;
+  int64_t trainable = 0;
+  for (const ParamEntry& e : p.params()) {
+    if (!e.trainable) continue;
+    trainable += p.tensor(e.value).numel();
+    for (TensorId id : e.state) bytes += p.tensor(id).bytes();
+  }
+  return {bytes, trainable ? double(bytes) / double(trainable) : 0.0};
+}
+
 }  // namespace
 
 std::string format_memory_table(const Program& p, const MemoryPlan& plan) {
   std::string out;
+  if (const auto [bytes, per_param] = optimizer_state(p); bytes > 0)
+    out += fmt::format("optimizer state: {} ({} bytes), {:.4f} bytes per trainable parameter\n", format_bytes(bytes),
+                       bytes, per_param);
   for (Tier tier : kAllTiers) {
     const TierPlan& t = plan.tier(tier);
     if (t.peak_bytes == 0 && tier != Tier::device) continue;
@@ -68,6 +83,9 @@ nlohmann::json memory_json(const Program& p, const MemoryPlan& plan, const std::
   out["peak_op"] = j["peak_op"];
   out["max_live_bytes"] = dev.max_live_bytes;
   out["packing_ratio"] = dev.packing_ratio();
+  const auto [state_bytes, state_per_param] = optimizer_state(p);
+  out["optimizer_state_bytes"] = state_bytes;
+  out["optimizer_state_bytes_per_parameter"] = state_per_param;
   if (measured) {
     out["measured_peak_bytes"] = nlohmann::json::object();
     for (Tier tier : kAllTiers) out["measured_peak_bytes"][std::string(tier_name(tier))] = (*measured)[size_t(tier)];

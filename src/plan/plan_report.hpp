@@ -16,13 +16,15 @@ namespace memfit {
 using TierBytes = std::array<uint64_t, kNumTiers>;
 
 // Per tier: bytes per category at the peak, free bytes inside the arena at the peak, the
-// peak and the op at the peak, and the best-possible peak (largest live total).
+// peak and the op at the peak, and the best-possible peak (largest live total); first, the
+// optimizer state and its bytes per trainable parameter.
 std::string format_memory_table(const Program& program, const MemoryPlan& plan);
 
 // The "memory" object of reports:
 //   planned_peak_bytes.{device,host,disk}, planned_by_category.<category> (device tier, at its
 //   peak), planned_free_at_peak_bytes, peak_op {index, name, kind, phase, layer},
 //   max_live_bytes, packing_ratio, tiers.<tier>.{...same per tier...},
+//   optimizer_state_bytes and optimizer_state_bytes_per_parameter (of trainable parameters),
 //   and measured_peak_bytes.{device,host,disk} when `measured` is given.
 nlohmann::json memory_json(const Program& program, const MemoryPlan& plan,
                            const std::optional<TierBytes>& measured = std::nullopt);

@@ -22,6 +22,17 @@ ModelSpec resolve_model(const std::string& model) {
   return model_preset(model);
 }
 
+LrSchedule lr_schedule_of(const RunConfig& c) {
+  LrSchedule s;
+  s.kind = c.lr_schedule;
+  s.lr = c.lr;
+  s.warmup = c.warmup_steps;
+  s.min_lr = c.min_lr < 0 ? c.lr / 10 : c.min_lr;
+  s.decay_steps = c.decay_steps > 0 ? c.decay_steps : c.steps;
+  s.validate();
+  return s;
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -66,6 +77,9 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     else if (key == "eval_every") c.eval_every = get_as<int64_t>(v, key);
     else if (key == "eval_batches") c.eval_batches = get_as<int64_t>(v, key);
     else if (key == "warmup_steps") c.warmup_steps = get_as<int64_t>(v, key);
+    else if (key == "lr_schedule") c.lr_schedule = parse_lr_schedule(get_as<std::string>(v, key));
+    else if (key == "min_lr") c.min_lr = get_as<double>(v, key);
+    else if (key == "decay_steps") c.decay_steps = get_as<int64_t>(v, key);
     else if (key == "precision") p.precision = parse_precision(get_as<std::string>(v, key));
     else if (key == "grad_dtype") p.grad_dtype = parse_dtype(get_as<std::string>(v, key));
     else if (key == "fp32_ops") p.fp32_ops = get_as<std::vector<std::string>>(v, key);
@@ -110,8 +124,10 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     } else if (key == "optimizer") {
       MEMFIT_CHECK(v.is_object(), "config", "key 'optimizer' must be an object");
       const std::string type = v.value("type", "AdamW");
-      refuse_unless(type == "AdamW" || type == "adamw" || type == "Adam", "optimizer.type",
-                    fmt::format("optimizer '{}' is not supported (AdamW is)", type));
+      const bool eight_bit = type == "AdamW8bit" || type == "adamw8bit";
+      refuse_unless(type == "AdamW" || type == "adamw" || type == "Adam" || eight_bit, "optimizer.type",
+                    fmt::format("optimizer '{}' is not supported (AdamW and AdamW8bit are)", type));
+      p.optimizer = eight_bit ? OptimizerKind::adamw8bit : OptimizerKind::adamw;
       if (v.contains("params")) {
         const json& op = v["params"];
         for (const auto& [sub, sv] : op.items()) {
@@ -135,8 +151,8 @@ void apply_config_file(const std::string& path, RunConfig& c) {
           (sub == "offload_optimizer" ? p.offload_optimizer : p.offload_params) = parse_tier(dev);
         } else throw Error("config", fmt::format("unknown key 'zero_optimization.{}'", sub));
       }
-    } else if (key == "gradient_clipping") {
-      refuse_unless(get_as<double>(v, key) == 0.0, key, "gradient clipping is not supported by this build yet");
+    } else if (key == "gradient_clipping" || key == "grad_clip") {
+      p.grad_clip = get_as<double>(v, key);
     } else if (key == "train_batch_size") {
       // DeepSpeed's global batch: must agree with micro-batch x accumulation x world size.
       const int64_t global = get_as<int64_t>(v, key);

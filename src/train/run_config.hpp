@@ -11,6 +11,7 @@
 #include "graph/policy.hpp"
 #include "io/token_file.hpp"
 #include "train/loss_scaler.hpp"
+#include "train/lr_schedule.hpp"
 
 namespace memfit {
 
@@ -24,6 +25,9 @@ struct RunConfig {
   int64_t steps = 50;
   double lr = 1e-3;
   int64_t warmup_steps = 0;  // linear warmup from 0 to lr
+  LrScheduleKind lr_schedule = LrScheduleKind::constant;
+  double min_lr = -1;        // cosine floor; < 0: lr / 10
+  int64_t decay_steps = 0;   // cosine: the step the floor is reached; 0: the last step
   uint64_t seed = 1337;
   bool shuffle = false;
   double val_fraction = 0.1;  // share of the data held out at its end; 0: no validation
@@ -38,6 +42,9 @@ struct RunConfig {
 };
 
 ModelSpec resolve_model(const std::string& model);  // throws [model] / [config]
+
+// The learning-rate schedule of a run, defaults resolved and validated (throws [train]).
+LrSchedule lr_schedule_of(const RunConfig& config);
 
 // Applies a JSON config file on top of `config` (flags given on the command line are
 // applied after it by the CLI). Throws [config] on malformed files and unknown keys.

@@ -10,6 +10,7 @@
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
+#include "graph/optimizer.hpp"
 #include "graph/training_program.hpp"
 #include "plan/plan_report.hpp"
 #include "runtime/executor.hpp"
@@ -39,11 +40,6 @@ TokenData open_data(const RunConfig& c) {
   std::vector<uint16_t> tokens(text.size());
   for (size_t i = 0; i < text.size(); ++i) tokens[i] = uint8_t(text[i]);
   return TokenData::from_tokens(std::move(tokens), fmt::format("the synthetic corpus (seed {})", c.seed));
-}
-
-double lr_at(const RunConfig& c, int64_t step) {
-  if (c.warmup_steps > 0 && step <= c.warmup_steps) return c.lr * double(step) / double(c.warmup_steps);
-  return c.lr;
 }
 
 }  // namespace
@@ -96,6 +92,7 @@ nlohmann::json policy_json(const Policy& p) {
           {"recompute", p.recompute.to_string()},
           {"attention", attention_name(p.attention)},
           {"optimizer", optimizer_name(p.optimizer)},
+          {"grad_clip", p.grad_clip},
           {"adamw", {{"beta1", p.adamw.beta1}, {"beta2", p.adamw.beta2}, {"eps", p.adamw.eps},
                      {"weight_decay", p.adamw.weight_decay}}},
           {"zero_stage", p.zero_stage},
@@ -109,6 +106,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   MEMFIT_CHECK(c.val_fraction >= 0 && c.val_fraction < 1, "train", "the validation fraction must be in [0, 1) (got {})",
                c.val_fraction);
   MEMFIT_CHECK(c.eval_every >= 0 && c.eval_batches >= 1, "train", "--eval-every must be >= 0 and --eval-batches >= 1");
+  const LrSchedule schedule = lr_schedule_of(c);
   auto backend = make_cpu_backend();
   const TokenData data = open_data(c);
   const PreparedRun run = prepare_run(c, *backend);
@@ -127,8 +125,9 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   std::optional<BatchLoader> val_loader;
   if (pol.with_eval) val_loader.emplace(data, n - val_tokens, n, B, T, spec.vocab_size, false, c.seed, "validation");
 
-  log << fmt::format("memfit train: model {} ({} parameters), batch {} x {} tokens, accumulation {}, {}, lr {}\n",
-                     spec.name, prog.parameter_count(), B, T, k, precision_name(pol.precision), c.lr);
+  log << fmt::format("memfit train: model {} ({} parameters), batch {} x {} tokens, accumulation {}, {}, {}, lr {} ({})\n",
+                     spec.name, prog.parameter_count(), B, T, k, precision_name(pol.precision),
+                     optimizer_name(pol.optimizer), c.lr, schedule.to_json().dump());
   log << fmt::format("data: {}: {} tokens ({} training, {} validation)\n", data.description(), n, n - val_tokens,
                      val_tokens);
   log << format_memory_table(prog, run.compiled.plan);
@@ -155,6 +154,8 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
                        c.loss_scale.fixed_scale > 0 ? "fixed" : loss_scale_convention_name(c.loss_scale.convention),
                        runner.loss_scale());
   const float* loss = ex.data_as<float>(prog.find_tensor(kLoss));
+  const TensorId norm_id = prog.find_tensor(kGradNorm);  // present when clipping
+  const float* grad_norm = norm_id != kNoTensor ? ex.data_as<float>(norm_id) : nullptr;
 
   auto evaluate = [&]() {
     val_loader->reset();
@@ -168,6 +169,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   };
 
   nlohmann::json history = nlohmann::json::array(), val_history = nlohmann::json::array();
+  nlohmann::json lr_history = nlohmann::json::array(), norm_history = nlohmann::json::array();
   double timed_seconds = 0;
   int64_t timed_steps = 0;
   const double tokens_per_step = double(B * T * k);
@@ -181,7 +183,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   for (int64_t step = 1; step <= c.steps; ++step) {
     StepContext ctx;
     ctx.step = applied + 1;
-    ctx.lr = lr_at(c, applied + 1);
+    ctx.lr = schedule.at(applied + 1);
     const auto t0 = Clock::now();
     const StepRunner::Result r = runner.run(ctx);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -191,6 +193,8 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
     MEMFIT_CHECK(std::isfinite(last_loss) || !r.applied, "train", "the loss became {} at step {}; lower --lr",
                  last_loss, step);
     history.push_back(last_loss);
+    lr_history.push_back(ctx.lr);
+    if (grad_norm) norm_history.push_back(*grad_norm);
     if (runner.loss_scaling()) {
       scale_history.push_back(r.scale);
       if (!r.applied) skipped_at.push_back(step);
@@ -201,9 +205,9 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
                                                                     runner.skipped_steps())
                                                       : std::string();
     if (step == 1 || step == c.steps || !r.applied || (c.log_every > 0 && step % c.log_every == 0))
-      log << fmt::format("step {:>5}/{} | loss {:.4f} | {:8.1f} ms | {:>9.0f} tok/s | lr {:.3g} | device {} planned{}\n",
-                         step, c.steps, last_loss, dt * 1e3, tokens_per_step / dt, ctx.lr, format_bytes(planned),
-                         scaling);
+      log << fmt::format("step {:>5}/{} | loss {:.4f} | {:8.1f} ms | {:>9.0f} tok/s | lr {:.3g}{} | device {} planned{}\n",
+                         step, c.steps, last_loss, dt * 1e3, tokens_per_step / dt, ctx.lr,
+                         grad_norm ? fmt::format(" | norm {:.3f}", *grad_norm) : "", format_bytes(planned), scaling);
     if (pol.with_eval && c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {
       const double v = evaluate();
       val_history.push_back({{"step", step}, {"loss", v}});
@@ -263,6 +267,9 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
         {"history", scale_history}};
   report["seed"] = c.seed;
   report["lr"] = c.lr;
+  report["lr_schedule"] = schedule.to_json();
+  report["lr_history"] = lr_history;
+  if (grad_norm) report["grad_norm_history"] = norm_history;
   if (!c.report_json.empty()) {
     const std::string tmp = c.report_json + ".tmp";
     {

@@ -1,4 +1,5 @@
-// The executor's two promises on a real program (gpt2-tiny, training and validation):
+// The executor's two promises on a real program (gpt2-tiny, training and validation; also
+// with accumulation, 8-bit AdamW and gradient clipping):
 // after start-up a step allocates nothing (memfit code: zero allocations; oneDNN: what it
 // allocates inside a call is freed before the call returns), and the arena's measured
 // high-water mark equals the planned peak byte for byte.
@@ -98,6 +99,16 @@ TEST(Executor, SameUnderBf16AndFp16) {
       expect_steps_allocate_nothing(pol);
     }
   }
+}
+
+TEST(Executor, SameWithEightBitAdamWClippingAndAccumulation) {
+  Policy pol;
+  pol.batch = 2;
+  pol.seq = 64;
+  pol.grad_accum = 3;
+  pol.optimizer = OptimizerKind::adamw8bit;
+  pol.grad_clip = 0.5;
+  expect_steps_allocate_nothing(pol);
 }
 
 TEST(Executor, RefusesTiersTheBackendCannotRun) {

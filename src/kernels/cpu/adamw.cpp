@@ -1,9 +1,10 @@
 // AdamW, PyTorch's formula: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps). The one subtle point is load
+// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with g the gradient times
+// grad_scale (clipping coefficient over loss scale). The one subtle point is load
 // balance: a GPT-2 has a few huge matrices and many tiny bias and norm vectors, so the pass
 // runs over the concatenation of all tensors and each thread takes one contiguous slice of
-// that flattened range, whatever tensors it crosses. Gradients are unscaled on load
-// (g * 1/loss_scale): with loss_scale 1 the product is exact, so fp32 results are unchanged.
+// that flattened range, whatever tensors it crosses. Gradients may be 16-bit; they are widened
+// on load. With grad_scale 1 the product is exact, so fp32 results are unchanged.
 #include "kernels/cpu/adamw.hpp"
 
 #include <algorithm>
@@ -21,7 +22,7 @@ namespace memfit {
 namespace {
 
 struct AdamWStep {
-  float b1, b2, one_b1, one_b2, step_size, inv_sqrt_bc2, eps, decay, unscale;
+  float b1, b2, one_b1, one_b2, step_size, inv_sqrt_bc2, eps, decay, grad_scale;
 };
 
 #if defined(__AVX512F__)
@@ -48,12 +49,12 @@ template <class G>
 void adamw_update(float* p, const G* g, float* m, float* v, int64_t begin, int64_t end, const AdamWStep& c) {
   int64_t e = begin;
 #if defined(__AVX512F__)
-  const __m512 unscale = _mm512_set1_ps(c.unscale);
   const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), one_b1 = _mm512_set1_ps(c.one_b1);
   const __m512 one_b2 = _mm512_set1_ps(c.one_b2), step = _mm512_set1_ps(c.step_size);
   const __m512 inv_bc2 = _mm512_set1_ps(c.inv_sqrt_bc2), eps = _mm512_set1_ps(c.eps), decay = _mm512_set1_ps(c.decay);
+  const __m512 gs = _mm512_set1_ps(c.grad_scale);
   for (; e + 16 <= end; e += 16) {
-    const __m512 ge = _mm512_mul_ps(load16(g + e), unscale);
+    const __m512 ge = _mm512_mul_ps(load16(g + e), gs);
     const __m512 me = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + e)), _mm512_mul_ps(one_b1, ge));
     const __m512 ve =
         _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + e)), _mm512_mul_ps(_mm512_mul_ps(one_b2, ge), ge));
@@ -69,7 +70,7 @@ void adamw_update(float* p, const G* g, float* m, float* v, int64_t begin, int64
   }
 #endif
   for (; e < end; ++e) {
-    const float ge = widen(g[e]) * c.unscale;
+    const float ge = widen(g[e]) * c.grad_scale;
     const float me = c.b1 * m[e] + c.one_b1 * ge;
     const float ve = c.b2 * v[e] + c.one_b2 * ge * ge;
     m[e] = me;
@@ -93,11 +94,8 @@ AdamWSet::AdamWSet(std::vector<AdamWTensor> tensors) : tensors_(std::move(tensor
 void AdamWSet::run(const AdamWHyper& h) const {
   const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.step));
   const double bc2 = 1.0 - std::pow(double(h.beta2), double(h.step));
-  const AdamWStep base{float(h.beta1),   float(h.beta2),
-                       float(1.0 - h.beta1), float(1.0 - h.beta2),
-                       float(h.lr / bc1),    float(1.0 / std::sqrt(bc2)),
-                       float(h.eps),         1.0f,
-                       float(1.0 / double(h.loss_scale))};
+  const AdamWStep base{float(h.beta1), float(h.beta2), float(1.0 - h.beta1), float(1.0 - h.beta2),
+                       float(h.lr / bc1), float(1.0 / std::sqrt(bc2)), float(h.eps), 1.0f, h.grad_scale};
   const double lr = double(h.lr);
   const int64_t total = offsets_.back();
   const AdamWTensor* tensors = tensors_.data();

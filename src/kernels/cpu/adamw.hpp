@@ -24,7 +24,9 @@ struct AdamWTensor {
 struct AdamWHyper {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   int64_t step = 1;  // 1-based
-  float loss_scale = 1;  // gradients are divided by it (multiplied by its inverse: exact for powers of 2)
+  // Every gradient is multiplied by this before use: the clipping coefficient over the loss
+  // scale (1 without either, which leaves the gradient bit for bit unchanged).
+  float grad_scale = 1;
 };
 
 // The tensors of one adamw op, with the prefix sums that let threads split the flattened

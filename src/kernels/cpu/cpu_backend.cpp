@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/adamw.hpp"
+#include "kernels/cpu/adamw8bit.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/classifier.hpp"
 #include "kernels/cpu/dnnl_matmul.hpp"
@@ -27,6 +28,7 @@
 #include "kernels/cpu/finite.hpp"
 #include "kernels/cpu/gelu.hpp"
 #include "core/half.hpp"
+#include "kernels/cpu/grad_norm.hpp"
 #include "kernels/cpu/layernorm.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/reduce.hpp"
@@ -72,8 +74,16 @@ void check_dtypes(const Program& program, const Op& op) {
     const DType t = program.tensor(op.inputs[i]).dtype;
     if (int_input(i) ? t != DType::i32 : !is_float(t)) no_kernel(op, t);
   }
-  for (TensorId id : op.outputs)
-    if (id != kNoTensor && !is_float(program.tensor(id).dtype)) no_kernel(op, program.tensor(id).dtype);
+  // adamw8bit's outputs [targets, m codes, v codes, m absmax, v absmax]: the codes are uint8.
+  auto code_output = [&](size_t j) {
+    return op.kind == OpKind::adamw8bit && j >= op.outputs.size() / 5 && j < 3 * (op.outputs.size() / 5);
+  };
+  for (size_t j = 0; j < op.outputs.size(); ++j) {
+    const TensorId id = op.outputs[j];
+    if (id == kNoTensor) continue;
+    const DType t = program.tensor(id).dtype;
+    if (code_output(j) ? t != DType::u8 : !is_float(t)) no_kernel(op, t);
+  }
   // uint8 workspace is library scratch (runtime/compile.cpp), bytes without a type.
   for (TensorId id : op.workspace)
     if (program.tensor(id).dtype != DType::f32 && program.tensor(id).dtype != DType::u8)
@@ -424,10 +434,30 @@ std::unique_ptr<PreparedOp> prepare_classifier(const DnnlEnv& env, const Program
   });
 }
 
+// The update ops' inputs are [grads (n), (norm)]: the norm is there when clipping is on.
+size_t update_op_tensors(const Op& op, const AdamWAttrs& a, size_t roles) {
+  const size_t n = op.outputs.size() / roles;
+  MEMFIT_CHECK(op.outputs.size() % roles == 0, "kernels", "op '{}' ({}) has {} outputs, not {} per tensor", op.name,
+               op_kind_name(op.kind), op.outputs.size(), roles);
+  check_arity(op, n + (a.max_grad_norm > 0 ? 1 : 0), roles * n);
+  return n;
+}
+
+const float* clip_norm_input(const Program& p, const Op& op, const AdamWAttrs& a, const OpBinding& b) {
+  if (a.max_grad_norm <= 0) return nullptr;
+  check_numel(p, op, op.inputs.back(), 1, "norm");
+  return in_f(b, op.inputs.size() - 1);
+}
+
+// What every gradient is multiplied by: the clipping coefficient over the loss scale.
+float update_grad_scale(const float* norm, double max_grad_norm, const StepContext& ctx) {
+  const float clip = norm ? clip_coefficient(*norm, max_grad_norm) : 1.0f;
+  return ctx.loss_scale == 1.0f ? clip : clip / ctx.loss_scale;
+}
+
 std::unique_ptr<PreparedOp> prepare_adamw(const Program& p, const Op& op, const OpBinding& b) {
-  const size_t n = op.inputs.size();
-  check_arity(op, n, 3 * n);
   const AdamWAttrs& a = attrs_of<AdamWAttrs>(op);
+  const size_t n = update_op_tensors(op, a, 3);
   MEMFIT_CHECK(a.weight_decay.empty() || a.weight_decay.size() == n, "kernels",
                "op '{}' (adamw): {} weight decays for {} tensors", op.name, a.weight_decay.size(), n);
   for (TensorId id : op.outputs) {
@@ -442,8 +472,9 @@ std::unique_ptr<PreparedOp> prepare_adamw(const Program& p, const Op& op, const 
     tensors[i] = AdamWTensor{out_f(b, i),       b.inputs[i], dtype_of(p, op.inputs[i]), out_f(b, i + n),
                              out_f(b, i + 2 * n), numel,      a.weight_decay.empty() ? 0.0f : a.weight_decay[i]};
   }
-  return make_op([set = AdamWSet(std::move(tensors)), b1 = a.beta1, b2 = a.beta2, eps = a.eps](const StepContext& ctx) {
-    set.run(AdamWHyper{ctx.lr, b1, b2, eps, ctx.step, ctx.loss_scale});
+  return make_op([set = AdamWSet(std::move(tensors)), b1 = a.beta1, b2 = a.beta2, eps = a.eps,
+                  norm = clip_norm_input(p, op, a, b), max_norm = a.max_grad_norm](const StepContext& ctx) {
+    set.run(AdamWHyper{ctx.lr, b1, b2, eps, ctx.step, update_grad_scale(norm, max_norm, ctx)});
   });
 }
 
@@ -487,6 +518,51 @@ std::unique_ptr<PreparedOp> prepare_check_finite(const Program& p, const Op& op,
   return make_op([check = FiniteCheck(std::move(spans)), flag = out_f(b, 0)](const StepContext&) {
     *flag = check.run() ? 1.0f : 0.0f;
   });
+}
+
+std::unique_ptr<PreparedOp> prepare_adamw8bit(const Program& p, const Op& op, const OpBinding& b) {
+  const AdamWAttrs& a = attrs_of<AdamWAttrs>(op);
+  const size_t n = update_op_tensors(op, a, 5);
+  MEMFIT_CHECK(a.weight_decay.empty() || a.weight_decay.size() == n, "kernels",
+               "op '{}' (adamw8bit): {} weight decays for {} tensors", op.name, a.weight_decay.size(), n);
+  MEMFIT_CHECK(a.block >= 1, "kernels", "op '{}' (adamw8bit): block size {}", op.name, a.block);
+  for (TensorId id : op.outputs)
+    MEMFIT_CHECK(id != kNoTensor, "kernels", "op '{}' (adamw8bit): every parameter and state tensor must be present",
+                 op.name);
+  std::vector<AdamW8bitTensor> tensors(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t numel = p.tensor(op.inputs[i]).numel(), blocks = (numel + a.block - 1) / a.block;
+    for (size_t k = 0; k < 3; ++k) check_numel(p, op, op.outputs[i + k * n], numel, "param/m codes/v codes");
+    for (size_t k = 3; k < 5; ++k) check_numel(p, op, op.outputs[i + k * n], blocks, "absmax");
+    tensors[i] = AdamW8bitTensor{out_f(b, i),
+                                 b.inputs[i],
+                                 static_cast<uint8_t*>(b.outputs[i + n]),
+                                 static_cast<uint8_t*>(b.outputs[i + 2 * n]),
+                                 out_f(b, i + 3 * n),
+                                 out_f(b, i + 4 * n),
+                                 numel,
+                                 a.weight_decay.empty() ? 0.0f : a.weight_decay[i]};
+  }
+  AdamW8bitSet set(std::move(tensors), a.block, n ? p.tensor(op.inputs[0]).dtype : DType::f32);
+  return make_op([set = std::move(set), b1 = a.beta1, b2 = a.beta2, eps = a.eps, norm = clip_norm_input(p, op, a, b),
+                  max_norm = a.max_grad_norm](const StepContext& ctx) {
+    set.run(AdamWHyper{ctx.lr, b1, b2, eps, ctx.step, update_grad_scale(norm, max_norm, ctx)});
+  });
+}
+
+std::unique_ptr<PreparedOp> prepare_grad_norm(const Program& p, const Op& op, const OpBinding& b) {
+  check_arity(op, op.inputs.size(), 1, 1);
+  check_numel(p, op, op.outputs[0], 1, "norm");
+  require_overwrite(op, 0);
+  std::vector<GradNormTensor> tensors;
+  for (size_t i = 0; i < op.inputs.size(); ++i) tensors.push_back({b.inputs[i], p.tensor(op.inputs[i]).numel()});
+  GradNormSet set(std::move(tensors), attrs_of<GradNormAttrs>(op).chunk,
+                  op.inputs.empty() ? DType::f32 : p.tensor(op.inputs[0]).dtype);
+  MEMFIT_CHECK(p.tensor(op.workspace[0]).numel() >= set.chunks(), "kernels",
+               "op '{}' (grad_norm): the partials '{}' hold {} sums, fewer than {} chunks", op.name,
+               p.tensor(op.workspace[0]).name, p.tensor(op.workspace[0]).numel(), set.chunks());
+  return make_op([set = std::move(set), partials = static_cast<float*>(b.workspace[0]),
+                  norm = out_f(b, 0)](const StepContext& ctx) { *norm = set.run(partials, 1.0f / ctx.loss_scale); });
 }
 
 class CpuBackend final : public Backend {
@@ -551,6 +627,8 @@ class CpuBackend final : public Backend {
       case OpKind::classifier:
       case OpKind::classifier_eval: return prepare_classifier(env_, program, op, binding);
       case OpKind::adamw: return prepare_adamw(program, op, binding);
+      case OpKind::adamw8bit: return prepare_adamw8bit(program, op, binding);
+      case OpKind::grad_norm: return prepare_grad_norm(program, op, binding);
       case OpKind::add:
       case OpKind::accumulate:
       case OpKind::cast: return prepare_elementwise(program, op, binding);
