@@ -25,7 +25,6 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   if (p.precision != Precision::fp32) unsupported(fmt::format("precision {}", precision_name(p.precision)));
   if (p.grad_dtype != DType::f32) unsupported(fmt::format("gradient dtype {}", dtype_name(p.grad_dtype)));
   if (p.recompute.mode != RecomputeMode::none) unsupported(fmt::format("recompute {}", p.recompute.to_string()));
-  if (p.attention != AttentionKind::naive) unsupported(fmt::format("attention {}", attention_name(p.attention)));
   if (p.optimizer != OptimizerKind::adamw) unsupported(fmt::format("optimizer {}", optimizer_name(p.optimizer)));
   if (p.zero_stage != 0) unsupported(fmt::format("ZeRO stage {}", p.zero_stage));
   if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
@@ -70,7 +69,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     const TensorId targets = b.transient(kTargets, Shape{B, T}, Category::activations, DType::i32);
     b.emit({OpKind::load_input, "load_batch", {}, {tokens, targets}});
     const int fwd_begin = int(p.ops().size());
-    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "");
+    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "", policy.attention);
     const int fwd_end = int(p.ops().size());
 
     Autodiff ad(b, k > 1);
@@ -107,7 +106,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     const TensorId tokens = b.transient(kEvalTokens, Shape{B, T}, Category::activations, DType::i32);
     const TensorId targets = b.transient(kEvalTargets, Shape{B, T}, Category::activations, DType::i32);
     b.emit({OpKind::load_input, "load_eval_batch", {}, {tokens, targets}});
-    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "eval.");
+    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "eval.", policy.attention);
     ClassifierAttrs c;
     c.rows = N;
     c.vocab = spec.vocab_size;

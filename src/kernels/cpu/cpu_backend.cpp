@@ -7,6 +7,8 @@
 // between micro-steps), so a kernel whose products are oneDNN primitives gets every variant
 // its mode can take at prepare time, and scratch_bytes() builds exactly the same set of
 // primitive descriptors to size the scratch the plan reserves.
+#include <omp.h>
+
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -19,6 +21,7 @@
 #include "kernels/cpu/dnnl_matmul.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/flash_attention.hpp"
 #include "kernels/cpu/gelu.hpp"
 #include "kernels/cpu/layernorm.hpp"
 #include "kernels/cpu/matmul.hpp"
@@ -283,6 +286,44 @@ std::unique_ptr<PreparedOp> prepare_attention_backward(const DnnlEnv& env, const
   });
 }
 
+// Flash attention's tiles live in the library scratch, one slice per OpenMP thread.
+uint64_t flash_scratch_bytes(const Op& op) {
+  const AttentionShape s = AttentionShape::of(attrs_of<AttentionAttrs>(op));
+  const int threads = omp_get_max_threads();
+  return op.kind == OpKind::flash_attention_forward ? flash_forward_scratch_bytes(s, threads)
+                                                     : flash_backward_scratch_bytes(s, threads);
+}
+
+std::unique_ptr<PreparedOp> prepare_flash_attention(const Program& p, const Op& op, const OpBinding& b) {
+  const bool fwd = op.kind == OpKind::flash_attention_forward;
+  check_arity(op, fwd ? 1 : 4, fwd ? 2 : 1);
+  const AttentionShape s = AttentionShape::of(attrs_of<AttentionAttrs>(op));
+  const int64_t B = s.batch, T = s.seq, NH = s.heads, C = s.channels();
+  const int threads = omp_get_max_threads();
+  void* scratch = scratch_of(p, op, b);
+  if (fwd) {
+    check_numel(p, op, op.inputs[0], B * T * 3 * C, "qkv");
+    MEMFIT_CHECK(op.outputs[0] != kNoTensor && op.outputs[1] != kNoTensor, "kernels",
+                 "op '{}': flash attention needs both outputs y and lse", op.name);
+    check_numel(p, op, op.outputs[0], B * T * C, "y");
+    check_numel(p, op, op.outputs[1], B * NH * T, "lse");
+    require_overwrite(op, 0);
+    require_overwrite(op, 1);
+    return make_op([=, qkv = in_f(b, 0), y = out_f(b, 0), lse = out_f(b, 1)](const StepContext&) {
+      flash_attention_forward(s, qkv, y, lse, scratch, threads);
+    });
+  }
+  check_numel(p, op, op.inputs[0], B * T * C, "dy");
+  check_numel(p, op, op.inputs[1], B * T * 3 * C, "qkv");
+  check_numel(p, op, op.inputs[2], B * T * C, "y");
+  check_numel(p, op, op.inputs[3], B * NH * T, "lse");
+  check_numel(p, op, op.outputs[0], B * T * 3 * C, "dqkv");
+  return make_op([=, dy = in_f(b, 0), qkv = in_f(b, 1), y = in_f(b, 2), lse = in_f(b, 3), dqkv = out_f(b, 0),
+                  mode = op.modes[0]](const StepContext& ctx) {
+    flash_attention_backward(s, dy, qkv, y, lse, dqkv, accumulates(mode, ctx), scratch, threads);
+  });
+}
+
 std::unique_ptr<PreparedOp> prepare_classifier(const DnnlEnv& env, const Program& p, const Op& op,
                                                const OpBinding& b) {
   const bool train = op.kind == OpKind::classifier;
@@ -351,6 +392,8 @@ class CpuBackend final : public Backend {
       case OpKind::attention_backward:
         return AttentionBackwardKernel::scratch_bytes(env_, AttentionShape::of(attrs_of<AttentionAttrs>(op)),
                                                       WriteVariants::of(op.modes.at(0)));
+      case OpKind::flash_attention_forward:
+      case OpKind::flash_attention_backward: return flash_scratch_bytes(op);
       case OpKind::classifier:
       case OpKind::classifier_eval:
         check_arity(op, 3, op.kind == OpKind::classifier ? 3 : 1, 1);
@@ -388,6 +431,8 @@ class CpuBackend final : public Backend {
       case OpKind::gelu_backward: return prepare_gelu(program, op, binding);
       case OpKind::attention_forward: return prepare_attention_forward(env_, program, op, binding);
       case OpKind::attention_backward: return prepare_attention_backward(env_, program, op, binding);
+      case OpKind::flash_attention_forward:
+      case OpKind::flash_attention_backward: return prepare_flash_attention(program, op, binding);
       case OpKind::classifier:
       case OpKind::classifier_eval: return prepare_classifier(env_, program, op, binding);
       case OpKind::adamw: return prepare_adamw(program, op, binding);
