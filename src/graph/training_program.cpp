@@ -7,6 +7,7 @@
 #include "graph/autodiff.hpp"
 #include "graph/gpt2.hpp"
 #include "graph/optimizer.hpp"
+#include "graph/recompute.hpp"
 
 namespace memfit {
 
@@ -24,7 +25,6 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   if (spec.arch != Arch::gpt2) unsupported(fmt::format("training the {} architecture", arch_name(spec.arch)));
   if (p.precision != Precision::fp32) unsupported(fmt::format("precision {}", precision_name(p.precision)));
   if (p.grad_dtype != DType::f32) unsupported(fmt::format("gradient dtype {}", dtype_name(p.grad_dtype)));
-  if (p.recompute.mode != RecomputeMode::none) unsupported(fmt::format("recompute {}", p.recompute.to_string()));
   if (p.optimizer != OptimizerKind::adamw) unsupported(fmt::format("optimizer {}", optimizer_name(p.optimizer)));
   if (p.zero_stage != 0) unsupported(fmt::format("ZeRO stage {}", p.zero_stage));
   if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
@@ -48,6 +48,7 @@ int64_t classifier_chunk_rows(const ModelSpec& spec, const Policy& policy) {
 Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology) {
   spec.validate();
   check_supported(spec, policy, topology);
+  const std::vector<BlockRecompute> recompute = resolve_recompute(policy.recompute, spec.n_layer);
   const int64_t B = policy.batch, T = policy.seq, N = B * T, k = policy.grad_accum;
 
   Program p;
@@ -119,6 +120,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     b.set_grad_enabled(true);
     p.end_section();
   }
+  if (policy.recompute.mode != RecomputeMode::none) p = apply_recompute(p, recompute);
   p.validate();
   return p;
 }
