@@ -57,13 +57,30 @@ uint64_t available_memory_bytes() {
   return uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
 }
 
+uint64_t run_budget(const RunConfig& c) { return c.memory_budget ? c.memory_budget : available_memory_bytes(); }
+
 PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
   PreparedRun run;
   run.spec = resolve_model(c.model);
   run.policy = c.policy;
   run.policy.with_eval = c.val_fraction > 0;
+  if (run.policy.recompute.mode == RecomputeMode::automatic && run.policy.recompute.blocks.empty()) {
+    run.recompute_choice = choose_recompute(run.spec, run.policy, c.topology, run_budget(c),
+                                            [&](Program& p) { attach_backend_scratch(p, backend); });
+    run.policy.recompute.blocks = run.recompute_choice->blocks;
+  }
   run.compiled = compile_program(build_training_program(run.spec, run.policy, c.topology), backend);
   return run;
+}
+
+std::string describe_recompute_choice(const PreparedRun& run, uint64_t budget) {
+  if (!run.recompute_choice) return "";
+  const RecomputeChoice& r = *run.recompute_choice;
+  return fmt::format("recompute auto: {} ({:.1f} GFLOP recomputed per micro-step; peak {} {} the budget {}; {} "
+                     "candidate programs planned)\n",
+                     r.fits ? blocks_to_string(r.blocks) : "nothing fits, closest " + blocks_to_string(r.blocks),
+                     r.recompute_flops / 1e9, format_bytes(r.peak_bytes), r.fits ? "within" : "above",
+                     format_bytes(budget), r.planned);
 }
 
 void check_memory_budget(const PreparedRun& run, uint64_t budget) {
@@ -74,9 +91,10 @@ void check_memory_budget(const PreparedRun& run, uint64_t budget) {
   for (Category c : kAllCategories)
     if (t.at_peak[size_t(c)] > t.at_peak[size_t(top)]) top = c;
   throw Error("plan", fmt::format("the run needs {} on the device tier but the budget is {} ({} over); the peak is at "
-                                  "op '{}' ({}), where {} is the largest category with {}; try a smaller --batch or --seq",
+                                  "op '{}' ({}), where {} is the largest category with {}; try a smaller --batch or --seq{}",
                                   format_bytes(t.peak_bytes), format_bytes(budget), format_bytes(t.peak_bytes - budget),
-                                  op.name, phase_name(op.phase), category_name(top), format_bytes(t.at_peak[size_t(top)])));
+                                  op.name, phase_name(op.phase), category_name(top), format_bytes(t.at_peak[size_t(top)]),
+                                  top == Category::activations ? ", --recompute auto or --attention flash" : ""));
 }
 
 nlohmann::json model_json(const ModelSpec& s, int64_t parameters) {
@@ -129,8 +147,9 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
                      spec.name, prog.parameter_count(), B, T, k, precision_name(pol.precision), c.lr);
   log << fmt::format("data: {}: {} tokens ({} training, {} validation)\n", data.description(), n, n - val_tokens,
                      val_tokens);
+  const uint64_t budget = run_budget(c);
+  log << describe_recompute_choice(run, budget);
   log << format_memory_table(prog, run.compiled.plan);
-  const uint64_t budget = c.memory_budget ? c.memory_budget : available_memory_bytes();
   check_memory_budget(run, budget);
 
   Executor ex(run.compiled, *backend);
