@@ -151,8 +151,13 @@ class Recomputer {
     r.name += ".rec";
     r.replays = index;
     for (TensorId& in : r.inputs) in = ensure(in);  // emits the producers of non-kept inputs first
-    for (TensorId& out : r.outputs) {
+    for (size_t j = 0; j < r.outputs.size(); ++j) {
+      TensorId& out = r.outputs[j];
       if (out == kNoTensor) continue;
+      if (keep(out) && skippable(r, j)) {
+        out = kNoTensor;
+        continue;
+      }
       const TensorId copy = fresh_copy(out);
       if (!keep(out)) replayed_[size_t(out)] = copy;
       out = copy;  // a kept sibling output is written to a copy that nothing reads
@@ -160,6 +165,15 @@ class Recomputer {
     for (TensorId& w : r.workspace)
       if (p_.tensor(w).lifetime == Lifetime::transient) w = fresh_copy(w);
     q_.add_op(std::move(r));
+  }
+
+  // A kept sibling output the kernel can leave out: the plain attention's y when only its
+  // probabilities are recomputed (saves the probs x V product and a B*T*C buffer).
+  static bool skippable(Op& r, size_t output) {
+    if (r.kind != OpKind::attention_forward || output != 0) return false;
+    const auto& a = std::get<AttentionAttrs>(r.attrs);
+    r.flops -= 2.0 * double(a.batch * a.heads) * double(a.seq * a.seq) * double(a.head_dim);
+    return true;
   }
 
   TensorId fresh_copy(TensorId t) {

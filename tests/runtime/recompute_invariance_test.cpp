@@ -114,12 +114,12 @@ TEST(RecomputeInvariance, EveryPolicyGivesBitwiseEqualGradients) {
 
 TEST(RecomputeInvariance, SameUnderGradientAccumulation) {
   const Result base = run_micro("none", AttentionKind::naive, 2, false);
-  for (const std::string& policy : {"full", "every:2", "selective"})
+  for (const std::string policy : {"full", "every:2", "selective"})
     expect_bitwise_equal(run_micro(policy, AttentionKind::naive, 2, false), base, policy + " with accumulation 2");
 }
 
 TEST(RecomputeInvariance, StepsAllocateNothingAndMatchThePlan) {
-  for (const std::string& policy : {"full", "every:2"})
+  for (const std::string policy : {"full", "every:2"})
     for (AttentionKind attention : {AttentionKind::naive, AttentionKind::flash}) {
       const Result r = run_micro(policy, attention, 1, true);
       EXPECT_EQ(r.allocations, 0) << policy;

@@ -166,16 +166,18 @@ void AttentionForwardKernel::bind(const float* qkv, float* y, float* probs, void
     const Block q = block(shape_, i);
     scores_[size_t(i)].bind(qkv + q.b * 3 * C, qkv + C, nullptr, probs + q.b * T, scratch);
     for (auto& out : out_)
-      if (!out.empty()) out[size_t(i)].bind(probs + q.b * T, qkv + 2 * C, nullptr, y + q.b * C, scratch);
+      if (!out.empty() && y) out[size_t(i)].bind(probs + q.b * T, qkv + 2 * C, nullptr, y + q.b * C, scratch);
   }
   probs_ = probs;
+  has_y_ = y != nullptr;
 }
 
 void AttentionForwardKernel::run(bool acc_y) const {
-  const std::vector<DnnlMatmul>& out = out_[acc_y ? 1 : 0];
-  MEMFIT_ASSERT(!out.empty(), "attention prepared without its {} variant", acc_y ? "accumulate" : "overwrite");
   for (const DnnlMatmul& mm : scores_) mm.execute();
   attention_softmax_forward(probs_, shape_.batch * shape_.heads * shape_.seq, shape_.seq);
+  if (!has_y_) return;  // probabilities only (recomputed for the backward)
+  const std::vector<DnnlMatmul>& out = out_[acc_y ? 1 : 0];
+  MEMFIT_ASSERT(!out.empty(), "attention prepared without its {} variant", acc_y ? "accumulate" : "overwrite");
   for (const DnnlMatmul& mm : out) mm.execute();
 }
 

@@ -36,7 +36,7 @@ void attention_softmax_forward(float* probs, int64_t rows, int64_t seq);
 // future positions exactly 0. The attention scale is applied by the products that follow.
 void attention_softmax_backward(const float* probs, float* dprobs, int64_t rows, int64_t seq);
 
-// in [qkv] out [y (B,T,C), probs (B,NH,T,T)].
+// in [qkv] out [y (B,T,C), probs (B,NH,T,T)]; y may be absent (nullptr): probabilities only.
 class AttentionForwardKernel {
  public:
   AttentionForwardKernel(const DnnlEnv& env, const AttentionShape& shape, WriteVariants y_modes);
@@ -47,6 +47,7 @@ class AttentionForwardKernel {
  private:
   AttentionShape shape_;
   float* probs_ = nullptr;
+  bool has_y_ = true;
   // Per query block: scores = scale q k^T over its causal prefix of keys, and y (+)= probs v.
   std::vector<DnnlMatmul> scores_, out_[2];  // out_[0] overwrite, out_[1] accumulate
 };
