@@ -1,6 +1,7 @@
 #include "train/trainer.hpp"
 
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -25,6 +26,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kSyntheticBytes = 2 << 20;
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 uint64_t max_rss_bytes() {
   rusage u{};
@@ -181,7 +188,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   };
 
   nlohmann::json history = nlohmann::json::array(), val_history = nlohmann::json::array();
-  double timed_seconds = 0;
+  double timed_seconds = 0, timed_cpu_seconds = 0;
   int64_t timed_steps = 0;
   const double tokens_per_step = double(B * T * k);
   const uint64_t planned = run.compiled.plan.tier(Tier::device).peak_bytes;
@@ -191,13 +198,14 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
     ctx.step = step;
     ctx.lr = lr_at(c, step);
     const auto t0 = Clock::now();
+    const double cpu0 = process_cpu_seconds();
     ex.run_step(ctx);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     last_loss = *loss;
     if (step == 1) first_loss = last_loss;
     MEMFIT_CHECK(std::isfinite(last_loss), "train", "the loss became {} at step {}; lower --lr", last_loss, step);
     history.push_back(last_loss);
-    if (step > 1) timed_seconds += dt, ++timed_steps;
+    if (step > 1) timed_seconds += dt, timed_cpu_seconds += process_cpu_seconds() - cpu0, ++timed_steps;
     if (step == 1 || step == c.steps || (c.log_every > 0 && step % c.log_every == 0))
       log << fmt::format("step {:>5}/{} | loss {:.4f} | {:8.1f} ms | {:>9.0f} tok/s | lr {:.3g} | device {} planned\n",
                          step, c.steps, last_loss, dt * 1e3, tokens_per_step / dt, ctx.lr, format_bytes(planned));
@@ -240,6 +248,9 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   report["tokens_per_step"] = tokens_per_step;
   report["tokens_per_second"] = tps;
   report["ms_per_step"] = timed_steps ? 1e3 * timed_seconds / double(timed_steps) : 0.0;
+  // CPU time of all threads: on a shared machine it varies far less than wall time, so
+  // benchmarks compare it too (with one thread it is the step's work alone).
+  report["cpu_ms_per_step"] = timed_steps ? 1e3 * timed_cpu_seconds / double(timed_steps) : 0.0;
   report["flops_per_step"] = flops_per_step;
   report["gflops_per_second"] = timed_steps ? flops_per_step * double(timed_steps) / timed_seconds / 1e9 : 0.0;
   report["loss"] = {{"first", first_loss}, {"last", last_loss}, {"history", history}};

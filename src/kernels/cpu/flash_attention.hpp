@@ -11,8 +11,8 @@
 // by one thread in a fixed order: results do not depend on the thread count.
 //
 // Precision: tiles are computed in fp32 whatever the storage type; the element type of qkv, y,
-// dy and dqkv is a template parameter read and written only through rows_f32() and store_row(),
-// so a 16-bit variant adds a conversion there (and an instantiation), nothing else.
+// dy and dqkv is a template parameter read and written only through rows_f32(), transpose_into()
+// and store_row(), so a 16-bit variant adds a conversion there (and an instantiation).
 #pragma once
 
 #include <cstdint>
