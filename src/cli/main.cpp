@@ -38,6 +38,12 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
     j["policy"] = policy_json(run.policy);
     j["memory"] = memory_json(p, run.compiled.plan);
     j["ops"] = p.ops().size();
+    if (run.recompute_choice)
+      j["recompute_auto"] = {{"fits", run.recompute_choice->fits},
+                             {"choice", blocks_to_string(run.recompute_choice->blocks)},
+                             {"recompute_flops", run.recompute_choice->recompute_flops},
+                             {"budget_bytes", run_budget(config)},
+                             {"candidates_planned", run.recompute_choice->planned}};
     j["tensors"] = p.tensors().size();
     if (fp32) j["compared_to_fp32"] = plan_comparison_json("fp32", fp32->compiled.plan, precision_name(run.policy.precision),
                                                            run.compiled.plan);
@@ -46,6 +52,7 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
     std::cout << fmt::format("memfit plan: model {} ({} parameters), batch {} x {}, accumulation {}, {}, {} ops\n",
                              run.spec.name, p.parameter_count(), run.policy.batch, run.policy.seq,
                              run.policy.grad_accum, precision_name(run.policy.precision), p.ops().size());
+    std::cout << describe_recompute_choice(run, run_budget(config));
     std::cout << format_memory_table(p, run.compiled.plan);
     if (fp32)
       std::cout << format_plan_comparison("fp32", fp32->compiled.plan, precision_name(run.policy.precision),

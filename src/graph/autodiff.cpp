@@ -104,6 +104,19 @@ void Autodiff::backward_of(const Op& fwd) {
       b_.emit({OpKind::attention_backward, bname, {dy, qkv, probs}, {dqkv}, fwd.attrs, flops, {mode}, {dprobs}});
       return;
     }
+    case OpKind::flash_attention_forward: {
+      // Saves only y and lse: the backward rebuilds each tile of probabilities from q, k and
+      // lse, and uses D = rowsum(dy * y) (computed inside the kernel, per head) for the
+      // softmax's row sums.
+      const TensorId qkv = fwd.inputs[0], y = fwd.outputs[0], lse = fwd.outputs[1];
+      if (!needs(qkv)) return;
+      const auto& a = std::get<AttentionAttrs>(fwd.attrs);
+      auto [dqkv, mode] = contribute(qkv);
+      const double pairs = double(a.batch * a.heads) * double(a.seq) * double(a.seq + 1) / 2;
+      b_.emit({OpKind::flash_attention_backward, bname, {dy, qkv, y, lse}, {dqkv}, fwd.attrs,
+               10.0 * pairs * double(a.head_dim) + 8.0 * pairs, {mode}});
+      return;
+    }
     default:
       MEMFIT_CHECK(false, "graph", "no backward rule for forward op '{}' of kind {}", fwd.name, op_kind_name(fwd.kind));
   }

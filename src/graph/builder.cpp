@@ -119,10 +119,19 @@ TensorId GraphBuilder::add(const std::string& name, TensorId a, TensorId b) {
   return y;
 }
 
-GraphBuilder::AttentionOut GraphBuilder::attention(const std::string& name, TensorId qkv, const AttentionAttrs& a) {
+GraphBuilder::AttentionOut GraphBuilder::attention(const std::string& name, TensorId qkv, const AttentionAttrs& a,
+                                                   AttentionKind kind) {
   const int64_t C = a.heads * a.head_dim;
   AttentionOut out;
   out.y = activation_like(name + ".y", Shape{a.batch, a.seq, C}, {qkv});
+  if (kind == AttentionKind::flash) {
+    out.lse = activation_like(name + ".lse", Shape{a.batch, a.heads, a.seq}, {qkv});
+    // Two products over the causal pairs only (tiles above the diagonal are never visited).
+    const double pairs = double(a.batch * a.heads) * double(a.seq) * double(a.seq + 1) / 2;
+    emit({OpKind::flash_attention_forward, name, {qkv}, {out.y, out.lse}, a,
+          4.0 * pairs * double(a.head_dim) + 5.0 * pairs});
+    return out;
+  }
   out.probs = activation_like(name + ".probs", Shape{a.batch, a.heads, a.seq, a.seq}, {qkv});
   // Two batched products over the full T x T square (the causal half is masked, not skipped).
   const double flops = 4.0 * double(a.batch * a.heads) * double(a.seq * a.seq) * double(a.head_dim) +

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "graph/policy.hpp"
 #include "graph/program.hpp"
 
 namespace memfit {
@@ -51,10 +52,12 @@ class GraphBuilder {
   TensorId linear(const std::string& name, TensorId x, TensorId w, TensorId b);
   TensorId gelu(const std::string& name, TensorId x);
   TensorId add(const std::string& name, TensorId a, TensorId b);
+  // The plain form keeps probs (B, NH, T, T) for backward; flash keeps lse (B, NH, T) fp32.
   struct AttentionOut {
-    TensorId y, probs;
+    TensorId y = kNoTensor, probs = kNoTensor, lse = kNoTensor;
   };
-  AttentionOut attention(const std::string& name, TensorId qkv, const AttentionAttrs& attrs);
+  AttentionOut attention(const std::string& name, TensorId qkv, const AttentionAttrs& attrs,
+                         AttentionKind kind = AttentionKind::naive);
 
  private:
   TensorId activation_like(const std::string& name, Shape shape, std::initializer_list<TensorId> inputs);

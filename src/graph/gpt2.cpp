@@ -40,7 +40,7 @@ Gpt2Params declare_gpt2_parameters(GraphBuilder& b, const ModelSpec& s) {
 }
 
 TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& s, const Gpt2Params& p, TensorId tokens,
-                      const std::string& prefix) {
+                      const std::string& prefix, AttentionKind attention) {
   const Shape& ts = b.program().tensor(tokens).shape;
   AttentionAttrs attn;
   attn.batch = ts[0];
@@ -59,7 +59,7 @@ TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& s, const Gpt2Params& p, 
     const std::string h = prefix + "h." + std::to_string(l) + ".";
     const auto ln1 = b.layernorm(h + "ln_1", x, k.ln1_w, k.ln1_b, s.norm_eps);
     const TensorId qkv = b.linear(h + "attn.c_attn", ln1.y, k.attn_w, k.attn_b);
-    const auto att = b.attention(h + "attn.core", qkv, attn);
+    const auto att = b.attention(h + "attn.core", qkv, attn, attention);
     const TensorId proj = b.linear(h + "attn.c_proj", att.y, k.proj_w, k.proj_b);
     const TensorId res = b.add(h + "residual_attn", x, proj);
     const auto ln2 = b.layernorm(h + "ln_2", res, k.ln2_w, k.ln2_b, s.norm_eps);

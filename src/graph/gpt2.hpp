@@ -21,8 +21,9 @@ struct Gpt2Params {
 Gpt2Params declare_gpt2_parameters(GraphBuilder& b, const ModelSpec& spec);
 
 // Emits the forward pass for tokens (B, T); returns the final normalised hidden state (B, T, C).
-// `prefix` keeps tensor names unique when the forward is emitted twice (training and eval).
+// `prefix` keeps tensor names unique when the forward is emitted twice (training and eval);
+// `attention` picks the plain or the flash form of the attention core.
 TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& spec, const Gpt2Params& params, TensorId tokens,
-                      const std::string& prefix);
+                      const std::string& prefix, AttentionKind attention = AttentionKind::naive);
 
 }  // namespace memfit

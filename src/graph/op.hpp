@@ -49,10 +49,12 @@ enum class OpKind : uint16_t {
   swiglu_backward,     // in [dy, gate, up] out [dgate, dup]
   rope_forward,        // in [x] out [y]
   rope_backward,       // in [dy] out [dx]
-  attention_forward,   // in [qkv (B,T,3C)] out [y (B,T,C), probs (B,NH,T,T)]   causal, plain form
+  attention_forward,   // in [qkv (B,T,3C)] out [y (B,T,C), probs (B,NH,T,T)]   causal, plain form;
+                       //   y may be kNoTensor (probabilities recomputed for the backward)
   attention_backward,  // in [dy, qkv, probs] out [dqkv]  workspace [dprobs (B,NH,T,T)]
-  flash_attention_forward,   // in [qkv] out [y, lse (B,NH,T) fp32]
-  flash_attention_backward,  // in [dy, qkv, y, lse] out [dqkv]
+  flash_attention_forward,   // in [qkv] out [y, lse (B,NH,T) fp32]   causal, no T x T tensor
+  flash_attention_backward,  // in [dy, qkv, y, lse] out [dqkv]; the kernel's tiles and its per-row
+                             //   D = rowsum(dy * y) live in the backend's library scratch
   add,                 // in [a, b] out [y = a + b]      y may overwrite a or b
   accumulate,          // in [x] out [y]: y = x (overwrite) or y += x (accumulate)
   classifier,          // in [x (N,C), wte (Vp,C), targets (N)] out [losses (N), dx (N,C), dwte]

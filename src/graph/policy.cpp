@@ -38,12 +38,31 @@ OptimizerKind parse_optimizer(std::string_view s) {
   throw Error("policy", fmt::format("unknown optimizer '{}' (expected adamw or adamw8bit)", s));
 }
 
+std::string blocks_to_string(const std::vector<BlockRecompute>& blocks) {
+  // Runs of equal blocks: "full x2,attention+norms x10".
+  auto one = [](const BlockRecompute& b) {
+    if (b.whole) return std::string(b.keep_input ? "full" : "whole");
+    std::string s;
+    for (auto [on, name] : {std::pair{b.attention, "attention"}, {b.mlp_activation, "mlp_activation"}, {b.norms, "norms"}})
+      if (on) s += (s.empty() ? "" : "+") + std::string(name);
+    return s.empty() ? std::string("none") : s;
+  };
+  std::string out;
+  for (size_t i = 0; i < blocks.size();) {
+    size_t j = i;
+    while (j < blocks.size() && blocks[j] == blocks[i]) ++j;
+    out += fmt::format("{}{} x{}", out.empty() ? "" : ",", one(blocks[i]), j - i);
+    i = j;
+  }
+  return out;
+}
+
 std::string RecomputePolicy::to_string() const {
   switch (mode) {
     case RecomputeMode::none: return "none";
     case RecomputeMode::full: return "full";
     case RecomputeMode::every: return every > 0 ? fmt::format("every:{}", every) : "every:sqrt";
-    case RecomputeMode::automatic: return "auto";
+    case RecomputeMode::automatic: return blocks.empty() ? "auto" : "auto:" + blocks_to_string(blocks);
     case RecomputeMode::selective: {
       std::string s = "selective";
       for (size_t i = 0; i < ops.size(); ++i) s += (i ? "," : ":") + ops[i];

@@ -26,13 +26,26 @@ AttentionKind parse_attention(std::string_view s);
 std::string_view optimizer_name(OptimizerKind o);
 OptimizerKind parse_optimizer(std::string_view s);
 
+// What one transformer block keeps for backward; every recompute mode expands to one per
+// block (graph/recompute.hpp), and `auto` is resolved to such a list by a planner search.
+struct BlockRecompute {
+  bool whole = false;           // re-run the block's forward ops from its input in backward
+  bool keep_input = true;       // the residual stream entering the block stays live until backward
+  bool attention = false;       // selective: the attention core's probabilities (plain form)
+  bool mlp_activation = false;  // selective: the GELU output
+  bool norms = false;           // selective: the layernorm outputs
+  bool operator==(const BlockRecompute&) const = default;
+};
+
 struct RecomputePolicy {
   RecomputeMode mode = RecomputeMode::none;
   int every = 0;                  // every:K keeps the input of every K-th block
   std::vector<std::string> ops;   // selective: which ops are recomputed
+  std::vector<BlockRecompute> blocks;  // auto: the choice of the search, one per block (empty until resolved)
   std::string to_string() const;
 };
 RecomputePolicy parse_recompute(std::string_view s);
+std::string blocks_to_string(const std::vector<BlockRecompute>& blocks);  // "full x2,attention x10"
 
 struct AdamWConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;

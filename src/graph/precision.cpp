@@ -156,6 +156,10 @@ bool has_native_kernel(OpKind kind, DType dtype) {
     case OpKind::loss_mean:
     case OpKind::cast:
     case OpKind::check_finite:
+    case OpKind::flash_attention_forward:   // tiles in fp32; storage converted per tile
+    case OpKind::flash_attention_backward:
+    case OpKind::grad_norm:                 // gradients of any float type, widened on load
+    case OpKind::adamw8bit:
     case OpKind::adamw: return true;
     // GEMM kinds: oneDNN 2.6 offers bf16 matmuls on CPUs (AMX / AVX512-BF16), no f16 ones.
     case OpKind::matmul:

@@ -9,6 +9,7 @@
 #include "graph/gpt2.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
+#include "graph/recompute.hpp"
 
 namespace memfit {
 
@@ -25,8 +26,6 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
                p.seq, spec.name, spec.max_seq);
   if (spec.arch != Arch::gpt2) unsupported(fmt::format("training the {} architecture", arch_name(spec.arch)));
   check_precision_policy(p);
-  if (p.recompute.mode != RecomputeMode::none) unsupported(fmt::format("recompute {}", p.recompute.to_string()));
-  if (p.attention != AttentionKind::naive) unsupported(fmt::format("attention {}", attention_name(p.attention)));
   MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",
                "gradient clipping needs a norm >= 0 (got {}; 0 turns it off)", p.grad_clip);
   if (p.zero_stage != 0) unsupported(fmt::format("ZeRO stage {}", p.zero_stage));
@@ -51,6 +50,7 @@ int64_t classifier_chunk_rows(const ModelSpec& spec, const Policy& policy) {
 Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology) {
   spec.validate();
   check_supported(spec, policy, topology);
+  const std::vector<BlockRecompute> recompute = resolve_recompute(policy.recompute, spec.n_layer);
   const int64_t B = policy.batch, T = policy.seq, N = B * T, k = policy.grad_accum;
 
   Program p;
@@ -73,7 +73,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     const TensorId targets = b.transient(kTargets, Shape{B, T}, Category::activations, DType::i32);
     b.emit({OpKind::load_input, "load_batch", {}, {tokens, targets}});
     const int fwd_begin = int(p.ops().size());
-    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "");
+    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "", policy.attention);
     const int fwd_end = int(p.ops().size());
 
     Autodiff ad(b, k > 1);
@@ -111,7 +111,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     const TensorId tokens = b.transient(kEvalTokens, Shape{B, T}, Category::activations, DType::i32);
     const TensorId targets = b.transient(kEvalTargets, Shape{B, T}, Category::activations, DType::i32);
     b.emit({OpKind::load_input, "load_eval_batch", {}, {tokens, targets}});
-    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "eval.");
+    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "eval.", policy.attention);
     ClassifierAttrs c;
     c.rows = N;
     c.vocab = spec.vocab_size;
@@ -124,6 +124,9 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     b.set_grad_enabled(true);
     p.end_section();
   }
+  if (policy.recompute.mode != RecomputeMode::none) p = apply_recompute(p, recompute);
+  // After recompute: recomputed ops get the same dtypes and fp32 islands as the forward ops
+  // they replay (so they compute the same bits), and their replays indices are remapped.
   apply_precision(p, policy);
   p.validate();
   return p;

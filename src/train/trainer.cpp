@@ -1,6 +1,7 @@
 #include "train/trainer.hpp"
 
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -28,6 +29,12 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kSyntheticBytes = 2 << 20;
 
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 uint64_t max_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -54,13 +61,30 @@ uint64_t available_memory_bytes() {
   return uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
 }
 
+uint64_t run_budget(const RunConfig& c) { return c.memory_budget ? c.memory_budget : available_memory_bytes(); }
+
 PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
   PreparedRun run;
   run.spec = resolve_model(c.model);
   run.policy = c.policy;
   run.policy.with_eval = c.val_fraction > 0;
+  if (run.policy.recompute.mode == RecomputeMode::automatic && run.policy.recompute.blocks.empty()) {
+    run.recompute_choice = choose_recompute(run.spec, run.policy, c.topology, run_budget(c),
+                                            [&](Program& p) { attach_backend_scratch(p, backend); });
+    run.policy.recompute.blocks = run.recompute_choice->blocks;
+  }
   run.compiled = compile_program(build_training_program(run.spec, run.policy, c.topology), backend);
   return run;
+}
+
+std::string describe_recompute_choice(const PreparedRun& run, uint64_t budget) {
+  if (!run.recompute_choice) return "";
+  const RecomputeChoice& r = *run.recompute_choice;
+  return fmt::format("recompute auto: {} ({:.1f} GFLOP recomputed per micro-step; peak {} {} the budget {}; {} "
+                     "candidate programs planned)\n",
+                     r.fits ? blocks_to_string(r.blocks) : "nothing fits, closest " + blocks_to_string(r.blocks),
+                     r.recompute_flops / 1e9, format_bytes(r.peak_bytes), r.fits ? "within" : "above",
+                     format_bytes(budget), r.planned);
 }
 
 void check_memory_budget(const PreparedRun& run, uint64_t budget) {
@@ -71,9 +95,10 @@ void check_memory_budget(const PreparedRun& run, uint64_t budget) {
   for (Category c : kAllCategories)
     if (t.at_peak[size_t(c)] > t.at_peak[size_t(top)]) top = c;
   throw Error("plan", fmt::format("the run needs {} on the device tier but the budget is {} ({} over); the peak is at "
-                                  "op '{}' ({}), where {} is the largest category with {}; try a smaller --batch or --seq",
+                                  "op '{}' ({}), where {} is the largest category with {}; try a smaller --batch or --seq{}",
                                   format_bytes(t.peak_bytes), format_bytes(budget), format_bytes(t.peak_bytes - budget),
-                                  op.name, phase_name(op.phase), category_name(top), format_bytes(t.at_peak[size_t(top)])));
+                                  op.name, phase_name(op.phase), category_name(top), format_bytes(t.at_peak[size_t(top)]),
+                                  top == Category::activations ? ", --recompute auto or --attention flash" : ""));
 }
 
 nlohmann::json model_json(const ModelSpec& s, int64_t parameters) {
@@ -130,8 +155,9 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
                      optimizer_name(pol.optimizer), c.lr, schedule.to_json().dump());
   log << fmt::format("data: {}: {} tokens ({} training, {} validation)\n", data.description(), n, n - val_tokens,
                      val_tokens);
+  const uint64_t budget = run_budget(c);
+  log << describe_recompute_choice(run, budget);
   log << format_memory_table(prog, run.compiled.plan);
-  const uint64_t budget = c.memory_budget ? c.memory_budget : available_memory_bytes();
   check_memory_budget(run, budget);
 
   Executor ex(run.compiled, *backend);
@@ -170,7 +196,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
 
   nlohmann::json history = nlohmann::json::array(), val_history = nlohmann::json::array();
   nlohmann::json lr_history = nlohmann::json::array(), norm_history = nlohmann::json::array();
-  double timed_seconds = 0;
+  double timed_seconds = 0, timed_cpu_seconds = 0;
   int64_t timed_steps = 0;
   const double tokens_per_step = double(B * T * k);
   const uint64_t planned = run.compiled.plan.tier(Tier::device).peak_bytes;
@@ -185,6 +211,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
     ctx.step = applied + 1;
     ctx.lr = schedule.at(applied + 1);
     const auto t0 = Clock::now();
+    const double cpu0 = process_cpu_seconds();
     const StepRunner::Result r = runner.run(ctx);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     applied += r.applied ? 1 : 0;
@@ -199,7 +226,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
       scale_history.push_back(r.scale);
       if (!r.applied) skipped_at.push_back(step);
     }
-    if (step > 1) timed_seconds += dt, ++timed_steps;
+    if (step > 1) timed_seconds += dt, timed_cpu_seconds += process_cpu_seconds() - cpu0, ++timed_steps;
     const std::string scaling = runner.loss_scaling() ? fmt::format(" | scale {:g}{} | skipped {}", r.scale,
                                                                     r.applied ? "" : " (overflow: step skipped)",
                                                                     runner.skipped_steps())
@@ -247,6 +274,9 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   report["tokens_per_step"] = tokens_per_step;
   report["tokens_per_second"] = tps;
   report["ms_per_step"] = timed_steps ? 1e3 * timed_seconds / double(timed_steps) : 0.0;
+  // CPU time of all threads: on a shared machine it varies far less than wall time, so
+  // benchmarks compare it too (with one thread it is the step's work alone).
+  report["cpu_ms_per_step"] = timed_steps ? 1e3 * timed_cpu_seconds / double(timed_steps) : 0.0;
   report["flops_per_step"] = flops_per_step;
   report["gflops_per_second"] = timed_steps ? flops_per_step * double(timed_steps) / timed_seconds / 1e9 : 0.0;
   report["loss"] = {{"first", first_loss}, {"last", last_loss}, {"history", history}};

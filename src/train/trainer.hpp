@@ -3,11 +3,14 @@
 // progress lines and a final report (the object written by --report-json).
 #pragma once
 
+#include <optional>
 #include <ostream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "kernels/backend.hpp"
+#include "plan/recompute_search.hpp"
 #include "runtime/compile.hpp"
 #include "train/run_config.hpp"
 
@@ -15,16 +18,22 @@ namespace memfit {
 
 struct PreparedRun {
   ModelSpec spec;
-  Policy policy;  // as built (with_eval resolved)
+  Policy policy;  // as built (with_eval resolved, `--recompute auto` resolved to its choice)
   CompiledProgram compiled;
+  std::optional<RecomputeChoice> recompute_choice;  // set when the policy asked for auto
 };
 
-// Shared by `memfit plan` and `memfit train`: the same program, the same plan.
+// One line on what `--recompute auto` chose, for the logs of train and plan ("" otherwise).
+std::string describe_recompute_choice(const PreparedRun& run, uint64_t budget);
+
+// Shared by `memfit plan` and `memfit train`: the same program, the same plan. `--recompute
+// auto` is resolved here against the run's budget (--memory-budget, else the available memory).
 PreparedRun prepare_run(const RunConfig& config, const Backend& backend);
 
 // Throws [plan] when the device peak exceeds the budget, with the breakdown at the peak.
 void check_memory_budget(const PreparedRun& run, uint64_t budget);
 uint64_t available_memory_bytes();  // MemAvailable of /proc/meminfo
+uint64_t run_budget(const RunConfig& config);  // --memory-budget, else available_memory_bytes()
 
 // The resolved model and policy, as reported by `plan --json` and the run report.
 nlohmann::json model_json(const ModelSpec& spec, int64_t parameters);

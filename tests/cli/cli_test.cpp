@@ -59,6 +59,48 @@ TEST(Cli, TrainReportShowsFallingLossAndMeasuredEqualsPlanned) {
   EXPECT_EQ(pj["memory"]["planned_by_category"], mem["planned_by_category"]);
 }
 
+uint64_t planned_peak(const std::string& flags) {
+  const auto p = run_memfit("plan --json --val-fraction 0 --model gpt2-tiny --batch 4 --seq 128 " + flags);
+  EXPECT_EQ(p.status, 0) << p.err;
+  return nlohmann::json::parse(p.out)["memory"]["planned_peak_bytes"]["device"].get<uint64_t>();
+}
+
+TEST(Cli, RecomputeAutoFitsTheBudgetAndTheRunMeasuresItsPlan) {
+  // A budget half way between no recomputation and full recomputation.
+  const uint64_t none = planned_peak(""), full = planned_peak("--recompute full");
+  ASSERT_LT(full, none);
+  const uint64_t budget = (none + full) / 2;
+  const std::string report = temp_dir() + "/auto.json";
+  const auto r = run_memfit("train --val-fraction 0 --model gpt2-tiny --steps 3 --batch 4 --seq 128 --recompute auto --memory-budget " +
+                            std::to_string(budget) + " --report-json " + report);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("recompute auto: "), std::string::npos) << r.out;
+  const auto j = read_json(report);
+  EXPECT_EQ(j["policy"]["recompute"].get<std::string>().rfind("auto:", 0), 0u) << j["policy"]["recompute"];
+  const uint64_t planned = j["memory"]["planned_peak_bytes"]["device"];
+  EXPECT_LE(planned, budget);
+  EXPECT_EQ(j["memory"]["measured_peak_bytes"]["device"], planned);
+  // `plan` makes the same choice.
+  const auto p = run_memfit("plan --json --val-fraction 0 --model gpt2-tiny --batch 4 --seq 128 --recompute auto --memory-budget " +
+                            std::to_string(budget));
+  ASSERT_EQ(p.status, 0) << p.err;
+  const auto pj = nlohmann::json::parse(p.out);
+  EXPECT_EQ(pj["policy"]["recompute"], j["policy"]["recompute"]);
+  EXPECT_TRUE(pj["recompute_auto"]["fits"].get<bool>());
+  EXPECT_EQ(pj["memory"]["planned_peak_bytes"]["device"], planned);
+}
+
+TEST(Cli, FlashAttentionWithRecomputationTrainsAndMeasuresItsPlan) {
+  const std::string report = temp_dir() + "/flash.json";
+  const auto r = run_memfit("train --val-fraction 0 --model gpt2-tiny --steps 3 --batch 2 --seq 200 --attention flash --recompute every:2 "
+                            "--report-json " + report);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = read_json(report);
+  EXPECT_EQ(j["policy"]["attention"], "flash");
+  EXPECT_EQ(j["policy"]["recompute"], "every:2");
+  EXPECT_EQ(j["memory"]["measured_peak_bytes"]["device"], j["memory"]["planned_peak_bytes"]["device"]);
+}
+
 TEST(Cli, SavedWeightsLoadBackAndResumeTheLoss) {
   const std::string dir = temp_dir() + "/saved";
   const auto a = run_memfit("train --steps 10 --batch 2 --seq 32 --save " + dir + " --report-json " + dir + ".json");
@@ -83,7 +125,9 @@ TEST(Cli, BadInputGivesOneLineAndExitStatusOne) {
   expect_one_line_error(run_memfit("plan --precision fp8"), "unknown precision");
   expect_one_line_error(run_memfit("train --steps 1 --precision bf16 --grad-dtype fp16"), "gradient dtype fp16");
   expect_one_line_error(run_memfit("plan --precision bf16 --fp32-ops no_such_op"), "no_such_op");
-  expect_one_line_error(run_memfit("train --steps 1 --attention flash"), "not supported");
+  expect_one_line_error(run_memfit("plan --recompute selective:softmax"), "unknown op 'softmax'");
+  expect_one_line_error(run_memfit("plan --recompute every:zero"), "unknown recompute policy");
+  expect_one_line_error(run_memfit("train --steps 1 --recompute auto --memory-budget 1MiB"), "budget");
 
   write_file(d + "/garbage.safetensors", "this is not a safetensors file at all");
   expect_one_line_error(run_memfit("train --steps 1 --load " + d + "/garbage.safetensors"), "safetensors");

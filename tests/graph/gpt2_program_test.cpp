@@ -3,6 +3,8 @@
 // al. 2022 in fp32, without dropout), and the structure autodiff must produce.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <functional>
 #include <map>
 
 #include "core/error.hpp"
@@ -46,27 +48,79 @@ TEST(Gpt2Program, PresetSizesMatchPublishedCounts) {
 // fp32 (4 bytes per element instead of 2): the two layernorm inputs (2sbh), QKV input (sbh),
 // Q, K, V (3sbh), softmax output (a s^2 b), attention output before the projection (sbh), MLP
 // input (sbh), GELU input (4sbh) and output (4sbh): 16 sbh + a s^2 b elements. memfit also
-// keeps each layernorm's mean and rstd (4 sb floats), which the paper folds away.
-TEST(Gpt2Program, ActivationsPerLayerMatchKorthikantiTensorList) {
+// keeps each layernorm's mean and rstd (4 sb floats), which the paper folds away. Per policy:
+//   selective (attention core):  16 sbh            (the paper's 34 sbh bytes: its 5 a s^2 b term is
+//                                                    softmax output, dropout mask and dropout output)
+//   selective all three groups:  10 sbh            (minus GELU output 4sbh and layernorm outputs 2sbh)
+//   full:                        1 sbh             (the block's input; the paper's 2 sbh bytes)
+//   every:K:                     1 sbh in the last block of each K, 0 elsewhere
+//   flash attention:             16 sbh + a s b    (y and the fp32 log-sum-exp instead of probs)
+// Counted as the bytes of each layer's activations live at the start of backward (the
+// classifier op), by the layer that produced them (a block's input belongs to the block before).
+struct KeptCase {
+  const char* recompute;
+  AttentionKind attention;
+  // elements per layer as coefficients of s*b*h, a*s*s*b, a*s*b, s*b; per layer index
+  std::function<std::array<int64_t, 4>(int64_t layer, int64_t layers)> per_layer;
+};
+
+TEST(Gpt2Program, ActivationsPerLayerMatchKorthikantiTensorListForEveryPolicy) {
+  using A = std::array<int64_t, 4>;
+  const std::vector<KeptCase> cases = {
+      {"none", AttentionKind::naive, [](int64_t, int64_t) { return A{16, 1, 0, 4}; }},
+      {"selective", AttentionKind::naive, [](int64_t, int64_t) { return A{16, 0, 0, 4}; }},
+      {"selective:attention,mlp_activation,norms", AttentionKind::naive, [](int64_t, int64_t) { return A{10, 0, 0, 4}; }},
+      {"selective:gelu", AttentionKind::naive, [](int64_t, int64_t) { return A{12, 1, 0, 4}; }},
+      {"full", AttentionKind::naive, [](int64_t, int64_t) { return A{1, 0, 0, 0}; }},
+      {"every:2", AttentionKind::naive, [](int64_t l, int64_t L) { return (l % 2 == 1 || l == L - 1) ? A{1, 0, 0, 0} : A{}; }},
+      {"every:3", AttentionKind::naive, [](int64_t l, int64_t L) { return (l % 3 == 2 || l == L - 1) ? A{1, 0, 0, 0} : A{}; }},
+      {"none", AttentionKind::flash, [](int64_t, int64_t) { return A{16, 0, 1, 4}; }},
+      {"selective", AttentionKind::flash, [](int64_t, int64_t) { return A{16, 0, 1, 4}; }},
+      {"full", AttentionKind::flash, [](int64_t, int64_t) { return A{1, 0, 0, 0}; }},
+  };
   for (auto [B, T] : {std::pair<int64_t, int64_t>{2, 64}, {4, 256}}) {
     const ModelSpec s = model_preset("gpt2-tiny");
-    const Program p = build_training_program(s, small_policy(B, T), {});
-    const MemoryPlan plan = plan_memory(p);
-    int classifier = -1;
-    for (int i = 0; i < int(p.ops().size()); ++i)
-      if (p.op(i).kind == OpKind::classifier) classifier = i;
-    ASSERT_GE(classifier, 0);
-    const int64_t h = s.n_embd, a = s.n_head;
-    const uint64_t expected = uint64_t(4 * (16 * T * B * h + a * T * T * B) + 4 * 4 * T * B);
-    for (int64_t layer = 0; layer < s.n_layer; ++layer) {
-      uint64_t kept = 0;
-      for (size_t id = 0; id < p.tensors().size(); ++id) {
-        const TensorDesc& t = p.tensors()[id];
-        if (t.layer == layer && t.category == Category::activations && plan.tensors[id].live.contains(classifier))
-          kept += t.bytes();
+    const int64_t h = s.n_embd, a = s.n_head, L = s.n_layer;
+    for (const KeptCase& c : cases) {
+      Policy pol = small_policy(B, T);
+      pol.recompute = parse_recompute(c.recompute);
+      pol.attention = c.attention;
+      const Program p = build_training_program(s, pol, {});
+      const MemoryPlan plan = plan_memory(p);
+      int classifier = -1;
+      for (int i = 0; i < int(p.ops().size()); ++i)
+        if (p.op(i).kind == OpKind::classifier) classifier = i;
+      ASSERT_GE(classifier, 0);
+      for (int64_t layer = 0; layer < L; ++layer) {
+        const A k = c.per_layer(layer, L);
+        const uint64_t expected = uint64_t(4 * (k[0] * T * B * h + k[1] * a * T * T * B + k[2] * a * T * B + k[3] * T * B));
+        uint64_t kept = 0;
+        for (size_t id = 0; id < p.tensors().size(); ++id) {
+          const TensorDesc& t = p.tensors()[id];
+          if (t.layer == layer && t.category == Category::activations && plan.tensors[id].live.contains(classifier))
+            kept += t.bytes();
+        }
+        EXPECT_EQ(kept, expected) << c.recompute << " " << attention_name(c.attention) << " layer " << layer << " B "
+                                  << B << " T " << T;
       }
-      EXPECT_EQ(kept, expected) << "layer " << layer << " B " << B << " T " << T;
     }
+  }
+}
+
+TEST(Gpt2Program, FlashAttentionKeepsNoSquareTensor) {
+  Policy pol = small_policy(2, 256);
+  pol.attention = AttentionKind::flash;
+  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {});
+  int flash_ops = 0;
+  for (const Op& op : p.ops()) {
+    EXPECT_NE(op.kind, OpKind::attention_forward);
+    EXPECT_NE(op.kind, OpKind::attention_backward);
+    flash_ops += op.kind == OpKind::flash_attention_forward || op.kind == OpKind::flash_attention_backward;
+  }
+  EXPECT_EQ(flash_ops, 3 * 4);  // training forward and backward, eval forward, 4 layers
+  for (const TensorDesc& t : p.tensors()) {  // no (..., T, T) tensor: only y and lse (B, NH, T) are saved
+    const auto& d = t.shape.dims();
+    EXPECT_FALSE(d.size() >= 2 && d[d.size() - 1] == 256 && d[d.size() - 2] == 256) << t.name;
   }
 }
 

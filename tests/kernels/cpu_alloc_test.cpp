@@ -37,6 +37,7 @@ TEST(CpuBackendAllocations, RunAllocatesNothingAfterPrepare) {
   const TensorId dw = f.tensor("dw", {3 * C, C}), dbias = f.tensor("dbias", {3 * C}), dh = f.tensor("dh", {N, C});
   const TensorId dlw = f.tensor("dlw", {C}), dlb = f.tensor("dlb", {C}), dwpe = f.tensor("dwpe", {T, C});
   const TensorId g = f.tensor("g", {N, C});
+  const TensorId fy = f.tensor("flash.y", {N, C}), lse = f.tensor("flash.lse", {B, NH, T});
   std::vector<TensorId> params = {wte, wpe, lw, lb, w, bias}, grads = {dwte, dwpe, dlw, dlb, dw, dbias}, m, v;
   for (TensorId p : params) {
     m.push_back(f.tensor(f.program.tensor(p).name + ".m", f.program.tensor(p).shape));
@@ -63,6 +64,7 @@ TEST(CpuBackendAllocations, RunAllocatesNothingAfterPrepare) {
       f.op(OpKind::layernorm_forward, {x, lw, lb}, {h, mean, rstd}, NormAttrs{}),
       f.op(OpKind::matmul, {h, w, bias}, {qkv}, fwd_mm),
       f.op(OpKind::attention_forward, {qkv}, {y, probs}, att),
+      f.op(OpKind::flash_attention_forward, {qkv}, {fy, lse}, att),
       f.op(OpKind::gelu_forward, {y}, {g}),
       f.op(OpKind::add, {g, x}, {g}),
       f.op(OpKind::classifier, {g, wte, targets}, {losses, dx, dwte}, cls, {WriteMode::overwrite, WriteMode::overwrite, ga},
@@ -71,6 +73,7 @@ TEST(CpuBackendAllocations, RunAllocatesNothingAfterPrepare) {
       f.op(OpKind::classifier_eval, {g, wte, targets}, {losses}, cls, {}, {logits}),
       f.op(OpKind::gelu_backward, {dx, y}, {dx}),
       f.op(OpKind::attention_backward, {dx, qkv, probs}, {dqkv}, att, {WriteMode::overwrite}, {dprobs}),
+      f.op(OpKind::flash_attention_backward, {dx, qkv, fy, lse}, {dqkv}, att, {WriteMode::accumulate}),
       f.op(OpKind::matmul, {dqkv, w}, {dh}, dx_mm),
       f.op(OpKind::matmul, {dqkv, h}, {dw}, dw_mm, {ga}),
       f.op(OpKind::bias_grad, {dqkv}, {dbias}, NoAttrs{}, {ga}),

@@ -156,6 +156,22 @@ TEST(ReferenceGradcheck, Attention) {
   EXPECT_LE(normalized_error(dqkv, numeric_grad(qkv, objective)), kTol);
 }
 
+TEST(ReferenceGradcheck, FlashAttention) {
+  const int64_t B = 2, T = 5, NH = 2, HS = 3, C = NH * HS;
+  const double scale = 1.0 / std::sqrt(double(HS));
+  Vec qkv = random_vector<double>(B * T * 3 * C, 26, -1.5, 1.5);
+  const Vec G = random_vector<double>(B * T * C, 27);
+  Vec y(B * T * C), lse(B * NH * T);
+  auto objective = [&] {
+    ref::flash_attention_forward(qkv.data(), y.data(), lse.data(), B, T, NH, HS, scale);
+    return dot(G, y);
+  };
+  objective();
+  Vec dqkv(B * T * 3 * C, 5.0);
+  ref::flash_attention_backward(G.data(), qkv.data(), y.data(), lse.data(), dqkv.data(), B, T, NH, HS, scale, false);
+  EXPECT_LE(normalized_error(dqkv, numeric_grad(qkv, objective)), kTol);
+}
+
 TEST(ReferenceForward, AttentionWithZeroQueriesAveragesThePrefix) {
   const int64_t B = 1, T = 4, NH = 2, HS = 3, C = NH * HS;
   Vec qkv = random_vector<double>(B * T * 3 * C, 18);

@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/cpu/quant_codec.hpp"
 
@@ -45,6 +46,25 @@ struct GradLoad<float> {
   static float one(const float* g, int64_t i) { return g[i]; }
 #if defined(__AVX512F__)
   static __m512 sixteen(const float* g, int64_t i) { return _mm512_loadu_ps(g + i); }
+#endif
+};
+template <>
+struct GradLoad<bf16_t> {
+  static float one(const bf16_t* g, int64_t i) { return widen(g[i]); }
+#if defined(__AVX512F__)
+  static __m512 sixteen(const bf16_t* g, int64_t i) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+#endif
+};
+template <>
+struct GradLoad<fp16_t> {
+  static float one(const fp16_t* g, int64_t i) { return widen(g[i]); }
+#if defined(__AVX512F__)
+  static __m512 sixteen(const fp16_t* g, int64_t i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i)));
+  }
 #endif
 };
 
@@ -125,8 +145,8 @@ AdamW8bitSet::AdamW8bitSet(std::vector<AdamW8bitTensor> tensors, int64_t block, 
     : tensors_(std::move(tensors)), block_(block), grad_dtype_(grad_dtype) {
   MEMFIT_CHECK(block >= 1 && block <= kMaxBlock, "kernels", "adamw8bit: block size {} outside [1, {}]", block,
                kMaxBlock);
-  MEMFIT_CHECK(grad_dtype == DType::f32, "kernels", "adamw8bit: no CPU kernel for {} gradients yet",
-               dtype_name(grad_dtype));
+  MEMFIT_CHECK(grad_dtype == DType::f32 || grad_dtype == DType::bf16 || grad_dtype == DType::f16, "kernels",
+               "adamw8bit: no CPU kernel for {} gradients", dtype_name(grad_dtype));
   block_offsets_.assign(tensors_.size() + 1, 0);
   for (size_t i = 0; i < tensors_.size(); ++i)
     block_offsets_[i + 1] = block_offsets_[i] + (tensors_[i].numel + block - 1) / block;
@@ -143,15 +163,23 @@ void AdamW8bitSet::run(const AdamWHyper& h) const {
   const AdamW8bitTensor* tensors = tensors_.data();
   const int64_t* offsets = block_offsets_.data();
   const int64_t count = int64_t(tensors_.size()), block = block_;
-  parallel_for(blocks(), std::max<int64_t>(1, kParallelGrain / block), [=](int64_t lo, int64_t hi) {
-    int64_t i = std::upper_bound(offsets, offsets + count + 1, lo) - offsets - 1;
-    for (int64_t b = lo; b < hi; ++b) {
-      while (b >= offsets[i + 1]) ++i;
-      Step c = base;
-      c.decay = float(1.0 - lr * double(tensors[i].weight_decay));
-      update_block<float>(tensors[i], b - offsets[i], block, c);
-    }
-  });
+  auto pass = [&](auto grad_type) {
+    using G = decltype(grad_type);
+    parallel_for(blocks(), std::max<int64_t>(1, kParallelGrain / block), [=](int64_t lo, int64_t hi) {
+      int64_t i = std::upper_bound(offsets, offsets + count + 1, lo) - offsets - 1;
+      for (int64_t b = lo; b < hi; ++b) {
+        while (b >= offsets[i + 1]) ++i;
+        Step c = base;
+        c.decay = float(1.0 - lr * double(tensors[i].weight_decay));
+        update_block<G>(tensors[i], b - offsets[i], block, c);
+      }
+    });
+  };
+  switch (grad_dtype_) {
+    case DType::bf16: return pass(bf16_t{});
+    case DType::f16: return pass(fp16_t{});
+    default: return pass(float{});
+  }
 }
 
 }  // namespace memfit

@@ -269,21 +269,27 @@ void AttentionForwardKernel::bind(const void* qkv, void* y, void* probs, void* s
     void* scores = v.bf16() ? static_cast<void*>(scores_block_) : advance(probs, q.b * T, w);
     scores_[size_t(i)].bind(advance(qkv, q.b * 3 * C, w), advance(qkv, C, w), nullptr, scores, scratch);
     for (auto& out : out_)
-      if (!out.empty())
+      if (!out.empty() && y)
         out[size_t(i)].bind(advance(probs, q.b * T, w), advance(qkv, 2 * C, w), nullptr, advance(y, q.b * C, w),
                             scratch);
   }
   probs_ = probs;
+  has_y_ = y != nullptr;
 }
 
 void AttentionForwardKernel::run(bool acc_y) const {
-  const std::vector<DnnlMatmul>& out = out_[acc_y ? 1 : 0];
-  MEMFIT_ASSERT(!out.empty(), "attention prepared without its {} variant", acc_y ? "accumulate" : "overwrite");
+  // Without y (a recomputation that only needs the probabilities) the products with v are skipped.
+  const std::vector<DnnlMatmul>* out = nullptr;
+  if (has_y_) {
+    out = &out_[acc_y ? 1 : 0];
+    MEMFIT_ASSERT(!out->empty(), "attention prepared without its {} variant", acc_y ? "accumulate" : "overwrite");
+  }
   const int64_t BH = shape_.batch * shape_.heads, T = shape_.seq;
   if (shape_.dtype == DType::f32) {
     for (const DnnlMatmul& mm : scores_) mm.execute();
     attention_softmax_forward(static_cast<float*>(probs_), BH * T, T);
-    for (const DnnlMatmul& mm : out) mm.execute();
+    if (out)
+      for (const DnnlMatmul& mm : *out) mm.execute();
     return;
   }
   // bf16: block by block, the fp32 scores of a block live only in the scratch.
@@ -292,7 +298,7 @@ void AttentionForwardKernel::run(bool acc_y) const {
     scores_[size_t(i)].execute();
     attention_softmax_forward_bf16(scores_block_, static_cast<bf16_t*>(probs_), BH * q.size(), T, q.b, q.size(),
                                    shape_.max_block() * T);
-    out[size_t(i)].execute();
+    if (out) (*out)[size_t(i)].execute();
   }
 }
 

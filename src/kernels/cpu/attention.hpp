@@ -52,7 +52,7 @@ void attention_softmax_forward_bf16(const float* scores, bf16_t* probs, int64_t 
                                     int64_t rows_per_head, int64_t scores_head_stride);
 void attention_softmax_backward_bf16(const bf16_t* probs, float* dprobs, int64_t rows, int64_t seq);
 
-// in [qkv] out [y (B,T,C), probs (B,NH,T,T)].
+// in [qkv] out [y (B,T,C), probs (B,NH,T,T)]; y may be absent (nullptr): probabilities only.
 class AttentionForwardKernel {
  public:
   AttentionForwardKernel(const DnnlEnv& env, const AttentionShape& shape, WriteVariants y_modes);
@@ -64,6 +64,7 @@ class AttentionForwardKernel {
   AttentionShape shape_;
   void* probs_ = nullptr;
   float* scores_block_ = nullptr;  // bf16: fp32 scores of one query block, in the scratch
+  bool has_y_ = true;
   // Per query block: scores = scale q k^T over its causal prefix of keys, and y (+)= probs v.
   std::vector<DnnlMatmul> scores_, out_[2];  // out_[0] overwrite, out_[1] accumulate
 };

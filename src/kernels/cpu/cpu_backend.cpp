@@ -12,6 +12,8 @@
 // function then picks its kernel instantiation from the tensors' dtypes (dispatch_t / _tg)
 // and refuses, naming the op, a combination it has no kernel for. The precision pass
 // (graph/precision.hpp) only emits combinations that exist here.
+#include <omp.h>
+
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -26,6 +28,7 @@
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/finite.hpp"
+#include "kernels/cpu/flash_attention.hpp"
 #include "kernels/cpu/gelu.hpp"
 #include "core/half.hpp"
 #include "kernels/cpu/grad_norm.hpp"
@@ -185,7 +188,8 @@ AttentionShape attention_shape(const Program& p, const Op& op) {
   s.dtype = dtype_of(p, op.inputs[op.kind == OpKind::attention_forward ? 0 : 1]);
   if (s.dtype != DType::f32 && s.dtype != DType::bf16) no_kernel(op, s.dtype);
   for (TensorId id : op.inputs) require_dtype(p, op, id, s.dtype);
-  for (TensorId id : op.outputs) require_dtype(p, op, id, s.dtype);
+  for (TensorId id : op.outputs)
+    if (id != kNoTensor) require_dtype(p, op, id, s.dtype);
   if (op.kind == OpKind::attention_backward && !op.workspace.empty()) require_dtype(p, op, op.workspace[0], DType::f32);
   return s;
 }
@@ -375,8 +379,7 @@ std::unique_ptr<PreparedOp> prepare_gelu(const Program& p, const Op& op, const O
 std::unique_ptr<PreparedOp> prepare_attention_forward(const DnnlEnv& env, const Program& p, const Op& op,
                                                       const OpBinding& b) {
   check_arity(op, 1, 2);
-  MEMFIT_CHECK(op.outputs[0] != kNoTensor, "kernels", "op '{}': attention_forward needs its output y", op.name);
-  const AttentionShape s = attention_shape(p, op);
+  const AttentionShape s = attention_shape(p, op);  // y may be absent: a recomputation that needs only probs
   const int64_t B = s.batch, T = s.seq, NH = s.heads, C = s.channels();
   check_numel(p, op, op.inputs[0], B * T * 3 * C, "qkv");
   check_numel(p, op, op.outputs[0], B * T * C, "y");
@@ -406,6 +409,60 @@ std::unique_ptr<PreparedOp> prepare_attention_backward(const DnnlEnv& env, const
   return make_op([kernel = std::move(kernel), mode = op.modes[0]](const StepContext& ctx) {
     kernel.run(accumulates(mode, ctx));
   });
+}
+
+// Flash attention's tiles live in the library scratch, one slice per OpenMP thread.
+uint64_t flash_scratch_bytes(const Op& op) {
+  const AttentionShape s = AttentionShape::of(attrs_of<AttentionAttrs>(op));
+  const int threads = omp_get_max_threads();
+  return op.kind == OpKind::flash_attention_forward ? flash_forward_scratch_bytes(s, threads)
+                                                     : flash_backward_scratch_bytes(s, threads);
+}
+
+std::unique_ptr<PreparedOp> prepare_flash_attention(const Program& p, const Op& op, const OpBinding& b) {
+  const bool fwd = op.kind == OpKind::flash_attention_forward;
+  check_arity(op, fwd ? 1 : 4, fwd ? 2 : 1);
+  const AttentionShape s = AttentionShape::of(attrs_of<AttentionAttrs>(op));
+  const int64_t B = s.batch, T = s.seq, NH = s.heads, C = s.channels();
+  const int threads = omp_get_max_threads();
+  void* scratch = scratch_of(p, op, b);
+  // qkv, y, dy and dqkv share one storage type (any float); lse is fp32.
+  const DType ty = dtype_of(p, op.inputs[fwd ? 0 : 1]);
+  std::unique_ptr<PreparedOp> out;
+  if (fwd) {
+    check_numel(p, op, op.inputs[0], B * T * 3 * C, "qkv");
+    MEMFIT_CHECK(op.outputs[0] != kNoTensor && op.outputs[1] != kNoTensor, "kernels",
+                 "op '{}': flash attention needs both outputs y and lse", op.name);
+    check_numel(p, op, op.outputs[0], B * T * C, "y");
+    check_numel(p, op, op.outputs[1], B * NH * T, "lse");
+    require_dtype(p, op, op.outputs[0], ty);
+    require_dtype(p, op, op.outputs[1], DType::f32);
+    require_overwrite(op, 0);
+    require_overwrite(op, 1);
+    dispatch_t(op, ty, [&](auto t) {
+      using E = decltype(t);
+      out = make_op([=, qkv = in_t<E>(b, 0), y = out_t<E>(b, 0), lse = out_f(b, 1)](const StepContext&) {
+        flash_attention_forward(s, qkv, y, lse, scratch, threads);
+      });
+    });
+    return out;
+  }
+  check_numel(p, op, op.inputs[0], B * T * C, "dy");
+  check_numel(p, op, op.inputs[1], B * T * 3 * C, "qkv");
+  check_numel(p, op, op.inputs[2], B * T * C, "y");
+  check_numel(p, op, op.inputs[3], B * NH * T, "lse");
+  check_numel(p, op, op.outputs[0], B * T * 3 * C, "dqkv");
+  for (size_t i : {0, 2}) require_dtype(p, op, op.inputs[i], ty);
+  require_dtype(p, op, op.inputs[3], DType::f32);
+  require_dtype(p, op, op.outputs[0], ty);
+  dispatch_t(op, ty, [&](auto t) {
+    using E = decltype(t);
+    out = make_op([=, dy = in_t<E>(b, 0), qkv = in_t<E>(b, 1), y = in_t<E>(b, 2), lse = in_f(b, 3),
+                   dqkv = out_t<E>(b, 0), mode = op.modes[0]](const StepContext& ctx) {
+      flash_attention_backward(s, dy, qkv, y, lse, dqkv, accumulates(mode, ctx), scratch, threads);
+    });
+  });
+  return out;
 }
 
 std::unique_ptr<PreparedOp> prepare_classifier(const DnnlEnv& env, const Program& p, const Op& op,
@@ -584,6 +641,8 @@ class CpuBackend final : public Backend {
         case OpKind::attention_backward:
           return AttentionBackwardKernel::scratch_bytes(env_, attention_shape(program, op),
                                                         WriteVariants::of(op.modes.at(0)));
+        case OpKind::flash_attention_forward:
+        case OpKind::flash_attention_backward: return flash_scratch_bytes(op);
         case OpKind::classifier:
         case OpKind::classifier_eval:
           check_arity(op, 3, op.kind == OpKind::classifier ? 3 : 1, 1);
@@ -624,6 +683,8 @@ class CpuBackend final : public Backend {
       case OpKind::gelu_backward: return prepare_gelu(program, op, binding);
       case OpKind::attention_forward: return prepare_attention_forward(env_, program, op, binding);
       case OpKind::attention_backward: return prepare_attention_backward(env_, program, op, binding);
+      case OpKind::flash_attention_forward:
+      case OpKind::flash_attention_backward: return prepare_flash_attention(program, op, binding);
       case OpKind::classifier:
       case OpKind::classifier_eval: return prepare_classifier(env_, program, op, binding);
       case OpKind::adamw: return prepare_adamw(program, op, binding);

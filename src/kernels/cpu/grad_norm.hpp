@@ -27,6 +27,7 @@ class GradNormSet {
   std::vector<GradNormTensor> tensors_;
   std::vector<int64_t> offsets_;  // elements before tensor i; size n + 1
   int64_t chunk_;
+  DType grad_dtype_;
 };
 
 // PyTorch's clip_grad_norm_ coefficient: max_norm / (norm + 1e-6), at most 1; 1 when

@@ -61,6 +61,16 @@ template <class F>
 void attention_backward(const F* dy, const F* qkv, const F* probs, F* dqkv, int64_t B, int64_t T, int64_t NH,
                         int64_t HS, double scale, bool acc);
 
+// The memory-efficient form: the forward keeps y and lse (B, NH, T), the log-sum-exp of each
+// row of scaled scores; the backward rebuilds the probabilities from q, k and lse and uses
+// D_t = dy_t . y_t in place of the row sums of probs * dprobs. lse is always fp32 in the CPU
+// kernels; here it has the element type F so the double instance stays exact.
+template <class F>
+void flash_attention_forward(const F* qkv, F* y, F* lse, int64_t B, int64_t T, int64_t NH, int64_t HS, double scale);
+template <class F>
+void flash_attention_backward(const F* dy, const F* qkv, const F* y, const F* lse, F* dqkv, int64_t B, int64_t T,
+                              int64_t NH, int64_t HS, double scale, bool acc);
+
 // Fused classifier: logits = x wte^T over all Vp columns; loss_i = logsumexp over the first V
 // columns - logit[target]; dlogits = (softmax - onehot) * dscale on the first V columns and 0
 // on the padding; dx = dlogits wte; dwte = dlogits^T x. Any output may be nullptr.

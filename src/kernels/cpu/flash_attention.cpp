@@ -1,0 +1,313 @@
+// Flash attention forward and backward (see flash_attention.hpp).
+//
+// Forward, per query block Q_i and each key block K_j with j <= i, rows r of the tile:
+//   s = scale q_r k^T;  m' = max(m, max s);  p = exp(s - m');  l = l e^{m - m'} + sum p;
+//   acc = acc e^{m - m'} + p V_j;  and at the end y = acc / l, lse = m + log l.
+// Backward, per head, D_t = dy_t . y_t, then per key block j and query blocks i >= j:
+//   p = exp(s - lse);  dV_j += p^T dO_i;  dp = dO_i V_j^T;  ds = scale p (dp - D);
+//   dQ_i += ds K_j;  dK_j += ds^T Q_i.
+// The subtle point is the causal diagonal tile (i == j): key c is visible to query r only
+// when c <= r, and the masked probabilities are set to exactly 0 before any product reads
+// them, so the products may run over the whole tile. Probabilities below 2^-64 of the row
+// maximum are flushed to 0 exactly as the plain kernel's softmax does (vec_math.hpp).
+#include "kernels/cpu/flash_attention.hpp"
+
+#include "core/half.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "core/error.hpp"
+#include "kernels/cpu/parallel.hpp"
+#include "kernels/cpu/tile_gemm.hpp"
+#include "kernels/cpu/vec_math.hpp"
+
+namespace memfit {
+namespace {
+
+constexpr int64_t kB = kFlashBlock;
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Carves one thread's scratch into fp32 arrays, each 64-byte aligned.
+class Carver {
+ public:
+  explicit Carver(float* base) : p_(base) {}
+  float* take(int64_t n) {
+    float* out = p_;
+    p_ += round_up(n, 16);
+    return out;
+  }
+  int64_t used(const float* base) const { return p_ - base; }
+
+ private:
+  float* p_;
+};
+
+// Per-thread scratch in floats: what forward_task / backward_task carve (they assert it).
+int64_t forward_floats(int64_t HS) {
+  return round_up(HS * kB, 16) + round_up(kB * kB, 16) + round_up(kB * HS, 16) * 3 + round_up(kB, 16) * 5;
+}
+int64_t backward_floats(int64_t T, int64_t HS) {
+  return round_up(T, 16) + round_up(T * HS, 16) + round_up(HS * kB, 16) * 2 + round_up(kB * kB, 16) * 2 +
+         round_up(kB * HS, 16) * 5;
+}
+
+float* thread_slice(void* scratch, int64_t floats, int threads) {
+  const int t = omp_get_thread_num();
+  MEMFIT_ASSERT(t < threads, "flash attention runs on thread {} but has scratch for {}", t, threads);
+  return static_cast<float*>(scratch) + int64_t(t) * floats;
+}
+
+// Rows [0, rows) x [0, cols) of a strided tensor as fp32 rows: the tensor itself when it is
+// fp32, else converted into `buffer` (the one place a 16-bit variant adds a conversion).
+struct RowsF32 {
+  const float* p;
+  int64_t ld;
+};
+template <class T>
+RowsF32 rows_f32(const T* src, int64_t ld, int64_t rows, int64_t cols, float* buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    return {src, ld};
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) buffer[r * cols + c] = widen(src[r * ld + c]);
+    return {buffer, cols};
+  }
+}
+
+template <class T>
+void store_row(T* dst, const float* src, int64_t n, float scale, bool accumulate) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (accumulate) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) dst[i] += src[i] * scale;
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * scale;
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = narrow<T>(accumulate ? widen(dst[i]) + src[i] * scale : src[i] * scale);
+  }
+}
+
+// dst[c][r] = src[r][c] for r < rows, c < cols: a (rows x cols) block of a strided tensor into
+// a packed (cols x ld_dst) tile.
+template <class T>
+void transpose_into(const T* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* s = src + r * ld_src;
+    for (int64_t c = 0; c < cols; ++c) {
+      if constexpr (std::is_same_v<T, float>) dst[c * ld_dst + r] = s[c];
+      else dst[c * ld_dst + r] = widen(s[c]);
+    }
+  }
+}
+
+struct Geometry {
+  int64_t B, T, NH, HS, C, blocks;
+  float scale;
+  explicit Geometry(const AttentionShape& s)
+      : B(s.batch), T(s.seq), NH(s.heads), HS(s.head_dim), C(s.channels()), blocks((s.seq + kB - 1) / kB),
+        scale(s.scale) {}
+  int64_t size(int64_t block) const { return std::min(kB, T - block * kB); }
+};
+
+// One query block of one head. The scores are computed transposed, s^T = K_j Q_i^T (keys in
+// rows, queries in columns), so that Q_i is transposed once per task rather than every K_j
+// once per query block, and the online softmax runs down the columns with the queries in
+// the vector lanes.
+template <class T>
+void forward_task(const Geometry& g, const T* qkv, T* y, float* lse, int64_t bh, int64_t qi, float* ws) {
+  const int64_t b = bh / g.NH, h = bh % g.NH, HS = g.HS, ld = 3 * g.C;
+  const int64_t q0 = qi * kB, br = g.size(qi);
+  const T* base = qkv + b * g.T * ld + h * HS;
+  Carver carve(ws);
+  float* qt = carve.take(HS * kB);
+  float* st = carve.take(kB * kB);
+  float* kbuf = carve.take(kB * HS);
+  float* vbuf = carve.take(kB * HS);
+  float* acc = carve.take(kB * HS);
+  float* m = carve.take(kB);
+  float* l = carve.take(kB);
+  float* mx = carve.take(kB);
+  float* corr = carve.take(kB);
+  float* sum = carve.take(kB);
+  MEMFIT_ASSERT(carve.used(ws) <= forward_floats(HS), "flash forward scratch overrun");
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  transpose_into(base + q0 * ld, ld, br, HS, qt, kB);
+  for (int64_t kj = 0; kj <= qi; ++kj) {
+    const int64_t k0 = kj * kB, bc = g.size(kj);
+    const bool diagonal = kj == qi;
+    const RowsF32 k = rows_f32(base + g.C + k0 * ld, ld, bc, HS, kbuf);
+    tile_gemm(bc, br, HS, k.p, k.ld, 1, qt, kB, st, kB, false);
+    std::fill(mx, mx + br, kMasked);
+    for (int64_t c = 0; c < bc; ++c) {
+      float* row = st + c * kB;
+      // Key c is visible to query r when c <= r on the diagonal tile, always below it.
+      const int64_t first_visible = diagonal ? c : 0;
+#pragma omp simd
+      for (int64_t r = 0; r < br; ++r) {
+        const float v = r < first_visible ? kMasked : row[r] * g.scale;
+        row[r] = v;
+        mx[r] = v > mx[r] ? v : mx[r];
+      }
+    }
+#pragma omp simd
+    for (int64_t r = 0; r < br; ++r) {
+      const float m_new = kj == 0 || mx[r] > m[r] ? mx[r] : m[r];
+      corr[r] = kj == 0 ? 0.0f : softmax_exp(m[r] - m_new);
+      m[r] = m_new;
+      sum[r] = 0.0f;
+    }
+    for (int64_t c = 0; c < bc; ++c) {
+      float* row = st + c * kB;
+#pragma omp simd
+      for (int64_t r = 0; r < br; ++r) {
+        row[r] = softmax_exp(row[r] - m[r]);  // masked: -inf - m[r] is below the cutoff: exactly 0
+        sum[r] += row[r];
+      }
+    }
+    for (int64_t r = 0; r < br; ++r) {
+      l[r] = l[r] * corr[r] + sum[r];
+      if (kj > 0 && corr[r] != 1.0f) {
+        float* a = acc + r * HS;
+#pragma omp simd
+        for (int64_t d = 0; d < HS; ++d) a[d] *= corr[r];
+      }
+    }
+    // acc[r] += sum_c p[r][c] V[c]: p is s^T read column-wise (row stride 1, column stride kB).
+    const RowsF32 v = rows_f32(base + 2 * g.C + k0 * ld, ld, bc, HS, vbuf);
+    tile_gemm(br, HS, bc, st, 1, kB, v.p, v.ld, acc, HS, kj > 0);
+  }
+  T* yb = y + (b * g.T + q0) * g.C + h * HS;
+  float* lb = lse + bh * g.T + q0;
+  for (int64_t r = 0; r < br; ++r) {
+    store_row(yb + r * g.C, acc + r * HS, HS, 1.0f / l[r], false);
+    lb[r] = m[r] + std::log(l[r]);
+  }
+}
+
+// One head, all of its key blocks.
+template <class T>
+void backward_task(const Geometry& g, const T* dy, const T* qkv, const T* y, const float* lse, T* dqkv,
+                   bool accumulate, int64_t bh, float* ws) {
+  const int64_t b = bh / g.NH, h = bh % g.NH, HS = g.HS, ld = 3 * g.C, T_ = g.T;
+  const T* base = qkv + b * T_ * ld + h * HS;
+  const T* dyb = dy + b * T_ * g.C + h * HS;
+  const T* yb = y + b * T_ * g.C + h * HS;
+  const float* lb = lse + bh * T_;
+  Carver carve(ws);
+  float* D = carve.take(T_);
+  float* dq = carve.take(T_ * HS);
+  float* kt = carve.take(HS * kB);
+  float* vt = carve.take(HS * kB);
+  float* p = carve.take(kB * kB);
+  float* ds = carve.take(kB * kB);
+  float* dk = carve.take(kB * HS);
+  float* dv = carve.take(kB * HS);
+  float* qbuf = carve.take(kB * HS);
+  float* dobuf = carve.take(kB * HS);
+  float* kbuf = carve.take(kB * HS);
+  MEMFIT_ASSERT(carve.used(ws) <= backward_floats(T_, HS), "flash backward scratch overrun");
+
+  for (int64_t t = 0; t < T_; t += kB) {
+    const int64_t rows = std::min(kB, T_ - t);
+    const RowsF32 o = rows_f32(yb + t * g.C, g.C, rows, HS, qbuf);
+    const RowsF32 d = rows_f32(dyb + t * g.C, g.C, rows, HS, dobuf);
+    for (int64_t r = 0; r < rows; ++r) {
+      float dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < HS; ++c) dot += o.p[r * o.ld + c] * d.p[r * d.ld + c];
+      D[t + r] = dot;
+    }
+  }
+  std::fill(dq, dq + T_ * HS, 0.0f);
+
+  for (int64_t kj = 0; kj < g.blocks; ++kj) {
+    const int64_t k0 = kj * kB, bc = g.size(kj);
+    transpose_into(base + g.C + k0 * ld, ld, bc, HS, kt, kB);
+    transpose_into(base + 2 * g.C + k0 * ld, ld, bc, HS, vt, kB);
+    const RowsF32 k = rows_f32(base + g.C + k0 * ld, ld, bc, HS, kbuf);
+    for (int64_t qi = kj; qi < g.blocks; ++qi) {
+      const int64_t q0 = qi * kB, br = g.size(qi);
+      const bool first = qi == kj;
+      const RowsF32 q = rows_f32(base + q0 * ld, ld, br, HS, qbuf);
+      const RowsF32 dO = rows_f32(dyb + q0 * g.C, g.C, br, HS, dobuf);
+      tile_gemm(br, bc, HS, q.p, q.ld, 1, kt, kB, p, kB, false);
+      for (int64_t r = 0; r < br; ++r) {
+        float* row = p + r * kB;
+        const int64_t visible = std::min(bc, q0 + r - k0 + 1);
+        const float shift = lb[q0 + r];
+#pragma omp simd
+        for (int64_t c = 0; c < visible; ++c) row[c] = softmax_exp(row[c] * g.scale - shift);
+        std::fill(row + visible, row + bc, 0.0f);
+      }
+      tile_gemm(bc, HS, br, p, 1, kB, dO.p, dO.ld, dv, HS, !first);
+      tile_gemm(br, bc, HS, dO.p, dO.ld, 1, vt, kB, ds, kB, false);
+      for (int64_t r = 0; r < br; ++r) {
+        const float* prow = p + r * kB;
+        float* drow = ds + r * kB;
+        const float Dr = D[q0 + r];
+#pragma omp simd
+        for (int64_t c = 0; c < bc; ++c) drow[c] = g.scale * prow[c] * (drow[c] - Dr);
+      }
+      tile_gemm(br, HS, bc, ds, kB, 1, k.p, k.ld, dq + q0 * HS, HS, true);
+      tile_gemm(bc, HS, br, ds, 1, kB, q.p, q.ld, dk, HS, !first);
+    }
+    T* dkb = dqkv + (b * T_ + k0) * ld + g.C + h * HS;
+    for (int64_t r = 0; r < bc; ++r) {
+      store_row(dkb + r * ld, dk + r * HS, HS, 1.0f, accumulate);
+      store_row(dkb + g.C + r * ld, dv + r * HS, HS, 1.0f, accumulate);
+    }
+  }
+  T* dqb = dqkv + b * T_ * ld + h * HS;
+  for (int64_t t = 0; t < T_; ++t) store_row(dqb + t * ld, dq + t * HS, HS, 1.0f, accumulate);
+}
+
+}  // namespace
+
+uint64_t flash_forward_scratch_bytes(const AttentionShape& shape, int threads) {
+  return uint64_t(forward_floats(shape.head_dim)) * sizeof(float) * uint64_t(threads);
+}
+
+uint64_t flash_backward_scratch_bytes(const AttentionShape& shape, int threads) {
+  return uint64_t(backward_floats(shape.seq, shape.head_dim)) * sizeof(float) * uint64_t(threads);
+}
+
+template <class T>
+void flash_attention_forward(const AttentionShape& shape, const T* qkv, T* y, float* lse, void* scratch, int threads) {
+  const Geometry g(shape);
+  const int64_t floats = forward_floats(shape.head_dim);
+  parallel_for(g.B * g.NH * g.blocks, 1, [&](int64_t first, int64_t last) {
+    float* ws = thread_slice(scratch, floats, threads);
+    for (int64_t task = first; task < last; ++task)
+      forward_task(g, qkv, y, lse, task / g.blocks, task % g.blocks, ws);
+  });
+}
+
+template <class T>
+void flash_attention_backward(const AttentionShape& shape, const T* dy, const T* qkv, const T* y, const float* lse,
+                              T* dqkv, bool accumulate, void* scratch, int threads) {
+  const Geometry g(shape);
+  const int64_t floats = backward_floats(shape.seq, shape.head_dim);
+  parallel_for(g.B * g.NH, 1, [&](int64_t first, int64_t last) {
+    float* ws = thread_slice(scratch, floats, threads);
+    for (int64_t bh = first; bh < last; ++bh) backward_task(g, dy, qkv, y, lse, dqkv, accumulate, bh, ws);
+  });
+}
+
+#define MEMFIT_FLASH_INSTANTIATE(T)                                                                      \
+  template void flash_attention_forward<T>(const AttentionShape&, const T*, T*, float*, void*, int);           \
+  template void flash_attention_backward<T>(const AttentionShape&, const T*, const T*, const T*, const float*, \
+                                            T*, bool, void*, int);
+MEMFIT_FLASH_INSTANTIATE(float)
+MEMFIT_FLASH_INSTANTIATE(bf16_t)
+MEMFIT_FLASH_INSTANTIATE(fp16_t)
+#undef MEMFIT_FLASH_INSTANTIATE
+
+}  // namespace memfit
