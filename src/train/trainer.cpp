@@ -13,6 +13,7 @@
 #include "graph/training_program.hpp"
 #include "plan/plan_report.hpp"
 #include "runtime/executor.hpp"
+#include "train/budget.hpp"
 #include "train/data_loader.hpp"
 #include "train/init.hpp"
 #include "train/synthetic_corpus.hpp"
@@ -66,19 +67,6 @@ PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
   return run;
 }
 
-void check_memory_budget(const PreparedRun& run, uint64_t budget) {
-  const TierPlan& t = run.compiled.plan.tier(Tier::device);
-  if (t.peak_bytes <= budget) return;
-  const Op& op = run.compiled.program.op(t.peak_op);
-  Category top = Category::parameters;
-  for (Category c : kAllCategories)
-    if (t.at_peak[size_t(c)] > t.at_peak[size_t(top)]) top = c;
-  throw Error("plan", fmt::format("the run needs {} on the device tier but the budget is {} ({} over); the peak is at "
-                                  "op '{}' ({}), where {} is the largest category with {}; try a smaller --batch or --seq",
-                                  format_bytes(t.peak_bytes), format_bytes(budget), format_bytes(t.peak_bytes - budget),
-                                  op.name, phase_name(op.phase), category_name(top), format_bytes(t.at_peak[size_t(top)])));
-}
-
 nlohmann::json model_json(const ModelSpec& s, int64_t parameters) {
   return {{"name", s.name},         {"arch", arch_name(s.arch)}, {"n_layer", s.n_layer},
           {"n_head", s.n_head},     {"n_embd", s.n_embd},        {"vocab_size", s.vocab_size},
@@ -102,7 +90,7 @@ nlohmann::json policy_json(const Policy& p) {
           {"classifier_chunk_rows", p.classifier_chunk_rows}};
 }
 
-nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
+nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hooks) {
   MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);
   MEMFIT_CHECK(c.val_fraction >= 0 && c.val_fraction < 1, "train", "the validation fraction must be in [0, 1) (got {})",
                c.val_fraction);
@@ -131,7 +119,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
                      val_tokens);
   log << format_memory_table(prog, run.compiled.plan);
   const uint64_t budget = c.memory_budget ? c.memory_budget : available_memory_bytes();
-  check_memory_budget(run, budget);
+  enforce_memory_budget(c, run, budget, *backend, log);
 
   Executor ex(run.compiled, *backend);
   if (c.load.empty()) {
@@ -149,6 +137,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
     else val_loader->next(ex.data_as<int32_t>(eval_tokens), ex.data_as<int32_t>(eval_targets));
   });
   const float* loss = ex.data_as<float>(prog.find_tensor(kLoss));
+  if (hooks) hooks->before_steps(ex, run);
 
   auto evaluate = [&]() {
     val_loader->reset();
@@ -171,9 +160,11 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
     StepContext ctx;
     ctx.step = step;
     ctx.lr = lr_at(c, step);
+    if (hooks) hooks->before_step(step);
     const auto t0 = Clock::now();
     ex.run_step(ctx);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (hooks) hooks->after_step(step, *loss);
     last_loss = *loss;
     if (step == 1) first_loss = last_loss;
     MEMFIT_CHECK(std::isfinite(last_loss), "train", "the loss became {} at step {}; lower --lr", last_loss, step);
@@ -233,6 +224,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   report["memory"]["budget_bytes"] = budget;
   report["seed"] = c.seed;
   report["lr"] = c.lr;
+  if (hooks) hooks->after_run(ex, report, log);
   if (!c.report_json.empty()) {
     const std::string tmp = c.report_json + ".tmp";
     {

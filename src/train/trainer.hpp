@@ -9,6 +9,7 @@
 
 #include "kernels/backend.hpp"
 #include "runtime/compile.hpp"
+#include "train/run_hooks.hpp"
 #include "train/run_config.hpp"
 
 namespace memfit {
@@ -22,14 +23,14 @@ struct PreparedRun {
 // Shared by `memfit plan` and `memfit train`: the same program, the same plan.
 PreparedRun prepare_run(const RunConfig& config, const Backend& backend);
 
-// Throws [plan] when the device peak exceeds the budget, with the breakdown at the peak.
-void check_memory_budget(const PreparedRun& run, uint64_t budget);
 uint64_t available_memory_bytes();  // MemAvailable of /proc/meminfo
 
 // The resolved model and policy, as reported by `plan --json` and the run report.
 nlohmann::json model_json(const ModelSpec& spec, int64_t parameters);
 nlohmann::json policy_json(const Policy& policy);
 
-nlohmann::json run_training(const RunConfig& config, std::ostream& log);
+// Refuses to start when the plan exceeds the budget (train/budget.hpp). `hooks` (optional)
+// watch the run: `memfit profile`, `--check-leaks`.
+nlohmann::json run_training(const RunConfig& config, std::ostream& log, RunHooks* hooks = nullptr);
 
 }  // namespace memfit
