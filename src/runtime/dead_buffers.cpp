@@ -17,7 +17,7 @@ DeadBufferFill::DeadBufferFill(Executor& ex, unsigned char fill) : ex_(ex), fill
       persistent_top_[size_t(b.tier)] = std::max(persistent_top_[size_t(b.tier)], b.offset + b.bytes);
       continue;
     }
-    bool last_only = true;
+    bool last_only = false;
     for (const Section& s : p.sections())
       if (s.repeat > 1 && b.live.last == s.end - 1 && b.live.first < s.begin) last_only = true;
     dying_[size_t(b.live.last)].push_back({b.tier, b.offset, b.bytes, last_only});

@@ -64,7 +64,7 @@ constexpr const char* kTail = R"HTML(</script>
     if (v === null || v === undefined) return "-";
     let u = 0;
     while (Math.abs(v) >= 1024 && u < units.length - 1) { v /= 1024; ++u; }
-    return (u === 0 ? v.toFixed(0) : v.toPrecision(4)) + " " + units[u];
+    return (u === 0 ? v.toFixed(0) : String(parseFloat(v.toPrecision(4)))) + " " + units[u];
   }
   function el(name, attrs, parent) {
     const e = document.createElementNS(NS, name);
@@ -98,17 +98,22 @@ constexpr const char* kTail = R"HTML(</script>
   const x = function (i) { return L + (W - L - R) * i / n; };
   const y = function (v) { return T + (H - T - B) * (1 - v / ymax); };
 
-  // Sections as shaded bands.
+  // Sections as shaded bands, labelled where there is room.
   data.sections.forEach(function (s, k) {
-    el("rect", { x: x(s.begin), y: T, width: Math.max(0, x(s.end) - x(s.begin)), height: H - T - B,
-                 fill: k % 2 ? "#f4f6fa" : "#fafbfd", class: "section" }, svg);
+    const w = Math.max(0, x(s.end) - x(s.begin));
+    el("rect", { x: x(s.begin), y: T, width: w, height: H - T - B, fill: k % 2 ? "#eef1f7" : "#fafbfd",
+                 class: "section" }, svg);
+    if (w < 60) return;
     const label = el("text", { x: x(s.begin) + 4, y: T - 8 }, svg);
     label.textContent = s.name + (s.repeat > 1 ? " \u00d7" + s.repeat : "");
   });
-  // Y axis.
+  // Y axis: round steps (1, 2, 2.5 or 5 times a power of ten) of the largest binary unit below ymax.
   const axis = el("g", { class: "axis" }, svg);
-  for (let k = 0; k <= 5; ++k) {
-    const v = ymax * k / 5;
+  let unit = 1;
+  while (unit * 1024 <= ymax) unit *= 1024;
+  const raw = ymax / unit / 5, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = unit * mag * [1, 2, 2.5, 5, 10].find(function (m) { return m * mag >= raw; });
+  for (let v = 0; v <= ymax; v += step) {
     el("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#e3e6ec" }, axis);
     const t = el("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, axis);
     t.textContent = bytes(v);
@@ -151,7 +156,8 @@ constexpr const char* kTail = R"HTML(</script>
     attrs.fill = "none";
     return el("path", attrs, svg);
   }
-  stepLine(dev.planned_top, { stroke: "#1d2330", "stroke-width": 1.2, "stroke-dasharray": "5,3", class: "top-planned" });
+  // Planned top wide and pale under the measured one, so both show where they coincide.
+  stepLine(dev.planned_top, { stroke: "#1d2330", "stroke-width": 4, "stroke-opacity": 0.3, class: "top-planned" });
   stepLine(dev.measured_top, { stroke: "#d62728", "stroke-width": 1.2, class: "top-measured" });
 
   // Peak marker.
@@ -174,9 +180,9 @@ constexpr const char* kTail = R"HTML(</script>
     s.appendChild(document.createTextNode(cats[c] + " " + bytes(dev.peak_op >= 0 ? dev.live[dev.peak_op][c] : 0)));
     legend.appendChild(s);
   });
-  [["planned arena top", "#1d2330"], ["measured arena top", "#d62728"]].forEach(function (p) {
+  [["planned arena top", "rgba(29,35,48,0.3)", 4], ["measured arena top", "#d62728", 2]].forEach(function (p) {
     const s = document.createElement("span");
-    s.innerHTML = '<i style="background:' + p[1] + ';height:2px;vertical-align:3px"></i>';
+    s.innerHTML = '<i style="background:' + p[1] + ';height:' + p[2] + 'px;vertical-align:3px"></i>';
     s.appendChild(document.createTextNode(p[0]));
     legend.appendChild(s);
   });

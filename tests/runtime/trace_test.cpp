@@ -28,7 +28,7 @@ size_t ops_per_step(const Program& p) {
 }
 
 void expect_trace_matches_plan(const Policy& pol) {
-  constexpr int kSteps = 4;
+  constexpr int kSteps = 3;
   TinyRun run(pol);
   TinyRun plain(pol);
   const Program& p = run.compiled.program;
