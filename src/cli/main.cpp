@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 #include "plan/plan_report.hpp"
+#include "train/budget.hpp"
 #include "train/leak_check.hpp"
 #include "train/max_batch.hpp"
 #include "train/profile.hpp"
@@ -39,6 +40,9 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
                              run.spec.name, p.parameter_count(), run.policy.batch, run.policy.seq,
                              run.policy.grad_accum, precision_name(run.policy.precision), p.ops().size());
     std::cout << format_memory_table(p, run.compiled.plan);
+    // With a budget, a plan that does not fit gets the same diagnosis `memfit train` prints.
+    if (config.memory_budget > 0 && run.compiled.plan.tier(Tier::device).peak_bytes > config.memory_budget)
+      std::cout << "memory budget exceeded:\n" << diagnose_budget(config, run, config.memory_budget, *backend).report;
   }
   return 0;
 }

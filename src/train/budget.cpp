@@ -178,7 +178,6 @@ BudgetDiagnosis diagnose_budget(const RunConfig& c, const PreparedRun& run, uint
 
   const uint64_t over = d.peak > budget ? d.peak - budget : 0;
   std::string& r = d.report;
-  r += "memory budget exceeded: the run stops before step 1\n";
   r += fmt::format("  budget        {:>12} ({} bytes), device tier\n", format_bytes(budget), budget);
   r += fmt::format("  planned peak  {:>12} ({} bytes): {} ({} bytes) over\n", format_bytes(d.peak), d.peak,
                    format_bytes(over), over);
@@ -239,7 +238,7 @@ void enforce_memory_budget(const RunConfig& c, const PreparedRun& run, uint64_t 
                            std::ostream& log) {
   if (run.compiled.plan.tier(Tier::device).peak_bytes <= budget) return;
   const BudgetDiagnosis d = diagnose_budget(c, run, budget, backend);
-  log << d.report << std::flush;
+  log << "memory budget exceeded: the run stops before step 1\n" << d.report << std::flush;
   throw Error("plan", d.summary);
 }
 

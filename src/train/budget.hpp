@@ -40,7 +40,7 @@ struct BudgetDiagnosis {
   std::vector<LiveTensor> live_at_peak;     // largest first
   std::vector<FitSuggestion> suggestions;   // fitting ones first, cheapest first
   std::vector<std::string> unavailable;     // flags of candidates this build refuses
-  std::string report;                       // the multi-line diagnosis
+  std::string report;                       // the multi-line diagnosis (indented lines, no headline)
   std::string summary;                      // one line: the numbers and the cheapest fix
 };
 

@@ -54,7 +54,8 @@ TEST(Budget, OverBudgetRunStopsBeforeStepOneAndTheSuggestionFits) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.err, m, std::regex("cheapest change that fits: (.*) \\(peak"))) << r.err;
   const std::string flags = m[1];
-  const auto fixed = run_memfit("train --steps 3 " + kRun + " --memory-budget 16MiB " + flags + " --report-json " + report);
+  const auto fixed =
+      run_memfit("train --threads 1 --steps 2 " + kRun + " --memory-budget 16MiB " + flags + " --report-json " + report);
   ASSERT_EQ(fixed.status, 0) << flags << "\n" << fixed.out << fixed.err;
   std::ifstream in(report);
   const auto j = nlohmann::json::parse(in);
@@ -103,6 +104,15 @@ TEST(Budget, EverySuggestionMarkedFittingFitsWhenPlannedAgain) {
   }
   EXPECT_TRUE(keeps_global);
   std::printf("%s", d.report.c_str());
+}
+
+TEST(Budget, PlanWithABudgetShowsTheSameDiagnosis) {
+  const auto p = run_memfit("plan " + kRun + " --memory-budget 16MiB");
+  EXPECT_EQ(p.status, 0) << p.err;
+  EXPECT_NE(p.out.find("memory budget exceeded"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("--batch 1 --grad-accum 4"), std::string::npos) << p.out;
+  const auto fits = run_memfit("plan " + kRun + " --memory-budget 1GiB");
+  EXPECT_EQ(fits.out.find("memory budget exceeded"), std::string::npos) << fits.out;
 }
 
 TEST(Budget, NothingFitsBelowThePersistentState) {

@@ -5,6 +5,7 @@
 // CLI must agree and verify its answer with a real step, and with --seq auto every point of
 // the frontier must fit while the next batch does not.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -40,6 +41,10 @@ int64_t oracle_max_batch(uint64_t budget, int64_t seq) {
 }
 
 TEST(MaxBatch, AnswersWithinOneOfRealSteps) {
+  // One kernel thread throughout (many short runs stay fast when tests share the cores). The
+  // thread count is part of the plan: oneDNN's scratch, which the plan counts, depends on it.
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
   const int64_t truth = oracle_max_batch(kBudget, kSeq);
   ASSERT_GE(truth, 2);
   auto backend = make_cpu_backend();
@@ -52,13 +57,14 @@ TEST(MaxBatch, AnswersWithinOneOfRealSteps) {
   EXPECT_GT(a.next_peak, kBudget);
   EXPECT_LE(a.plans, 12);
 
-  const auto r = test::run_memfit("max-batch --json --seq 64 --memory-budget 30MiB");
+  const auto r = test::run_memfit("max-batch --threads 1 --json --seq 64 --memory-budget 30MiB");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["batch"], a.batch);
   EXPECT_EQ(j["verified"], true);
   EXPECT_EQ(j["measured_peak_bytes"], j["peak_bytes"]);
   EXPECT_EQ(j["peak_bytes"], a.peak);
+  omp_set_num_threads(threads);
 }
 
 TEST(MaxBatch, TextShowsThePlansAtTheAnswerAndOneMore) {
