@@ -45,8 +45,8 @@ MaxBatchAnswer search_max_batch(const RunConfig& config, bool seq_auto, uint64_t
     search.fits(b + 1);  // the plan just past the answer (already planned by the search, except at the limit)
     best.plans += search.probes();
     if (seq_auto) best.frontier.emplace_back(seq, b);
-    const bool better = b > 0 && (best.batch == 0 || b * seq > best.batch * best.seq);
-    if (better || (best.batch == 0 && best.seq == 0)) {
+    // Sequence lengths come longest first: the first one where a batch fits is the answer.
+    if (best.batch == 0) {
       best.seq = seq;
       best.batch = b;
       best.peak = b > 0 ? peaks[b] : 0;

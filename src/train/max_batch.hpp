@@ -2,8 +2,9 @@
 // by searching plans (plan/search.hpp: doubling, then bisection; nothing runs), then verified
 // by running one real training step at the answer (the arena's measured high-water mark must
 // equal the planned peak and fit the budget). With --seq auto it searches each sequence
-// length from the model's context down by halves to 16 and answers the pair with the most
-// tokens per micro-batch (the longer sequence on ties).
+// length from the model's context down by halves to 16, prints the largest batch at each
+// (the frontier), and answers the longest sequence at which a batch fits, with its largest
+// batch: context is what a shorter sequence gives up, so it is not traded for batch rows.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 // the arena's measured high-water mark decides whether it fits the budget. The plan search
 // must answer within one of the oracle's largest fitting batch (it answers it exactly), the
 // CLI must agree and verify its answer with a real step, and with --seq auto every point of
-// the frontier must fit while the next batch does not.
+// the frontier must fit while the next batch does not, the answer being the longest sequence.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -84,8 +84,10 @@ TEST(MaxBatch, SeqAutoFrontierFitsAndIsTight) {
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   auto backend = make_cpu_backend();
-  int64_t best_tokens = 0;
   ASSERT_EQ(j["frontier"].size(), 5u);  // 256, 128, 64, 32, 16
+  // The answer is the longest sequence with a fitting batch, at its largest batch.
+  EXPECT_EQ(j["seq"], j["frontier"][0]["seq"]);
+  EXPECT_EQ(j["batch"], j["frontier"][0]["batch"]);
   for (const auto& f : j["frontier"]) {
     RunConfig c;
     c.policy.seq = f["seq"];
@@ -93,9 +95,7 @@ TEST(MaxBatch, SeqAutoFrontierFitsAndIsTight) {
     ASSERT_GE(b, 1);
     EXPECT_LE(plan_candidate(with_batch(c, b), *backend).peak, kBudget) << f;
     EXPECT_GT(plan_candidate(with_batch(c, b + 1), *backend).peak, kBudget) << f;
-    best_tokens = std::max(best_tokens, b * c.policy.seq);
   }
-  EXPECT_EQ(j["batch"].get<int64_t>() * j["seq"].get<int64_t>(), best_tokens);
 }
 
 TEST(MaxBatch, RefusesNonsense) {
