@@ -46,7 +46,7 @@ void LeakGuard::after_step(int64_t step, float loss) {
 std::string LeakGuard::summary() const {
   const LeakReport& r = report_;
   return fmt::format("leak check: {} steps, {} of dead buffers poisoned, arena clean between steps; RSS after "
-                     "{} warm-up steps {}, growth inside steps since {} bytes (bound {}), whole process {} bytes",
+                     "{} warm-up steps {}, then growth inside steps {} bytes (bound {}), whole process {} bytes",
                      r.steps_checked, format_bytes(r.poisoned_bytes), r.warmup_steps, format_bytes(r.rss_after_warmup),
                      r.rss_growth_in_steps, r.rss_bound, r.rss_growth);
 }

@@ -95,6 +95,13 @@ constexpr const char* kTail = R"HTML(</script>
   dev.planned_top.forEach(function (v) { ymax = Math.max(ymax, v); });
   dev.measured_top.forEach(function (v) { if (v !== null) ymax = Math.max(ymax, v); });
   ymax = Math.max(1, ymax * 1.08);
+  // Y axis: round steps (1, 2, 2.5 or 5 times a power of ten) of the largest binary unit
+  // below the top, which is rounded up to a whole step.
+  let unit = 1;
+  while (unit * 1024 <= ymax) unit *= 1024;
+  const raw = ymax / unit / 5, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = unit * mag * [1, 2, 2.5, 5, 10].find(function (m) { return m * mag >= raw; });
+  ymax = Math.ceil(ymax / step - 1e-9) * step;
   const x = function (i) { return L + (W - L - R) * i / n; };
   const y = function (v) { return T + (H - T - B) * (1 - v / ymax); };
 
@@ -107,13 +114,9 @@ constexpr const char* kTail = R"HTML(</script>
     const label = el("text", { x: x(s.begin) + 4, y: T - 8 }, svg);
     label.textContent = s.name + (s.repeat > 1 ? " \u00d7" + s.repeat : "");
   });
-  // Y axis: round steps (1, 2, 2.5 or 5 times a power of ten) of the largest binary unit below ymax.
   const axis = el("g", { class: "axis" }, svg);
-  let unit = 1;
-  while (unit * 1024 <= ymax) unit *= 1024;
-  const raw = ymax / unit / 5, mag = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = unit * mag * [1, 2, 2.5, 5, 10].find(function (m) { return m * mag >= raw; });
-  for (let v = 0; v <= ymax; v += step) {
+  for (let k = 0; k * step <= ymax * (1 + 1e-9); ++k) {
+    const v = k * step;
     el("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#e3e6ec" }, axis);
     const t = el("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, axis);
     t.textContent = bytes(v);
