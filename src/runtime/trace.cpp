@@ -7,7 +7,32 @@
 namespace memfit {
 
 TraceRecorder::TraceRecorder(size_t capacity, Executor* measure)
-    : events_(capacity), measure_(measure), origin_(Clock::now()) {}
+    : events_(capacity), measure_(measure), origin_(Clock::now()) {
+  if (!measure_) return;
+  const Program& p = measure_->program();
+  const MemoryPlan& plan = measure_->plan();
+  transient_.resize(p.ops().size());
+  for (const PlannedBuffer& b : planned_buffers(p, plan)) {
+    if (b.tier != Tier::device) continue;
+    if (b.persistent) {
+      persistent_.push_back({b.offset, b.bytes, p.tensor(b.members.front()).category});
+      continue;
+    }
+    for (int op = b.live.first; op <= b.live.last; ++op)
+      transient_[size_t(op)].push_back({b.offset, b.bytes, p.tensor(buffer_holder(b, plan, op)).category});
+  }
+}
+
+namespace {
+
+bool holds_data(const std::byte* base, uint64_t offset, uint64_t bytes) {
+  const auto* b = reinterpret_cast<const unsigned char*>(base) + offset;
+  for (uint64_t i = 0; i < bytes; ++i)
+    if (b[i] != Arena::kSentinel) return true;  // nearly always the first byte
+  return false;
+}
+
+}  // namespace
 
 void TraceRecorder::before_op(int, const StepContext&) {
   op_begin_ = std::chrono::duration<double>(Clock::now() - origin_).count();
@@ -16,12 +41,18 @@ void TraceRecorder::before_op(int, const StepContext&) {
 void TraceRecorder::after_op(int op, const StepContext& ctx) {
   const double end = std::chrono::duration<double>(Clock::now() - origin_).count();
   TierTops tops{};
+  CategoryBytes live{};
   if (measure_) {
     for (Tier t : kAllTiers) {
       Arena& a = measure_->arena(t);
       tops[size_t(t)] = a.scan_top();
       a.note_top(tops[size_t(t)]);
     }
+    const std::byte* base = measure_->arena(Tier::device).data();
+    for (const LiveRange& r : persistent_)
+      if (holds_data(base, r.offset, r.bytes)) live[size_t(r.category)] += r.bytes;
+    for (const LiveRange& r : transient_[size_t(op)])
+      if (holds_data(base, r.offset, r.bytes)) live[size_t(r.category)] += r.bytes;
   }
   if (size_ == events_.size()) {
     ++dropped_;
@@ -34,6 +65,7 @@ void TraceRecorder::after_op(int op, const StepContext& ctx) {
   e.begin = op_begin_;
   e.end = end;
   e.measured_top = tops;
+  e.measured_live = live;
 }
 
 namespace {
@@ -117,7 +149,13 @@ nlohmann::json chrome_trace(const Program& p, const MemoryPlan& plan, std::span<
     }
     out.push_back(counter(kTraceTierCounter, ts, std::move(per_tier)));
     out.push_back(counter(kTracePlannedTop, ts, std::move(planned_top)));
-    if (measured_tops) out.push_back(counter(kTraceMeasuredTop, ts, std::move(measured)));
+    if (measured_tops) {
+      out.push_back(counter(kTraceMeasuredTop, ts, std::move(measured)));
+      nlohmann::json by_cat = nlohmann::json::object();
+      for (Category c : cats[size_t(Tier::device)])
+        by_cat[std::string(category_name(c))] = e.measured_live[size_t(c)];
+      out.push_back(counter(kTraceMeasuredLive, ts, std::move(by_cat)));
+    }
   }
   nlohmann::json other = other_data.is_object() ? other_data : nlohmann::json::object();
   other["measured arena top"] =
@@ -126,6 +164,12 @@ nlohmann::json chrome_trace(const Program& p, const MemoryPlan& plan, std::span<
             "buffers whose planned interval ended at that op are then returned to the sentinel, so the scan "
             "shows how far up the arena holds live data (bytes of a live tensor that equal the sentinel, or "
             "that its op has not written, can make it lower than planned)"
+          : "not measured";
+  other["measured live bytes"] =
+      measured_tops
+          ? "after each op, the buffers the plan says are live there that hold anything but the sentinel, each "
+            "counted whole, per category of the tensor holding it (device tier); lower than planned where a live "
+            "buffer has not been written yet"
           : "not measured";
   return {{"traceEvents", std::move(out)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}};
 }

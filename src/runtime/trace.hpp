@@ -1,13 +1,18 @@
 // Trace of a run: one record per executed op (program index, step, micro-step, start and end
-// time, and optionally the measured arena tops), kept in a buffer
-// sized before the first step, so recording allocates nothing; records past the capacity are
-// counted and dropped. chrome_trace() turns the records and the plan into trace-event JSON
-// (Perfetto, chrome://tracing): a slice per op with its phase and layer, a slice per step,
-// and counter tracks of the planned live bytes per category and per tier and the planned and
-// measured arena tops, all sampled at each op's start.
+// time, and optionally two measurements of the real memory), kept in a buffer sized before
+// the first step, so recording allocates nothing; records past the capacity are counted and
+// dropped. chrome_trace() turns the records and the plan into trace-event JSON (Perfetto,
+// chrome://tracing): a slice per op with its phase and layer, a slice per step, and counter
+// tracks sampled at each op's start: live bytes per category (planned and measured) and per
+// tier, and the arena top (planned and measured).
+// The measurements, taken right after the op ran and before the buffers that died there are
+// returned to the sentinel (a DeadBufferFill added after the recorder does that):
+//   * arena top: the highest byte of each arena that differs from the sentinel;
+//   * live bytes per category (device tier): the buffers the plan says are live at the op
+//     that hold anything but the sentinel, each counted whole once any byte of it does (a
+//     live buffer holding only the sentinel has not been written yet).
 // Subtle point: counters say what holds while the op runs, so the value at an op's start is
-// that op's entry of the plan's timeline, and the measured top is the scan taken right after
-// it ran (before the buffers that died there are filled).
+// that op's entry of the plan's timeline and the scans taken right after it.
 #pragma once
 
 #include <array>
@@ -18,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/memory_plan.hpp"
 #include "runtime/executor.hpp"
 
 namespace memfit {
@@ -30,13 +36,14 @@ struct TraceEvent {
   int32_t micro = 0;
   double begin = 0, end = 0;  // seconds since the recorder was made
   TierTops measured_top{};    // zeros when not measured
+  CategoryBytes measured_live{};  // device tier; zeros when not measured
 };
 
 class TraceRecorder : public OpObserver {
  public:
-  // measure: the executor whose arena tops are scanned after every op (and noted in the
-  // arenas), or null. Measuring means something when a DeadBufferFill with the sentinel is
-  // added to the executor after the recorder: then the scan sees live data only.
+  // measure: the executor whose memory is scanned after every op (the tops are noted in its
+  // arenas, so their high-water marks survive the fill), or null. Measuring means something
+  // when a DeadBufferFill with the sentinel is added to the executor after the recorder.
   TraceRecorder(size_t capacity, Executor* measure);
 
   void before_op(int op, const StepContext& ctx) override;
@@ -52,6 +59,12 @@ class TraceRecorder : public OpObserver {
   size_t size_ = 0;
   uint64_t dropped_ = 0;
   Executor* measure_;
+  struct LiveRange {
+    uint64_t offset, bytes;
+    Category category;
+  };
+  std::vector<LiveRange> persistent_;               // device buffers live at every op
+  std::vector<std::vector<LiveRange>> transient_;   // per op: device transient buffers live there
   Clock::time_point origin_;
   double op_begin_ = 0;
 };
@@ -66,5 +79,6 @@ inline constexpr const char* kTraceLiveCounter = "planned live bytes";     // + 
 inline constexpr const char* kTraceTierCounter = "planned live bytes per tier";  // args per tier
 inline constexpr const char* kTracePlannedTop = "planned arena top";       // args per tier
 inline constexpr const char* kTraceMeasuredTop = "measured arena top";     // args per tier
+inline constexpr const char* kTraceMeasuredLive = "measured live bytes (device)";  // args per category
 
 }  // namespace memfit

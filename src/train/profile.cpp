@@ -103,9 +103,17 @@ void ProfileHooks::after_run(Executor& ex, nlohmann::json& report, std::ostream&
   const std::vector<uint64_t> planned_top = planned_arena_top(buffers, Tier::device, n_ops);
   const std::vector<double> op_seconds = mean_op_seconds(n_ops, events);
 
-  // Measured arena top per op: its latest execution (steady state).
-  std::vector<int64_t> measured_top(size_t(n_ops), -1);
-  for (const TraceEvent& e : events) measured_top[size_t(e.op)] = int64_t(e.measured_top[size_t(Tier::device)]);
+  // Measured arena top and live bytes per op: its latest execution (steady state); and at how
+  // many executions the live bytes per category equal the plan.
+  std::vector<int64_t> measured_top(size_t(n_ops), -1), measured_live(size_t(n_ops), -1);
+  size_t live_equal = 0;
+  for (const TraceEvent& e : events) {
+    measured_top[size_t(e.op)] = int64_t(e.measured_top[size_t(Tier::device)]);
+    uint64_t total = 0;
+    for (uint64_t b : e.measured_live) total += b;
+    measured_live[size_t(e.op)] = int64_t(total);
+    live_equal += e.measured_live == dev.live_by_category[size_t(e.op)];
+  }
   int ran = 0, equal = 0, worst_op = -1;
   uint64_t worst_gap = 0;
   for (int i = 0; i < n_ops; ++i) {
@@ -155,11 +163,13 @@ void ProfileHooks::after_run(Executor& ex, nlohmann::json& report, std::ostream&
   }
   data["ops"] = std::move(ops);
   data["op_ms"] = std::move(op_ms);
-  nlohmann::json mtop = nlohmann::json::array();
+  nlohmann::json mtop = nlohmann::json::array(), mlive = nlohmann::json::array();
   for (int64_t m : measured_top) mtop.push_back(m < 0 ? nlohmann::json() : nlohmann::json(m));
+  for (int64_t m : measured_live) mlive.push_back(m < 0 ? nlohmann::json() : nlohmann::json(m));
   data["device"] = {{"live", std::move(live_json)},
                     {"planned_top", planned_top},
                     {"measured_top", std::move(mtop)},
+                    {"measured_live", std::move(mlive)},
                     {"peak_bytes", dev.peak_bytes},
                     {"peak_op", dev.peak_op},
                     {"measured_high_water", measured_peak}};
@@ -191,6 +201,10 @@ void ProfileHooks::after_run(Executor& ex, nlohmann::json& report, std::ostream&
         {"planned", fmt::format("{} ops", n_ops)},
         {"measured", top_words},
         {"agree", worst_gap == 0}},
+       {{"what", "device live bytes per category at each op"},
+        {"planned", fmt::format("{} op executions", events.size())},
+        {"measured", fmt::format("equal at {} of {}", live_equal, events.size())},
+        {"agree", live_equal == events.size()}},
        {{"what", "time per step"},
         {"planned", "(no time model yet)"},
         {"measured", fmt::format("{:.2f} ms (mean over steps after the first)", step_seconds * 1e3)},
@@ -223,6 +237,8 @@ void ProfileHooks::after_run(Executor& ex, nlohmann::json& report, std::ostream&
                        measured_peak == dev.peak_bytes ? " (equal)" : " (DIFFERENT)");
   }
   log << fmt::format("  measured arena top vs planned: {}\n", top_words);
+  log << fmt::format("  measured live bytes per category vs planned: equal at {} of {} op executions\n", live_equal,
+                     events.size());
   log << "  largest tensors live at the peak:\n";
   for (size_t i = 0; i < std::min(kTopTensorsText, live.size()); ++i)
     log << fmt::format("    {:>12}  {}\n", format_bytes(live[i].bytes), describe_live_tensor(p, live[i]));
@@ -242,7 +258,8 @@ void ProfileHooks::after_run(Executor& ex, nlohmann::json& report, std::ostream&
                        {"dropped", recorder_->dropped()},
                        {"measured_top_equal_ops", equal},
                        {"measured_top_ops", ran},
-                       {"measured_top_largest_gap_bytes", worst_gap}};
+                       {"measured_top_largest_gap_bytes", worst_gap},
+                       {"measured_live_equal_executions", live_equal}};
 }
 
 }  // namespace memfit

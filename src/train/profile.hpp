@@ -8,9 +8,11 @@
 //                at the peak, the per-layer breakdown, plan vs measurement;
 // and prints the same summary as text.
 // "Measured" here: after each op the arena is scanned for its highest byte that differs from
-// the start-up sentinel, and buffers whose planned interval ended at that op are then
-// returned to the sentinel (runtime/dead_buffers.hpp). The scan therefore measures how far up
-// the arena really holds live data at every op, and its maximum is the run's high-water mark.
+// the start-up sentinel, the buffers the plan says are live are checked for data, and then
+// buffers whose planned interval ended at that op are returned to the sentinel
+// (runtime/dead_buffers.hpp, runtime/trace.hpp). The scans therefore see how far up the arena
+// really holds live data at every op, and which live bytes hold data, per category; the
+// top's maximum is the run's high-water mark.
 #pragma once
 
 #include <memory>

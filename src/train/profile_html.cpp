@@ -47,9 +47,10 @@ constexpr const char* kHead = R"HTML(<!doctype html>
 <table id="layers"></table>
 <h2>Plan vs measurement</h2>
 <table id="plan-vs-measured"></table>
-<p class="sub">Measured arena top: after each op the arena is scanned for its highest byte that differs from the
-start-up sentinel; buffers whose planned interval ended at that op are then returned to the sentinel, so the scan
-shows how far up the arena holds live data.</p>
+<p class="sub">Measured, after each op: the arena is scanned for its highest byte that differs from the start-up
+sentinel (measured arena top), and the buffers the plan says are live are checked for anything but the sentinel
+(measured live bytes, a buffer counting whole); buffers whose planned interval ended at that op are then returned to
+the sentinel, so the scans see live data only.</p>
 <script type="application/json" id="memfit-data">)HTML";
 
 constexpr const char* kTail = R"HTML(</script>
@@ -162,6 +163,7 @@ constexpr const char* kTail = R"HTML(</script>
   // Planned top wide and pale under the measured one, so both show where they coincide.
   stepLine(dev.planned_top, { stroke: "#1d2330", "stroke-width": 4, "stroke-opacity": 0.3, class: "top-planned" });
   stepLine(dev.measured_top, { stroke: "#d62728", "stroke-width": 1.2, class: "top-measured" });
+  stepLine(dev.measured_live, { stroke: "#111", "stroke-width": 1, "stroke-dasharray": "2,2", class: "live-measured" });
 
   // Peak marker.
   if (dev.peak_op >= 0) {
@@ -183,7 +185,8 @@ constexpr const char* kTail = R"HTML(</script>
     s.appendChild(document.createTextNode(cats[c] + " " + bytes(dev.peak_op >= 0 ? dev.live[dev.peak_op][c] : 0)));
     legend.appendChild(s);
   });
-  [["planned arena top", "rgba(29,35,48,0.3)", 4], ["measured arena top", "#d62728", 2]].forEach(function (p) {
+  [["planned arena top", "rgba(29,35,48,0.3)", 4], ["measured arena top", "#d62728", 2],
+   ["measured live bytes", "#111", 1]].forEach(function (p) {
     const s = document.createElement("span");
     s.innerHTML = '<i style="background:' + p[1] + ';height:' + p[2] + 'px;vertical-align:3px"></i>';
     s.appendChild(document.createTextNode(p[0]));
@@ -200,7 +203,8 @@ constexpr const char* kTail = R"HTML(</script>
     const ms = data.op_ms[i];
     hover.textContent = "op " + i + " " + ops[i][0] + " (" + ops[i][1] + ", " + ops[i][2] +
         (ops[i][3] >= 0 ? ", layer " + ops[i][3] : "") + "): live " + bytes(live) + ", planned top " +
-        bytes(dev.planned_top[i]) + ", measured top " + bytes(dev.measured_top[i]) +
+        bytes(dev.planned_top[i]) + ", measured top " + bytes(dev.measured_top[i]) + ", measured live " +
+        bytes(dev.measured_live[i]) +
         (ms !== null ? ", " + ms.toFixed(3) + " ms" : "");
   });
 

@@ -1,10 +1,11 @@
 // The profiler's recording on real steps of gpt2-tiny: with the trace recorder and the
 // sentinel fill watching every op, a step still allocates nothing; every op execution is
 // recorded once in order; the measured arena top (a scan of the real memory after each op)
-// never exceeds the planned top and equals it at every op, and its maximum is the planned
-// peak, which the arena still reports as its high-water mark although dead buffers were
-// returned to the sentinel; and the training results are bitwise those of a run without the
-// observers (the fill only touches bytes the plan says are dead).
+// never exceeds the planned top and equals it at every op; its maximum is the planned peak,
+// which the arena still reports as its high-water mark although dead buffers were returned
+// to the sentinel; the measured live bytes per category equal the plan's at every op; and the
+// training results are bitwise those of a run without the observers (the fill only touches
+// bytes the plan says are dead).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -68,18 +69,25 @@ void expect_trace_matches_plan(const Policy& pol) {
   const MemoryPlan& plan = run.compiled.plan;
   const std::vector<uint64_t> top = planned_arena_top(planned_buffers(p, plan), Tier::device, int(p.ops().size()));
   uint64_t measured_max = 0;
-  int equal = 0;
+  int equal = 0, live_equal = 0;
   for (const TraceEvent& e : events) {
+    // Live bytes per category: every buffer the plan says is live holds data (a buffer born
+    // at an op is written by it), and dead ones were returned to the sentinel.
+    const CategoryBytes& planned = plan.tier(Tier::device).live_by_category[size_t(e.op)];
+    for (Category c : kAllCategories) EXPECT_LE(e.measured_live[size_t(c)], planned[size_t(c)]);
+    live_equal += e.measured_live == planned;
     const uint64_t m = e.measured_top[size_t(Tier::device)];
     EXPECT_LE(m, top[size_t(e.op)]) << "op " << e.op << " '" << p.op(e.op).name << "' step " << e.step;
     equal += m == top[size_t(e.op)];
     measured_max = std::max(measured_max, m);
   }
   EXPECT_EQ(equal, int(events.size()));
+  EXPECT_EQ(live_equal, int(events.size()));
   EXPECT_EQ(measured_max, plan.tier(Tier::device).peak_bytes);
   EXPECT_EQ(run.ex->arena(Tier::device).measured_high_water(), plan.tier(Tier::device).peak_bytes);
   EXPECT_LT(run.ex->arena(Tier::device).scan_top(), plan.tier(Tier::device).peak_bytes);  // dead bytes were returned
-  std::printf("%zu op executions; measured arena top equal to the planned top at %d\n", events.size(), equal);
+  std::printf("%zu op executions; measured arena top equal to the planned top at %d, live bytes per category at %d\n",
+              events.size(), equal, live_equal);
 }
 
 TEST(Trace, MeasuredTopsMatchThePlanAndStepsAllocateNothing) {

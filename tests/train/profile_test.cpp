@@ -2,7 +2,8 @@
 //   * trace.json is valid trace-event JSON (strict parser; the fields Perfetto and
 //     chrome://tracing need on every event), holds one slice per executed op, and its counters
 //     equal the plan at every op: live bytes per category and per tier, the arena top; the
-//     measured top never exceeds the planned one and reaches the planned peak;
+//     measured live bytes per category equal the planned ones; the measured top never exceeds
+//     the planned one and reaches the planned peak;
 //   * report.html is self-contained (no network references) and renders in headless Chromium:
 //     the SVG gets one area per category that holds bytes and a peak marker, and the tables
 //     are filled. The test is skipped only when Chromium is missing or cannot start here.
@@ -124,6 +125,8 @@ TEST_F(Profile, SummaryTraceAndSelfContainedReport) {
     }
     EXPECT_EQ(counters.at({kTraceTierCounter, ts})["device"].get<uint64_t>(), dev.live_bytes[size_t(op)]);
     EXPECT_EQ(counters.at({kTracePlannedTop, ts})["device"].get<uint64_t>(), top[size_t(op)]);
+    const auto& measured_live = counters.at({kTraceMeasuredLive, ts});
+    for (const auto& [name, bytes] : measured_live.items()) EXPECT_EQ(bytes, live[name]) << name << " at op " << op;
     const uint64_t measured = counters.at({kTraceMeasuredTop, ts})["device"];
     EXPECT_LE(measured, top[size_t(op)]) << "op " << op;
     measured_max = std::max(measured_max, measured);
