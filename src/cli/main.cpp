@@ -1,6 +1,8 @@
 // memfit: train transformer language models in the memory you have.
-//   memfit train ...   train (see --help)
-//   memfit plan ...    build and plan the step program without running it
+//   memfit train ...      train (see --help); --check-leaks adds the leak guard
+//   memfit plan ...       build and plan the step program without running it
+//   memfit profile ...    a few training steps with a trace (Perfetto) and an HTML report
+//   memfit max-batch ...  the largest micro-batch that fits a memory budget
 // Errors print one line, "memfit: error: [piece] message", and exit with status 1
 // (2 for command-line usage errors).
 #include <cstdio>
@@ -14,6 +16,10 @@
 #include "kernels/backend.hpp"
 #include "plan/plan_compare.hpp"
 #include "plan/plan_report.hpp"
+#include "train/budget.hpp"
+#include "train/leak_check.hpp"
+#include "train/max_batch.hpp"
+#include "train/profile.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -57,9 +63,14 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
     if (fp32)
       std::cout << format_plan_comparison("fp32", fp32->compiled.plan, precision_name(run.policy.precision),
                                           run.compiled.plan);
+    // With a budget, a plan that does not fit gets the same diagnosis `memfit train` prints.
+    if (config.memory_budget > 0 && run.compiled.plan.tier(Tier::device).peak_bytes > config.memory_budget)
+      std::cout << "memory budget exceeded:\n" << diagnose_budget(config, run, config.memory_budget, *backend).report;
   }
   return 0;
 }
+
+constexpr int64_t kProfileSteps = 3;
 
 }  // namespace
 
@@ -68,27 +79,56 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   CLI::App* train = app.add_subcommand("train", "train a model");
   CLI::App* plan = app.add_subcommand("plan", "plan a run's memory without running it");
+  CLI::App* profile = app.add_subcommand(
+      "profile", "a few training steps (3 unless --steps) with a memory/time trace and a self-contained HTML report");
+  CLI::App* max_batch = app.add_subcommand("max-batch", "the largest micro-batch that fits a memory budget");
   memfit::cli::RunOptions train_options(*train, true);
   memfit::cli::RunOptions plan_options(*plan, false);
-  bool as_json = false;
+  memfit::cli::RunOptions profile_options(*profile, true);
+  memfit::cli::RunOptions max_batch_options(*max_batch, false);
+  bool as_json = false, check_leaks = false, no_verify = false, max_batch_json = false;
+  std::string profile_out = "memfit-profile";
   plan->add_flag("--json", as_json, "print the plan as JSON");
+  train->add_flag("--check-leaks", check_leaks,
+                  "poison dead buffers after their last op, check the arena between steps and that resident "
+                  "memory stays flat after warm-up");
+  profile->add_option("--out", profile_out, "output directory for trace.json and report.html (default memfit-profile)");
+  max_batch->add_flag("--no-verify", no_verify, "do not run one real step at the answer");
+  max_batch->add_flag("--json", max_batch_json, "print the answer as JSON");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
+    for (const auto* o : {&train_options, &plan_options, &profile_options})
+      MEMFIT_CHECK(!o->seq_auto(), "policy", "--seq auto is only for max-batch; give a sequence length");
     if (train->parsed()) {
-      memfit::run_training(train_options.resolve(), std::cout);
+      memfit::LeakCheckHooks leak_hooks;
+      memfit::run_training(train_options.resolve(), std::cout, check_leaks ? &leak_hooks : nullptr);
+      return 0;
+    }
+    if (profile->parsed()) {
+      memfit::RunConfig c = profile_options.resolve();
+      if (profile->get_option("--steps")->count() == 0) c.steps = kProfileSteps;
+      memfit::ProfileHooks hooks(c, profile_out);
+      memfit::run_training(c, std::cout, &hooks);
+      return 0;
+    }
+    if (max_batch->parsed()) {
+      memfit::max_batch_command(max_batch_options.resolve(), max_batch_options.seq_auto(), !no_verify, max_batch_json,
+                                std::cout);
       return 0;
     }
     return plan_command(plan_options.resolve(), as_json);
   } catch (const memfit::Error& e) {
     std::fflush(stdout);
+    std::cout.flush();
     std::fprintf(stderr, "memfit: error: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    std::cout.flush();
     std::fprintf(stderr, "memfit: error: %s\n", e.what());
     return 1;
   }

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <charconv>
 
 #include "core/bytes.hpp"
 
@@ -11,8 +12,10 @@ namespace memfit::cli {
 template <typename T>
 void RunOptions::add(CLI::App& app, const std::string& name, const std::string& help,
                      std::function<void(RunConfig&, T)> apply) {
+  // A flag given twice takes its last value, so a suggested change can be appended to a command.
   app.add_option_function<T>(name, [this, apply](const T& v) { given_.push_back([apply, v](RunConfig& c) { apply(c, v); }); },
-                             help);
+                             help)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 RunOptions::RunOptions(CLI::App& app, bool training) {
@@ -20,7 +23,20 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add<std::string>(app, "--model", "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl) or HF config.json path",
                    [](RunConfig& c, std::string v) { c.model = v; });
   add<int64_t>(app, "--batch", "micro-batch size B", [](RunConfig& c, int64_t v) { c.policy.batch = v; });
-  add<int64_t>(app, "--seq", "sequence length T", [](RunConfig& c, int64_t v) { c.policy.seq = v; });
+  app.add_option_function<std::string>(
+      "--seq",
+      [this](const std::string& v) {
+        if (v == "auto") {
+          seq_auto_ = true;
+          return;
+        }
+        int64_t t = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), t);
+        if (ec != std::errc() || end != v.data() + v.size()) throw CLI::ValidationError("--seq", "expected a number or auto");
+        given_.push_back([t](RunConfig& c) { c.policy.seq = t; });
+      },
+      "sequence length T (max-batch: auto searches it too)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   add<int>(app, "--grad-accum", "micro-steps per optimizer step", [](RunConfig& c, int v) { c.policy.grad_accum = v; });
   add<std::string>(app, "--precision", "fp32 | bf16 | fp16",
                    [](RunConfig& c, std::string v) { c.policy.precision = parse_precision(v); });

@@ -18,6 +18,7 @@ class RunOptions {
   RunOptions(CLI::App& app, bool training);
   // The config file (if any), then every flag that was given.
   RunConfig resolve() const;
+  bool seq_auto() const { return seq_auto_; }  // --seq auto was given
 
  private:
   template <typename T>
@@ -25,6 +26,7 @@ class RunOptions {
 
   std::string config_file_;
   std::vector<std::function<void(RunConfig&)>> given_;
+  bool seq_auto_ = false;
 };
 
 }  // namespace memfit::cli

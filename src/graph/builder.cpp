@@ -70,7 +70,7 @@ TensorId GraphBuilder::activation_like(const std::string& name, Shape shape, std
 }
 
 TensorId GraphBuilder::embedding(const std::string& name, TensorId tokens, TensorId wte, TensorId wpe) {
-  const Shape& ts = p_.tensor(tokens).shape;
+  const Shape ts = p_.tensor(tokens).shape;  // copies: adding tensors may reallocate the table
   const int64_t C = p_.tensor(wte).shape[1];
   const TensorId x = activation_like(name, Shape{ts[0], ts[1], C}, {wte, wpe});
   emit({OpKind::embedding_forward, name, {tokens, wte, wpe}, {x}, NoAttrs{}, double(ts.numel() * C)});
@@ -78,7 +78,7 @@ TensorId GraphBuilder::embedding(const std::string& name, TensorId tokens, Tenso
 }
 
 GraphBuilder::NormOut GraphBuilder::layernorm(const std::string& name, TensorId x, TensorId w, TensorId b, float eps) {
-  const Shape& s = p_.tensor(x).shape;
+  const Shape s = p_.tensor(x).shape;  // copy: adding tensors may reallocate the table
   NormOut out;
   out.y = activation_like(name + ".y", s, {x, w, b});
   out.mean = activation_like(name + ".mean", Shape{s.rows()}, {x});
@@ -88,8 +88,8 @@ GraphBuilder::NormOut GraphBuilder::layernorm(const std::string& name, TensorId 
 }
 
 TensorId GraphBuilder::linear(const std::string& name, TensorId x, TensorId w, TensorId b) {
-  const Shape& xs = p_.tensor(x).shape;
-  const Shape& ws = p_.tensor(w).shape;
+  const Shape xs = p_.tensor(x).shape;  // copies: adding tensors may reallocate the table
+  const Shape ws = p_.tensor(w).shape;
   MEMFIT_ASSERT(ws.rank() == 2 && ws[1] == xs.last(), "linear {}: weight {} does not match input {}", name,
                 ws.to_string(), xs.to_string());
   std::vector<int64_t> dims = xs.dims();

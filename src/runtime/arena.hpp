@@ -29,9 +29,14 @@ class Arena {
   std::byte* data() const { return base_; }
   uint64_t size() const { return size_; }
   Tier tier() const { return tier_; }
-  // Offset one past the highest byte that differs from the sentinel (0 if none), scanning
-  // the whole mapping (also the slack after size(), up to the guard page).
+  // Offset one past the highest byte that differs from the sentinel now (0 if none), scanning
+  // the whole mapping (also the slack after size(), up to the guard page) from the top down.
+  uint64_t scan_top() const;
+  // The high-water mark: the larger of scan_top() and every top noted before. Profile runs
+  // return dead buffers to the sentinel after each op (the scan then shows what is live now);
+  // they note the top before each such fill, so the mark still covers the whole run.
   uint64_t measured_high_water() const;
+  void note_top(uint64_t top) { noted_top_ = top > noted_top_ ? top : noted_top_; }
 
  private:
   void release();
@@ -40,6 +45,7 @@ class Arena {
   std::byte* base_ = nullptr;
   uint64_t size_ = 0;
   uint64_t mapped_ = 0;  // accessible bytes (size rounded up to pages)
+  uint64_t noted_top_ = 0;
 };
 
 }  // namespace memfit

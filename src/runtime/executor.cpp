@@ -45,6 +45,7 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend)
 
 void Executor::run_range(int begin, int end, const StepContext& ctx) {
   for (int i = begin; i < end; ++i) {
+    for (OpObserver* o : observers_) o->before_op(i, ctx);
     const auto t0 = timing_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (PreparedOp* op = prepared_[size_t(i)].get()) {
       op->run(ctx);
@@ -55,6 +56,7 @@ void Executor::run_range(int begin, int end, const StepContext& ctx) {
     }
     if (timing_)
       op_seconds_[size_t(i)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (OpObserver* o : observers_) o->after_op(i, ctx);
   }
 }
 

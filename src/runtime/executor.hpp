@@ -20,6 +20,15 @@ namespace memfit {
 
 using InputHandler = std::function<void(const Op& op, const StepContext& ctx)>;
 
+// Watches every op the executor runs (the profiler's trace, the leak guard's poisoning).
+// Called inside steps, so implementations must not allocate.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void before_op(int op, const StepContext& ctx) {}
+  virtual void after_op(int op, const StepContext& ctx) = 0;
+};
+
 class Executor {
  public:
   // Throws [runtime] when a tier other than device is planned (the CPU backend has no host
@@ -43,10 +52,16 @@ class Executor {
     return reinterpret_cast<T*>(pointers_[size_t(id)]);
   }
   const Arena& arena(Tier t) const { return arenas_[size_t(t)]; }
+  Arena& arena(Tier t) { return arenas_[size_t(t)]; }
 
   // Time spent per op (seconds, summed over runs) when timing is on.
   void set_timing(bool on) { timing_ = on; }
   const std::vector<double>& op_seconds() const { return op_seconds_; }
+
+  // Observers run in the order added: before_op before the op, after_op after it. Add them
+  // before the first step (adding allocates); the executor does not own them.
+  void add_observer(OpObserver* observer) { observers_.push_back(observer); }
+  void remove_observers() { observers_.clear(); }
 
  private:
   void run_range(int begin, int end, const StepContext& ctx);
@@ -59,6 +74,7 @@ class Executor {
   InputHandler input_;
   bool timing_ = false;
   std::vector<double> op_seconds_;
+  std::vector<OpObserver*> observers_;
   int micro_begin_ = 0, micro_end_ = 0, micro_repeat_ = 1, opt_begin_ = 0, opt_end_ = 0;
 };
 

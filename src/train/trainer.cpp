@@ -15,6 +15,7 @@
 #include "graph/training_program.hpp"
 #include "plan/plan_report.hpp"
 #include "runtime/executor.hpp"
+#include "train/budget.hpp"
 #include "train/data_loader.hpp"
 #include "train/init.hpp"
 #include "train/step_runner.hpp"
@@ -87,20 +88,6 @@ std::string describe_recompute_choice(const PreparedRun& run, uint64_t budget) {
                      format_bytes(budget), r.planned);
 }
 
-void check_memory_budget(const PreparedRun& run, uint64_t budget) {
-  const TierPlan& t = run.compiled.plan.tier(Tier::device);
-  if (t.peak_bytes <= budget) return;
-  const Op& op = run.compiled.program.op(t.peak_op);
-  Category top = Category::parameters;
-  for (Category c : kAllCategories)
-    if (t.at_peak[size_t(c)] > t.at_peak[size_t(top)]) top = c;
-  throw Error("plan", fmt::format("the run needs {} on the device tier but the budget is {} ({} over); the peak is at "
-                                  "op '{}' ({}), where {} is the largest category with {}; try a smaller --batch or --seq{}",
-                                  format_bytes(t.peak_bytes), format_bytes(budget), format_bytes(t.peak_bytes - budget),
-                                  op.name, phase_name(op.phase), category_name(top), format_bytes(t.at_peak[size_t(top)]),
-                                  top == Category::activations ? ", --recompute auto or --attention flash" : ""));
-}
-
 nlohmann::json model_json(const ModelSpec& s, int64_t parameters) {
   return {{"name", s.name},         {"arch", arch_name(s.arch)}, {"n_layer", s.n_layer},
           {"n_head", s.n_head},     {"n_embd", s.n_embd},        {"vocab_size", s.vocab_size},
@@ -126,7 +113,7 @@ nlohmann::json policy_json(const Policy& p) {
           {"classifier_chunk_rows", p.classifier_chunk_rows}};
 }
 
-nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
+nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hooks) {
   MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);
   MEMFIT_CHECK(c.val_fraction >= 0 && c.val_fraction < 1, "train", "the validation fraction must be in [0, 1) (got {})",
                c.val_fraction);
@@ -158,7 +145,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   const uint64_t budget = run_budget(c);
   log << describe_recompute_choice(run, budget);
   log << format_memory_table(prog, run.compiled.plan);
-  check_memory_budget(run, budget);
+  enforce_memory_budget(c, run, budget, *backend, log);
 
   Executor ex(run.compiled, *backend);
   if (c.load.empty()) {
@@ -182,6 +169,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   const float* loss = ex.data_as<float>(prog.find_tensor(kLoss));
   const TensorId norm_id = prog.find_tensor(kGradNorm);  // present when clipping
   const float* grad_norm = norm_id != kNoTensor ? ex.data_as<float>(norm_id) : nullptr;
+  if (hooks) hooks->before_steps(ex, run);
 
   auto evaluate = [&]() {
     val_loader->reset();
@@ -210,11 +198,13 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
     StepContext ctx;
     ctx.step = applied + 1;
     ctx.lr = schedule.at(applied + 1);
+    if (hooks) hooks->before_step(step);
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
     const StepRunner::Result r = runner.run(ctx);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     applied += r.applied ? 1 : 0;
+    if (hooks) hooks->after_step(step, *loss);
     last_loss = *loss;
     if (step == 1) first_loss = last_loss;
     MEMFIT_CHECK(std::isfinite(last_loss) || !r.applied, "train", "the loss became {} at step {}; lower --lr",
@@ -300,6 +290,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log) {
   report["lr_schedule"] = schedule.to_json();
   report["lr_history"] = lr_history;
   if (grad_norm) report["grad_norm_history"] = norm_history;
+  if (hooks) hooks->after_run(ex, report, log);
   if (!c.report_json.empty()) {
     const std::string tmp = c.report_json + ".tmp";
     {

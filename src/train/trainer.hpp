@@ -12,6 +12,7 @@
 #include "kernels/backend.hpp"
 #include "plan/recompute_search.hpp"
 #include "runtime/compile.hpp"
+#include "train/run_hooks.hpp"
 #include "train/run_config.hpp"
 
 namespace memfit {
@@ -30,8 +31,6 @@ std::string describe_recompute_choice(const PreparedRun& run, uint64_t budget);
 // auto` is resolved here against the run's budget (--memory-budget, else the available memory).
 PreparedRun prepare_run(const RunConfig& config, const Backend& backend);
 
-// Throws [plan] when the device peak exceeds the budget, with the breakdown at the peak.
-void check_memory_budget(const PreparedRun& run, uint64_t budget);
 uint64_t available_memory_bytes();  // MemAvailable of /proc/meminfo
 uint64_t run_budget(const RunConfig& config);  // --memory-budget, else available_memory_bytes()
 
@@ -39,6 +38,8 @@ uint64_t run_budget(const RunConfig& config);  // --memory-budget, else availabl
 nlohmann::json model_json(const ModelSpec& spec, int64_t parameters);
 nlohmann::json policy_json(const Policy& policy);
 
-nlohmann::json run_training(const RunConfig& config, std::ostream& log);
+// Refuses to start when the plan exceeds the budget (train/budget.hpp). `hooks` (optional)
+// watch the run: `memfit profile`, `--check-leaks`.
+nlohmann::json run_training(const RunConfig& config, std::ostream& log, RunHooks* hooks = nullptr);
 
 }  // namespace memfit

@@ -1,0 +1,54 @@
+#include "runtime/leak_guard.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+#include "runtime/rss.hpp"
+
+namespace memfit {
+
+LeakGuard::LeakGuard(Executor& ex, int64_t warmup_steps, uint64_t rss_bound_bytes)
+    : poison_(ex, DeadBufferFill::kPoison) {
+  report_.warmup_steps = std::max<int64_t>(1, warmup_steps);  // the baseline is taken after a step
+  report_.rss_bound = rss_bound_bytes;
+  ex.add_observer(&poison_);
+}
+
+void LeakGuard::before_step() { rss_before_ = resident_set_bytes(); }
+
+void LeakGuard::after_step(int64_t step, float loss) {
+  const uint64_t rss = resident_set_bytes();
+  ++steps_seen_;
+  report_.poisoned_bytes = poison_.filled_bytes();
+  const std::string stray = poison_.find_stray_bytes();
+  MEMFIT_CHECK(stray.empty(), "leak", "after step {}: {}", step, stray);
+  ++report_.steps_checked;
+  MEMFIT_CHECK(std::isfinite(loss), "leak",
+               "the loss is {} at step {} while dead buffers hold NaN: an op read a tensor after its planned interval "
+               "ended (or the run diverged: compare with a run without --check-leaks)",
+               loss, step);
+  report_.rss_last = rss;
+  if (steps_seen_ == report_.warmup_steps) {
+    report_.rss_after_warmup = rss;
+    return;
+  }
+  if (steps_seen_ < report_.warmup_steps) return;
+  if (rss > report_.rss_after_warmup) report_.rss_growth = std::max(report_.rss_growth, rss - report_.rss_after_warmup);
+  if (rss > rss_before_) report_.rss_growth_in_steps += rss - rss_before_;
+  MEMFIT_CHECK(report_.rss_growth_in_steps <= report_.rss_bound, "leak",
+               "resident memory grew by {} ({} bytes) inside steps {}..{}, more than the bound of {}",
+               format_bytes(report_.rss_growth_in_steps), report_.rss_growth_in_steps, report_.warmup_steps + 1, step,
+               format_bytes(report_.rss_bound));
+}
+
+std::string LeakGuard::summary() const {
+  const LeakReport& r = report_;
+  return fmt::format("leak check: {} steps, {} of dead buffers poisoned, arena clean between steps; RSS after "
+                     "{} warm-up steps {}, then growth inside steps {} bytes (bound {}), whole process {} bytes",
+                     r.steps_checked, format_bytes(r.poisoned_bytes), r.warmup_steps, format_bytes(r.rss_after_warmup),
+                     r.rss_growth_in_steps, r.rss_bound, r.rss_growth);
+}
+
+}  // namespace memfit

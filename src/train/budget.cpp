@@ -1,0 +1,245 @@
+#include "train/budget.hpp"
+
+#include <algorithm>
+#include <functional>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+#include "graph/training_program.hpp"
+#include "plan/search.hpp"
+#include "train/candidates.hpp"
+
+namespace memfit {
+
+namespace {
+
+constexpr size_t kTensorsShown = 6;
+
+// A technique tried as a whole-run change: its flags and how it edits the config.
+struct Technique {
+  std::string flags;
+  ChangeCost cost;
+  std::function<void(RunConfig&)> apply;
+};
+
+std::vector<Technique> techniques(const Policy& p) {
+  std::vector<Technique> out;
+  auto recompute = [&](const char* mode) {
+    if (p.recompute.to_string() == mode) return;
+    out.push_back({fmt::format("--recompute {}", mode), ChangeCost::more_compute,
+                   [mode](RunConfig& c) { c.policy.recompute = parse_recompute(mode); }});
+  };
+  recompute("selective");
+  recompute("every:sqrt");
+  recompute("full");
+  if (p.attention != AttentionKind::flash)
+    out.push_back({"--attention flash", ChangeCost::more_compute,
+                   [](RunConfig& c) { c.policy.attention = AttentionKind::flash; }});
+  if (p.precision == Precision::fp32)
+    out.push_back({"--precision bf16", ChangeCost::lower_precision,
+                   [](RunConfig& c) { c.policy.precision = Precision::bf16; }});
+  if (p.optimizer != OptimizerKind::adamw8bit)
+    out.push_back({"--optimizer adamw8bit", ChangeCost::lower_precision,
+                   [](RunConfig& c) { c.policy.optimizer = OptimizerKind::adamw8bit; }});
+  return out;
+}
+
+std::string cost_words(const FitSuggestion& s) {
+  switch (s.cost) {
+    case ChangeCost::same_math: return "same math";
+    case ChangeCost::more_compute: return fmt::format("{:+.0f}% compute", 100.0 * s.extra_compute);
+    case ChangeCost::lower_precision: return "lower precision";
+    case ChangeCost::different_run: return "a different run";
+  }
+  return "?";
+}
+
+class Diagnoser {
+ public:
+  Diagnoser(const RunConfig& c, const PreparedRun& run, uint64_t budget, const Backend& backend)
+      : c_(c), run_(run), budget_(budget), backend_(backend) {
+    base_flops_ = flops_per_token(run.compiled.program, run.policy);
+  }
+
+  void suggest(std::vector<FitSuggestion>& out, std::vector<std::string>& unavailable) {
+    const Policy& p = run_.policy;
+    const int64_t global = p.batch * p.grad_accum;
+    classifier_chunks(out);
+    // A smaller micro-batch, accumulated to the same global batch.
+    for (int64_t b = p.batch - 1; b >= 1; --b) {
+      if (global % b != 0) continue;
+      RunConfig c = c_;
+      c.policy.batch = b;
+      c.policy.grad_accum = int(global / b);
+      if (add(out, c, fmt::format("--batch {} --grad-accum {}", b, global / b), ChangeCost::same_math,
+              fmt::format("same global batch ({} sequences per optimizer step)", global), true))
+        break;
+    }
+    for (const Technique& t : techniques(p)) {
+      RunConfig c = c_;
+      t.apply(c);
+      const CandidatePlan cand = plan_candidate(c, backend_);
+      if (!cand.built) {
+        if (cand.unsupported) unavailable.push_back(t.flags);
+        continue;
+      }
+      if (add(out, c, t.flags, t.cost, "", false, &cand)) continue;
+      if (cand.peak >= run_.compiled.plan.tier(Tier::device).peak_bytes || p.batch <= 1) continue;
+      const int64_t b = largest_fitting_batch(c, backend_, budget_, p.batch - 1);
+      if (b >= 1)
+        add(out, with_batch(c, b), fmt::format("{} --batch {}", t.flags, b), ChangeCost::different_run,
+            fmt::format("global batch {} instead of {} sequences", b * p.grad_accum, global), true);
+    }
+    // A smaller global batch; with batch 1 not fitting either, shorter sequences.
+    const int64_t b = p.batch > 1 ? largest_fitting_batch(c_, backend_, budget_, p.batch - 1) : 0;
+    if (b >= 1) {
+      add(out, with_batch(c_, b), fmt::format("--batch {}", b), ChangeCost::different_run,
+          fmt::format("global batch {} instead of {} sequences", b * p.grad_accum, global), true);
+    } else if (p.seq > 1) {
+      RunConfig c = with_batch(c_, 1);
+      FitSearch search([&](int64_t t) {
+        c.policy.seq = t;
+        const CandidatePlan cand = plan_candidate(c, backend_);
+        return cand.built && cand.peak <= budget_;
+      });
+      const int64_t t = search.largest(1, p.seq - 1);
+      c.policy.seq = t;
+      if (t >= 1)
+        add(out, c, fmt::format("--batch 1 --seq {}", t), ChangeCost::different_run,
+            fmt::format("sequences of {} tokens instead of {}", t, p.seq), true);
+    }
+    std::stable_sort(out.begin(), out.end(), [](const FitSuggestion& a, const FitSuggestion& b) {
+      if (a.fits != b.fits) return a.fits;
+      if (a.cost != b.cost) return a.cost < b.cost;
+      if (a.extra_compute != b.extra_compute) return a.extra_compute < b.extra_compute;
+      return a.peak < b.peak;
+    });
+  }
+
+ private:
+  // Smaller logits chunks: the largest multiple of 16 rows that fits.
+  void classifier_chunks(std::vector<FitSuggestion>& out) {
+    const int64_t rows = classifier_chunk_rows(run_.spec, run_.policy);
+    if (rows <= 16) return;
+    RunConfig c = c_;
+    FitSearch search([&](int64_t m) {
+      c.policy.classifier_chunk_rows = 16 * m;
+      const CandidatePlan cand = plan_candidate(c, backend_);
+      return cand.built && cand.peak <= budget_;
+    });
+    const int64_t m = search.largest(1, (rows - 1) / 16);
+    c.policy.classifier_chunk_rows = 16 * std::max<int64_t>(m, 1);
+    add(out, c, fmt::format("--classifier-chunk {}", c.policy.classifier_chunk_rows), ChangeCost::same_math,
+        fmt::format("logits in chunks of {} rows instead of {}", c.policy.classifier_chunk_rows, rows), m >= 1);
+  }
+
+  // Plans `c` (unless given) and records it when it fits, or (when !only_if_fits) when it at
+  // least lowers the peak. Returns whether it fits.
+  bool add(std::vector<FitSuggestion>& out, const RunConfig& c, std::string flags, ChangeCost cost, std::string effect,
+           bool only_if_fits, const CandidatePlan* planned = nullptr) {
+    const CandidatePlan cand = planned ? *planned : plan_candidate(c, backend_);
+    if (!cand.built) return false;
+    const bool fits = cand.peak <= budget_;
+    const uint64_t current = run_.compiled.plan.tier(Tier::device).peak_bytes;
+    if (!fits && (only_if_fits || cand.peak >= current)) return false;
+    FitSuggestion s;
+    s.flags = std::move(flags);
+    s.effect = std::move(effect);
+    s.cost = cost;
+    s.extra_compute = base_flops_ > 0 ? cand.flops_per_token / base_flops_ - 1.0 : 0.0;
+    if (s.cost == ChangeCost::more_compute && s.effect.empty()) s.effect = cost_words(s);
+    s.peak = cand.peak;
+    s.fits = fits;
+    out.push_back(std::move(s));
+    return fits;
+  }
+
+  const RunConfig& c_;
+  const PreparedRun& run_;
+  uint64_t budget_;
+  const Backend& backend_;
+  double base_flops_ = 0;
+};
+
+}  // namespace
+
+BudgetDiagnosis diagnose_budget(const RunConfig& c, const PreparedRun& run, uint64_t budget, const Backend& backend) {
+  const Program& p = run.compiled.program;
+  const MemoryPlan& plan = run.compiled.plan;
+  const TierPlan& t = plan.tier(Tier::device);
+  BudgetDiagnosis d;
+  d.budget = budget;
+  d.peak = t.peak_bytes;
+  d.peak_op = t.peak_op;
+  for (Category cat : kAllCategories)
+    if (t.at_peak[size_t(cat)] > t.at_peak[size_t(d.largest_category)]) d.largest_category = cat;
+  d.live_at_peak = live_tensors_at(p, plan, planned_buffers(p, plan), Tier::device, t.peak_op);
+  Diagnoser(c, run, budget, backend).suggest(d.suggestions, d.unavailable);
+
+  const uint64_t over = d.peak > budget ? d.peak - budget : 0;
+  std::string& r = d.report;
+  r += fmt::format("  budget        {:>12} ({} bytes), device tier\n", format_bytes(budget), budget);
+  r += fmt::format("  planned peak  {:>12} ({} bytes): {} ({} bytes) over\n", format_bytes(d.peak), d.peak,
+                   format_bytes(over), over);
+  if (d.peak_op >= 0) {
+    const Op& op = p.op(d.peak_op);
+    r += fmt::format("  peak at op {} '{}' ({}, {}{})\n", d.peak_op, op.name, op_kind_name(op.kind), phase_name(op.phase),
+                     op.layer >= 0 ? fmt::format(", layer {}", op.layer) : "");
+  }
+  r += "  at the peak:";
+  std::vector<Category> order(kAllCategories.begin(), kAllCategories.end());
+  std::stable_sort(order.begin(), order.end(),
+                   [&](Category a, Category b) { return t.at_peak[size_t(a)] > t.at_peak[size_t(b)]; });
+  for (Category cat : order)
+    if (t.at_peak[size_t(cat)] > 0) r += fmt::format(" {} {},", category_name(cat), format_bytes(t.at_peak[size_t(cat)]));
+  r += fmt::format(" free (holes) {}\n", format_bytes(t.free_at_peak));
+  r += "  largest tensors live at the peak:\n";
+  for (size_t i = 0; i < std::min(kTensorsShown, d.live_at_peak.size()); ++i)
+    r += fmt::format("    {:>12}  {}\n", format_bytes(d.live_at_peak[i].bytes), describe_live_tensor(p, d.live_at_peak[i]));
+  // Suggestions are sorted with the fitting ones first.
+  const size_t fitting = size_t(
+      std::count_if(d.suggestions.begin(), d.suggestions.end(), [](const FitSuggestion& s) { return s.fits; }));
+  for (size_t i = 0; i < d.suggestions.size(); ++i) {
+    if (i == 0 && fitting > 0) r += "  changes that make it fit (each built and planned; cheapest first):\n";
+    if (i == fitting) r += "  changes that help but are not enough alone:\n";
+    const FitSuggestion& s = d.suggestions[i];
+    r += fmt::format("    {:<34} peak {:>11}, saves {:>11}   {}\n", s.flags, format_bytes(s.peak),
+                     format_bytes(d.peak - std::min(d.peak, s.peak)), s.effect.empty() ? cost_words(s) : s.effect);
+  }
+  if (fitting == 0) {
+    uint64_t persistent = 0;
+    for (const LiveTensor& lt : d.live_at_peak) persistent += lt.persistent ? lt.bytes : 0;
+    r += d.suggestions.empty() ? "  no change found that fits or helps"
+                               : "  no single change found that fits; combine the ones above";
+    r += fmt::format(" (the persistent tensors alone, parameters and optimizer state, take {})\n",
+                     format_bytes(persistent));
+  }
+  if (!d.unavailable.empty()) {
+    r += "  not available in this build:";
+    for (const std::string& u : d.unavailable) r += " " + u + (&u == &d.unavailable.back() ? "" : ",");
+    r += "\n";
+  }
+
+  const Op* op = d.peak_op >= 0 ? &p.op(d.peak_op) : nullptr;
+  d.summary = fmt::format("the run needs {} on the device tier but the budget is {} ({} over); the peak is at op '{}' "
+                          "({}), where {} is the largest category with {}",
+                          format_bytes(d.peak), format_bytes(budget), format_bytes(over), op ? op->name : "?",
+                          op ? phase_name(op->phase) : "?", category_name(d.largest_category),
+                          format_bytes(t.at_peak[size_t(d.largest_category)]));
+  if (fitting > 0)
+    d.summary += fmt::format("; cheapest change that fits: {} (peak {}); details above", d.suggestions[0].flags,
+                             format_bytes(d.suggestions[0].peak));
+  else
+    d.summary += "; no single change fits (details above)";
+  return d;
+}
+
+void enforce_memory_budget(const RunConfig& c, const PreparedRun& run, uint64_t budget, const Backend& backend,
+                           std::ostream& log) {
+  if (run.compiled.plan.tier(Tier::device).peak_bytes <= budget) return;
+  const BudgetDiagnosis d = diagnose_budget(c, run, budget, backend);
+  log << "memory budget exceeded: the run stops before step 1\n" << d.report << std::flush;
+  throw Error("plan", d.summary);
+}
+
+}  // namespace memfit

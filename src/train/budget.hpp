@@ -1,0 +1,56 @@
+// Out-of-memory before it happens. When a run's planned device peak exceeds its budget, the
+// run stops before step 1 with a diagnosis: the budget, the planned peak and by how much it
+// overflows, the op and the categories at the peak, the largest tensors live there, and the
+// changes that make it fit. Every suggestion comes from building and planning the changed
+// run for real (train/candidates.hpp), never from a formula, and carries the flags that
+// apply it; they are ordered cheapest first:
+//   same math (smaller classifier chunks; a smaller micro-batch with gradient accumulation
+//   keeping the global batch) < more compute (recomputation, flash attention; by the extra
+//   FLOPs per token of the changed program) < lower precision (bf16, 8-bit optimizer state)
+//   < a different training run (a smaller global batch, shorter sequences).
+// Techniques this build refuses ("not supported") are listed as unavailable and skipped.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "plan/breakdown.hpp"
+#include "train/trainer.hpp"
+
+namespace memfit {
+
+enum class ChangeCost : uint8_t { same_math, more_compute, lower_precision, different_run };
+
+struct FitSuggestion {
+  std::string flags;     // e.g. "--batch 2 --grad-accum 2"
+  std::string effect;    // e.g. "same global batch (8 sequences per optimizer step)"
+  ChangeCost cost = ChangeCost::same_math;
+  double extra_compute = 0;  // FLOPs per token relative to the current run, minus one
+  uint64_t peak = 0;         // planned device peak with the change
+  bool fits = false;
+};
+
+struct BudgetDiagnosis {
+  uint64_t budget = 0, peak = 0;
+  int peak_op = -1;
+  Category largest_category = Category::parameters;
+  std::vector<LiveTensor> live_at_peak;     // largest first
+  std::vector<FitSuggestion> suggestions;   // fitting ones first, cheapest first
+  std::vector<std::string> unavailable;     // flags of candidates this build refuses
+  std::string report;                       // the multi-line diagnosis (indented lines, no headline)
+  std::string summary;                      // one line: the numbers and the cheapest fix
+};
+
+// Plans the candidates; call only when run's plan exceeds budget.
+BudgetDiagnosis diagnose_budget(const RunConfig& config, const PreparedRun& run, uint64_t budget,
+                                const Backend& backend);
+
+// Does nothing when the device peak fits the budget. Otherwise writes the diagnosis to `log`
+// and throws [plan] with its one-line summary.
+void enforce_memory_budget(const RunConfig& config, const PreparedRun& run, uint64_t budget, const Backend& backend,
+                           std::ostream& log);
+
+}  // namespace memfit

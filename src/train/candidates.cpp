@@ -1,0 +1,50 @@
+#include "train/candidates.hpp"
+
+#include "core/error.hpp"
+#include "plan/search.hpp"
+#include "train/trainer.hpp"
+
+namespace memfit {
+
+double flops_per_token(const Program& p, const Policy& pol) {
+  double flops = 0;
+  for (int i = 0; i < int(p.ops().size()); ++i) {
+    const int s = p.section_of_op(i);
+    if (s < 0) continue;
+    const Section& sec = p.sections()[size_t(s)];
+    if (sec.name == "micro") flops += p.op(i).flops * double(sec.repeat);
+    else if (sec.name == "optimizer") flops += p.op(i).flops;
+  }
+  return flops / double(pol.batch * pol.seq * pol.grad_accum);
+}
+
+CandidatePlan plan_candidate(const RunConfig& c, const Backend& backend) {
+  CandidatePlan out;
+  try {
+    const PreparedRun run = prepare_run(c, backend);
+    const TierPlan& t = run.compiled.plan.tier(Tier::device);
+    out.built = true;
+    out.peak = t.peak_bytes;
+    out.peak_op = t.peak_op;
+    out.flops_per_token = flops_per_token(run.compiled.program, run.policy);
+  } catch (const Error& e) {
+    out.refused = e.what();
+    out.unsupported = e.piece() == "policy" && out.refused.find("not supported") != std::string::npos;
+  }
+  return out;
+}
+
+RunConfig with_batch(RunConfig c, int64_t batch) {
+  c.policy.batch = batch;
+  return c;
+}
+
+int64_t largest_fitting_batch(const RunConfig& c, const Backend& backend, uint64_t budget, int64_t hi) {
+  FitSearch search([&](int64_t b) {
+    const CandidatePlan p = plan_candidate(with_batch(c, b), backend);
+    return p.built && p.peak <= budget;
+  });
+  return std::max<int64_t>(0, search.largest(1, hi));
+}
+
+}  // namespace memfit

@@ -1,0 +1,34 @@
+// Candidate runs for the planner's questions ("what fits?"): a RunConfig with one knob
+// changed is built, compiled and planned exactly as `memfit train` would (prepare_run), but
+// not run. A candidate the build refuses ("[policy] ... is not supported") is reported as
+// unavailable rather than as an error, so suggestions for techniques that other parts of
+// memfit add later (recomputation, mixed precision, ...) appear as soon as they build.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "graph/program.hpp"
+#include "kernels/backend.hpp"
+#include "train/run_config.hpp"
+
+namespace memfit {
+
+struct CandidatePlan {
+  bool built = false;
+  bool unsupported = false;  // refused by this build ([policy] "not supported")
+  std::string refused;       // the refusal, when not built
+  uint64_t peak = 0;         // planned device peak
+  int peak_op = -1;
+  double flops_per_token = 0;  // arithmetic work per trained token (micro-steps x repeats + optimizer)
+};
+
+CandidatePlan plan_candidate(const RunConfig& config, const Backend& backend);
+double flops_per_token(const Program& program, const Policy& policy);
+
+// Largest micro-batch in [1, hi] whose plan fits `budget` (0 when none), `config`'s other
+// settings unchanged.
+int64_t largest_fitting_batch(const RunConfig& config, const Backend& backend, uint64_t budget, int64_t hi);
+RunConfig with_batch(RunConfig config, int64_t batch);
+
+}  // namespace memfit

@@ -1,0 +1,46 @@
+#include "support/tiny_run.hpp"
+
+#include "graph/training_program.hpp"
+#include "train/init.hpp"
+
+namespace memfit::test {
+
+CompiledProgram compile_tiny(const Policy& policy) {
+  return compile_program(build_training_program(model_preset("gpt2-tiny"), policy, {}), *make_cpu_backend());
+}
+
+TinyRun::TinyRun(const Policy& policy, uint64_t seed) : TinyRun(compile_tiny(policy), seed) {}
+
+TinyRun::TinyRun(CompiledProgram c, uint64_t seed) : backend(make_cpu_backend()), compiled(std::move(c)) {
+  ex = std::make_unique<Executor>(compiled, *backend);
+  initialize_parameters(*ex, model_preset("gpt2-tiny"), seed);
+  zero_persistent_state(*ex);
+  const Program& p = compiled.program;
+  const TensorId toks[] = {p.find_tensor(kTokens), p.find_tensor(kEvalTokens)};
+  const TensorId tgts[] = {p.find_tensor(kTargets), p.find_tensor(kEvalTargets)};
+  Executor* e = ex.get();
+  const Program* prog = &compiled.program;
+  ex->set_input_handler([e, prog, toks, tgts](const Op& op, const StepContext& ctx) {
+    const int which = op.outputs[0] == toks[0] ? 0 : 1;
+    int32_t* x = e->data_as<int32_t>(toks[which]);
+    int32_t* y = e->data_as<int32_t>(tgts[which]);
+    const int64_t n = prog->tensor(toks[which]).numel();
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = int32_t((i * 7 + ctx.step * 13 + ctx.micro) % 256);
+      y[i] = int32_t((i * 7 + 7 + ctx.step * 13 + ctx.micro) % 256);
+    }
+  });
+}
+
+void TinyRun::step(int64_t step) {
+  StepContext ctx;
+  ctx.lr = 1e-3;
+  ctx.step = step;
+  ex->run_step(ctx);
+}
+
+void TinyRun::eval() { ex->run_section("eval", StepContext{}); }
+
+float TinyRun::loss() const { return *ex->data_as<float>(compiled.program.find_tensor(kLoss)); }
+
+}  // namespace memfit::test

@@ -1,0 +1,29 @@
+// gpt2-tiny built, planned and ready to step in process, with deterministic tokens written in
+// place by the input handler (which allocates nothing): the common set-up of the runtime tests
+// that watch steps (trace, leak guard, max-batch oracle).
+#pragma once
+
+#include <memory>
+
+#include "graph/policy.hpp"
+#include "runtime/executor.hpp"
+
+namespace memfit::test {
+
+struct TinyRun {
+  std::unique_ptr<Backend> backend;
+  CompiledProgram compiled;
+  std::unique_ptr<Executor> ex;
+
+  explicit TinyRun(const Policy& policy, uint64_t seed = 7);
+  TinyRun(CompiledProgram compiled, uint64_t seed = 7);  // a program compiled (or altered) by the caller
+  TinyRun(const TinyRun&) = delete;  // the executor refers to `compiled`
+  TinyRun& operator=(const TinyRun&) = delete;
+  void step(int64_t step);  // one optimizer step at lr 1e-3
+  void eval();              // one pass of the "eval" section
+  float loss() const;
+};
+
+CompiledProgram compile_tiny(const Policy& policy);
+
+}  // namespace memfit::test

@@ -1,0 +1,126 @@
+// Out-of-memory before it happens. An over-budget run stops before step 1 with one line on
+// stderr (budget, planned peak, overflow, op and category at the peak, the cheapest change
+// that fits) and the full breakdown on stdout; following the suggested change makes the same
+// run fit and train, with measured == planned. Every suggestion listed as fitting is checked
+// by planning it again through `memfit plan`, independently of the diagnosis.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+#include "support/run_cli.hpp"
+#include "train/budget.hpp"
+
+namespace memfit {
+namespace {
+
+using test::run_memfit;
+
+const std::string kRun = "--model gpt2-tiny --batch 4 --seq 64";
+constexpr uint64_t kBudget = 16 * MiB;
+
+TEST(Budget, OverBudgetRunStopsBeforeStepOneAndTheSuggestionFits) {
+  const std::string report = test::temp_dir() + "/budget.json";
+  const auto r = run_memfit("train --steps 3 " + kRun + " --memory-budget 16MiB --report-json " + report);
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("memfit: error: [plan] ", 0), 0u) << r.err;
+  EXPECT_FALSE(std::regex_search(r.out, std::regex("step +1/"))) << "a step ran:\n" << r.out;
+  EXPECT_FALSE(std::ifstream(report).good());
+
+  // The numbers, checked against the plan of the same run.
+  auto backend = make_cpu_backend();
+  RunConfig c;
+  c.policy.batch = 4;
+  c.policy.seq = 64;
+  const PreparedRun run = prepare_run(c, *backend);
+  const TierPlan& dev = run.compiled.plan.tier(Tier::device);
+  const Op& peak_op = run.compiled.program.op(dev.peak_op);
+  for (const std::string& needle :
+       {format_bytes(dev.peak_bytes), std::string("budget is 16.00 MiB"), format_bytes(dev.peak_bytes - kBudget) + " over",
+        "'" + peak_op.name + "'", std::string("activations is the largest category")})
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "'" << needle << "' missing from: " << r.err;
+  for (const std::string& needle : {std::string("memory budget exceeded"), fmt::format("({} bytes) over", dev.peak_bytes - kBudget),
+                                    std::string("largest tensors live at the peak"),
+                                    std::string("changes that make it fit")})
+    EXPECT_NE(r.out.find(needle), std::string::npos) << "'" << needle << "' missing from:\n" << r.out;
+
+  // Follow the cheapest suggestion: the same run with it trains within the same budget.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("cheapest change that fits: (.*) \\(peak"))) << r.err;
+  const std::string flags = m[1];
+  const auto fixed =
+      run_memfit("train --threads 1 --steps 2 " + kRun + " --memory-budget 16MiB " + flags + " --report-json " + report);
+  ASSERT_EQ(fixed.status, 0) << flags << "\n" << fixed.out << fixed.err;
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  const uint64_t planned = j["memory"]["planned_peak_bytes"]["device"];
+  EXPECT_LE(planned, kBudget);
+  EXPECT_EQ(j["memory"]["measured_peak_bytes"]["device"], planned);
+  EXPECT_LT(j["loss"]["last"].get<double>(), j["loss"]["first"].get<double>());
+  std::printf("followed '%s': planned peak %s within 16 MiB\n", flags.c_str(), format_bytes(planned).c_str());
+}
+
+TEST(Budget, EverySuggestionMarkedFittingFitsWhenPlannedAgain) {
+  auto backend = make_cpu_backend();
+  RunConfig c;
+  c.policy.batch = 8;
+  c.policy.seq = 64;
+  c.policy.grad_accum = 2;
+  const PreparedRun run = prepare_run(c, *backend);
+  const uint64_t budget = 24 * MiB;
+  ASSERT_GT(run.compiled.plan.tier(Tier::device).peak_bytes, budget);
+  const BudgetDiagnosis d = diagnose_budget(c, run, budget, *backend);
+  EXPECT_EQ(d.peak, run.compiled.plan.tier(Tier::device).peak_bytes);
+  ASSERT_FALSE(d.suggestions.empty());
+  int fitting = 0;
+  for (size_t i = 0; i < d.suggestions.size(); ++i) {
+    const FitSuggestion& s = d.suggestions[i];
+    if (i > 0) {
+      EXPECT_LE(d.suggestions[i].fits, d.suggestions[i - 1].fits) << "fitting suggestions come first";
+    }
+    EXPECT_EQ(s.fits, s.peak <= budget) << s.flags;
+    const auto p = run_memfit("plan --json --model gpt2-tiny --batch 8 --seq 64 --grad-accum 2 " + s.flags);
+    ASSERT_EQ(p.status, 0) << s.flags << p.err;
+    const uint64_t peak = nlohmann::json::parse(p.out)["memory"]["planned_peak_bytes"]["device"];
+    EXPECT_EQ(peak, s.peak) << s.flags;
+    fitting += s.fits;
+  }
+  EXPECT_GT(fitting, 0);
+  // Accumulation keeping the global batch of 16 sequences is among them and costs no math.
+  bool keeps_global = false;
+  for (const FitSuggestion& s : d.suggestions) {
+    std::smatch m;
+    if (s.fits && std::regex_search(s.flags, m, std::regex("--batch (\\d+) --grad-accum (\\d+)"))) {
+      EXPECT_EQ(std::stoi(m[1]) * std::stoi(m[2]), 16) << s.flags;
+      EXPECT_EQ(s.cost, ChangeCost::same_math);
+      keeps_global = true;
+    }
+  }
+  EXPECT_TRUE(keeps_global);
+  std::printf("%s", d.report.c_str());
+}
+
+TEST(Budget, PlanWithABudgetShowsTheSameDiagnosis) {
+  const auto p = run_memfit("plan " + kRun + " --memory-budget 16MiB");
+  EXPECT_EQ(p.status, 0) << p.err;
+  EXPECT_NE(p.out.find("memory budget exceeded"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("--batch 1 --grad-accum 4"), std::string::npos) << p.out;
+  const auto fits = run_memfit("plan " + kRun + " --memory-budget 1GiB");
+  EXPECT_EQ(fits.out.find("memory budget exceeded"), std::string::npos) << fits.out;
+}
+
+TEST(Budget, NothingFitsBelowThePersistentState) {
+  const auto r = run_memfit("train --steps 1 " + kRun + " --memory-budget 4MiB");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("no single change fits"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("the persistent tensors alone"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace memfit
