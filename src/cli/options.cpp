@@ -57,7 +57,10 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.policy.attention = parse_attention(v); });
   add<std::string>(app, "--optimizer", "adamw | adamw8bit",
                    [](RunConfig& c, std::string v) { c.policy.optimizer = parse_optimizer(v); });
-  add<int>(app, "--zero", "ZeRO stage 0..3", [](RunConfig& c, int v) { c.policy.zero_stage = v; });
+  add<int>(app, "--zero", "ZeRO stage 0..2 (data parallelism over the ranks of mpirun)",
+           [](RunConfig& c, int v) { c.policy.zero_stage = v; });
+  add<int>(app, "--world-size", "data-parallel ranks: plan one rank of an N-rank run (train: mpirun's -np)",
+           [](RunConfig& c, int v) { c.topology.world_size = v; });
   add<std::string>(app, "--offload-optimizer", "device | host | disk",
                    [](RunConfig& c, std::string v) { c.policy.offload_optimizer = parse_tier(v); });
   add<std::string>(app, "--offload-params", "device | host | disk",

@@ -28,6 +28,7 @@ class Communicator {
   // In place: data (count elements) becomes the reduction over ranks.
   virtual CommTicket start_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) = 0;
   // send holds size() * count elements; rank r receives the reduction of block r into recv.
+  // send == recv is the in-place form: the result lands in the first count elements.
   virtual CommTicket start_reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) = 0;
   // send holds count elements; recv receives size() * count, rank r's block at r * count.
   virtual CommTicket start_all_gather(const void* send, void* recv, int64_t count, DType dtype) = 0;

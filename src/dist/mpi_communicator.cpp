@@ -108,7 +108,8 @@ class MpiCommunicator final : public Communicator {
     MEMFIT_CHECK(count <= kMaxChunk, "dist", "reduce-scatter of {} elements per rank exceeds {}", count, kMaxChunk);
     const CommTicket t = take_slot();
     LibraryCallScope scope;
-    check(MPI_Ireduce_scatter_block(send, recv, int(count), mpi_type(dtype), mpi_op(dtype, op), MPI_COMM_WORLD,
+    // send == recv: MPI's in-place form (the input is recv; the result lands at its start).
+    check(MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(dtype), mpi_op(dtype, op), MPI_COMM_WORLD,
                                     &slots_[size_t(t)][0]),
           "MPI_Ireduce_scatter_block");
     return t;

@@ -10,6 +10,7 @@
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
 #include "graph/recompute.hpp"
+#include "graph/zero.hpp"
 
 namespace memfit {
 
@@ -28,9 +29,11 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   check_precision_policy(p);
   MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",
                "gradient clipping needs a norm >= 0 (got {}; 0 turns it off)", p.grad_clip);
-  if (p.zero_stage != 0) unsupported(fmt::format("ZeRO stage {}", p.zero_stage));
+  if (p.zero_stage == 3) unsupported("ZeRO stage 3 (stages 0..2 are)");
+  MEMFIT_CHECK(p.zero_stage >= 0 && p.zero_stage <= 3, "policy", "ZeRO stage must be 0..3 (got {})", p.zero_stage);
+  MEMFIT_CHECK(topo.world_size >= 1 && topo.rank >= 0 && topo.rank < topo.world_size, "policy",
+               "rank {} of a world of {} ranks", topo.rank, topo.world_size);
   if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
-  if (topo.world_size != 1) unsupported(fmt::format("world size {}", topo.world_size));
 }
 
 }  // namespace
@@ -128,6 +131,8 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
   // After recompute: recomputed ops get the same dtypes and fp32 islands as the forward ops
   // they replay (so they compute the same bits), and their replays indices are remapped.
   apply_precision(p, policy);
+  // Last: ZeRO re-homes parameters and gradients with their final dtypes.
+  apply_zero(p, policy, topology);
   p.validate();
   return p;
 }

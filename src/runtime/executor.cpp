@@ -4,11 +4,16 @@
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
+#include "runtime/collective_op.hpp"
 
 namespace memfit {
 
-Executor::Executor(const CompiledProgram& compiled, Backend& backend)
+Executor::Executor(const CompiledProgram& compiled, Backend& backend, Communicator* comm)
     : program_(compiled.program), plan_(compiled.plan) {
+  if (!comm) {
+    own_comm_ = make_single_process_communicator();
+    comm = own_comm_.get();
+  }
   for (Tier t : kAllTiers) {
     const uint64_t bytes = plan_.tier(t).peak_bytes;
     if (t != Tier::device && bytes > 0)
@@ -35,7 +40,7 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend)
     for (TensorId id : op.inputs) b.inputs.push_back(ptr(id));
     for (TensorId id : op.outputs) b.outputs.push_back(ptr(id));
     for (TensorId id : op.workspace) b.workspace.push_back(ptr(id));
-    prepared_[i] = backend.prepare(program_, op, b);
+    prepared_[i] = is_collective(op.kind) ? prepare_collective(program_, op, b, *comm) : backend.prepare(program_, op, b);
   }
   const Section* micro = program_.find_section("micro");
   const Section* opt = program_.find_section("optimizer");

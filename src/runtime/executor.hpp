@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dist/communicator.hpp"
 #include "kernels/backend.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/compile.hpp"
@@ -32,8 +33,9 @@ class OpObserver {
 class Executor {
  public:
   // Throws [runtime] when a tier other than device is planned (the CPU backend has no host
-  // or disk tier yet) and [kernels] when an op has no kernel.
-  Executor(const CompiledProgram& compiled, Backend& backend);
+  // or disk tier yet) and [kernels] when an op has no kernel. Collective ops run through
+  // `comm` (not owned; a single-process communicator when null).
+  Executor(const CompiledProgram& compiled, Backend& backend, Communicator* comm = nullptr);
 
   const Program& program() const { return program_; }
   const MemoryPlan& plan() const { return plan_; }
@@ -72,6 +74,7 @@ class Executor {
   std::vector<std::byte*> pointers_;
   std::vector<std::unique_ptr<PreparedOp>> prepared_;  // null for load_input
   InputHandler input_;
+  std::unique_ptr<Communicator> own_comm_;  // when none is given
   bool timing_ = false;
   std::vector<double> op_seconds_;
   std::vector<OpObserver*> observers_;

@@ -1,5 +1,6 @@
 #include "train/init.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -44,7 +45,13 @@ void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec) {
   const DType dt = p.tensor(wte).dtype;
   std::memset(ex.data(wte) + dtype_bytes(dt, first), 0, dtype_bytes(dt, count));
   for (const ParamEntry& e : p.params())
-    if (e.value == wte && e.master != kNoTensor) std::fill_n(ex.data_as<float>(e.master) + first, count, 0.0f);
+    if (e.value == wte && e.master != kNoTensor) {
+      // A ZeRO piece holds elements [shard_offset, shard_offset + shard_numel) of the parameter.
+      const int64_t lo = e.whole_state() ? 0 : e.shard_offset;
+      const int64_t hi = e.whole_state() ? first + count : e.shard_offset + e.shard_numel;
+      const int64_t a = std::max(first, lo), b = std::min(first + count, hi);
+      if (a < b) std::fill_n(ex.data_as<float>(e.master) + (a - lo), b - a, 0.0f);
+    }
 }
 
 void zero_persistent_state(Executor& ex) {
