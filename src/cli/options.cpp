@@ -103,6 +103,12 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.load = v; });
   add<std::string>(app, "--save", "write weights: directory (model.safetensors + config.json) or .safetensors file",
                    [](RunConfig& c, std::string v) { c.save = v; });
+  add<std::string>(app, "--checkpoint-dir", "write sharded training checkpoints (one file per rank + manifest) here",
+                   [](RunConfig& c, std::string v) { c.checkpoint_dir = v; });
+  add<int64_t>(app, "--checkpoint-every", "steps between checkpoints (0: after the last step)",
+               [](RunConfig& c, int64_t v) { c.checkpoint_every = v; });
+  add<std::string>(app, "--resume", "continue from a checkpoint directory (same world size and ZeRO stage)",
+                   [](RunConfig& c, std::string v) { c.resume = v; });
   add<std::string>(app, "--report-json", "write the run report to this file",
                    [](RunConfig& c, std::string v) { c.report_json = v; });
   add<int64_t>(app, "--log-every", "progress line every N steps", [](RunConfig& c, int64_t v) { c.log_every = v; });

@@ -35,6 +35,15 @@ void BatchLoader::reset() {
   if (shuffle_) shuffle_order();
 }
 
+void BatchLoader::seek(int64_t epoch, int64_t cursor) {
+  MEMFIT_CHECK(epoch >= 0 && cursor >= 0 && cursor <= int64_t(order_.size()), "data",
+               "cannot resume the {} data at epoch {}, batch {}: an epoch holds {} batches", split_, epoch, cursor,
+               order_.size());
+  epoch_ = epoch;
+  if (shuffle_) shuffle_order();
+  cursor_ = cursor;
+}
+
 void BatchLoader::next_rows(int32_t* tokens, int32_t* targets, int64_t first_row, int64_t rows) {
   MEMFIT_ASSERT(first_row >= 0 && rows >= 0 && first_row + rows <= batch_, "rows [{}, {}) of a batch of {}", first_row,
                 first_row + rows, batch_);

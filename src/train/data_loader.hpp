@@ -28,6 +28,9 @@ class BatchLoader {
   void reset();  // back to the first batch of the first epoch
   int64_t batches_per_epoch() const { return int64_t(order_.size()); }
   int64_t epoch() const { return epoch_; }
+  int64_t cursor() const { return cursor_; }  // batches of this epoch already served
+  // Continues from a position that epoch() and cursor() reported (a resumed checkpoint).
+  void seek(int64_t epoch, int64_t cursor);
 
  private:
   void shuffle_order();

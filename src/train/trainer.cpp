@@ -17,6 +17,7 @@
 #include "plan/plan_report.hpp"
 #include "runtime/executor.hpp"
 #include "train/budget.hpp"
+#include "train/checkpoint.hpp"
 #include "train/data_loader.hpp"
 #include "train/init.hpp"
 #include "train/step_runner.hpp"
@@ -207,9 +208,26 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   // Optimizer steps actually applied: a step skipped for a gradient overflow does not count
   // (AdamW's bias correction and the learning-rate schedule see only applied steps, as in
   // PyTorch's GradScaler and DeepSpeed).
-  int64_t applied = 0;
+  int64_t applied = 0, first_step = 1;
+  if (!c.resume.empty()) {
+    MEMFIT_CHECK(c.load.empty(), "train", "--resume and --load both give the weights; use one");
+    const TrainingPosition at = load_checkpoint(c.resume, ex, c.model, pol, *comm);
+    MEMFIT_CHECK(at.step < c.steps, "train", "the checkpoint in '{}' is at step {}, not before --steps {}", c.resume,
+                 at.step, c.steps);
+    first_step = at.step + 1;
+    applied = at.applied;
+    train_loader.seek(at.loader_epoch, at.loader_cursor);
+    if (at.scaler && runner.scaler()) runner.scaler()->restore(*at.scaler);
+    log << fmt::format("resumed from {} at step {}\n", c.resume, at.step);
+  }
+  auto checkpoint = [&](int64_t step) {
+    TrainingPosition at{step, applied, train_loader.epoch(), train_loader.cursor(), std::nullopt};
+    if (runner.scaler()) at.scaler = runner.scaler()->state();
+    save_checkpoint(c.checkpoint_dir, ex, c.model, pol, at, *comm);
+    log << fmt::format("step {:>5}/{} | checkpoint written to {}\n", step, c.steps, c.checkpoint_dir);
+  };
   nlohmann::json scale_history = nlohmann::json::array(), skipped_at = nlohmann::json::array();
-  for (int64_t step = 1; step <= c.steps; ++step) {
+  for (int64_t step = first_step; step <= c.steps; ++step) {
     StepContext ctx;
     ctx.step = applied + 1;
     ctx.lr = schedule.at(applied + 1);
@@ -221,7 +239,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
     applied += r.applied ? 1 : 0;
     if (hooks) hooks->after_step(step, *loss);
     last_loss = *loss;
-    if (step == 1) first_loss = last_loss;
+    if (step == first_step) first_loss = last_loss;
     MEMFIT_CHECK(std::isfinite(last_loss) || !r.applied, "train", "the loss became {} at step {}; lower --lr",
                  last_loss, step);
     history.push_back(last_loss);
@@ -231,7 +249,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
       scale_history.push_back(r.scale);
       if (!r.applied) skipped_at.push_back(step);
     }
-    if (step > 1) timed_seconds += dt, timed_cpu_seconds += process_cpu_seconds() - cpu0, ++timed_steps;
+    if (step > first_step) timed_seconds += dt, timed_cpu_seconds += process_cpu_seconds() - cpu0, ++timed_steps;
     const std::string scaling = runner.loss_scaling() ? fmt::format(" | scale {:g}{} | skipped {}", r.scale,
                                                                     r.applied ? "" : " (overflow: step skipped)",
                                                                     runner.skipped_steps())
@@ -240,6 +258,8 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
       log << fmt::format("step {:>5}/{} | loss {:.4f} | {:8.1f} ms | {:>9.0f} tok/s | lr {:.3g}{} | device {} planned{}\n",
                          step, c.steps, last_loss, dt * 1e3, tokens_per_step / dt, ctx.lr,
                          grad_norm ? fmt::format(" | norm {:.3f}", *grad_norm) : "", format_bytes(planned), scaling);
+    if (!c.checkpoint_dir.empty() && (c.checkpoint_every > 0 ? step % c.checkpoint_every == 0 : step == c.steps))
+      checkpoint(step);
     if (pol.with_eval && c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {
       const double v = evaluate();
       val_history.push_back({{"step", step}, {"loss", v}});
