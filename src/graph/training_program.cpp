@@ -29,7 +29,6 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   check_precision_policy(p);
   MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",
                "gradient clipping needs a norm >= 0 (got {}; 0 turns it off)", p.grad_clip);
-  if (p.zero_stage == 3) unsupported("ZeRO stage 3 (stages 0..2 are)");
   MEMFIT_CHECK(p.zero_stage >= 0 && p.zero_stage <= 3, "policy", "ZeRO stage must be 0..3 (got {})", p.zero_stage);
   MEMFIT_CHECK(topo.world_size >= 1 && topo.rank >= 0 && topo.rank < topo.world_size, "policy",
                "rank {} of a world of {} ranks", topo.rank, topo.world_size);

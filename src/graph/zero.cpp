@@ -9,6 +9,8 @@
 #include <map>
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "core/error.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
@@ -34,7 +36,6 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
                "rank {} of a world of {} ranks", topo.rank, topo.world_size);
   MEMFIT_CHECK(policy.zero_stage >= 0 && policy.zero_stage <= 3, "policy", "ZeRO stage must be 0..3 (got {})",
                policy.zero_stage);
-  MEMFIT_CHECK(policy.zero_stage <= 2, "policy", "ZeRO stage 3 is not supported by this build yet (stages 0..2 are)");
   ZeroLayout L;
   L.world_size = topo.world_size;
   L.rank = topo.rank;
@@ -72,6 +73,10 @@ struct ZeroPass {
   int stage = 0, world = 1, rank = 0, micro_repeat = 1;
 
   std::vector<TensorId> param_root, grad_root, grad_shard_root;  // per bucket
+  // Stage 3, per bucket: transient gather buffers of the forward, backward (and recompute)
+  // and validation passes; param_root is then the persistent shard.
+  std::vector<TensorId> gather_fwd, gather_bwd, gather_eval;
+  std::map<TensorId, TensorId> bwd_view, eval_view;  // parameter value -> its view in those buffers
   // Per parameter (index into params()).
   std::vector<int64_t> piece_first, piece_count;
   std::vector<TensorId> value_piece, grad_piece;
@@ -79,7 +84,7 @@ struct ZeroPass {
   std::map<TensorId, int> param_of_grad, param_of_target;
 
   Op collective(OpKind kind, std::string name, std::vector<TensorId> in, std::vector<TensorId> out, Phase phase,
-                int layer, bool max = false) {
+                int layer, bool max = false) const {
     Op op;
     op.kind = kind;
     op.phase = phase;
@@ -127,18 +132,40 @@ struct ZeroPass {
       const ZeroBucket& b = L.buckets[bi];
       const ParamEntry& first = p.params()[size_t(b.params[0])];
       const DType pdt = p.tensor(first.value).dtype, gdt = p.tensor(first.grad).dtype;
-      const Lifetime glife = stage == 2 ? Lifetime::transient : p.tensor(first.grad).lifetime;
-      param_root.push_back(add_root("zero.params." + b.tag, b.elements, pdt, Category::parameters,
-                                    Lifetime::persistent, b.layer));
+      const Lifetime glife = stage >= 2 ? Lifetime::transient : p.tensor(first.grad).lifetime;
+      if (stage == 3) {
+        param_root.push_back(add_root("zero.params." + b.tag + ".shard", L.shard(b), pdt, Category::parameters,
+                                      Lifetime::persistent, b.layer));
+        gather_fwd.push_back(add_root("zero.gather." + b.tag + ".forward", b.elements, pdt, Category::communication,
+                                      Lifetime::transient, b.layer));
+        gather_bwd.push_back(add_root("zero.gather." + b.tag + ".backward", b.elements, pdt, Category::communication,
+                                      Lifetime::transient, b.layer));
+        if (p.find_section("eval"))
+          gather_eval.push_back(add_root("zero.gather." + b.tag + ".eval", b.elements, pdt, Category::communication,
+                                         Lifetime::transient, b.layer));
+      } else {
+        param_root.push_back(add_root("zero.params." + b.tag, b.elements, pdt, Category::parameters,
+                                      Lifetime::persistent, b.layer));
+      }
       grad_root.push_back(add_root("zero.grads." + b.tag, b.elements, gdt, Category::gradients, glife, b.layer));
-      if (stage == 2)
+      if (stage >= 2)
         grad_shard_root.push_back(add_root("zero.grad_shard." + b.tag, L.shard(b), gdt, Category::gradients,
                                            Lifetime::persistent, b.layer));
       for (size_t j = 0; j < b.params.size(); ++j) {
         const int pi = b.params[j];
         const ParamEntry& e = p.params()[size_t(pi)];
         bucket_of[size_t(pi)] = int(bi);
-        make_view(e.value, param_root.back(), b.offsets[j]);
+        if (stage == 3) {
+          const TensorDesc v = p.tensor(e.value);
+          bwd_view[e.value] = p.add_view(gather_bwd.back(), v.name + ".backward", v.shape, v.dtype,
+                                         dtype_bytes(v.dtype, b.offsets[j]));
+          if (!gather_eval.empty())
+            eval_view[e.value] = p.add_view(gather_eval.back(), v.name + ".eval", v.shape, v.dtype,
+                                            dtype_bytes(v.dtype, b.offsets[j]));
+          make_view(e.value, gather_fwd.back(), b.offsets[j]);
+        } else {
+          make_view(e.value, param_root.back(), b.offsets[j]);
+        }
         make_view(e.grad, grad_root.back(), b.offsets[j]);
         param_of_grad[e.grad] = pi;
       }
@@ -165,8 +192,11 @@ struct ZeroPass {
         if (count == 0) continue;
         const int64_t at = b.offsets[j] + first;
         const DType pdt = p.tensor(e.value).dtype, gdt = p.tensor(e.grad).dtype;
-        value_piece[size_t(pi)] = p.add_view(param_root[bi], e.name + ".shard", Shape{count}, pdt, dtype_bytes(pdt, at));
-        if (stage == 2)
+        const int64_t in_shard = at - int64_t(rank) * L.shard(b);
+        value_piece[size_t(pi)] = p.add_view(param_root[bi], e.name + ".shard", Shape{count}, pdt,
+                                             dtype_bytes(pdt, stage == 3 ? in_shard : at));
+        if (stage == 3) e.value_shard = value_piece[size_t(pi)];
+        if (stage >= 2)
           grad_piece[size_t(pi)] = p.add_view(grad_shard_root[bi], "grad." + e.name + ".shard", Shape{count}, gdt,
                                               dtype_bytes(gdt, at - int64_t(rank) * L.shard(b)));
         else
@@ -226,7 +256,7 @@ struct ZeroPass {
 
     // Stage 2: the last micro-section op that writes each bucket's gradients.
     std::vector<int> last_writer(L.buckets.size(), -1);
-    if (stage == 2)
+    if (stage >= 2)
       for (int i = micro->begin; i < micro->end; ++i)
         for (TensorId id : old[size_t(i)].outputs)
           if (id != kNoTensor)
@@ -243,10 +273,15 @@ struct ZeroPass {
           if (auto it = param_of_grad.find(id); it != param_of_grad.end())
             first_writer[size_t(bucket_of[size_t(it->second)])] = i;
 
+    const std::vector<std::vector<size_t>> gathers_before = stage == 3 ? plan_gathers(old) : std::vector<std::vector<size_t>>();
+
     for (size_t i = 0; i < old.size(); ++i) {
       for (size_t bi = 0; bi < L.buckets.size(); ++bi)
         if (first_writer[bi] == int(i)) emit_tail_fill(bi, push, p.section_of_op(int(i)));
+      if (stage == 3)
+        for (size_t g : gathers_before[i]) push(gather_op(g), p.section_of_op(int(i)));
       Op op = old[i];
+      if (stage == 3) retarget_parameters(op, p.sections()[size_t(p.section_of_op(int(i)))].name);
       const int s = p.section_of_op(int(i));
       const std::string& sname = p.sections()[size_t(s)].name;
       // Each rank sees 1/world of the global batch: scales divide by the world size.
@@ -278,7 +313,7 @@ struct ZeroPass {
         }
       }
       if (!replaced) {
-        if (stage == 2 && s == micro_index) {
+        if (stage >= 2 && s == micro_index) {
           for (size_t j = 0; j < op.outputs.size(); ++j)
             if (param_of_grad.count(op.outputs[j]) && op.modes[j] == WriteMode::accumulate_after_first_micro)
               op.modes[j] = WriteMode::overwrite;  // the bucket is transient: each micro-step starts afresh
@@ -286,14 +321,14 @@ struct ZeroPass {
         }
         push(std::move(op), s);
       }
-      if (stage == 2)
+      if (stage >= 2)
         for (size_t bi = 0; bi < L.buckets.size(); ++bi)
           if (last_writer[bi] == int(i)) emit_bucket_reduce_scatter(bi, push, s, k);
       const bool section_end = int(i) + 1 == p.sections()[size_t(s)].end;
       if (section_end && s == micro_index && flag != kNoTensor)
         push(collective(OpKind::all_reduce, "zero.all_reduce.overflow_flag", {}, {flag}, Phase::communication, -1, true),
              s);
-      if (section_end && sname == "optimizer" && stage >= 1)
+      if (section_end && sname == "optimizer" && (stage == 1 || stage == 2))
         for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
           const ZeroBucket& b = L.buckets[bi];
           const TensorId mine = p.add_view(param_root[bi], "zero.params." + b.tag + ".shard", Shape{L.shard(b)},
@@ -316,6 +351,61 @@ struct ZeroPass {
     MEMFIT_CHECK(!out.empty(), "policy", "rank {} of {} holds no gradient elements: too many ranks for this model", rank,
                  world);
     return out;
+  }
+
+  // Stage 3: backward and recompute ops read the backward gather's copy of a parameter,
+  // validation ops the eval gather's (the forward's is the parameter tensor itself).
+  void retarget_parameters(Op& op, const std::string& section) {
+    const std::map<TensorId, TensorId>* to = nullptr;
+    if (section == "micro" && (op.phase == Phase::backward || op.phase == Phase::recompute)) to = &bwd_view;
+    if (section == "eval") to = &eval_view;
+    if (!to) return;
+    for (TensorId& id : op.inputs)
+      if (auto it = to->find(id); it != to->end()) id = it->second;
+  }
+
+  // Gather g encodes (pass, bucket) as pass * buckets + bucket; pass 0 forward, 1 backward, 2 eval.
+  Op gather_op(size_t g) const {
+    const size_t nb = L.buckets.size(), bi = g % nb, pass = g / nb;
+    const TensorId buf = (pass == 0 ? gather_fwd : pass == 1 ? gather_bwd : gather_eval)[bi];
+    static const char* names[] = {"forward", "backward", "eval"};
+    return collective(OpKind::all_gather, fmt::format("zero.all_gather.{}.{}", L.buckets[bi].tag, names[pass]),
+                      {param_root[bi]}, {buf}, Phase::communication, L.buckets[bi].layer);
+  }
+
+  // For each old op, the gathers to issue just before it. Within a pass, buckets are ordered
+  // by first use; the first bucket's gather and the next one's are issued before the first
+  // use, and each later bucket's gather before the previous bucket's first use (prefetch:
+  // the next block's parameters arrive while the current block computes, at the cost of
+  // one more gathered block alive, which the plan shows as communication buffers).
+  std::vector<std::vector<size_t>> plan_gathers(const std::vector<Op>& old) const {
+    std::map<TensorId, size_t> bucket_of_value;
+    for (size_t bi = 0; bi < L.buckets.size(); ++bi)
+      for (int pi : L.buckets[bi].params) bucket_of_value[p.params()[size_t(pi)].value] = bi;
+    std::vector<std::vector<size_t>> before(old.size());
+    const size_t nb = L.buckets.size();
+    for (size_t pass = 0; pass < (gather_eval.empty() ? 2u : 3u); ++pass) {
+      std::vector<int> first(nb, -1);
+      for (size_t i = 0; i < old.size(); ++i) {
+        const Op& op = old[i];
+        const std::string& sec = p.sections()[size_t(p.section_of_op(int(i)))].name;
+        const bool bwd = op.phase == Phase::backward || op.phase == Phase::recompute;
+        const bool in_pass = pass == 2 ? sec == "eval" : sec == "micro" && (pass == 1) == bwd;
+        if (!in_pass) continue;
+        for (TensorId id : op.inputs)
+          if (auto it = bucket_of_value.find(id); it != bucket_of_value.end() && first[it->second] < 0)
+            first[it->second] = int(i);
+      }
+      std::vector<size_t> order;
+      for (size_t bi = 0; bi < nb; ++bi)
+        if (first[bi] >= 0) order.push_back(bi);
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return first[a] < first[b]; });
+      for (size_t j = 0; j < order.size(); ++j) {
+        const int at = first[order[j == 0 ? 0 : j - 1]];
+        before[size_t(at)].push_back(pass * nb + order[j]);
+      }
+    }
+    return before;
   }
 
   template <class Push>

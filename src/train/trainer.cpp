@@ -126,6 +126,8 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
                "--world-size {} but the run was launched with {} ranks", config.topology.world_size, W);
   RunConfig c = config;
   c.topology = Topology{W, rank};
+  MEMFIT_CHECK(c.save.empty() || c.policy.zero_stage < 3, "train",
+               "--save cannot write whole weights under ZeRO-3 yet (each rank holds a shard); use --checkpoint-dir");
   std::ostringstream quiet;  // ranks other than 0 keep their lines to themselves
   std::ostream& log = rank == 0 ? rank_log : quiet;
   MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);
