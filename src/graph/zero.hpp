@@ -60,4 +60,9 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
 // No-op for stage 0 in a world of one (the program stays as it was).
 void apply_zero(Program& p, const Policy& policy, const Topology& topo);
 
+// Bytes one rank sends per optimizer step (the micro section's collectives times its repeat,
+// plus the optimizer section's), from each collective's ring volume (Op::comm_bytes:
+// all-reduce 2 (N-1)/N of the buffer, reduce-scatter and all-gather (N-1)/N).
+double communication_bytes_per_step(const Program& p);
+
 }  // namespace memfit

@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/training_program.hpp"
+#include "graph/zero.hpp"
 #include "plan/plan_report.hpp"
 #include "runtime/executor.hpp"
 #include "train/budget.hpp"
@@ -318,12 +319,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   report["memory"]["max_rss_bytes"] = rss;
   report["memory"]["budget_bytes"] = budget;
   report["memory"]["all_ranks_equal"] = mismatched == 0;
-  double comm_bytes = 0;
-  for (int i = 0; i < int(prog.ops().size()); ++i) {
-    const Section& sec = prog.sections()[size_t(prog.section_of_op(i))];
-    if (sec.name == "micro") comm_bytes += prog.op(i).comm_bytes * double(sec.repeat);
-    else if (sec.name == "optimizer") comm_bytes += prog.op(i).comm_bytes;
-  }
+  const double comm_bytes = communication_bytes_per_step(prog);
   report["distributed"] = {{"world_size", W}, {"rank", rank}, {"zero_stage", pol.zero_stage},
                            {"comm_bytes_per_step", comm_bytes}};
   report["optimizer_steps_applied"] = applied;
