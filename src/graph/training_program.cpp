@@ -99,6 +99,12 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     emit_overflow_check(b, policy);
   }
   p.end_section();
+  // Data parallelism: the collectives that must run once per step whether or not the
+  // optimizer does (the global loss, fp16's overflow flag); filled by graph/zero.cpp.
+  if (policy.zero_stage > 0 || topology.world_size > 1) {
+    p.begin_section("sync");
+    p.end_section();
+  }
 
   p.begin_section("optimizer");
   emit_optimizer_step(b, policy);

@@ -208,6 +208,10 @@ struct ZeroPass {
     const Section* micro = p.find_section("micro");
     MEMFIT_ASSERT(micro != nullptr, "ZeRO on a program without a micro section");
     const int micro_index = p.section_of_op(micro->begin);
+    int sync_index = -1;
+    for (size_t si = 0; si < p.sections().size(); ++si)
+      if (p.sections()[si].name == "sync") sync_index = int(si);
+    MEMFIT_ASSERT(sync_index == micro_index + 1, "ZeRO needs the sync section right after the micro section");
     const int k = micro->repeat;
 
     // Stage 2: the last micro-section op that writes each bucket's gradients.
@@ -249,7 +253,7 @@ struct ZeroPass {
         const int64_t rows = p.tensor(op.inputs[0]).numel();
         std::get<ScaleAttrs>(op.attrs).scale = 1.0f / float(rows * (sname == "micro" ? int64_t(k) : 1) * world);
       }
-      if (sname == "optimizer" && int(i) == p.sections()[size_t(s)].begin) emit_gradient_sync(ops, section_of, s, loss);
+      if (sname == "optimizer" && int(i) == p.sections()[size_t(s)].begin) emit_gradient_sync(ops, section_of, s);
       bool replaced = false;  // the op was re-emitted in sharded form (or dropped)
       if (sname == "optimizer" && stage >= 1) {
         replaced = true;
@@ -281,9 +285,15 @@ struct ZeroPass {
         for (size_t bi = 0; bi < L.buckets.size(); ++bi)
           if (last_writer[bi] == int(i)) emit_bucket_reduce_scatter(bi, push, s, k);
       const bool section_end = int(i) + 1 == p.sections()[size_t(s)].end;
-      if (section_end && s == micro_index && flag != kNoTensor)
-        push(collective(OpKind::all_reduce, "zero.all_reduce.overflow_flag", {}, {flag}, Phase::communication, -1, true),
-             s);
+      // Once per step, after the last micro-step, whether or not the optimizer runs.
+      if (section_end && s == micro_index) {
+        if (loss != kNoTensor)
+          push(collective(OpKind::all_reduce, "zero.all_reduce.loss", {}, {loss}, Phase::communication, -1), sync_index);
+        if (flag != kNoTensor)
+          push(collective(OpKind::all_reduce, "zero.all_reduce.overflow_flag", {}, {flag}, Phase::communication, -1,
+                          true),
+               sync_index);
+      }
       if (section_end && sname == "optimizer" && (stage == 1 || stage == 2))
         for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
           const ZeroBucket& b = L.buckets[bi];
@@ -412,7 +422,7 @@ struct ZeroPass {
     push(std::move(acc), s);
   }
 
-  void emit_gradient_sync(std::vector<Op>& ops, std::vector<int>& section_of, int s, TensorId loss) {
+  void emit_gradient_sync(std::vector<Op>& ops, std::vector<int>& section_of, int s) {
     auto push = [&](Op op) {
       ops.push_back(std::move(op));
       section_of.push_back(s);
@@ -430,8 +440,6 @@ struct ZeroPass {
       push(collective(OpKind::reduce_scatter, "zero.reduce_scatter." + b.tag, {grad_root[bi]}, {mine},
                       Phase::communication, b.layer));
     }
-    if (loss != kNoTensor)
-      push(collective(OpKind::all_reduce, "zero.all_reduce.loss", {}, {loss}, Phase::communication, -1));
   }
 
   template <class Push>

@@ -3,7 +3,9 @@
 //   all stages  parameters and gradients become views into flat buckets (one per transformer
 //               block, one for the parameters outside blocks); each rank reads its own slice
 //               of the global batch, so the loss and gradient scales divide by the world size
-//               and the loss is all-reduced (the reported loss is the global one).
+//               and the loss is all-reduced (the reported loss is the global one) in the "sync"
+//               section, which runs once per step between the micro-steps and the optimizer,
+//               also when fp16 skips the optimizer.
 //   stage 0     gradients all-reduced after the last micro-step; every rank updates everything.
 //   stage 1     master weights and optimizer state shrink to this rank's shard; gradients are
 //               reduce-scattered in place (full-size gradients stay), each rank updates its
@@ -61,7 +63,7 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
 void apply_zero(Program& p, const Policy& policy, const Topology& topo);
 
 // Bytes one rank sends per optimizer step (the micro section's collectives times its repeat,
-// plus the optimizer section's), from each collective's ring volume (Op::comm_bytes:
+// plus the sync and optimizer sections'), from each collective's ring volume (Op::comm_bytes:
 // all-reduce 2 (N-1)/N of the buffer, reduce-scatter and all-gather (N-1)/N).
 double communication_bytes_per_step(const Program& p);
 

@@ -58,7 +58,7 @@ double communication_bytes_per_step(const Program& p) {
   for (int i = 0; i < int(p.ops().size()); ++i) {
     const Section& s = p.sections()[size_t(p.section_of_op(i))];
     if (s.name == "micro") bytes += p.op(i).comm_bytes * double(s.repeat);
-    else if (s.name == "optimizer") bytes += p.op(i).comm_bytes;
+    else if (s.name == "optimizer" || s.name == "sync") bytes += p.op(i).comm_bytes;
   }
   return bytes;
 }

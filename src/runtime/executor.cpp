@@ -46,6 +46,7 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend, Communicat
   const Section* opt = program_.find_section("optimizer");
   if (micro) micro_begin_ = micro->begin, micro_end_ = micro->end, micro_repeat_ = micro->repeat;
   if (opt) opt_begin_ = opt->begin, opt_end_ = opt->end;
+  if (const Section* sync = program_.find_section("sync")) sync_begin_ = sync->begin, sync_end_ = sync->end;
 }
 
 void Executor::run_range(int begin, int end, const StepContext& ctx) {
@@ -77,6 +78,7 @@ void Executor::run_step(StepContext ctx) {
     ctx.micro = m;
     run_range(micro_begin_, micro_end_, ctx);
   }
+  run_range(sync_begin_, sync_end_, ctx);
   run_range(opt_begin_, opt_end_, ctx);
 }
 

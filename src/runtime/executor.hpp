@@ -43,7 +43,8 @@ class Executor {
   void set_input_handler(InputHandler handler) { input_ = std::move(handler); }
   // Runs the ops of a section once.
   void run_section(std::string_view name, const StepContext& ctx);
-  // One optimizer step: the "micro" section micro_count times, then "optimizer".
+  // One optimizer step: the "micro" section micro_count times, then "sync" (data-parallel
+  // programs), then "optimizer".
   void run_step(StepContext ctx);
   // Ops [begin, end) in program order (tests use it to stop mid-section and inspect).
   void run_ops(int begin, int end, const StepContext& ctx) { run_range(begin, end, ctx); }
@@ -78,7 +79,7 @@ class Executor {
   bool timing_ = false;
   std::vector<double> op_seconds_;
   std::vector<OpObserver*> observers_;
-  int micro_begin_ = 0, micro_end_ = 0, micro_repeat_ = 1, opt_begin_ = 0, opt_end_ = 0;
+  int micro_begin_ = 0, micro_end_ = 0, micro_repeat_ = 1, opt_begin_ = 0, opt_end_ = 0, sync_begin_ = 0, sync_end_ = 0;
 };
 
 }  // namespace memfit

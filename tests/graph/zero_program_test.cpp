@@ -173,15 +173,6 @@ TEST(ZeroProgram, PiecesPartitionEveryParameterAndEightBitBlocksStayWhole) {
   }
 }
 
-double comm_bytes_per_step(const Program& p) {
-  double bytes = 0;
-  for (int i = 0; i < int(p.ops().size()); ++i) {
-    const Section& s = p.sections()[size_t(p.section_of_op(i))];
-    if (s.name == "micro" || s.name == "optimizer") bytes += p.op(i).comm_bytes * (s.name == "micro" ? s.repeat : 1);
-  }
-  return bytes;
-}
-
 TEST(ZeroProgram, StagesCommunicateTwoTwoTwoThreePsiElements) {
   // Ring volumes: all-reduce 2 (N-1)/N of the buffer, reduce-scatter and all-gather (N-1)/N
   // each; the loss adds a few bytes. Stages 0..2 move 2 Psi_p elements per step, stage 3
@@ -193,7 +184,7 @@ TEST(ZeroProgram, StagesCommunicateTwoTwoTwoThreePsiElements) {
     const ModelState m = model_state(p, stage, world);
     const double passes = stage == 3 ? 3.0 : 2.0;
     const double expected = passes * 4.0 * double(m.padded) * (world - 1) / world + 2.0 * 4 * (world - 1) / world;
-    EXPECT_DOUBLE_EQ(comm_bytes_per_step(p), expected) << "stage " << stage;
+    EXPECT_DOUBLE_EQ(communication_bytes_per_step(p), expected) << "stage " << stage;
   }
 }
 
