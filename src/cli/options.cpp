@@ -1,3 +1,4 @@
+#include "dist/communicator.hpp"
 #include "cli/options.hpp"
 
 #include <omp.h>
@@ -124,6 +125,9 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
 
 RunConfig RunOptions::resolve() const {
   RunConfig c;
+  // Under mpirun the world is the launcher's (DeepSpeed's train_batch_size counts it);
+  // --world-size overrides it (plan) or must agree with it (train).
+  c.topology.world_size = launched_world_size();
   if (!config_file_.empty()) apply_config_file(config_file_, c);
   for (const auto& apply : given_) apply(c);
   return c;

@@ -56,5 +56,7 @@ std::unique_ptr<Communicator> make_mpi_communicator();
 // True when this process was started by an MPI launcher (mpirun / srun) with more than one
 // rank, read from the launcher's environment without initialising MPI.
 bool launched_with_several_ranks();
+// The number of ranks the launcher started (1 when not launched by one).
+int launched_world_size();
 
 }  // namespace memfit

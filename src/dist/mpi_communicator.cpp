@@ -208,11 +208,13 @@ class MpiCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<MpiCommunicator>(); }
 
-bool launched_with_several_ranks() {
+int launched_world_size() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS"}) {
-    if (const char* v = std::getenv(var); v && std::atoi(v) > 1) return true;
+    if (const char* v = std::getenv(var); v && std::atoi(v) > 1) return std::atoi(v);
   }
-  return false;
+  return 1;
 }
+
+bool launched_with_several_ranks() { return launched_world_size() > 1; }
 
 }  // namespace memfit
