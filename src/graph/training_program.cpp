@@ -10,6 +10,7 @@
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
 #include "graph/recompute.hpp"
+#include "graph/update_in_backward.hpp"
 
 namespace memfit {
 
@@ -26,6 +27,7 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
                p.seq, spec.name, spec.max_seq);
   if (spec.arch != Arch::gpt2) unsupported(fmt::format("training the {} architecture", arch_name(spec.arch)));
   check_precision_policy(p);
+  check_update_in_backward(p);
   MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",
                "gradient clipping needs a norm >= 0 (got {}; 0 turns it off)", p.grad_clip);
   if (p.zero_stage != 0) unsupported(fmt::format("ZeRO stage {}", p.zero_stage));
@@ -128,6 +130,8 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
   // After recompute: recomputed ops get the same dtypes and fp32 islands as the forward ops
   // they replay (so they compute the same bits), and their replays indices are remapped.
   apply_precision(p, policy);
+  // Last: the updates follow the last use of each parameter, recomputed and cast ops included.
+  if (policy.update_in_backward) apply_update_in_backward(p);
   p.validate();
   return p;
 }

@@ -105,6 +105,7 @@ nlohmann::json policy_json(const Policy& p) {
           {"attention", attention_name(p.attention)},
           {"optimizer", optimizer_name(p.optimizer)},
           {"grad_clip", p.grad_clip},
+          {"optimizer_in_backward", p.update_in_backward},
           {"adamw", {{"beta1", p.adamw.beta1}, {"beta2", p.adamw.beta2}, {"eps", p.adamw.eps},
                      {"weight_decay", p.adamw.weight_decay}}},
           {"zero_stage", p.zero_stage},
