@@ -77,7 +77,7 @@ std::vector<Row> rows(const ProgramSummary& s, const Policy& p, const Cluster& c
 }  // namespace
 
 std::string format_comparison(const ProgramSummary& s, const Policy& p, const Cluster& c, const RankEstimate& m) {
-  std::string out = "compared with other estimators (per rank):\n";
+  std::string out = "compared with other estimators (device per rank; host: memfit per rank, DeepSpeed per node):\n";
   for (const Row& r : rows(s, p, c, m))
     out += fmt::format("  {:<11}{:>12} device {:>12} host   {}\n", r.tool, format_bytes(r.device), format_bytes(r.host),
                        r.what);

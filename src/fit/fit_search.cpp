@@ -78,8 +78,8 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
   const uint64_t budget = options.budget ? options.budget : cluster.hw.memory_bytes;
   const int W = cluster.world_size();
   MEMFIT_CHECK(options.max_batch >= 1, "fit", "the largest micro-batch must be at least 1 (got {})", options.max_batch);
-  MEMFIT_CHECK(options.global_batch == 0 || options.global_batch >= W, "fit",
-               "a global batch of {} sequences cannot feed {} ranks", options.global_batch, W);
+  MEMFIT_CHECK(options.global_batch == 0 || options.global_batch % W == 0, "fit",
+               "a global batch of {} sequences does not split evenly over {} ranks", options.global_batch, W);
   const int64_t max_batch = options.global_batch ? std::min(options.max_batch, options.global_batch / W) : options.max_batch;
   auto accumulation = [&](int64_t b) {
     return options.global_batch ? int((options.global_batch + b * W - 1) / (b * W)) : base.grad_accum;
@@ -112,7 +112,11 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
           p.optimizer = opt;
           p.batch = 1;
           p.grad_accum = accumulation(1);
-          const std::vector<StateChoice> choices = state_choices(W);
+          std::vector<StateChoice> choices;
+          // An offloaded optimizer runs on the host's cores as fp32 AdamW (DeepSpeed's CPU
+          // Adam); 8-bit state stays on the device.
+          for (const StateChoice& sc : state_choices(W))
+            if (opt == OptimizerKind::adamw || sc.optimizer == Tier::device) choices.push_back(sc);
           r.families += int(choices.size());
           // Lower bound on seconds per token per rank: FLOPs at the efficiency of peak (the
           // FLOPs are the same in every precision, so the bf16 twin's plan gives them).
@@ -159,6 +163,9 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
               while (b > 2 && !fits(b)) --b;
               for (int tries = 0; b < max_batch && tries < 2 && fits(b + 1); ++tries) ++b;
             }
+            // A global batch is kept exactly: the micro-batch divides each rank's share of it.
+            if (options.global_batch)
+              while ((options.global_batch / W) % b != 0) --b;
             auto [q, e] = estimate_at(b);
             found.push_back({q, e, family_name(q)});
           }

@@ -102,6 +102,13 @@ TEST(PlanCli, HardwareFitCompareAndErrors) {
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["estimate"]["world_size"], 8);
   EXPECT_TRUE(j["estimate"]["sharding_is_estimate"].get<bool>());
+  r = test::run_memfit("plan --model gpt2-tiny --hardware h100-80gb --world-size 2 --seq 64 --fit --global-batch 24 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto fit = nlohmann::json::parse(r.out)["fit"];
+  ASSERT_FALSE(fit["ranked"].empty());
+  for (const auto& c : fit["ranked"])  // the global batch is kept exactly
+    EXPECT_EQ(c["batch"].get<int>() * c["grad_accum"].get<int>() * 2, 24) << c.dump();
+  EXPECT_GT(fit["programs_planned"].get<int>(), 0);
   r = test::run_memfit("plan --model gpt2 --hardware tpu-v9");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("[hardware] unknown hardware 'tpu-v9'"), std::string::npos) << r.err;

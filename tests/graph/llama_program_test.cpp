@@ -88,6 +88,53 @@ TEST(LlamaProgram, EveryRecomputeModeAndAttentionPlansWithoutOverlap) {
       }
 }
 
+// What one LLaMA block keeps for backward, in fp32 elements, counted like the GPT-2 test
+// against Korthikanti et al. (bytes of each layer's activations live at the classifier, by
+// the layer that produced them): the two norm outputs (inputs of the qkv and gate/up
+// products), the rotated qkv ((NH + 2 KV) HS wide: grouped-query k and v are narrower), the
+// attention output, the residual after attention and the block's output (norm inputs), gate,
+// up and the SwiGLU output (F wide), the two norms' rstd (sb), and probabilities (a s^2 b) or
+// the flash log-sum-exp (a s b). The un-rotated qkv, o_proj's and down_proj's outputs die early.
+TEST(LlamaProgram, ActivationsPerLayerMatchTheTensorList) {
+  const ModelSpec s = model_preset("llama-tiny");
+  const int64_t B = 2, T = 32, h = s.n_embd, F = s.n_inner, a = s.n_head;
+  const int64_t Q = (s.n_head + 2 * s.n_kv_head) * s.head_dim();
+  const struct {
+    const char* recompute;
+    AttentionKind attention;
+    int64_t elements;
+  } cases[] = {
+      {"none", AttentionKind::naive, B * T * (5 * h + Q + 3 * F + 2) + a * T * T * B},
+      {"selective", AttentionKind::naive, B * T * (5 * h + Q + 3 * F + 2)},
+      {"selective:mlp_activation,norms", AttentionKind::naive, B * T * (3 * h + Q + 2 * F + 2) + a * T * T * B},
+      {"none", AttentionKind::flash, B * T * (5 * h + Q + 3 * F + 2) + a * T * B},
+      {"full", AttentionKind::flash, B * T * h},
+  };
+  for (const auto& c : cases) {
+    Policy pol;
+    pol.batch = B;
+    pol.seq = T;
+    pol.with_eval = false;
+    pol.recompute = parse_recompute(c.recompute);
+    pol.attention = c.attention;
+    const Program p = build_training_program(s, pol, {});
+    const MemoryPlan plan = plan_memory(p);
+    int classifier = -1;
+    for (int i = 0; i < int(p.ops().size()); ++i)
+      if (p.op(i).kind == OpKind::classifier) classifier = i;
+    ASSERT_GE(classifier, 0);
+    for (int64_t layer = 0; layer < s.n_layer; ++layer) {
+      uint64_t kept = 0;
+      for (size_t id = 0; id < p.tensors().size(); ++id) {
+        const TensorDesc& t = p.tensors()[id];
+        if (t.layer == layer && t.category == Category::activations && plan.tensors[id].live.contains(classifier))
+          kept += t.bytes();
+      }
+      EXPECT_EQ(kept, uint64_t(4 * c.elements)) << c.recompute << " " << attention_name(c.attention) << " layer " << layer;
+    }
+  }
+}
+
 TEST(LlamaProgram, TrainingIsRefusedWithOneLine) {
   const auto r = test::run_memfit("train --model llama-tiny --steps 1 --batch 1 --seq 16");
   EXPECT_EQ(r.status, 1);
