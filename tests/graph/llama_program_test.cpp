@@ -5,9 +5,16 @@
 // without overlap, and `memfit train` refusing the architecture with one line.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
 #include "graph/recompute.hpp"
+#include "io/hf_config.hpp"
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
+#include "support/paths.hpp"
 #include "support/run_cli.hpp"
 
 namespace memfit {
@@ -28,6 +35,45 @@ TEST(LlamaProgram, ParameterCountsMatchThePublishedTotals) {
     pol.with_eval = false;
     const Program p = build_training_program(spec, pol, {});
     EXPECT_EQ(p.parameter_count(), c.params) << c.name;
+  }
+}
+
+// Against HF transformers (tools/make_llama_param_fixtures.py: the models built on the meta
+// device): every parameter tensor of small Llama, Mistral and Qwen2 models, by name and shape,
+// with HF's q, k and v projections (and Qwen2's biases) concatenated into memfit's qkv_proj.
+TEST(LlamaProgram, ParametersMatchHfTransformersForEachFamily) {
+  for (const char* family : {"llama", "mistral", "qwen2"}) {
+    std::ifstream f(test::fixture_path(std::string("llama_family_params/") + family + ".json"));
+    ASSERT_TRUE(f.good()) << family;
+    const nlohmann::json fx = nlohmann::json::parse(f);
+    const std::string config = test::temp_dir() + "/" + family + ".json";
+    test::write_file(config, fx["config"].dump());
+    const ModelSpec spec = read_hf_config(config);
+    std::map<std::string, std::vector<int64_t>> expected;
+    for (const auto& [hf_name, shape] : fx["parameters"].items()) {
+      std::string name = hf_name.starts_with("model.") ? hf_name.substr(6) : hf_name;
+      std::vector<int64_t> dims = shape.get<std::vector<int64_t>>();
+      for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
+        const auto at = name.find(proj);
+        if (at == std::string::npos) continue;
+        name.replace(at, 6, "qkv_proj");
+        auto [it, fresh] = expected.try_emplace(name, dims);
+        if (!fresh) it->second[0] += dims[0];  // rows of q, then k, then v
+        dims.clear();
+        break;  // "qkv_proj" itself contains "v_proj"
+      }
+      if (!dims.empty()) expected[name] = dims;
+    }
+    Policy pol;
+    pol.batch = 1;
+    pol.seq = 8;
+    pol.with_eval = false;
+    const Program p = build_training_program(spec, pol, {});
+    std::map<std::string, std::vector<int64_t>> built;
+    for (const ParamEntry& e : p.params()) built[e.name] = p.tensor(e.value).shape.dims();
+    EXPECT_EQ(built, expected) << family;
+    EXPECT_EQ(p.parameter_count(), fx["total"].get<int64_t>()) << family;
+    EXPECT_EQ(spec.parameter_count(), fx["total"].get<int64_t>()) << family;
   }
 }
 
