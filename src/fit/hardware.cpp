@@ -69,14 +69,14 @@ Hardware hardware_preset(std::string_view name) {
     return h;
   }
   if (name == "cpu") {
-    // This machine: memory is host RAM (the device tier of the CPU backend); speeds as
-    // measured here (docs/benchmarks.md: oneDNN fp32 GEMM ~310 GFLOP/s on 2 cores, bf16
-    // products on AMX about twice that). No framework context: plans are exact.
+    // This machine: memory is host RAM (the device tier of the CPU backend); GEMM speeds as
+    // measured here (docs/ARCHITECTURE.md: oneDNN fp32 ~310 GFLOP/s on 2 cores, bf16 on AMX
+    // ~1.4 TFLOP/s); bandwidths are rough. No framework context: plans are exact.
     Hardware h;
     h.name = "cpu";
     h.memory_bytes = total_ram_bytes();
     h.peak_fp32_flops = 310e9;
-    h.peak_bf16_flops = 620e9;
+    h.peak_bf16_flops = 1.4e12;
     h.memory_bandwidth = 20 * GB;
     h.intra_node_bandwidth = 10 * GB;
     h.inter_node_bandwidth = 1.25 * GB;
