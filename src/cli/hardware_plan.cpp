@@ -124,6 +124,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     else out << fmt::format("memfit plan --fit: model {} ({} parameters), sequence {}\n", spec.name,
                             spec.parameter_count(), policy.seq)
              << format_fit(r, cluster, budget);
+    if (r.ranked.empty() && as_json) out << j.dump(2) << "\n";  // the rejected families, for scripts
     MEMFIT_CHECK(!r.ranked.empty(), "fit", "no configuration of {} fits {} per rank on {} x {}", spec.name,
                  format_bytes(budget), cluster.world_size(), hw.name);
     policy = r.ranked.front().policy;

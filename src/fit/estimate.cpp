@@ -122,8 +122,11 @@ RankEstimate estimate_from_summary(const ProgramSummary& s, const Policy& policy
   for (const auto& [key, n] : s.states)
     if (key.first == Category::gradients) grad_elems += n;
   uint64_t comm = 0;
-  if (stage >= 2 && W > 1) comm += dtype_bytes(s.grad_dtype, std::min(grad_elems, kReduceBucketElements));
-  if (stage == 3 && W > 1) comm += 2 * dtype_bytes(s.param_dtype, s.largest_layer_parameters);  // current + prefetched
+  // (Also on one rank when the gradients or parameters stream to and from the host.)
+  const bool grads_stream = W > 1 || policy.offload_optimizer != Tier::device;
+  const bool params_stream = W > 1 || policy.offload_params != Tier::device;
+  if (stage >= 2 && grads_stream) comm += dtype_bytes(s.grad_dtype, std::min(grad_elems, kReduceBucketElements));
+  if (stage == 3 && params_stream) comm += 2 * dtype_bytes(s.param_dtype, s.largest_layer_parameters);  // current + prefetched
 
   uint64_t best = 0;
   for (size_t i = 0; i < s.live.size(); ++i) {

@@ -59,6 +59,9 @@ ShardedStates shard_model_states(const StateElements& elements, int stage, int w
       if (key.first == Category::gradients) grads += elems;
     const int64_t per_rank = stage >= 2 ? (grads + world - 1) / world : grads;
     (offload_optimizer == Tier::host ? s.host : s.disk)[size_t(Category::gradients)] += dtype_bytes(DType::f32, per_rank);
+    // From stage 2 on, gradients stream to the host through the reduce bucket as the backward
+    // produces them (ZeRO-Offload): the device keeps none (the bucket is counted apart).
+    if (stage >= 2) s.device[size_t(Category::gradients)] = 0;
   }
   return s;
 }

@@ -7,7 +7,9 @@
 // stage 2 also gradients, stage 3 also parameters, each flattened per dtype and padded to a
 // multiple of the world size (every rank holds ceil(elements / world) of them). Offload
 // moves the optimizer state and master weights (and the fp32 gradient copy the host update
-// reads) or the parameters to the host or disk tier. Replace with the real pass when it merges.
+// reads) or the parameters to the host or disk tier; from stage 2 on, an offloaded optimizer's
+// gradients stream to the host as they are produced and the device keeps none of them.
+// Replace with the real pass when it merges.
 #pragma once
 
 #include <array>

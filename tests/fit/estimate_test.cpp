@@ -70,6 +70,16 @@ TEST(Estimate, ShardingLowersTheDevicePeakAndOffloadMovesItToTheHost) {
   EXPECT_EQ(off.by_tier[0][size_t(Category::parameters)], 0u);
   EXPECT_GT(off.host_bytes, 0u);
   EXPECT_GT(off.offload_seconds, 0);
+  // Offloaded optimizer from stage 2 on: gradients stream out through the reduce bucket, also
+  // on one rank; the host holds this rank's fp32 gradient shard.
+  Cluster single = one("a100-40gb");
+  pol.offload_params = Tier::device;
+  pol.zero_stage = 2;
+  const RankEstimate streamed = estimate_from_summary(s, pol, single, {});
+  EXPECT_EQ(streamed.by_tier[0][size_t(Category::gradients)], 0u);
+  EXPECT_GT(streamed.by_tier[0][size_t(Category::communication)], 0u);
+  EXPECT_EQ(streamed.by_tier[1][size_t(Category::gradients)], uint64_t(4 * s.parameters));
+  pol.offload_params = Tier::host;
   pol.zero_stage = 2;
   EXPECT_THROW(estimate_from_summary(s, pol, c, {}), Error);  // parameter offload needs stage 3
 }
