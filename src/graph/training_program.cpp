@@ -6,7 +6,7 @@
 #include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "graph/autodiff.hpp"
-#include "graph/gpt2.hpp"
+#include "graph/model_forward.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
 #include "graph/recompute.hpp"
@@ -25,7 +25,6 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   MEMFIT_CHECK(p.grad_accum >= 1, "policy", "gradient accumulation must be at least 1 (got {})", p.grad_accum);
   MEMFIT_CHECK(p.seq <= spec.max_seq, "policy", "sequence length {} exceeds the context of model '{}' ({} positions)",
                p.seq, spec.name, spec.max_seq);
-  if (spec.arch != Arch::gpt2) unsupported(fmt::format("training the {} architecture", arch_name(spec.arch)));
   check_precision_policy(p);
   check_update_in_backward(p);
   MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",
@@ -57,7 +56,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
 
   Program p;
   GraphBuilder b(p);
-  const Gpt2Params params = declare_gpt2_parameters(b, spec);
+  const ModelParams params = declare_model_parameters(b, spec);
   declare_master_weights(b, policy);
   declare_optimizer_state(b, policy);
   for (ParamEntry& e : p.params()) {
@@ -75,7 +74,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     const TensorId targets = b.transient(kTargets, Shape{B, T}, Category::activations, DType::i32);
     b.emit({OpKind::load_input, "load_batch", {}, {tokens, targets}});
     const int fwd_begin = int(p.ops().size());
-    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "", policy.attention);
+    const TensorId hidden = model_forward(b, spec, params, tokens, "", policy.attention);
     const int fwd_end = int(p.ops().size());
 
     Autodiff ad(b, k > 1);
@@ -88,10 +87,10 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     const TensorId losses = b.transient("losses", Shape{N}, Category::activations);
     const TensorId chunk = b.transient("classifier.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
     auto [dhidden, mode_hidden] = ad.contribute(hidden);
-    auto [dwte, mode_wte] = ad.contribute(params.wte);
+    auto [dwte, mode_wte] = ad.contribute(params.classifier_weight);
     const double flops = 6.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd) +
                          5.0 * double(N) * double(spec.vocab_size);
-    b.emit({OpKind::classifier, "classifier", {hidden, params.wte, targets}, {losses, dhidden, dwte}, c, flops,
+    b.emit({OpKind::classifier, "classifier", {hidden, params.classifier_weight, targets}, {losses, dhidden, dwte}, c, flops,
             {WriteMode::overwrite, mode_hidden, mode_wte}, {chunk}});
     b.emit({OpKind::loss_mean, "loss", {losses}, {loss}, ScaleAttrs{1.0f / float(N * k)}, double(N),
             {k > 1 ? WriteMode::accumulate_after_first_micro : WriteMode::overwrite}});
@@ -113,14 +112,14 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     const TensorId tokens = b.transient(kEvalTokens, Shape{B, T}, Category::activations, DType::i32);
     const TensorId targets = b.transient(kEvalTargets, Shape{B, T}, Category::activations, DType::i32);
     b.emit({OpKind::load_input, "load_eval_batch", {}, {tokens, targets}});
-    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "eval.", policy.attention);
+    const TensorId hidden = model_forward(b, spec, params, tokens, "eval.", policy.attention);
     ClassifierAttrs c;
     c.rows = N;
     c.vocab = spec.vocab_size;
     c.chunk_rows = classifier_chunk_rows(spec, policy);
     const TensorId losses = b.transient("eval.losses", Shape{N}, Category::activations);
     const TensorId chunk = b.transient("eval.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
-    b.emit({OpKind::classifier_eval, "eval.classifier", {hidden, params.wte, targets}, {losses}, c,
+    b.emit({OpKind::classifier_eval, "eval.classifier", {hidden, params.classifier_weight, targets}, {losses}, c,
             2.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd), {}, {chunk}});
     b.emit({OpKind::loss_mean, "eval.loss", {losses}, {eval_loss}, ScaleAttrs{1.0f / float(N)}, double(N)});
     b.set_grad_enabled(true);

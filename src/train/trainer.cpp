@@ -120,6 +120,12 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
                c.val_fraction);
   MEMFIT_CHECK(c.eval_every >= 0 && c.eval_batches >= 1, "train", "--eval-every must be >= 0 and --eval-batches >= 1");
   const LrSchedule schedule = lr_schedule_of(c);
+  {
+    const ModelSpec spec = resolve_model(c.model);
+    MEMFIT_CHECK(spec.arch == Arch::gpt2, "train",
+                 "training the {} architecture ({}) needs kernels this build does not have yet; memfit plan and "
+                 "memfit plan --fit work for it", arch_name(spec.arch), spec.name);
+  }
   auto backend = make_cpu_backend();
   const TokenData data = open_data(c);
   const PreparedRun run = prepare_run(c, *backend);
