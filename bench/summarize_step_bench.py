@@ -13,8 +13,11 @@ from pathlib import Path
 def load(out, name, rounds):
     runs = []
     for r in range(1, rounds + 1):
-        text = (out / f"{name}-{r}.json").read_text().strip().splitlines()[-1]
-        runs.append(json.loads(text))
+        text = (out / f"{name}-{r}.json").read_text().strip()
+        try:
+            runs.append(json.loads(text))  # memfit's report: one JSON document
+        except json.JSONDecodeError:
+            runs.append(json.loads(text.splitlines()[-1]))  # the PyTorch script: its last line
     return runs
 
 

@@ -1,6 +1,8 @@
 // memfit: train transformer language models in the memory you have.
 //   memfit train ...      train (see --help); --check-leaks adds the leak guard
-//   memfit plan ...       build and plan the step program without running it
+//   memfit plan ...       build and plan the step program without running it; with --hardware,
+//                         --world-size, ZeRO/offload, --fit, --compare or --emit: per rank on
+//                         any hardware (cli/hardware_plan.hpp)
 //   memfit profile ...    a few training steps with a trace (Perfetto) and an HTML report
 //   memfit max-batch ...  the largest micro-batch that fits a memory budget
 // Errors print one line, "memfit: error: [piece] message", and exit with status 1
@@ -11,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/hardware_plan.hpp"
 #include "cli/options.hpp"
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
@@ -95,6 +98,7 @@ int main(int argc, char** argv) {
   memfit::cli::RunOptions plan_options(*plan, false);
   memfit::cli::RunOptions profile_options(*profile, true);
   memfit::cli::RunOptions max_batch_options(*max_batch, false);
+  memfit::cli::HardwarePlanOptions hardware_plan(*plan);
   bool as_json = false, check_leaks = false, no_verify = false, max_batch_json = false;
   std::string profile_out = "memfit-profile";
   plan->add_flag("--json", as_json, "print the plan as JSON");
@@ -129,7 +133,9 @@ int main(int argc, char** argv) {
                                 std::cout);
       return 0;
     }
-    return plan_command(plan_options.resolve(), as_json);
+    const memfit::RunConfig plan_config = plan_options.resolve();
+    if (hardware_plan.requested(plan_config)) return hardware_plan.run(plan_config, as_json, std::cout);
+    return plan_command(plan_config, as_json);
   } catch (const memfit::Error& e) {
     std::fflush(stdout);
     std::cout.flush();

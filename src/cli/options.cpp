@@ -19,9 +19,16 @@ void RunOptions::add(CLI::App& app, const std::string& name, const std::string& 
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
+void RunOptions::add_flag(CLI::App& app, const std::string& name, const std::string& help,
+                          std::function<void(RunConfig&, bool)> apply) {
+  app.add_flag_function(name, [this, apply](int64_t) { given_.push_back([apply](RunConfig& c) { apply(c, true); }); },
+                        help);
+}
+
 RunOptions::RunOptions(CLI::App& app, bool training) {
   app.add_option("--config", config_file_, "JSON config file (memfit keys and DeepSpeed keys); flags override it");
-  add<std::string>(app, "--model", "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl) or HF config.json path",
+  add<std::string>(app, "--model", "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, "
+                   "llama-3-70b, mistral-7b) or HF config.json path (gpt2, llama, mistral, qwen2)",
                    [](RunConfig& c, std::string v) { c.model = v; });
   add<int64_t>(app, "--batch", "micro-batch size B", [](RunConfig& c, int64_t v) { c.policy.batch = v; });
   app.add_option_function<std::string>(
@@ -60,8 +67,6 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.policy.optimizer = parse_optimizer(v); });
   add<int>(app, "--zero", "ZeRO stage 0..2 (data parallelism over the ranks of mpirun)",
            [](RunConfig& c, int v) { c.policy.zero_stage = v; });
-  add<int>(app, "--world-size", "data-parallel ranks: plan one rank of an N-rank run (train: mpirun's -np)",
-           [](RunConfig& c, int v) { c.topology.world_size = v; });
   add<std::string>(app, "--offload-optimizer", "device | host | disk",
                    [](RunConfig& c, std::string v) { c.policy.offload_optimizer = parse_tier(v); });
   add<std::string>(app, "--offload-params", "device | host | disk",
@@ -73,6 +78,9 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add<double>(app, "--adam-eps", "AdamW epsilon", [](RunConfig& c, double v) { c.policy.adamw.eps = v; });
   add<double>(app, "--grad-clip", "clip gradients to this global norm (0: off)",
               [](RunConfig& c, double v) { c.policy.grad_clip = v; });
+  add_flag(app, "--optimizer-in-backward",
+            "update each parameter as soon as the backward is done with it (no step-wide gradient buffer)",
+            [](RunConfig& c, bool v) { c.policy.update_in_backward = v; });
   add<int64_t>(app, "--classifier-chunk", "rows of logits materialised at once (0: automatic)",
                [](RunConfig& c, int64_t v) { c.policy.classifier_chunk_rows = v; });
   add<int>(app, "--threads", "OpenMP threads for kernels (default: OMP_NUM_THREADS or all cores)",
@@ -96,7 +104,7 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                [](RunConfig& c, int64_t v) { c.decay_steps = v; });
   add<uint64_t>(app, "--seed", "seed of initialisation, synthetic data and shuffling",
                 [](RunConfig& c, uint64_t v) { c.seed = v; });
-  add<bool>(app, "--shuffle", "read batches in a seeded random order", [](RunConfig& c, bool v) { c.shuffle = v; });
+  add_flag(app, "--shuffle", "read batches in a seeded random order", [](RunConfig& c, bool v) { c.shuffle = v; });
   add<int64_t>(app, "--eval-every", "validation loss every N steps (0: at the end only)",
                [](RunConfig& c, int64_t v) { c.eval_every = v; });
   add<int64_t>(app, "--eval-batches", "validation batches per evaluation", [](RunConfig& c, int64_t v) { c.eval_batches = v; });
@@ -125,8 +133,8 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
 
 RunConfig RunOptions::resolve() const {
   RunConfig c;
-  // Under mpirun the world is the launcher's (DeepSpeed's train_batch_size counts it);
-  // --world-size overrides it (plan) or must agree with it (train).
+  // Under mpirun the world is the launcher's (DeepSpeed's train_batch_size counts it); `plan
+  // --world-size` (cli/hardware_plan.cpp) sets it for planning.
   c.topology.world_size = launched_world_size();
   if (!config_file_.empty()) apply_config_file(config_file_, c);
   for (const auto& apply : given_) apply(c);

@@ -23,6 +23,9 @@ class RunOptions {
  private:
   template <typename T>
   void add(CLI::App& app, const std::string& name, const std::string& help, std::function<void(RunConfig&, T)> apply);
+  // A switch: `--name` turns it on (off by default and in the config file unless set there).
+  void add_flag(CLI::App& app, const std::string& name, const std::string& help,
+                std::function<void(RunConfig&, bool)> apply);
 
   std::string config_file_;
   std::vector<std::function<void(RunConfig&)>> given_;

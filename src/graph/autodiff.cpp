@@ -62,12 +62,46 @@ void Autodiff::backward_of(const Op& fwd) {
     case OpKind::matmul: return matmul_backward(fwd, dy);
     case OpKind::add: return add_backward(fwd, dy);
     case OpKind::embedding_forward: {
-      const TensorId tokens = fwd.inputs[0], wte = fwd.inputs[1], wpe = fwd.inputs[2];
+      const TensorId tokens = fwd.inputs[0], wte = fwd.inputs[1];
+      const TensorId wpe = fwd.inputs.size() > 2 ? fwd.inputs[2] : kNoTensor;  // llama: no position table
       std::vector<TensorId> outs{kNoTensor, kNoTensor};
       std::vector<WriteMode> modes{WriteMode::overwrite, WriteMode::overwrite};
       if (needs(wte)) std::tie(outs[0], modes[0]) = contribute(wte);
       if (needs(wpe)) std::tie(outs[1], modes[1]) = contribute(wpe);
+      if (wpe == kNoTensor) {
+        outs.pop_back();
+        modes.pop_back();
+      }
       b_.emit({OpKind::embedding_backward, bname, {dy, tokens}, outs, NoAttrs{}, double(p_.tensor(dy).numel()), modes});
+      return;
+    }
+    case OpKind::rmsnorm_forward: {
+      const TensorId x = fwd.inputs[0], w = fwd.inputs[1], rstd = fwd.outputs[1];
+      std::vector<TensorId> outs{kNoTensor, kNoTensor};
+      std::vector<WriteMode> modes(2, WriteMode::overwrite);
+      if (needs(x)) std::tie(outs[0], modes[0]) = contribute(x);
+      if (needs(w)) std::tie(outs[1], modes[1]) = contribute(w);
+      b_.emit({OpKind::rmsnorm_backward, bname, {dy, x, w, rstd}, outs, fwd.attrs, 8.0 * double(p_.tensor(x).numel()),
+               modes});
+      return;
+    }
+    case OpKind::rope_forward: {
+      const TensorId x = fwd.inputs[0];
+      if (!needs(x)) return;
+      auto [dx, mode] = contribute(x);
+      std::vector<std::pair<int, int>> inplace;
+      if (mode == WriteMode::overwrite) inplace.push_back({0, 0});
+      b_.emit({OpKind::rope_backward, bname, {dy}, {dx}, fwd.attrs, fwd.flops, {mode}, {}, inplace});
+      return;
+    }
+    case OpKind::swiglu_forward: {
+      const TensorId gate = fwd.inputs[0], up = fwd.inputs[1];
+      std::vector<TensorId> outs{kNoTensor, kNoTensor};
+      std::vector<WriteMode> modes(2, WriteMode::overwrite);
+      if (needs(gate)) std::tie(outs[0], modes[0]) = contribute(gate);
+      if (needs(up)) std::tie(outs[1], modes[1]) = contribute(up);
+      b_.emit({OpKind::swiglu_backward, bname, {dy, gate, up}, outs, NoAttrs{}, 10.0 * double(p_.tensor(gate).numel()),
+               modes});
       return;
     }
     case OpKind::layernorm_forward: {

@@ -58,6 +58,13 @@ class GraphBuilder {
   };
   AttentionOut attention(const std::string& name, TensorId qkv, const AttentionAttrs& attrs,
                          AttentionKind kind = AttentionKind::naive);
+  // LLaMA vocabulary (graph/builder_llama.cpp; planned, no CPU kernels yet). The token
+  // embedding without a position table (inputs [tokens, wte]); RMSNorm; rotary embedding of
+  // the q and k heads of a qkv tensor (y may take x's bytes); SwiGLU y = silu(gate) * up.
+  TensorId token_embedding(const std::string& name, TensorId tokens, TensorId wte);
+  NormOut rmsnorm(const std::string& name, TensorId x, TensorId w, float eps);
+  TensorId rope(const std::string& name, TensorId qkv, const AttentionAttrs& attrs);
+  TensorId swiglu(const std::string& name, TensorId gate, TensorId up);
 
  private:
   TensorId activation_like(const std::string& name, Shape shape, std::initializer_list<TensorId> inputs);

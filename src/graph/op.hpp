@@ -35,21 +35,25 @@ enum class OpKind : uint16_t {
   // --- data ---
   load_input,          // out [tokens (B,T) i32, targets (B,T) i32]; filled by the host (data loader)
   // --- forward / backward kernels ---
-  embedding_forward,   // in [tokens, wte (Vp,C), wpe (Tmax,C)] out [x (B,T,C)]
-  embedding_backward,  // in [dx, tokens] out [dwte, dwpe]
+  embedding_forward,   // in [tokens, wte (Vp,C), wpe (Tmax,C)] out [x (B,T,C)]; llama: in [tokens, wte]
+                       //   (rotary positions, no table)
+  embedding_backward,  // in [dx, tokens] out [dwte, dwpe]; llama: out [dwte]
   layernorm_forward,   // in [x (N,C), w (C), b (C)] out [y (N,C), mean (N), rstd (N)]
   layernorm_backward,  // in [dy, x, w, mean, rstd] out [dx, dw, db]
-  rmsnorm_forward,     // in [x, w] out [y, rstd]
+  rmsnorm_forward,     // in [x (N,C), w (C)] out [y (N,C), rstd (N)]
   rmsnorm_backward,    // in [dy, x, w, rstd] out [dx, dw]
   matmul,              // in [A, B, (bias)] out [C]: C = alpha * op(A) @ op(B) (+ bias); MatmulAttrs
   bias_grad,           // in [dy (M,N)] out [db (N)]: column sums
   gelu_forward,        // in [x] out [y]                 (tanh form)
   gelu_backward,       // in [dy, x] out [dx]            dx may overwrite dy
-  swiglu_forward,      // in [gate, up] out [y]
+  swiglu_forward,      // in [gate (N,F), up (N,F)] out [y = silu(gate) * up]
   swiglu_backward,     // in [dy, gate, up] out [dgate, dup]
-  rope_forward,        // in [x] out [y]
-  rope_backward,       // in [dy] out [dx]
+  rope_forward,        // in [qkv (B,T,(NH+2KV)HS)] out [y]: q and k heads rotated, v copied;
+                       //   AttentionAttrs; y may overwrite qkv (the rotation is linear: no saved input)
+  rope_backward,       // in [dy] out [dx]: the inverse rotation; dx may overwrite dy
+  // llama (rmsnorm, swiglu, rope, grouped-query attention): planned, no CPU kernels yet.
   attention_forward,   // in [qkv (B,T,3C)] out [y (B,T,C), probs (B,NH,T,T)]   causal, plain form;
+                       //   grouped-query (kv_heads < heads): qkv is (B,T,(NH+2KV)HS);
                        //   y may be kNoTensor (probabilities recomputed for the backward)
   attention_backward,  // in [dy, qkv, probs] out [dqkv]  workspace [dprobs (B,NH,T,T)]
   flash_attention_forward,   // in [qkv] out [y, lse (B,NH,T) fp32]   causal, no T x T tensor

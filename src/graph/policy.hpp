@@ -65,6 +65,7 @@ struct Policy {
   OptimizerKind optimizer = OptimizerKind::adamw;
   AdamWConfig adamw;
   double grad_clip = 0;  // > 0: clip gradients to this global norm (DeepSpeed gradient_clipping)
+  bool update_in_backward = false;  // update each parameter in the backward (graph/update_in_backward.hpp)
   int zero_stage = 0;
   Tier offload_optimizer = Tier::device;
   Tier offload_params = Tier::device;

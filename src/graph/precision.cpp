@@ -161,6 +161,13 @@ bool has_native_kernel(OpKind kind, DType dtype) {
     case OpKind::grad_norm:                 // gradients of any float type, widened on load
     case OpKind::adamw8bit:
     case OpKind::adamw: return true;
+    // llama kinds: planned only (no CPU kernel in any dtype); a GPU runs them in 16 bits.
+    case OpKind::rmsnorm_forward:
+    case OpKind::rmsnorm_backward:
+    case OpKind::rope_forward:
+    case OpKind::rope_backward:
+    case OpKind::swiglu_forward:
+    case OpKind::swiglu_backward: return true;
     // GEMM kinds: oneDNN 2.6 offers bf16 matmuls on CPUs (AMX / AVX512-BF16), no f16 ones.
     case OpKind::matmul:
     case OpKind::attention_forward:

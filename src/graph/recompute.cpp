@@ -130,8 +130,10 @@ class Recomputer {
     const size_t out = size_t(std::find(f.outputs.begin(), f.outputs.end(), t) - f.outputs.begin());
     switch (f.kind) {
       case OpKind::attention_forward: return !(b.attention && out == 1);  // probs; y feeds the projection
-      case OpKind::gelu_forward: return !b.mlp_activation;
-      case OpKind::layernorm_forward: return !(b.norms && out == 0);  // y; mean and rstd are N floats
+      case OpKind::gelu_forward:
+      case OpKind::swiglu_forward: return !b.mlp_activation;
+      case OpKind::layernorm_forward:
+      case OpKind::rmsnorm_forward: return !(b.norms && out == 0);  // y; mean and rstd are N floats
       default: return true;
     }
   }

@@ -6,11 +6,12 @@
 #include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "graph/autodiff.hpp"
-#include "graph/gpt2.hpp"
+#include "graph/model_forward.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
 #include "graph/recompute.hpp"
 #include "graph/zero.hpp"
+#include "graph/update_in_backward.hpp"
 
 namespace memfit {
 
@@ -25,13 +26,15 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   MEMFIT_CHECK(p.grad_accum >= 1, "policy", "gradient accumulation must be at least 1 (got {})", p.grad_accum);
   MEMFIT_CHECK(p.seq <= spec.max_seq, "policy", "sequence length {} exceeds the context of model '{}' ({} positions)",
                p.seq, spec.name, spec.max_seq);
-  if (spec.arch != Arch::gpt2) unsupported(fmt::format("training the {} architecture", arch_name(spec.arch)));
   check_precision_policy(p);
+  check_update_in_backward(p);
   MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",
                "gradient clipping needs a norm >= 0 (got {}; 0 turns it off)", p.grad_clip);
   MEMFIT_CHECK(p.zero_stage >= 0 && p.zero_stage <= 3, "policy", "ZeRO stage must be 0..3 (got {})", p.zero_stage);
   MEMFIT_CHECK(topo.world_size >= 1 && topo.rank >= 0 && topo.rank < topo.world_size, "policy",
                "rank {} of a world of {} ranks", topo.rank, topo.world_size);
+  if (p.update_in_backward && (p.zero_stage > 0 || topo.world_size > 1))
+    unsupported("updating in the backward pass with data parallelism (ZeRO)");
   if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
 }
 
@@ -57,7 +60,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
 
   Program p;
   GraphBuilder b(p);
-  const Gpt2Params params = declare_gpt2_parameters(b, spec);
+  const ModelParams params = declare_model_parameters(b, spec);
   declare_master_weights(b, policy);
   declare_optimizer_state(b, policy);
   for (ParamEntry& e : p.params()) {
@@ -75,7 +78,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     const TensorId targets = b.transient(kTargets, Shape{B, T}, Category::activations, DType::i32);
     b.emit({OpKind::load_input, "load_batch", {}, {tokens, targets}});
     const int fwd_begin = int(p.ops().size());
-    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "", policy.attention);
+    const TensorId hidden = model_forward(b, spec, params, tokens, "", policy.attention);
     const int fwd_end = int(p.ops().size());
 
     Autodiff ad(b, k > 1);
@@ -88,10 +91,10 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     const TensorId losses = b.transient("losses", Shape{N}, Category::activations);
     const TensorId chunk = b.transient("classifier.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
     auto [dhidden, mode_hidden] = ad.contribute(hidden);
-    auto [dwte, mode_wte] = ad.contribute(params.wte);
+    auto [dwte, mode_wte] = ad.contribute(params.classifier_weight);
     const double flops = 6.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd) +
                          5.0 * double(N) * double(spec.vocab_size);
-    b.emit({OpKind::classifier, "classifier", {hidden, params.wte, targets}, {losses, dhidden, dwte}, c, flops,
+    b.emit({OpKind::classifier, "classifier", {hidden, params.classifier_weight, targets}, {losses, dhidden, dwte}, c, flops,
             {WriteMode::overwrite, mode_hidden, mode_wte}, {chunk}});
     b.emit({OpKind::loss_mean, "loss", {losses}, {loss}, ScaleAttrs{1.0f / float(N * k)}, double(N),
             {k > 1 ? WriteMode::accumulate_after_first_micro : WriteMode::overwrite}});
@@ -119,14 +122,14 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     const TensorId tokens = b.transient(kEvalTokens, Shape{B, T}, Category::activations, DType::i32);
     const TensorId targets = b.transient(kEvalTargets, Shape{B, T}, Category::activations, DType::i32);
     b.emit({OpKind::load_input, "load_eval_batch", {}, {tokens, targets}});
-    const TensorId hidden = gpt2_forward(b, spec, params, tokens, "eval.", policy.attention);
+    const TensorId hidden = model_forward(b, spec, params, tokens, "eval.", policy.attention);
     ClassifierAttrs c;
     c.rows = N;
     c.vocab = spec.vocab_size;
     c.chunk_rows = classifier_chunk_rows(spec, policy);
     const TensorId losses = b.transient("eval.losses", Shape{N}, Category::activations);
     const TensorId chunk = b.transient("eval.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
-    b.emit({OpKind::classifier_eval, "eval.classifier", {hidden, params.wte, targets}, {losses}, c,
+    b.emit({OpKind::classifier_eval, "eval.classifier", {hidden, params.classifier_weight, targets}, {losses}, c,
             2.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd), {}, {chunk}});
     b.emit({OpKind::loss_mean, "eval.loss", {losses}, {eval_loss}, ScaleAttrs{1.0f / float(N)}, double(N)});
     b.set_grad_enabled(true);
@@ -136,6 +139,8 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
   // After recompute: recomputed ops get the same dtypes and fp32 islands as the forward ops
   // they replay (so they compute the same bits), and their replays indices are remapped.
   apply_precision(p, policy);
+  // The updates follow the last use of each parameter, recomputed and cast ops included.
+  if (policy.update_in_backward) apply_update_in_backward(p);
   // Last: ZeRO re-homes parameters and gradients with their final dtypes.
   apply_zero(p, policy, topology);
   p.validate();

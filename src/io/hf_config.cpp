@@ -138,6 +138,7 @@ ModelSpec read_hf_config(const std::string& path) {
     spec = read_gpt2(keys);
   } else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") {
     spec = read_llama_family(keys);
+    spec.qkv_bias = model_type == "qwen2";  // Qwen2's q, k and v projections always carry biases
   } else {
     throw Error(kPiece, fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, mistral, qwen2)",
                                     path, model_type));

@@ -5,8 +5,7 @@
 // [config] naming the file and the offending key. Keys that change the model's math in a way
 // memfit does not implement (another activation, a head_dim that is not hidden/heads, biases
 // on llama projections) are refused rather than ignored. Known gaps, where ModelSpec has no
-// field yet: qwen2's q/k/v biases (parameter_count() is short by n_layer * (C + 2 * kv_dim)),
-// rope_scaling (Llama 3.1) and mistral's sliding_window are read past, not modelled.
+// field yet: rope_scaling (Llama 3.1) and mistral's sliding_window are read past, not modelled.
 #pragma once
 
 #include <string>

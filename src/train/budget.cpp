@@ -29,6 +29,10 @@ std::vector<Technique> techniques(const Policy& p) {
     out.push_back({fmt::format("--recompute {}", mode), ChangeCost::more_compute,
                    [mode](RunConfig& c) { c.policy.recompute = parse_recompute(mode); }});
   };
+  // Same math, a different order: only where every gradient is complete in one micro-step.
+  if (!p.update_in_backward && p.grad_accum == 1 && p.grad_clip <= 0 && p.precision != Precision::fp16)
+    out.push_back({"--optimizer-in-backward", ChangeCost::same_math,
+                   [](RunConfig& c) { c.policy.update_in_backward = true; }});
   recompute("selective");
   recompute("every:sqrt");
   recompute("full");

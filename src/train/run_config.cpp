@@ -151,6 +151,8 @@ void apply_config_file(const std::string& path, RunConfig& c) {
           (sub == "offload_optimizer" ? p.offload_optimizer : p.offload_params) = parse_tier(dev);
         } else throw Error("config", fmt::format("unknown key 'zero_optimization.{}'", sub));
       }
+    } else if (key == "optimizer_in_backward") {
+      p.update_in_backward = get_as<bool>(v, key);
     } else if (key == "gradient_clipping" || key == "grad_clip") {
       p.grad_clip = get_as<double>(v, key);
     } else if (key == "train_batch_size") {

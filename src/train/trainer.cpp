@@ -108,6 +108,7 @@ nlohmann::json policy_json(const Policy& p) {
           {"attention", attention_name(p.attention)},
           {"optimizer", optimizer_name(p.optimizer)},
           {"grad_clip", p.grad_clip},
+          {"optimizer_in_backward", p.update_in_backward},
           {"adamw", {{"beta1", p.adamw.beta1}, {"beta2", p.adamw.beta2}, {"eps", p.adamw.eps},
                      {"weight_decay", p.adamw.weight_decay}}},
           {"zero_stage", p.zero_stage},
@@ -136,6 +137,12 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
                c.val_fraction);
   MEMFIT_CHECK(c.eval_every >= 0 && c.eval_batches >= 1, "train", "--eval-every must be >= 0 and --eval-batches >= 1");
   const LrSchedule schedule = lr_schedule_of(c);
+  {
+    const ModelSpec spec = resolve_model(c.model);
+    MEMFIT_CHECK(spec.arch == Arch::gpt2, "train",
+                 "training the {} architecture ({}) needs kernels this build does not have yet; memfit plan and "
+                 "memfit plan --fit work for it", arch_name(spec.arch), spec.name);
+  }
   auto backend = make_cpu_backend();
   const TokenData data = open_data(c);
   const PreparedRun run = prepare_run(c, *backend);

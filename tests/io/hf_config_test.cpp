@@ -150,9 +150,9 @@ TEST(HfConfig, ReadsQwen2) {
   EXPECT_EQ(s.norm_eps, 1e-6f);
   EXPECT_EQ(s.rope_theta, 1e6f);
   EXPECT_TRUE(s.tied_embeddings);
-  // Qwen2-0.5B has 494,032,768 parameters; 24 * (896 + 2 * 128) of them are the q/k/v biases,
-  // which ModelSpec has no field for.
-  EXPECT_EQ(s.parameter_count(), 494'032'768 - 24 * (896 + 2 * 128));
+  // Qwen2-0.5B has 494,032,768 parameters; 24 * (896 + 2 * 128) of them are the q/k/v biases.
+  EXPECT_TRUE(s.qkv_bias);
+  EXPECT_EQ(s.parameter_count(), 494'032'768);
 }
 
 TEST(HfConfig, AppliesLlamaDefaults) {

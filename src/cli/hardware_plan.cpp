@@ -1,0 +1,162 @@
+#include "cli/hardware_plan.hpp"
+
+#include <fstream>
+#include <iostream>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+#include "fit/compare.hpp"
+#include "fit/fit_search.hpp"
+#include "kernels/backend.hpp"
+#include "runtime/compile.hpp"
+#include "train/trainer.hpp"
+
+namespace memfit::cli {
+
+HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
+  std::string presets;
+  for (const std::string& n : hardware_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  plan.add_option("--hardware", hardware_, "hardware preset: " + presets + " (default cpu: this machine)");
+  plan.add_option("--hardware-file", hardware_file_,
+                  "JSON file of hardware fields (\"base\": a preset, then any field of --hardware-set)");
+  plan.add_option("--hardware-set", sets_,
+                  "override one hardware field, KEY=VALUE (e.g. memory_bytes=40GiB, peak_bf16_flops=7e14); repeatable");
+  plan.add_option("--device-memory", device_memory_, "device memory per rank, e.g. 80GiB (overrides the preset)");
+  plan.add_option("--gpus-per-node", gpus_per_node_, "ranks per node");
+  plan.add_option("--nodes", nodes_, "nodes");
+  plan.add_option("--world-size", world_size_, "ranks in all (with --gpus-per-node: nodes = world / gpus per node)");
+  plan.add_option("--efficiency", efficiency_, "share of peak FLOP/s compute-bound ops reach (default 0.45)");
+  plan.add_option("--comm-overlap", comm_overlap_, "share of collective time hidden behind compute (default 0)");
+  plan.add_flag("--fit", fit_, "search the fastest configuration that fits the budget (--memory-budget, default: "
+                               "the hardware's memory)");
+  plan.add_option("--global-batch", global_batch_, "--fit: sequences per optimizer step over all ranks (sets accumulation)");
+  plan.add_option("--max-batch", max_batch_, "--fit: largest micro-batch tried (default 64)");
+  plan.add_option("--fit-show", keep_, "--fit: configurations listed (default 5)");
+  plan.add_flag("--compare", compare_, "also print what DeepSpeed's estimator and accelerate's estimate-memory say");
+  plan.add_option("--emit", emit_, "--emit deepspeed FILE: write the (chosen) configuration as a DeepSpeed config")
+      ->expected(2);
+}
+
+bool HardwarePlanOptions::requested(const RunConfig& c) const {
+  for (const char* flag : {"--hardware", "--hardware-file", "--hardware-set", "--device-memory", "--gpus-per-node",
+                           "--nodes", "--world-size", "--fit", "--compare", "--emit", "--efficiency", "--comm-overlap"})
+    if (app_.get_option(flag)->count() > 0) return true;
+  return c.policy.zero_stage != 0 || c.policy.offload_optimizer != Tier::device || c.policy.offload_params != Tier::device;
+}
+
+namespace {
+
+Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
+  Cluster c;
+  c.hw = hw;
+  if (world > 0) {
+    MEMFIT_CHECK(nodes == 0 || gpn > 0 || world % nodes == 0, "hardware", "world size {} does not split over {} nodes",
+                 world, nodes);
+    if (gpn == 0) gpn = nodes > 0 ? world / nodes : std::min(world, 8);
+    MEMFIT_CHECK(world % gpn == 0, "hardware", "world size {} is not a multiple of {} GPUs per node", world, gpn);
+    MEMFIT_CHECK(nodes == 0 || nodes * gpn == world, "hardware", "--nodes {} x --gpus-per-node {} is not --world-size {}",
+                 nodes, gpn, world);
+    nodes = world / gpn;
+  }
+  c.gpus_per_node = gpn > 0 ? gpn : 1;
+  c.nodes = nodes > 0 ? nodes : 1;
+  MEMFIT_CHECK(c.gpus_per_node >= 1 && c.nodes >= 1, "hardware", "GPUs per node and nodes must be at least 1");
+  return c;
+}
+
+}  // namespace
+
+int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
+  Hardware hw = hardware_preset(hardware_);
+  if (!hardware_file_.empty()) {
+    std::ifstream f(hardware_file_);
+    MEMFIT_CHECK(f.good(), "hardware", "cannot open hardware file '{}'", hardware_file_);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("hardware", fmt::format("{}: not valid JSON ({})", hardware_file_, e.what()));
+    }
+    apply_hardware_json(j, hw, hardware_file_);
+  }
+  for (const std::string& kv : sets_) {
+    const auto eq = kv.find('=');
+    MEMFIT_CHECK(eq != std::string::npos, "hardware", "--hardware-set expects KEY=VALUE, got '{}'", kv);
+    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    nlohmann::json v;
+    try {
+      v = nlohmann::json::parse(value);
+    } catch (const nlohmann::json::exception&) {
+      v = value;  // "80GiB", a name
+    }
+    apply_hardware_json(nlohmann::json{{key, v}}, hw, "--hardware-set");
+  }
+  if (!device_memory_.empty()) hw.memory_bytes = parse_bytes(device_memory_);
+  hw.validate();
+  const Cluster cluster = make_cluster(hw, gpus_per_node_, nodes_, world_size_);
+  MEMFIT_CHECK(efficiency_ > 0 && efficiency_ <= 1, "hardware", "--efficiency must be in (0, 1] (got {})", efficiency_);
+  MEMFIT_CHECK(comm_overlap_ >= 0 && comm_overlap_ <= 1, "hardware", "--comm-overlap must be in [0, 1] (got {})",
+               comm_overlap_);
+  MEMFIT_CHECK(emit_.empty() || emit_[0] == "deepspeed", "cli", "--emit supports 'deepspeed FILE' (got '{}')",
+               emit_.empty() ? "" : emit_[0]);
+
+  const ModelSpec spec = resolve_model(config.model);
+  auto backend = make_cpu_backend();
+  EstimateOptions eo;
+  eo.efficiency = efficiency_;
+  eo.comm_overlap = comm_overlap_;
+  // On this machine the plan is the executed run's: the backend's scratch is part of it.
+  if (hw.executes_here) eo.prepare = [&](Program& p) { attach_backend_scratch(p, *backend); };
+
+  Policy policy = config.policy;
+  MEMFIT_CHECK(policy.recompute.mode != RecomputeMode::automatic, "policy",
+               "--recompute auto is not searched on other hardware; use --fit (it searches recomputation too)");
+  nlohmann::json j;
+  const uint64_t budget = config.memory_budget ? config.memory_budget : hw.memory_bytes;
+  if (fit_) {
+    FitOptions fo;
+    fo.budget = budget;
+    fo.global_batch = global_batch_;
+    fo.max_batch = max_batch_;
+    fo.keep = keep_;
+    const FitResult r = fit_search(spec, policy, cluster, eo, fo);
+    if (as_json) j["fit"] = fit_json(r, cluster, budget, eo);
+    else out << fmt::format("memfit plan --fit: model {} ({} parameters), sequence {}\n", spec.name,
+                            spec.parameter_count(), policy.seq)
+             << format_fit(r, cluster, budget);
+    if (r.ranked.empty() && as_json) out << j.dump(2) << "\n";  // the rejected families, for scripts
+    MEMFIT_CHECK(!r.ranked.empty(), "fit", "no configuration of {} fits {} per rank on {} x {}", spec.name,
+                 format_bytes(budget), cluster.world_size(), hw.name);
+    policy = r.ranked.front().policy;
+  }
+  const ProgramSummary s = plan_summary(spec, policy, hw, eo);
+  const RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
+  if (as_json) {
+    j["model"] = model_json(spec, s.parameters);
+    j["policy"] = policy_json(policy);
+    j["estimate"] = estimate_json(e, cluster, eo);
+    j["fits"] = check_fit(e, cluster, budget).fits();
+    if (compare_) j["compare"] = comparison_json(s, policy, cluster, e);
+  } else {
+    out << fmt::format("memfit plan: model {} ({} parameters), {}, micro-batch {} x {}, accumulation {}, {} ops\n",
+                       spec.name, s.parameters, family_name(policy), policy.batch, policy.seq, policy.grad_accum, s.ops);
+    out << format_estimate(e, cluster, eo);
+    const Overflow o = check_fit(e, cluster, budget);
+    if (!o.fits())
+      out << fmt::format("does not fit: {} tier over by {} (largest there: {})\n", tier_name(o.tier),
+                         format_bytes(o.excess), category_name(o.category));
+    if (compare_) out << format_comparison(s, policy, cluster, e);
+  }
+  if (!emit_.empty()) {
+    std::ofstream f(emit_[1]);
+    MEMFIT_CHECK(f.good(), "cli", "cannot write '{}'", emit_[1]);
+    f << deepspeed_config(policy, config.lr).dump(2) << "\n";
+    const std::string fsdp = fsdp_settings(policy);
+    if (as_json) j["emitted"] = {{"deepspeed", emit_[1]}, {"fsdp", fsdp}};
+    else out << fmt::format("wrote DeepSpeed config {}\nPyTorch FSDP equivalent: {}\n", emit_[1], fsdp);
+  }
+  if (as_json) out << j.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace memfit::cli

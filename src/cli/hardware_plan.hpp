@@ -1,0 +1,37 @@
+// `memfit plan` on hardware this machine is not: --hardware, --gpus-per-node, --nodes or
+// --world-size, ZeRO and offload policies, --fit, --compare and --emit. Registered on the plan
+// subcommand next to RunOptions; main.cpp hands the run to it when any of these is given.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "train/run_config.hpp"
+
+namespace memfit::cli {
+
+class HardwarePlanOptions {
+ public:
+  explicit HardwarePlanOptions(CLI::App& plan);
+  // True when a flag of this group was given, or the policy asks for ZeRO or offload (which
+  // the executing planner cannot build yet).
+  bool requested(const RunConfig& config) const;
+  int run(const RunConfig& config, bool as_json, std::ostream& out) const;
+
+ private:
+  CLI::App& app_;
+  std::string hardware_ = "cpu", hardware_file_;
+  std::vector<std::string> sets_;
+  std::string device_memory_;
+  int gpus_per_node_ = 0, nodes_ = 0, world_size_ = 0;
+  double efficiency_ = 0.45, comm_overlap_ = 0;
+  bool fit_ = false, compare_ = false;
+  int64_t global_batch_ = 0, max_batch_ = 64;
+  int keep_ = 5;
+  std::vector<std::string> emit_;
+};
+
+}  // namespace memfit::cli

@@ -1,0 +1,44 @@
+// What other tools would say for the same run, beside memfit's figures (`--compare`), and
+// the chosen configuration as a DeepSpeed config (`--emit deepspeed FILE`).
+//
+// DeepSpeed's estimators (deepspeed.runtime.zero.stage_1_and_2 / stage3
+// estimate_zero2/zero3_model_states_mem_needs) count model states only, with a 1.5 buffer
+// factor on the host side, and assume 16-bit parameters with fp32 Adam: they leave out
+// activations, temporaries and fragmentation. accelerate's `estimate-memory` counts weights,
+// gradients and Adam state of one device ("Training using Adam": the largest of its stages).
+// The formulas are re-derived from their documented behaviour, not copied.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "fit/estimate.hpp"
+
+namespace memfit {
+
+struct HostDeviceBytes {
+  uint64_t host = 0, device = 0;  // per rank (DeepSpeed: CPU per node / GPU per GPU)
+};
+
+HostDeviceBytes deepspeed_zero2_estimate(int64_t params, int gpus_per_node, int nodes, bool cpu_offload,
+                                         double buffer_factor = 1.5);
+HostDeviceBytes deepspeed_zero3_estimate(int64_t params, int64_t largest_layer_params, int gpus_per_node, int nodes,
+                                         bool cpu_offload, bool cpu_offload_params, bool zero_init = true,
+                                         double buffer_factor = 1.5);
+// accelerate estimate-memory's "Training using Adam" for a model of `params` fp32 parameters
+// in the given training dtype (float32, or float16/bfloat16 mixed precision).
+uint64_t accelerate_training_estimate(int64_t params, bool mixed_precision);
+
+std::string format_comparison(const ProgramSummary& s, const Policy& policy, const Cluster& cluster,
+                              const RankEstimate& memfit);
+nlohmann::json comparison_json(const ProgramSummary& s, const Policy& policy, const Cluster& cluster,
+                               const RankEstimate& memfit);
+
+// The DeepSpeed config of a policy (keys memfit's own --config reader also understands), and
+// one line of equivalent PyTorch FSDP settings.
+nlohmann::json deepspeed_config(const Policy& policy, double lr);
+std::string fsdp_settings(const Policy& policy);
+
+}  // namespace memfit

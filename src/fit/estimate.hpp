@@ -1,0 +1,99 @@
+// What a run needs per rank on given hardware, and how long its step takes, for any policy
+// the engine knows, including those this machine cannot execute. The step program is built
+// and planned by the same builder and planner that execute memfit's runs (ZeRO stage,
+// offload and the world size set aside); sharding and offload are then applied to the plan's
+// per-op live bytes (fit/model_states.hpp, a labelled estimate until issue 6's pass lands),
+// and the rank's fixed runtime overheads are added.
+//
+// Invariant (tested): with one rank, stage 0 and no offload, the device peak is the plan's
+// peak exactly, and on the "cpu" hardware (backend scratch attached) it is the peak the
+// executed run measures.
+//
+// Step time, stated plainly: every op is timed by a roofline, max(flops / (peak of its dtype
+// x efficiency), bytes it reads and writes / (memory bandwidth x 0.8)); recomputed ops are
+// counted apart; collectives are ring volumes over the slowest link they cross (not
+// overlapped with compute unless --comm-overlap); offload traffic crosses the host link (or
+// the disk), and an offloaded optimizer runs at host memory bandwidth.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fit/hardware.hpp"
+#include "fit/model_states.hpp"
+#include "graph/model_spec.hpp"
+#include "plan/memory_plan.hpp"
+
+namespace memfit {
+
+struct EstimateOptions {
+  double efficiency = 0.45;   // share of peak FLOP/s compute-bound ops reach
+  double comm_overlap = 0.0;  // share of collective time hidden behind compute
+  // Called on the built program before planning (the CPU backend's scratch on "cpu").
+  std::function<void(Program&)> prepare;
+};
+
+// A planned program reduced to what estimates need (cheap to keep for many candidates).
+struct ProgramSummary {
+  std::vector<CategoryBytes> live;  // device tier, per op
+  std::vector<Phase> phase;
+  std::vector<std::string> op_name;
+  uint64_t packing_overhead = 0;    // planned peak - largest live total (fragmentation)
+  uint64_t plan_peak = 0;
+  StateElements states;
+  int64_t parameters = 0;
+  int64_t largest_layer_parameters = 0;   // elements of the largest block's (or embedding's) parameters
+  int64_t largest_tensor_parameters = 0;  // elements of the largest parameter tensor (DeepSpeed's "largest layer")
+  DType param_dtype = DType::f32, grad_dtype = DType::f32;
+  double micro_flops = 0, recompute_flops = 0, optimizer_flops = 0;  // one execution each
+  double micro_seconds = 0, recompute_seconds = 0, optimizer_seconds = 0, optimizer_bytes = 0;
+  int ops = 0;
+};
+
+// The program a policy plans with: zero stage, offload and world size set aside.
+Policy planning_policy(const Policy& policy);
+ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan, const Hardware& hw,
+                                 const EstimateOptions& options);
+ProgramSummary plan_summary(const ModelSpec& spec, const Policy& policy, const Hardware& hw,
+                            const EstimateOptions& options);
+
+struct RankEstimate {
+  // Memory per rank.
+  std::array<CategoryBytes, kNumTiers> by_tier{};  // device: at the device peak op
+  uint64_t fixed_overhead = 0;                     // framework + GEMM workspace + collective buffers
+  uint64_t device_bytes = 0;                       // peak incl. packing and fixed overheads
+  uint64_t host_bytes = 0, disk_bytes = 0;         // per rank
+  uint64_t packing_overhead = 0;
+  int peak_op = -1;
+  std::string peak_op_name;
+  Phase peak_phase = Phase::forward;
+  ShardedStates states;
+  // Time per optimizer step.
+  double compute_seconds = 0, recompute_seconds = 0, comm_seconds = 0, offload_seconds = 0, step_seconds = 0;
+  double comm_bytes = 0, offload_bytes = 0;
+  double tokens_per_second = 0;  // all ranks
+  double model_flops_utilization = 0;
+};
+
+RankEstimate estimate_from_summary(const ProgramSummary& summary, const Policy& policy, const Cluster& cluster,
+                                   const EstimateOptions& options);
+RankEstimate estimate_run(const ModelSpec& spec, const Policy& policy, const Cluster& cluster,
+                          const EstimateOptions& options);
+
+// Where the estimate does not fit: the tier and the category holding the most bytes there,
+// and the excess over the capacity. Empty when it fits.
+struct Overflow {
+  Tier tier = Tier::device;
+  Category category = Category::activations;
+  uint64_t excess = 0;
+  bool fits() const { return excess == 0; }
+};
+Overflow check_fit(const RankEstimate& e, const Cluster& cluster, uint64_t device_budget);
+
+std::string format_estimate(const RankEstimate& e, const Cluster& cluster, const EstimateOptions& options);
+nlohmann::json estimate_json(const RankEstimate& e, const Cluster& cluster, const EstimateOptions& options);
+
+}  // namespace memfit

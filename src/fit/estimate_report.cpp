@@ -1,0 +1,87 @@
+// How a RankEstimate is shown: a table per rank (tiers x categories, the op at the peak, the
+// step-time split) and the same numbers as JSON.
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+#include "fit/estimate.hpp"
+
+namespace memfit {
+
+namespace {
+
+std::string seconds(double s) { return s >= 1 ? fmt::format("{:.2f} s", s) : fmt::format("{:.1f} ms", s * 1e3); }
+
+}  // namespace
+
+std::string format_estimate(const RankEstimate& e, const Cluster& c, const EstimateOptions& o) {
+  std::string out = fmt::format("per rank on {} ({} GPU{} per node x {} node{}, world size {}):\n", c.hw.name,
+                                c.gpus_per_node, c.gpus_per_node > 1 ? "s" : "", c.nodes, c.nodes > 1 ? "s" : "",
+                                c.world_size());
+  out += fmt::format("  {:<18}{:>14}{:>14}{:>14}\n", "category", "device", "host", "disk");
+  for (Category cat : kAllCategories) {
+    const size_t i = size_t(cat);
+    const uint64_t d = e.by_tier[0][i], h = e.by_tier[1][i], k = e.by_tier[2][i];
+    if (d + h + k == 0) continue;
+    out += fmt::format("  {:<18}{:>14}{:>14}{:>14}\n", category_name(cat), format_bytes(d), format_bytes(h),
+                       format_bytes(k));
+  }
+  out += fmt::format("  {:<18}{:>14}\n", "packing", format_bytes(e.packing_overhead));
+  out += fmt::format("  {:<18}{:>14}   (framework context, GEMM workspace, collective buffers)\n", "runtime fixed",
+                     format_bytes(e.fixed_overhead));
+  out += fmt::format("  {:<18}{:>14}{:>14}{:>14}   of {} device memory\n", "total", format_bytes(e.device_bytes),
+                     format_bytes(e.host_bytes), format_bytes(e.disk_bytes), format_bytes(c.hw.memory_bytes));
+  out += fmt::format("  peak at op {} '{}' ({})\n", e.peak_op, e.peak_op_name, phase_name(e.peak_phase));
+  if (c.world_size() > 1 || e.host_bytes + e.disk_bytes > 0)
+    out += "  (ZeRO sharding and offload applied to the plan's model-state categories: an estimate until the "
+           "ZeRO program pass lands)\n";
+  out += fmt::format("step time estimate: {} = compute {} + recompute {} + communication {} ({} per rank{}) + "
+                     "offload {} ({}); {:.0f} tokens/s, MFU {:.0f}% (compute at {:.0f}% of peak)\n",
+                     seconds(e.step_seconds), seconds(e.compute_seconds), seconds(e.recompute_seconds),
+                     seconds(e.comm_seconds * (1 - o.comm_overlap)), format_bytes(uint64_t(e.comm_bytes)),
+                     o.comm_overlap > 0 ? fmt::format(", {:.0f}% overlapped", o.comm_overlap * 100) : "",
+                     seconds(e.offload_seconds), format_bytes(uint64_t(e.offload_bytes)), e.tokens_per_second,
+                     e.model_flops_utilization * 100, o.efficiency * 100);
+  return out;
+}
+
+nlohmann::json estimate_json(const RankEstimate& e, const Cluster& c, const EstimateOptions& o) {
+  nlohmann::json tiers;
+  for (Tier t : kAllTiers) {
+    nlohmann::json cats;
+    for (Category cat : kAllCategories) cats[std::string(category_name(cat))] = e.by_tier[size_t(t)][size_t(cat)];
+    tiers[std::string(tier_name(t))] = cats;
+  }
+  nlohmann::json model_states;
+  for (Category cat : {Category::parameters, Category::gradients, Category::master_weights, Category::optimizer_state})
+    model_states[std::string(category_name(cat))] = {{"device", e.states.device[size_t(cat)]},
+                                                     {"host", e.states.host[size_t(cat)]},
+                                                     {"disk", e.states.disk[size_t(cat)]},
+                                                     {"unsharded", e.states.full[size_t(cat)]}};
+  return {{"hardware", hardware_json(c.hw)},
+          {"gpus_per_node", c.gpus_per_node},
+          {"nodes", c.nodes},
+          {"world_size", c.world_size()},
+          {"per_rank",
+           {{"by_tier", tiers},
+            {"model_states", model_states},
+            {"device_bytes", e.device_bytes},
+            {"host_bytes", e.host_bytes},
+            {"disk_bytes", e.disk_bytes},
+            {"packing_overhead_bytes", e.packing_overhead},
+            {"fixed_overhead_bytes", e.fixed_overhead},
+            {"peak_op", {{"index", e.peak_op}, {"name", e.peak_op_name}, {"phase", phase_name(e.peak_phase)}}}}},
+          {"sharding_is_estimate", c.world_size() > 1 || e.host_bytes + e.disk_bytes > 0},
+          {"step",
+           {{"seconds", e.step_seconds},
+            {"compute_seconds", e.compute_seconds},
+            {"recompute_seconds", e.recompute_seconds},
+            {"communication_seconds", e.comm_seconds},
+            {"communication_bytes_per_rank", e.comm_bytes},
+            {"comm_overlap", o.comm_overlap},
+            {"offload_seconds", e.offload_seconds},
+            {"offload_bytes_per_rank", e.offload_bytes},
+            {"efficiency", o.efficiency},
+            {"tokens_per_second", e.tokens_per_second},
+            {"model_flops_utilization", e.model_flops_utilization}}}};
+}
+
+}  // namespace memfit

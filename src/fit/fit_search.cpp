@@ -1,0 +1,230 @@
+#include "fit/fit_search.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <tuple>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+#include "graph/recompute.hpp"
+
+namespace memfit {
+
+namespace {
+
+struct StateChoice {
+  int zero;
+  Tier optimizer, params;
+};
+
+std::vector<StateChoice> state_choices(int world) {
+  // DeepSpeed's constraints: offloading the optimizer needs a ZeRO stage, NVMe and parameter
+  // offload need stage 3. On one rank the stages differ only by offload.
+  if (world == 1)
+    return {{0, Tier::device, Tier::device}, {2, Tier::host, Tier::device}, {3, Tier::host, Tier::host},
+            {3, Tier::disk, Tier::disk}};
+  return {{0, Tier::device, Tier::device}, {1, Tier::device, Tier::device}, {2, Tier::device, Tier::device},
+          {3, Tier::device, Tier::device}, {2, Tier::host, Tier::device},   {3, Tier::host, Tier::device},
+          {3, Tier::host, Tier::host},     {3, Tier::disk, Tier::disk}};
+}
+
+RecomputePolicy recompute_level(int level, AttentionKind attention) {
+  switch (level) {
+    case 0: return parse_recompute("none");
+    case 1: return parse_recompute(attention == AttentionKind::naive ? "selective:attention" : "selective:mlp_activation,norms");
+    default: return parse_recompute("full");
+  }
+}
+
+// What the planned program depends on.
+using ProgramKey = std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool>;
+
+class Planner {
+ public:
+  Planner(const ModelSpec& spec, const Hardware& hw, const EstimateOptions& o) : spec_(spec), hw_(hw), o_(o) {}
+  const ProgramSummary& summary(const Policy& p, int level) {
+    const ProgramKey key{p.precision, p.attention, level, p.optimizer, p.batch, p.grad_accum > 1};
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    Policy q = p;
+    q.grad_accum = p.grad_accum > 1 ? 2 : 1;  // memory and per-micro work are the same for every k > 1
+    ++planned_;
+    return cache_.emplace(key, plan_summary(spec_, q, hw_, o_)).first->second;
+  }
+  int planned() const { return planned_; }
+
+ private:
+  const ModelSpec& spec_;
+  const Hardware& hw_;
+  const EstimateOptions& o_;
+  std::map<ProgramKey, ProgramSummary> cache_;
+  int planned_ = 0;
+};
+
+}  // namespace
+
+std::string family_name(const Policy& p) {
+  std::string offload = "none";
+  if (p.offload_optimizer != Tier::device) offload = fmt::format("optimizer:{}", tier_name(p.offload_optimizer));
+  if (p.offload_params != Tier::device) offload += fmt::format(",params:{}", tier_name(p.offload_params));
+  return fmt::format("{} {} recompute={} {} zero={} offload={}", precision_name(p.precision), attention_name(p.attention),
+                     p.recompute.to_string(), optimizer_name(p.optimizer), p.zero_stage, offload);
+}
+
+FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& cluster, const EstimateOptions& eo,
+                     const FitOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const uint64_t budget = options.budget ? options.budget : cluster.hw.memory_bytes;
+  const int W = cluster.world_size();
+  MEMFIT_CHECK(options.max_batch >= 1, "fit", "the largest micro-batch must be at least 1 (got {})", options.max_batch);
+  MEMFIT_CHECK(options.global_batch == 0 || options.global_batch % W == 0, "fit",
+               "a global batch of {} sequences does not split evenly over {} ranks", options.global_batch, W);
+  const int64_t max_batch = options.global_batch ? std::min(options.max_batch, options.global_batch / W) : options.max_batch;
+  auto accumulation = [&](int64_t b) {
+    return options.global_batch ? int((options.global_batch + b * W - 1) / (b * W)) : base.grad_accum;
+  };
+
+  Planner planner(spec, cluster.hw, eo);
+  FitResult r;
+  std::vector<FitCandidate> found;
+  double best_per_token = 0;  // seconds per token per rank of the keep-th best so far (0: none yet)
+  auto kth_best = [&]() {
+    if (int(found.size()) < options.keep) return 0.0;
+    std::vector<double> t;
+    for (const FitCandidate& c : found)
+      t.push_back(c.estimate.step_seconds / (double(c.policy.batch) * double(c.policy.seq) * c.policy.grad_accum));
+    std::nth_element(t.begin(), t.begin() + options.keep - 1, t.end());
+    return t[size_t(options.keep - 1)];
+  };
+
+  // Fastest-looking keys first, so pruning bites early.
+  for (Precision prec : {Precision::bf16, Precision::fp32})
+    for (AttentionKind attn : {AttentionKind::flash, AttentionKind::naive})
+      for (int level = 0; level < 3; ++level)
+        for (OptimizerKind opt : {OptimizerKind::adamw, OptimizerKind::adamw8bit}) {
+          Policy p = base;
+          p.precision = prec;
+          p.grad_dtype = prec == Precision::fp32 ? DType::f32 : DType::bf16;
+          p.fp32_ops.clear();
+          p.attention = attn;
+          p.recompute = recompute_level(level, attn);
+          p.optimizer = opt;
+          p.batch = 1;
+          p.grad_accum = accumulation(1);
+          std::vector<StateChoice> choices;
+          // An offloaded optimizer runs on the host's cores as fp32 AdamW (DeepSpeed's CPU
+          // Adam); 8-bit state stays on the device.
+          for (const StateChoice& sc : state_choices(W))
+            if (opt == OptimizerKind::adamw || sc.optimizer == Tier::device) choices.push_back(sc);
+          r.families += int(choices.size());
+          // Lower bound on seconds per token per rank: FLOPs at the efficiency of peak (the
+          // FLOPs are the same in every precision, so the bf16 twin's plan gives them).
+          best_per_token = kth_best();
+          if (best_per_token > 0) {
+            Policy twin = p;
+            twin.precision = Precision::bf16;
+            twin.grad_dtype = DType::bf16;
+            const ProgramSummary& t = planner.summary(twin, level);
+            const double bound = (t.micro_flops + t.recompute_flops) / double(p.seq) /
+                                 (cluster.hw.peak_flops(prec == Precision::fp32 ? DType::f32 : DType::bf16) * eo.efficiency);
+            if (bound > best_per_token) {
+              r.pruned += int(choices.size());
+              continue;
+            }
+          }
+          for (const StateChoice& sc : choices) {
+            Policy f = p;
+            f.zero_stage = sc.zero;
+            f.offload_optimizer = sc.optimizer;
+            f.offload_params = sc.params;
+            auto estimate_at = [&](int64_t b) {
+              Policy q = f;
+              q.batch = b;
+              q.grad_accum = accumulation(b);
+              return std::pair{q, estimate_from_summary(planner.summary(q, level), q, cluster, eo)};
+            };
+            auto fits = [&](int64_t b) {
+              const auto [q, e] = estimate_at(b);
+              return check_fit(e, cluster, budget).fits();
+            };
+            const auto [q1, e1] = estimate_at(1);
+            const Overflow o1 = check_fit(e1, cluster, budget);
+            if (!o1.fits()) {
+              r.rejected.push_back({family_name(f), o1});
+              continue;
+            }
+            // Guess the largest micro-batch from the growth between 1 and 2, then check it.
+            int64_t b = 1;
+            if (max_batch > 1 && fits(2)) {
+              const double slope = std::max(1.0, double(estimate_at(2).second.device_bytes) - double(e1.device_bytes));
+              b = std::clamp<int64_t>(1 + int64_t((double(budget) - double(e1.device_bytes)) / slope), 2, max_batch);
+              for (int tries = 0; b > 2 && !fits(b) && tries < 8; ++tries) b = std::max<int64_t>(2, b * 9 / 10);
+              while (b > 2 && !fits(b)) --b;
+              for (int tries = 0; b < max_batch && tries < 2 && fits(b + 1); ++tries) ++b;
+            }
+            // A global batch is kept exactly: the micro-batch divides each rank's share of it.
+            if (options.global_batch)
+              while ((options.global_batch / W) % b != 0) --b;
+            auto [q, e] = estimate_at(b);
+            found.push_back({q, e, family_name(q)});
+          }
+        }
+  std::sort(found.begin(), found.end(), [](const FitCandidate& a, const FitCandidate& b) {
+    return a.estimate.tokens_per_second > b.estimate.tokens_per_second;
+  });
+  if (int(found.size()) > options.keep) found.resize(size_t(options.keep));
+  r.ranked = std::move(found);
+  std::sort(r.rejected.begin(), r.rejected.end(),
+            [](const RejectedFamily& a, const RejectedFamily& b) { return a.overflow.excess < b.overflow.excess; });
+  r.programs_planned = planner.planned();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
+  std::string out = fmt::format("fit: {} families on {} x {} (budget {} per rank); {} programs planned, {} families "
+                                "pruned (could not beat the best), {:.2f} s\n",
+                                r.families, c.world_size(), c.hw.name, format_bytes(budget), r.programs_planned,
+                                r.pruned, r.seconds);
+  if (r.ranked.empty()) out += "nothing fits\n";
+  for (size_t i = 0; i < r.ranked.size(); ++i) {
+    const FitCandidate& f = r.ranked[i];
+    out += fmt::format("{} {}, micro-batch {} x {}, accumulation {}: {:.0f} tokens/s, step {:.2f} s, {} per rank "
+                       "(peak at '{}')\n",
+                       i == 0 ? "winner:" : fmt::format("{:>6}.", i + 1), f.family, f.policy.batch, f.policy.seq,
+                       f.policy.grad_accum, f.estimate.tokens_per_second, f.estimate.step_seconds,
+                       format_bytes(f.estimate.device_bytes), f.estimate.peak_op_name);
+  }
+  if (!r.rejected.empty()) {
+    out += fmt::format("rejected families (do not fit at micro-batch 1; {} in all, closest first):\n", r.rejected.size());
+    const size_t shown = std::min<size_t>(r.rejected.size(), 12);
+    for (size_t i = 0; i < shown; ++i) {
+      const RejectedFamily& f = r.rejected[i];
+      out += fmt::format("  {}: {} tier over by {} (largest there: {})\n", f.family, tier_name(f.overflow.tier),
+                         format_bytes(f.overflow.excess), category_name(f.overflow.category));
+    }
+    if (shown < r.rejected.size()) out += fmt::format("  ... {} more (--json lists all)\n", r.rejected.size() - shown);
+  }
+  return out;
+}
+
+nlohmann::json fit_json(const FitResult& r, const Cluster& c, uint64_t budget, const EstimateOptions& eo) {
+  nlohmann::json ranked = nlohmann::json::array(), rejected = nlohmann::json::array();
+  for (const FitCandidate& f : r.ranked)
+    ranked.push_back({{"family", f.family},
+                      {"batch", f.policy.batch},
+                      {"seq", f.policy.seq},
+                      {"grad_accum", f.policy.grad_accum},
+                      {"estimate", estimate_json(f.estimate, c, eo)}});
+  for (const RejectedFamily& f : r.rejected)
+    rejected.push_back({{"family", f.family},
+                        {"tier", tier_name(f.overflow.tier)},
+                        {"category", category_name(f.overflow.category)},
+                        {"excess_bytes", f.overflow.excess}});
+  return {{"budget_bytes", budget},     {"families", r.families}, {"programs_planned", r.programs_planned},
+          {"pruned", r.pruned},         {"seconds", r.seconds},   {"ranked", ranked},
+          {"rejected", rejected}};
+}
+
+}  // namespace memfit

@@ -1,0 +1,64 @@
+// `memfit plan --fit`: the fastest configuration that fits a memory budget on given hardware.
+//
+// A family is one choice of precision, attention, recomputation, optimizer, ZeRO stage and
+// offload; within a family the micro-batch is the largest that fits (memory grows with it)
+// and the accumulation follows from the global batch (or the run's --grad-accum). Families
+// are ranked by estimated tokens/s (fit/estimate.hpp).
+//
+// Candidates are planned cheaply: the planned program depends only on (precision, attention,
+// recomputation, optimizer, micro-batch) — ZeRO and offload act on its categories — so one
+// plan serves every stage and offload choice, and plans are memoised. The micro-batch is
+// guessed from the batch-1 plan (activations grow about linearly) and then checked by
+// planning the guess and its neighbour. Two prunings, both exact for the ranking: a family
+// whose sharded model states and fixed overheads alone exceed the budget is rejected without
+// planning activations; and a program key whose batch-1 compute time per token already
+// exceeds the best step time per token found is not searched further (communication and
+// offload only add time).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fit/estimate.hpp"
+
+namespace memfit {
+
+struct FitOptions {
+  uint64_t budget = 0;         // device bytes per rank; 0: the hardware's memory
+  int64_t max_batch = 64;      // largest micro-batch tried
+  int64_t global_batch = 0;    // sequences per optimizer step over all ranks; 0: keep grad_accum
+  int keep = 5;                // winners reported
+};
+
+struct FitCandidate {
+  Policy policy;
+  RankEstimate estimate;
+  std::string family;  // "bf16 flash recompute=none adamw zero=1 offload=none"
+};
+
+struct RejectedFamily {
+  std::string family;
+  Overflow overflow;  // at micro-batch 1
+};
+
+struct FitResult {
+  std::vector<FitCandidate> ranked;     // fastest first, at most FitOptions::keep
+  std::vector<RejectedFamily> rejected; // families that do not fit even at micro-batch 1
+  int families = 0;
+  int programs_planned = 0;
+  int pruned = 0;  // families not searched because they could not beat the best
+  double seconds = 0;
+};
+
+std::string family_name(const Policy& p);
+
+// `base` carries what the search does not choose: sequence length, accumulation, clipping,
+// AdamW hyper-parameters.
+FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& cluster,
+                     const EstimateOptions& estimate_options, const FitOptions& options);
+
+std::string format_fit(const FitResult& r, const Cluster& cluster, uint64_t budget);
+nlohmann::json fit_json(const FitResult& r, const Cluster& cluster, uint64_t budget,
+                        const EstimateOptions& estimate_options);
+
+}  // namespace memfit

@@ -1,0 +1,160 @@
+#include "fit/hardware.hpp"
+
+#include <fstream>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+
+namespace memfit {
+
+namespace {
+
+constexpr double GB = 1e9, TF = 1e12;
+
+uint64_t total_ram_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemTotal:") return kib * 1024;
+  return 16 * GiB;
+}
+
+// A data-center GPU in an 8-GPU node: NVLink inside, one NIC per GPU between nodes.
+Hardware gpu(std::string name, uint64_t mem, double bf16, double fp32, double bw, double nvlink, double nic,
+             double pcie, uint64_t host) {
+  Hardware h;
+  h.name = std::move(name);
+  h.memory_bytes = mem;
+  h.peak_bf16_flops = bf16;
+  h.peak_fp32_flops = fp32;
+  h.memory_bandwidth = bw;
+  h.intra_node_bandwidth = nvlink;
+  h.inter_node_bandwidth = nic;
+  h.host_link_bandwidth = pcie;
+  h.host_memory_bandwidth = 200 * GB;
+  h.disk_bandwidth = 6 * GB;
+  h.host_memory_bytes = host;
+  h.disk_bytes = uint64_t(8e12);
+  // A CUDA context with PyTorch's kernels loaded takes ~0.5-1 GiB before the first tensor.
+  h.framework_bytes = 1 * GiB;
+  h.gemm_workspace_bytes = 32 * MiB;      // cuBLAS on Hopper (4 MiB x 8); smaller elsewhere
+  h.collective_buffer_bytes = 512 * MiB;  // NCCL channels' buffers and its own workspace
+  return h;
+}
+
+}  // namespace
+
+std::vector<std::string> hardware_preset_names() {
+  return {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "rtx4090-24gb", "l4-24gb", "cpu"};
+}
+
+Hardware hardware_preset(std::string_view name) {
+  // Datasheet numbers, dense. Capacities as nvidia-smi reports them.
+  if (name == "a100-40gb") return gpu("a100-40gb", 40 * GiB, 312 * TF, 19.5 * TF, 1555 * GB, 300 * GB, 25 * GB, 25 * GB, 1024 * GiB);
+  if (name == "a100-80gb") return gpu("a100-80gb", 80 * GiB, 312 * TF, 19.5 * TF, 2039 * GB, 300 * GB, 25 * GB, 25 * GB, 2048 * GiB);
+  if (name == "h100-80gb") return gpu("h100-80gb", 81559 * MiB, 989 * TF, 67 * TF, 3350 * GB, 450 * GB, 50 * GB, 50 * GB, 2048 * GiB);
+  if (name == "h200-141gb") return gpu("h200-141gb", 143771 * MiB, 989 * TF, 67 * TF, 4800 * GB, 450 * GB, 50 * GB, 50 * GB, 2048 * GiB);
+  if (name == "rtx4090-24gb") {
+    // Workstation card: no NVLink (PCIe between cards), Ethernet between machines.
+    Hardware h = gpu("rtx4090-24gb", 24564 * MiB, 165 * TF, 82.6 * TF, 1008 * GB, 25 * GB, 12.5 * GB, 25 * GB, 128 * GiB);
+    h.gemm_workspace_bytes = 8 * MiB;
+    h.host_memory_bandwidth = 60 * GB;
+    return h;
+  }
+  if (name == "l4-24gb") {
+    Hardware h = gpu("l4-24gb", 23034 * MiB, 121 * TF, 30.3 * TF, 300 * GB, 25 * GB, 12.5 * GB, 25 * GB, 192 * GiB);
+    h.gemm_workspace_bytes = 8 * MiB;
+    return h;
+  }
+  if (name == "cpu") {
+    // This machine: memory is host RAM (the device tier of the CPU backend); GEMM speeds as
+    // measured here (docs/ARCHITECTURE.md: oneDNN fp32 ~310 GFLOP/s on 2 cores, bf16 on AMX
+    // ~1.4 TFLOP/s); bandwidths are rough. No framework context: plans are exact.
+    Hardware h;
+    h.name = "cpu";
+    h.memory_bytes = total_ram_bytes();
+    h.peak_fp32_flops = 310e9;
+    h.peak_bf16_flops = 1.4e12;
+    h.memory_bandwidth = 20 * GB;
+    h.intra_node_bandwidth = 10 * GB;
+    h.inter_node_bandwidth = 1.25 * GB;
+    h.host_link_bandwidth = 20 * GB;
+    h.host_memory_bandwidth = 20 * GB;
+    h.disk_bandwidth = 1 * GB;
+    h.host_memory_bytes = h.memory_bytes;
+    h.disk_bytes = 100 * GiB;
+    h.executes_here = true;
+    return h;
+  }
+  std::string known;
+  for (const std::string& n : hardware_preset_names()) known += (known.empty() ? "" : ", ") + n;
+  throw Error("hardware", fmt::format("unknown hardware '{}' (presets: {}; or a JSON file with --hardware-file)", name, known));
+}
+
+void Hardware::validate() const {
+  MEMFIT_CHECK(memory_bytes > 0, "hardware", "{}: memory_bytes must be positive", name);
+  for (auto [v, field] : {std::pair{peak_bf16_flops, "peak_bf16_flops"}, {peak_fp32_flops, "peak_fp32_flops"},
+                          {memory_bandwidth, "memory_bandwidth"}, {intra_node_bandwidth, "intra_node_bandwidth"},
+                          {inter_node_bandwidth, "inter_node_bandwidth"}, {host_link_bandwidth, "host_link_bandwidth"},
+                          {host_memory_bandwidth, "host_memory_bandwidth"}, {disk_bandwidth, "disk_bandwidth"}})
+    MEMFIT_CHECK(v > 0, "hardware", "{}: {} must be positive (got {})", name, field, v);
+}
+
+void apply_hardware_json(const nlohmann::json& j, Hardware& hw, const std::string& where) {
+  MEMFIT_CHECK(j.is_object(), "hardware", "{}: expected a JSON object", where);
+  auto bytes = [&](const nlohmann::json& v, const std::string& key) -> uint64_t {
+    if (v.is_string()) return parse_bytes(v.get<std::string>());
+    MEMFIT_CHECK(v.is_number() && v.get<double>() >= 0, "hardware", "{}: '{}' must be bytes (a number or \"80GiB\")",
+                 where, key);
+    return uint64_t(v.get<double>());
+  };
+  auto number = [&](const nlohmann::json& v, const std::string& key) {
+    MEMFIT_CHECK(v.is_number() && v.get<double>() > 0, "hardware", "{}: '{}' must be a positive number", where, key);
+    return v.get<double>();
+  };
+  if (j.contains("base")) {  // a preset the other keys override, whatever their order
+    MEMFIT_CHECK(j["base"].is_string(), "hardware", "{}: 'base' must name a preset", where);
+    hw = hardware_preset(j["base"].get<std::string>());
+  }
+  for (const auto& [key, v] : j.items()) {
+    if (key == "base") continue;
+    if (key == "name") hw.name = v.get<std::string>();
+    else if (key == "memory_bytes") hw.memory_bytes = bytes(v, key);
+    else if (key == "host_memory_bytes") hw.host_memory_bytes = bytes(v, key);
+    else if (key == "disk_bytes") hw.disk_bytes = bytes(v, key);
+    else if (key == "framework_bytes") hw.framework_bytes = bytes(v, key);
+    else if (key == "gemm_workspace_bytes") hw.gemm_workspace_bytes = bytes(v, key);
+    else if (key == "collective_buffer_bytes") hw.collective_buffer_bytes = bytes(v, key);
+    else if (key == "peak_bf16_flops") hw.peak_bf16_flops = number(v, key);
+    else if (key == "peak_fp32_flops") hw.peak_fp32_flops = number(v, key);
+    else if (key == "memory_bandwidth") hw.memory_bandwidth = number(v, key);
+    else if (key == "intra_node_bandwidth") hw.intra_node_bandwidth = number(v, key);
+    else if (key == "inter_node_bandwidth") hw.inter_node_bandwidth = number(v, key);
+    else if (key == "host_link_bandwidth") hw.host_link_bandwidth = number(v, key);
+    else if (key == "host_memory_bandwidth") hw.host_memory_bandwidth = number(v, key);
+    else if (key == "disk_bandwidth") hw.disk_bandwidth = number(v, key);
+    else throw Error("hardware", fmt::format("{}: unknown key '{}'", where, key));
+  }
+}
+
+nlohmann::json hardware_json(const Hardware& h) {
+  return {{"name", h.name},
+          {"memory_bytes", h.memory_bytes},
+          {"peak_bf16_flops", h.peak_bf16_flops},
+          {"peak_fp32_flops", h.peak_fp32_flops},
+          {"memory_bandwidth", h.memory_bandwidth},
+          {"intra_node_bandwidth", h.intra_node_bandwidth},
+          {"inter_node_bandwidth", h.inter_node_bandwidth},
+          {"host_link_bandwidth", h.host_link_bandwidth},
+          {"host_memory_bandwidth", h.host_memory_bandwidth},
+          {"disk_bandwidth", h.disk_bandwidth},
+          {"host_memory_bytes", h.host_memory_bytes},
+          {"disk_bytes", h.disk_bytes},
+          {"framework_bytes", h.framework_bytes},
+          {"gemm_workspace_bytes", h.gemm_workspace_bytes},
+          {"collective_buffer_bytes", h.collective_buffer_bytes}};
+}
+
+}  // namespace memfit

@@ -1,0 +1,124 @@
+// Other estimators as memfit reproduces them (DeepSpeed issue 4527's printout, accelerate's
+// rule), the emitted DeepSpeed config read back by memfit's own config reader, and --fit:
+// Llama-2-70B on 8 x H100 answers (the bound here is generous; docs/benchmarks.md has the
+// measured time), its winner fits and is the fastest of the configurations it lists, and a
+// rejected family names a tier, a category and a positive excess.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "fit/compare.hpp"
+#include "fit/fit_search.hpp"
+#include "support/run_cli.hpp"
+#include "train/run_config.hpp"
+
+namespace memfit {
+namespace {
+
+constexpr double GiB = 1073741824.0;
+
+TEST(Compare, DeepSpeedEstimatorForIssue4527) {
+  // 6805M parameters, largest layer 131M, one node of 4 GPUs: DeepSpeed printed 0.49 / 3.66 /
+  // 29.01 GB per GPU for full offload / optimizer offload / none (its "GB" is GiB).
+  const int64_t P = 6'805'000'000, L = 131'000'000;
+  EXPECT_NEAR(deepspeed_zero3_estimate(P, L, 4, 1, true, true).device / GiB, 0.49, 0.005);
+  EXPECT_NEAR(deepspeed_zero3_estimate(P, L, 4, 1, true, false).device / GiB, 3.66, 0.005);
+  EXPECT_NEAR(deepspeed_zero3_estimate(P, L, 4, 1, false, false).device / GiB, 29.01, 0.005);
+  // ZeRO-2 without offload: 4 bytes of 16-bit weights and gradients + 16 / world of the rest.
+  EXPECT_EQ(deepspeed_zero2_estimate(1000, 4, 1, false).device, 4000u + 4000u);
+  EXPECT_EQ(deepspeed_zero2_estimate(1000, 4, 1, true).host, uint64_t(1000 * 16 * 1.5));
+}
+
+TEST(Compare, AccelerateCountsAdamOnOneDevice) {
+  EXPECT_EQ(accelerate_training_estimate(1000, false), 16000u);  // fp32: 4 x the fp32 size
+  EXPECT_EQ(accelerate_training_estimate(1000, true), 8000u);    // mixed: the optimizer's 2 x
+}
+
+TEST(Emit, DeepSpeedConfigReadsBackIntoTheSamePolicy) {
+  Policy p;
+  p.batch = 3;
+  p.grad_accum = 4;
+  p.precision = Precision::bf16;
+  p.grad_dtype = DType::bf16;
+  p.zero_stage = 3;
+  p.offload_optimizer = Tier::host;
+  p.offload_params = Tier::disk;
+  p.optimizer = OptimizerKind::adamw8bit;
+  p.grad_clip = 1.0;
+  const std::string dir = test::temp_dir(), path = dir + "/ds.json";
+  test::write_file(path, deepspeed_config(p, 3e-4).dump(2));
+  RunConfig c;
+  apply_config_file(path, c);
+  EXPECT_EQ(c.policy.batch, 3);
+  EXPECT_EQ(c.policy.grad_accum, 4);
+  EXPECT_EQ(c.policy.precision, Precision::bf16);
+  EXPECT_EQ(c.policy.zero_stage, 3);
+  EXPECT_EQ(c.policy.offload_optimizer, Tier::host);
+  EXPECT_EQ(c.policy.offload_params, Tier::disk);
+  EXPECT_EQ(c.policy.optimizer, OptimizerKind::adamw8bit);
+  EXPECT_EQ(c.policy.grad_clip, 1.0);
+  EXPECT_EQ(c.lr, 3e-4);
+  EXPECT_NE(fsdp_settings(p).find("FULL_SHARD"), std::string::npos);
+}
+
+TEST(Fit, Llama2SeventyBillionOnEightH100) {
+  Cluster c;
+  c.hw = hardware_preset("h100-80gb");
+  c.gpus_per_node = 8;
+  Policy base;
+  base.seq = 4096;
+  const auto start = std::chrono::steady_clock::now();
+  const FitResult r = fit_search(model_preset("llama-2-70b"), base, c, {}, {});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 60.0);  // target under 10 s on this machine: docs/benchmarks.md
+  ASSERT_FALSE(r.ranked.empty());
+  const FitCandidate& win = r.ranked.front();
+  EXPECT_TRUE(check_fit(win.estimate, c, c.hw.memory_bytes).fits());
+  for (const FitCandidate& f : r.ranked) EXPECT_LE(f.estimate.tokens_per_second, win.estimate.tokens_per_second);
+  // The winner, estimated again from scratch, is what the search reported.
+  const RankEstimate again = estimate_run(model_preset("llama-2-70b"), win.policy, c, {});
+  EXPECT_EQ(again.device_bytes, win.estimate.device_bytes);
+  // 70B of fp32 Adam state does not fit 8 x 80 GB without offload or 8-bit state.
+  ASSERT_FALSE(r.rejected.empty());
+  for (const RejectedFamily& f : r.rejected) EXPECT_GT(f.overflow.excess, 0u) << f.family;
+  bool states_rejected = false;
+  for (const RejectedFamily& f : r.rejected)
+    if (f.family.find("adamw zero=0 offload=none") != std::string::npos) states_rejected = true;
+  EXPECT_TRUE(states_rejected);
+}
+
+TEST(PlanCli, HardwareFitCompareAndErrors) {
+  const std::string out = test::temp_dir() + "/ds.json";
+  auto r = test::run_memfit("plan --model gpt2 --hardware l4-24gb --world-size 2 --seq 512 --fit --compare --emit deepspeed " + out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("winner:"), std::string::npos);
+  EXPECT_NE(r.out.find("deepspeed"), std::string::npos);
+  EXPECT_NE(r.out.find("PyTorch FSDP equivalent"), std::string::npos);
+  std::ifstream f(out);
+  EXPECT_TRUE(f.good());
+  r = test::run_memfit("plan --model llama-2-7b --world-size 8 --zero 2 --precision bf16 --grad-dtype bf16 --seq 128 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["estimate"]["world_size"], 8);
+  EXPECT_TRUE(j["estimate"]["sharding_is_estimate"].get<bool>());
+  r = test::run_memfit("plan --model gpt2-tiny --hardware h100-80gb --world-size 2 --seq 64 --fit --global-batch 24 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto fit = nlohmann::json::parse(r.out)["fit"];
+  ASSERT_FALSE(fit["ranked"].empty());
+  for (const auto& c : fit["ranked"])  // the global batch is kept exactly
+    EXPECT_EQ(c["batch"].get<int>() * c["grad_accum"].get<int>() * 2, 24) << c.dump();
+  EXPECT_GT(fit["programs_planned"].get<int>(), 0);
+  r = test::run_memfit("plan --model gpt2 --hardware tpu-v9");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("[hardware] unknown hardware 'tpu-v9'"), std::string::npos) << r.err;
+  r = test::run_memfit("plan --model gpt2 --hardware h100-80gb --hardware-set flops=1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("unknown key 'flops'"), std::string::npos) << r.err;
+  r = test::run_memfit("plan --model gpt2 --world-size 12 --gpus-per-node 8");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("[hardware]"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace memfit

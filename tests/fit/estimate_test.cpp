@@ -1,0 +1,115 @@
+// Estimates per rank (fit/estimate.hpp): with one rank, no sharding and no offload they are
+// the plan's peak exactly, and on this machine's hardware the peak an executed step measures;
+// sharding only lowers the device peak, offload moves bytes to the host; the step time adds
+// up its parts and communication vanishes on one rank.
+#include <gtest/gtest.h>
+
+#include "core/error.hpp"
+#include "fit/estimate.hpp"
+#include "graph/training_program.hpp"
+#include "kernels/backend.hpp"
+#include "runtime/compile.hpp"
+#include "support/tiny_run.hpp"
+
+namespace memfit {
+namespace {
+
+Cluster one(const std::string& hw) {
+  Cluster c;
+  c.hw = hardware_preset(hw);
+  return c;
+}
+
+TEST(Estimate, OneRankEqualsThePlanAndTheExecutedPeak) {
+  auto backend = make_cpu_backend();
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  for (const char* rec : {"none", "full"})
+    for (Precision prec : {Precision::fp32, Precision::bf16}) {
+      Policy pol;
+      pol.batch = 2;
+      pol.seq = 32;
+      pol.precision = prec;
+      pol.recompute = parse_recompute(rec);
+      EstimateOptions eo;
+      eo.prepare = [&](Program& p) { attach_backend_scratch(p, *backend); };
+      const RankEstimate e = estimate_run(spec, pol, one("cpu"), eo);
+      test::TinyRun run(compile_program(build_training_program(spec, planning_policy(pol), {}), *backend));
+      EXPECT_EQ(e.device_bytes, run.compiled.plan.tier(Tier::device).peak_bytes) << rec;
+      run.step(0);
+      run.step(1);
+      EXPECT_EQ(run.ex->arena(Tier::device).measured_high_water(), e.device_bytes) << rec;
+      EXPECT_EQ(e.host_bytes, 0u);
+      EXPECT_EQ(e.comm_seconds, 0);
+    }
+}
+
+TEST(Estimate, ShardingLowersTheDevicePeakAndOffloadMovesItToTheHost) {
+  const ModelSpec spec = model_preset("gpt2");
+  Policy pol;
+  pol.batch = 4;
+  pol.seq = 256;
+  pol.precision = Precision::bf16;
+  pol.grad_dtype = DType::bf16;
+  Cluster c = one("a100-40gb");
+  c.gpus_per_node = 8;
+  const ProgramSummary s = plan_summary(spec, pol, c.hw, {});
+  uint64_t previous = UINT64_MAX;
+  for (int stage = 0; stage <= 3; ++stage) {
+    pol.zero_stage = stage;
+    const RankEstimate e = estimate_from_summary(s, pol, c, {});
+    const uint64_t states = e.states.device_total();
+    EXPECT_LT(states, previous) << "stage " << stage;
+    previous = states;
+    EXPECT_GT(e.comm_bytes, 0);
+    EXPECT_NEAR(e.step_seconds, e.compute_seconds + e.recompute_seconds + e.comm_seconds + e.offload_seconds, 1e-9);
+  }
+  pol.offload_optimizer = Tier::host;
+  pol.offload_params = Tier::host;
+  const RankEstimate off = estimate_from_summary(s, pol, c, {});
+  EXPECT_EQ(off.by_tier[0][size_t(Category::optimizer_state)], 0u);
+  EXPECT_EQ(off.by_tier[0][size_t(Category::parameters)], 0u);
+  EXPECT_GT(off.host_bytes, 0u);
+  EXPECT_GT(off.offload_seconds, 0);
+  // Offloaded optimizer from stage 2 on: gradients stream out through the reduce bucket, also
+  // on one rank; the host holds this rank's fp32 gradient shard.
+  Cluster single = one("a100-40gb");
+  pol.offload_params = Tier::device;
+  pol.zero_stage = 2;
+  const RankEstimate streamed = estimate_from_summary(s, pol, single, {});
+  EXPECT_EQ(streamed.by_tier[0][size_t(Category::gradients)], 0u);
+  EXPECT_GT(streamed.by_tier[0][size_t(Category::communication)], 0u);
+  EXPECT_EQ(streamed.by_tier[1][size_t(Category::gradients)], uint64_t(4 * s.parameters));
+  pol.offload_params = Tier::host;
+  pol.zero_stage = 2;
+  EXPECT_THROW(estimate_from_summary(s, pol, c, {}), Error);  // parameter offload needs stage 3
+}
+
+TEST(Estimate, ComputeTimeFollowsTheStatedEfficiency) {
+  const ModelSpec spec = model_preset("gpt2");
+  Policy pol;
+  pol.batch = 8;
+  pol.seq = 1024;
+  pol.precision = Precision::bf16;
+  EstimateOptions half, full;
+  half.efficiency = 0.25;
+  full.efficiency = 0.5;
+  const Cluster c = one("h100-80gb");
+  const RankEstimate a = estimate_run(spec, pol, c, half), b = estimate_run(spec, pol, c, full);
+  // Compute-bound ops take twice as long at half the efficiency; bandwidth-bound ones do not.
+  EXPECT_GT(a.compute_seconds, 1.5 * b.compute_seconds);
+  EXPECT_LE(a.compute_seconds, 2.0 * b.compute_seconds + 1e-12);
+  EXPECT_GT(b.tokens_per_second, a.tokens_per_second);
+}
+
+TEST(Hardware, PresetsValidateAndJsonOverrides) {
+  for (const std::string& n : hardware_preset_names()) EXPECT_NO_THROW(hardware_preset(n).validate()) << n;
+  Hardware h = hardware_preset("h100-80gb");
+  apply_hardware_json(nlohmann::json{{"base", "a100-40gb"}, {"memory_bytes", "20GiB"}}, h, "test");
+  EXPECT_EQ(h.memory_bytes, 20ull << 30);
+  EXPECT_EQ(h.peak_bf16_flops, 312e12);
+  EXPECT_THROW(apply_hardware_json(nlohmann::json{{"memory", 1}}, h, "test"), Error);
+  EXPECT_THROW(hardware_preset("tpu"), Error);
+}
+
+}  // namespace
+}  // namespace memfit
