@@ -17,6 +17,8 @@
 #include "cli/options.hpp"
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
+#include "core/bytes.hpp"
+#include "graph/zero.hpp"
 #include "plan/plan_compare.hpp"
 #include "plan/plan_report.hpp"
 #include "train/budget.hpp"
@@ -54,6 +56,9 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
                              {"budget_bytes", run_budget(config)},
                              {"candidates_planned", run.recompute_choice->planned}};
     j["tensors"] = p.tensors().size();
+    j["distributed"] = {{"world_size", config.topology.world_size}, {"rank", 0},
+                        {"zero_stage", run.policy.zero_stage},
+                        {"comm_bytes_per_step", communication_bytes_per_step(p)}};
     if (fp32) j["compared_to_fp32"] = plan_comparison_json("fp32", fp32->compiled.plan, precision_name(run.policy.precision),
                                                            run.compiled.plan);
     std::cout << j.dump(2) << "\n";
@@ -62,6 +67,10 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
                              run.spec.name, p.parameter_count(), run.policy.batch, run.policy.seq,
                              run.policy.grad_accum, precision_name(run.policy.precision), p.ops().size());
     std::cout << describe_recompute_choice(run, run_budget(config));
+    if (config.topology.world_size > 1 || run.policy.zero_stage > 0)
+      std::cout << fmt::format("data parallel: rank 0 of {}, ZeRO stage {}, {} sent per rank per step\n",
+                               config.topology.world_size, run.policy.zero_stage,
+                               format_bytes(uint64_t(communication_bytes_per_step(p))));
     std::cout << format_memory_table(p, run.compiled.plan);
     if (fp32)
       std::cout << format_plan_comparison("fp32", fp32->compiled.plan, precision_name(run.policy.precision),

@@ -1,3 +1,4 @@
+#include "dist/communicator.hpp"
 #include "cli/options.hpp"
 
 #include <omp.h>
@@ -64,7 +65,8 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.policy.attention = parse_attention(v); });
   add<std::string>(app, "--optimizer", "adamw | adamw8bit",
                    [](RunConfig& c, std::string v) { c.policy.optimizer = parse_optimizer(v); });
-  add<int>(app, "--zero", "ZeRO stage 0..3", [](RunConfig& c, int v) { c.policy.zero_stage = v; });
+  add<int>(app, "--zero", "ZeRO stage 0..2 (data parallelism over the ranks of mpirun)",
+           [](RunConfig& c, int v) { c.policy.zero_stage = v; });
   add<std::string>(app, "--offload-optimizer", "device | host | disk",
                    [](RunConfig& c, std::string v) { c.policy.offload_optimizer = parse_tier(v); });
   add<std::string>(app, "--offload-params", "device | host | disk",
@@ -110,6 +112,12 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.load = v; });
   add<std::string>(app, "--save", "write weights: directory (model.safetensors + config.json) or .safetensors file",
                    [](RunConfig& c, std::string v) { c.save = v; });
+  add<std::string>(app, "--checkpoint-dir", "write sharded training checkpoints (one file per rank + manifest) here",
+                   [](RunConfig& c, std::string v) { c.checkpoint_dir = v; });
+  add<int64_t>(app, "--checkpoint-every", "steps between checkpoints (0: after the last step)",
+               [](RunConfig& c, int64_t v) { c.checkpoint_every = v; });
+  add<std::string>(app, "--resume", "continue from a checkpoint directory (same world size and ZeRO stage)",
+                   [](RunConfig& c, std::string v) { c.resume = v; });
   add<std::string>(app, "--report-json", "write the run report to this file",
                    [](RunConfig& c, std::string v) { c.report_json = v; });
   add<int64_t>(app, "--log-every", "progress line every N steps", [](RunConfig& c, int64_t v) { c.log_every = v; });
@@ -125,6 +133,9 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
 
 RunConfig RunOptions::resolve() const {
   RunConfig c;
+  // Under mpirun the world is the launcher's (DeepSpeed's train_batch_size counts it); `plan
+  // --world-size` (cli/hardware_plan.cpp) sets it for planning.
+  c.topology.world_size = launched_world_size();
   if (!config_file_.empty()) apply_config_file(config_file_, c);
   for (const auto& apply : given_) apply(c);
   return c;

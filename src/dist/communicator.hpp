@@ -28,6 +28,7 @@ class Communicator {
   // In place: data (count elements) becomes the reduction over ranks.
   virtual CommTicket start_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) = 0;
   // send holds size() * count elements; rank r receives the reduction of block r into recv.
+  // send == recv is the in-place form: the result lands in the first count elements.
   virtual CommTicket start_reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) = 0;
   // send holds count elements; recv receives size() * count, rank r's block at r * count.
   virtual CommTicket start_all_gather(const void* send, void* recv, int64_t count, DType dtype) = 0;
@@ -55,5 +56,7 @@ std::unique_ptr<Communicator> make_mpi_communicator();
 // True when this process was started by an MPI launcher (mpirun / srun) with more than one
 // rank, read from the launcher's environment without initialising MPI.
 bool launched_with_several_ranks();
+// The number of ranks the launcher started (1 when not launched by one).
+int launched_world_size();
 
 }  // namespace memfit

@@ -108,7 +108,8 @@ class MpiCommunicator final : public Communicator {
     MEMFIT_CHECK(count <= kMaxChunk, "dist", "reduce-scatter of {} elements per rank exceeds {}", count, kMaxChunk);
     const CommTicket t = take_slot();
     LibraryCallScope scope;
-    check(MPI_Ireduce_scatter_block(send, recv, int(count), mpi_type(dtype), mpi_op(dtype, op), MPI_COMM_WORLD,
+    // send == recv: MPI's in-place form (the input is recv; the result lands at its start).
+    check(MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(dtype), mpi_op(dtype, op), MPI_COMM_WORLD,
                                     &slots_[size_t(t)][0]),
           "MPI_Ireduce_scatter_block");
     return t;
@@ -207,11 +208,13 @@ class MpiCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<MpiCommunicator>(); }
 
-bool launched_with_several_ranks() {
+int launched_world_size() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS"}) {
-    if (const char* v = std::getenv(var); v && std::atoi(v) > 1) return true;
+    if (const char* v = std::getenv(var); v && std::atoi(v) > 1) return std::atoi(v);
   }
-  return false;
+  return 1;
 }
+
+bool launched_with_several_ranks() { return launched_world_size() > 1; }
 
 }  // namespace memfit

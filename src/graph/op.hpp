@@ -86,9 +86,12 @@ enum class OpKind : uint16_t {
                        //   (ceil(numel / block)); m in the signed dynamic map, v in the unsigned one
                        //   (kernels/quant_map.hpp); AdamWAttrs (block)
   // --- communication (collectives over the data-parallel group) ---
+  //   Run by the executor through its Communicator (runtime/collective_op.hpp), not by a
+  //   backend; CollectiveAttrs. Counts are elements of the shard (the out of reduce_scatter,
+  //   the in of all_gather); full = world_size * shard.
   all_reduce,          // out [x] (in place)
-  reduce_scatter,      // in [full] out [shard]
-  all_gather,          // in [shard] out [full]
+  reduce_scatter,      // in [full] out [shard]; shard may be full's own block (rank * shard)
+  all_gather,          // in [shard] out [full]; shard may be full's own block (in place)
   broadcast,           // out [x] (in place)
   // --- transfers between tiers ---
   transfer,            // in [src] out [dst] on another tier
@@ -138,12 +141,18 @@ struct AdamWAttrs {
 };
 struct GradNormAttrs {
   int64_t chunk = 32768;  // elements per partial sum (fixed, so the norm is thread-count independent)
+  // ZeRO (graph/zero.hpp) takes the global norm over gradient shards in three ops:
+  //   sum_of_squares  in [grads...] out [s (1)]: sum g^2 / loss_scale^2 of this rank's shard;
+  //   all_reduce of s over ranks;
+  //   sqrt_of_input   in [s (1)] out [norm (1)]: sqrt(s) (no workspace).
+  enum class Form : uint8_t { norm, sum_of_squares, sqrt_of_input } form = Form::norm;
 };
 struct FillAttrs {
   float value = 0;
 };
 struct CollectiveAttrs {
   int world_size = 1;
+  bool max = false;  // all_reduce: maximum instead of sum (overflow flags)
 };
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
                              ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs>;

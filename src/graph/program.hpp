@@ -31,6 +31,14 @@ struct ParamEntry {
   float init_std = 0.02f;
   bool decay = true;  // weight decay applies (matrices and embeddings; not biases or norms)
   bool trainable = true;
+  // ZeRO stage >= 1 (graph/zero.hpp): master and state hold only this rank's piece, elements
+  // [shard_offset, shard_offset + shard_numel) of the parameter; -1: the whole parameter.
+  int64_t shard_offset = 0;
+  int64_t shard_numel = -1;
+  // ZeRO stage 3: this rank's piece of the parameter itself (the persistent copy; `value` is
+  // then a view into a transient gather buffer, valid only inside the step).
+  TensorId value_shard = kNoTensor;
+  bool whole_state() const { return shard_numel < 0; }
 };
 
 class Program {

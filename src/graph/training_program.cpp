@@ -10,6 +10,7 @@
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
 #include "graph/recompute.hpp"
+#include "graph/zero.hpp"
 #include "graph/update_in_backward.hpp"
 
 namespace memfit {
@@ -29,9 +30,12 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   check_update_in_backward(p);
   MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",
                "gradient clipping needs a norm >= 0 (got {}; 0 turns it off)", p.grad_clip);
-  if (p.zero_stage != 0) unsupported(fmt::format("ZeRO stage {}", p.zero_stage));
+  MEMFIT_CHECK(p.zero_stage >= 0 && p.zero_stage <= 3, "policy", "ZeRO stage must be 0..3 (got {})", p.zero_stage);
+  MEMFIT_CHECK(topo.world_size >= 1 && topo.rank >= 0 && topo.rank < topo.world_size, "policy",
+               "rank {} of a world of {} ranks", topo.rank, topo.world_size);
+  if (p.update_in_backward && (p.zero_stage > 0 || topo.world_size > 1))
+    unsupported("updating in the backward pass with data parallelism (ZeRO)");
   if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
-  if (topo.world_size != 1) unsupported(fmt::format("world size {}", topo.world_size));
 }
 
 }  // namespace
@@ -98,6 +102,12 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
     emit_overflow_check(b, policy);
   }
   p.end_section();
+  // Data parallelism: the collectives that must run once per step whether or not the
+  // optimizer does (the global loss, fp16's overflow flag); filled by graph/zero.cpp.
+  if (policy.zero_stage > 0 || topology.world_size > 1) {
+    p.begin_section("sync");
+    p.end_section();
+  }
 
   p.begin_section("optimizer");
   emit_optimizer_step(b, policy);
@@ -129,8 +139,10 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
   // After recompute: recomputed ops get the same dtypes and fp32 islands as the forward ops
   // they replay (so they compute the same bits), and their replays indices are remapped.
   apply_precision(p, policy);
-  // Last: the updates follow the last use of each parameter, recomputed and cast ops included.
+  // The updates follow the last use of each parameter, recomputed and cast ops included.
   if (policy.update_in_backward) apply_update_in_backward(p);
+  // Last: ZeRO re-homes parameters and gradients with their final dtypes.
+  apply_zero(p, policy, topology);
   p.validate();
   return p;
 }

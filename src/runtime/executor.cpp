@@ -4,11 +4,16 @@
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
+#include "runtime/collective_op.hpp"
 
 namespace memfit {
 
-Executor::Executor(const CompiledProgram& compiled, Backend& backend)
+Executor::Executor(const CompiledProgram& compiled, Backend& backend, Communicator* comm)
     : program_(compiled.program), plan_(compiled.plan) {
+  if (!comm) {
+    own_comm_ = make_single_process_communicator();
+    comm = own_comm_.get();
+  }
   for (Tier t : kAllTiers) {
     const uint64_t bytes = plan_.tier(t).peak_bytes;
     if (t != Tier::device && bytes > 0)
@@ -35,12 +40,13 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend)
     for (TensorId id : op.inputs) b.inputs.push_back(ptr(id));
     for (TensorId id : op.outputs) b.outputs.push_back(ptr(id));
     for (TensorId id : op.workspace) b.workspace.push_back(ptr(id));
-    prepared_[i] = backend.prepare(program_, op, b);
+    prepared_[i] = is_collective(op.kind) ? prepare_collective(program_, op, b, *comm) : backend.prepare(program_, op, b);
   }
   const Section* micro = program_.find_section("micro");
   const Section* opt = program_.find_section("optimizer");
   if (micro) micro_begin_ = micro->begin, micro_end_ = micro->end, micro_repeat_ = micro->repeat;
   if (opt) opt_begin_ = opt->begin, opt_end_ = opt->end;
+  if (const Section* sync = program_.find_section("sync")) sync_begin_ = sync->begin, sync_end_ = sync->end;
 }
 
 void Executor::run_range(int begin, int end, const StepContext& ctx) {
@@ -72,6 +78,7 @@ void Executor::run_step(StepContext ctx) {
     ctx.micro = m;
     run_range(micro_begin_, micro_end_, ctx);
   }
+  run_range(sync_begin_, sync_end_, ctx);
   run_range(opt_begin_, opt_end_, ctx);
 }
 

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dist/communicator.hpp"
 #include "kernels/backend.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/compile.hpp"
@@ -32,8 +33,9 @@ class OpObserver {
 class Executor {
  public:
   // Throws [runtime] when a tier other than device is planned (the CPU backend has no host
-  // or disk tier yet) and [kernels] when an op has no kernel.
-  Executor(const CompiledProgram& compiled, Backend& backend);
+  // or disk tier yet) and [kernels] when an op has no kernel. Collective ops run through
+  // `comm` (not owned; a single-process communicator when null).
+  Executor(const CompiledProgram& compiled, Backend& backend, Communicator* comm = nullptr);
 
   const Program& program() const { return program_; }
   const MemoryPlan& plan() const { return plan_; }
@@ -41,7 +43,8 @@ class Executor {
   void set_input_handler(InputHandler handler) { input_ = std::move(handler); }
   // Runs the ops of a section once.
   void run_section(std::string_view name, const StepContext& ctx);
-  // One optimizer step: the "micro" section micro_count times, then "optimizer".
+  // One optimizer step: the "micro" section micro_count times, then "sync" (data-parallel
+  // programs), then "optimizer".
   void run_step(StepContext ctx);
   // Ops [begin, end) in program order (tests use it to stop mid-section and inspect).
   void run_ops(int begin, int end, const StepContext& ctx) { run_range(begin, end, ctx); }
@@ -72,10 +75,11 @@ class Executor {
   std::vector<std::byte*> pointers_;
   std::vector<std::unique_ptr<PreparedOp>> prepared_;  // null for load_input
   InputHandler input_;
+  std::unique_ptr<Communicator> own_comm_;  // when none is given
   bool timing_ = false;
   std::vector<double> op_seconds_;
   std::vector<OpObserver*> observers_;
-  int micro_begin_ = 0, micro_end_ = 0, micro_repeat_ = 1, opt_begin_ = 0, opt_end_ = 0;
+  int micro_begin_ = 0, micro_end_ = 0, micro_repeat_ = 1, opt_begin_ = 0, opt_end_ = 0, sync_begin_ = 0, sync_end_ = 0;
 };
 
 }  // namespace memfit

@@ -35,7 +35,18 @@ void BatchLoader::reset() {
   if (shuffle_) shuffle_order();
 }
 
-void BatchLoader::next(int32_t* tokens, int32_t* targets) {
+void BatchLoader::seek(int64_t epoch, int64_t cursor) {
+  MEMFIT_CHECK(epoch >= 0 && cursor >= 0 && cursor <= int64_t(order_.size()), "data",
+               "cannot resume the {} data at epoch {}, batch {}: an epoch holds {} batches", split_, epoch, cursor,
+               order_.size());
+  epoch_ = epoch;
+  if (shuffle_) shuffle_order();
+  cursor_ = cursor;
+}
+
+void BatchLoader::next_rows(int32_t* tokens, int32_t* targets, int64_t first_row, int64_t rows) {
+  MEMFIT_ASSERT(first_row >= 0 && rows >= 0 && first_row + rows <= batch_, "rows [{}, {}) of a batch of {}", first_row,
+                first_row + rows, batch_);
   if (cursor_ == int64_t(order_.size())) {
     cursor_ = 0;
     ++epoch_;
@@ -49,8 +60,9 @@ void BatchLoader::next(int32_t* tokens, int32_t* targets) {
     MEMFIT_CHECK(t >= 0 && t < vocab_, "data", "token {} at position {} of {} is outside the model's vocabulary of {}",
                  t, start + i, data_.description(), vocab_);
   }
-  std::copy(buffer_.begin(), buffer_.begin() + n, tokens);
-  std::copy(buffer_.begin() + 1, buffer_.begin() + n + 1, targets);
+  const int64_t lo = first_row * seq_, hi = (first_row + rows) * seq_;
+  std::copy(buffer_.begin() + lo, buffer_.begin() + hi, tokens);
+  std::copy(buffer_.begin() + lo + 1, buffer_.begin() + hi + 1, targets);
 }
 
 }  // namespace memfit

@@ -21,10 +21,16 @@ class BatchLoader {
               bool shuffle, uint64_t seed, std::string split);
 
   // Fills tokens and targets (B*T each). Throws [data] on a token id outside the vocabulary.
-  void next(int32_t* tokens, int32_t* targets);
+  void next(int32_t* tokens, int32_t* targets) { next_rows(tokens, targets, 0, batch_); }
+  // Rows [first_row, first_row + rows) of the next batch: a data-parallel rank's slice of the
+  // global batch (every rank walks the same batch order).
+  void next_rows(int32_t* tokens, int32_t* targets, int64_t first_row, int64_t rows);
   void reset();  // back to the first batch of the first epoch
   int64_t batches_per_epoch() const { return int64_t(order_.size()); }
   int64_t epoch() const { return epoch_; }
+  int64_t cursor() const { return cursor_; }  // batches of this epoch already served
+  // Continues from a position that epoch() and cursor() reported (a resumed checkpoint).
+  void seek(int64_t epoch, int64_t cursor);
 
  private:
   void shuffle_order();

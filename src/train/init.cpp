@@ -1,5 +1,6 @@
 #include "train/init.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -42,9 +43,23 @@ void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec) {
   // All-zero bits are +0 in fp32, bf16 and fp16 alike; the master (if any) is zeroed too.
   const int64_t first = spec.vocab_size * spec.n_embd, count = (spec.padded_vocab - spec.vocab_size) * spec.n_embd;
   const DType dt = p.tensor(wte).dtype;
-  std::memset(ex.data(wte) + dtype_bytes(dt, first), 0, dtype_bytes(dt, count));
+  for (const ParamEntry& e : p.params()) {
+    if (e.value != wte || e.value_shard == kNoTensor) continue;
+    // ZeRO-3: only this rank's piece persists.
+    const int64_t a = std::max(first, e.shard_offset), b = std::min(first + count, e.shard_offset + e.shard_numel);
+    if (a < b) std::memset(ex.data(e.value_shard) + dtype_bytes(dt, a - e.shard_offset), 0, dtype_bytes(dt, b - a));
+    if (e.master == kNoTensor) return;
+  }
+  const bool sharded_value = p.tensor(p.root_of(wte)).category == Category::communication;
+  if (!sharded_value) std::memset(ex.data(wte) + dtype_bytes(dt, first), 0, dtype_bytes(dt, count));
   for (const ParamEntry& e : p.params())
-    if (e.value == wte && e.master != kNoTensor) std::fill_n(ex.data_as<float>(e.master) + first, count, 0.0f);
+    if (e.value == wte && e.master != kNoTensor) {
+      // A ZeRO piece holds elements [shard_offset, shard_offset + shard_numel) of the parameter.
+      const int64_t lo = e.whole_state() ? 0 : e.shard_offset;
+      const int64_t hi = e.whole_state() ? first + count : e.shard_offset + e.shard_numel;
+      const int64_t a = std::max(first, lo), b = std::min(first + count, hi);
+      if (a < b) std::fill_n(ex.data_as<float>(e.master) + (a - lo), b - a, 0.0f);
+    }
 }
 
 void zero_persistent_state(Executor& ex) {

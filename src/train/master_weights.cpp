@@ -22,19 +22,34 @@ void narrow_into(void* dst, DType dtype, const float* src, int64_t n) {
 
 float* fp32_values(const Executor& ex, const ParamEntry& e) {
   const Program& p = ex.program();
-  if (e.master != kNoTensor) return ex.data_as<float>(e.master);
+  if (e.value_shard != kNoTensor) return nullptr;  // ZeRO-3: no whole copy of the parameter persists
+  if (e.master != kNoTensor && e.whole_state()) return ex.data_as<float>(e.master);
+  if (e.master != kNoTensor) return nullptr;  // a ZeRO piece: the values live in the parameter
   return p.tensor(e.value).dtype == DType::f32 ? ex.data_as<float>(e.value) : nullptr;
 }
 
 void store_parameter(const Executor& ex, const ParamEntry& e, const float* values) {
   const TensorDesc& t = ex.program().tensor(e.value);
-  if (e.master != kNoTensor && ex.data_as<float>(e.master) != values)
-    std::memcpy(ex.data(e.master), values, size_t(t.numel()) * sizeof(float));
+  if (e.master != kNoTensor && ex.data_as<float>(e.master) != values) {
+    if (e.whole_state()) std::memcpy(ex.data(e.master), values, size_t(t.numel()) * sizeof(float));
+    else if (e.shard_numel > 0)
+      std::memcpy(ex.data(e.master), values + e.shard_offset, size_t(e.shard_numel) * sizeof(float));
+  }
+  if (e.value_shard != kNoTensor) {  // ZeRO-3: only this rank's piece persists
+    narrow_into(ex.data(e.value_shard), t.dtype, values + e.shard_offset, e.shard_numel);
+    return;
+  }
+  if (e.shard_numel == 0 && ex.program().tensor(e.value).is_view() &&
+      ex.program().tensor(ex.program().root_of(e.value)).category == Category::communication)
+    return;  // ZeRO-3 and this rank holds no piece of it
   if (ex.data_as<float>(e.value) != values) narrow_into(ex.data(e.value), t.dtype, values, t.numel());
 }
 
 std::vector<float> load_parameter(const Executor& ex, const ParamEntry& e) {
   const TensorDesc& t = ex.program().tensor(e.value);
+  MEMFIT_CHECK(ex.program().tensor(ex.program().root_of(e.value)).category != Category::communication, "train",
+               "parameter '{}' is sharded by ZeRO-3: whole weights cannot be read or saved yet (use --checkpoint-dir)",
+               e.name);
   if (const float* home = fp32_values(ex, e)) return std::vector<float>(home, home + t.numel());
   std::vector<float> out(size_t(t.numel()));
   visit_float_type(t.dtype, [&](auto tag) {
@@ -46,8 +61,16 @@ std::vector<float> load_parameter(const Executor& ex, const ParamEntry& e) {
 }
 
 void narrow_masters_into_parameters(const Executor& ex) {
-  for (const ParamEntry& e : ex.program().params())
-    if (e.master != kNoTensor) store_parameter(ex, e, ex.data_as<float>(e.master));
+  for (const ParamEntry& e : ex.program().params()) {
+    if (e.master == kNoTensor) continue;
+    if (e.whole_state()) {
+      store_parameter(ex, e, ex.data_as<float>(e.master));
+    } else if (e.shard_numel > 0) {  // a ZeRO piece narrows into its slice of the parameter
+      const DType dt = ex.program().tensor(e.value).dtype;
+      std::byte* to = e.value_shard != kNoTensor ? ex.data(e.value_shard) : ex.data(e.value) + dtype_bytes(dt, e.shard_offset);
+      narrow_into(to, dt, ex.data_as<float>(e.master), e.shard_numel);
+    }
+  }
 }
 
 }  // namespace memfit

@@ -36,6 +36,9 @@ struct RunConfig {
   std::string load;  // safetensors file or a directory holding model.safetensors
   std::string save;  // directory (model.safetensors + config.json) or a .safetensors path
   std::string report_json;
+  std::string checkpoint_dir;    // sharded training checkpoints (train/checkpoint.hpp) go here
+  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only after the last step (when a dir is set)
+  std::string resume;            // a checkpoint directory to continue from (same world size)
   uint64_t memory_budget = 0;  // bytes; 0: the memory available on this machine
   LossScaleConfig loss_scale;  // fp16 runs (DeepSpeed's fp16 block selects its convention)
   int64_t log_every = 1;

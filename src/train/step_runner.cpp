@@ -28,6 +28,7 @@ StepRunner::StepRunner(Executor& ex, InputHandler input, const LossScaleConfig& 
   const Section* micro = p.find_section("micro");
   MEMFIT_ASSERT(micro != nullptr, "the program has no micro section");
   micro_begin_ = micro->begin, micro_end_ = micro->end, micro_repeat_ = micro->repeat;
+  has_sync_ = p.find_section("sync") != nullptr;
   if (const TensorId flag = p.find_tensor(kOverflowFlag); flag != kNoTensor) {
     flag_ = ex.data_as<const float>(flag);
     scaler_.emplace(scaling);
@@ -72,6 +73,7 @@ StepRunner::Result StepRunner::run(StepContext ctx) {
     ctx.micro = m;
     ex_.run_section("micro", ctx);
   }
+  if (has_sync_) ex_.run_section("sync", ctx);  // the global loss and overflow flag
   const bool overflow = *flag_ != 0.0f;
   const LossScaler::Outcome outcome = scaler_->update(overflow);
   if (outcome == LossScaler::Outcome::applied) ex_.run_section("optimizer", ctx);

@@ -52,6 +52,7 @@ class StepRunner {
   std::optional<LossScaler> scaler_;
   const float* flag_ = nullptr;
   int micro_begin_ = 0, micro_end_ = 0, micro_repeat_ = 1;
+  bool has_sync_ = false;
   // Bytes each micro-step's load_input ops wrote, for replays.
   std::vector<const Op*> load_ops_;
   std::vector<std::vector<std::byte>> recorded_;  // [micro * load_ops + i]

@@ -8,14 +8,17 @@
 #include <cmath>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/training_program.hpp"
+#include "graph/zero.hpp"
 #include "plan/plan_report.hpp"
 #include "runtime/executor.hpp"
 #include "train/budget.hpp"
+#include "train/checkpoint.hpp"
 #include "train/data_loader.hpp"
 #include "train/init.hpp"
 #include "train/step_runner.hpp"
@@ -114,7 +117,21 @@ nlohmann::json policy_json(const Policy& p) {
           {"classifier_chunk_rows", p.classifier_chunk_rows}};
 }
 
-nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hooks) {
+nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, RunHooks* hooks, Communicator* comm) {
+  std::unique_ptr<Communicator> own_comm;
+  if (!comm) {
+    own_comm = launched_with_several_ranks() ? make_mpi_communicator() : make_single_process_communicator();
+    comm = own_comm.get();
+  }
+  const int W = comm->size(), rank = comm->rank();
+  MEMFIT_CHECK(config.topology.world_size == 1 || config.topology.world_size == W, "train",
+               "--world-size {} but the run was launched with {} ranks", config.topology.world_size, W);
+  RunConfig c = config;
+  c.topology = Topology{W, rank};
+  MEMFIT_CHECK(c.save.empty() || c.policy.zero_stage < 3, "train",
+               "--save cannot write whole weights under ZeRO-3 yet (each rank holds a shard); use --checkpoint-dir");
+  std::ostringstream quiet;  // ranks other than 0 keep their lines to themselves
+  std::ostream& log = rank == 0 ? rank_log : quiet;
   MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);
   MEMFIT_CHECK(c.val_fraction >= 0 && c.val_fraction < 1, "train", "the validation fraction must be in [0, 1) (got {})",
                c.val_fraction);
@@ -133,16 +150,17 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
   const Policy& pol = run.policy;
   const Program& prog = run.compiled.program;
   const int64_t B = pol.batch, T = pol.seq, k = pol.grad_accum;
+  const int64_t GB = B * W;  // the global batch: rank r reads its rows [r*B, (r+1)*B)
 
   // Validation split from the end of the data; it must hold at least one batch.
   const int64_t n = data.size();
   int64_t val_tokens = 0;
-  if (pol.with_eval) val_tokens = std::max<int64_t>(int64_t(double(n) * c.val_fraction), B * T + 1);
+  if (pol.with_eval) val_tokens = std::max<int64_t>(int64_t(double(n) * c.val_fraction), GB * T + 1);
   MEMFIT_CHECK(val_tokens < n, "data", "{} holds {} tokens, too few for a validation split of {}", data.description(),
                n, val_tokens);
-  BatchLoader train_loader(data, 0, n - val_tokens, B, T, spec.vocab_size, c.shuffle, c.seed, "training");
+  BatchLoader train_loader(data, 0, n - val_tokens, GB, T, spec.vocab_size, c.shuffle, c.seed, "training");
   std::optional<BatchLoader> val_loader;
-  if (pol.with_eval) val_loader.emplace(data, n - val_tokens, n, B, T, spec.vocab_size, false, c.seed, "validation");
+  if (pol.with_eval) val_loader.emplace(data, n - val_tokens, n, GB, T, spec.vocab_size, false, c.seed, "validation");
 
   log << fmt::format("memfit train: model {} ({} parameters), batch {} x {} tokens, accumulation {}, {}, {}, lr {} ({})\n",
                      spec.name, prog.parameter_count(), B, T, k, precision_name(pol.precision),
@@ -154,7 +172,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
   log << format_memory_table(prog, run.compiled.plan);
   enforce_memory_budget(c, run, budget, *backend, log);
 
-  Executor ex(run.compiled, *backend);
+  Executor ex(run.compiled, *backend, comm);
   if (c.load.empty()) {
     initialize_parameters(ex, spec, c.seed);
   } else {
@@ -166,8 +184,9 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
   const TensorId tokens = prog.find_tensor(kTokens), targets = prog.find_tensor(kTargets);
   const TensorId eval_tokens = prog.find_tensor(kEvalTokens), eval_targets = prog.find_tensor(kEvalTargets);
   StepRunner runner(ex, [&](const Op& op, const StepContext&) {
-    if (op.outputs[0] == tokens) train_loader.next(ex.data_as<int32_t>(tokens), ex.data_as<int32_t>(targets));
-    else val_loader->next(ex.data_as<int32_t>(eval_tokens), ex.data_as<int32_t>(eval_targets));
+    if (op.outputs[0] == tokens)
+      train_loader.next_rows(ex.data_as<int32_t>(tokens), ex.data_as<int32_t>(targets), rank * B, B);
+    else val_loader->next_rows(ex.data_as<int32_t>(eval_tokens), ex.data_as<int32_t>(eval_targets), rank * B, B);
   }, c.loss_scale);
   if (runner.loss_scaling())
     log << fmt::format("loss scaling: {} convention, initial scale {}\n",
@@ -193,15 +212,32 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
   nlohmann::json lr_history = nlohmann::json::array(), norm_history = nlohmann::json::array();
   double timed_seconds = 0, timed_cpu_seconds = 0;
   int64_t timed_steps = 0;
-  const double tokens_per_step = double(B * T * k);
+  const double tokens_per_step = double(GB * T * k);
   const uint64_t planned = run.compiled.plan.tier(Tier::device).peak_bytes;
   float first_loss = NAN, last_loss = NAN;
   // Optimizer steps actually applied: a step skipped for a gradient overflow does not count
   // (AdamW's bias correction and the learning-rate schedule see only applied steps, as in
   // PyTorch's GradScaler and DeepSpeed).
-  int64_t applied = 0;
+  int64_t applied = 0, first_step = 1;
+  if (!c.resume.empty()) {
+    MEMFIT_CHECK(c.load.empty(), "train", "--resume and --load both give the weights; use one");
+    const TrainingPosition at = load_checkpoint(c.resume, ex, c.model, pol, *comm);
+    MEMFIT_CHECK(at.step < c.steps, "train", "the checkpoint in '{}' is at step {}, not before --steps {}", c.resume,
+                 at.step, c.steps);
+    first_step = at.step + 1;
+    applied = at.applied;
+    train_loader.seek(at.loader_epoch, at.loader_cursor);
+    if (at.scaler && runner.scaler()) runner.scaler()->restore(*at.scaler);
+    log << fmt::format("resumed from {} at step {}\n", c.resume, at.step);
+  }
+  auto checkpoint = [&](int64_t step) {
+    TrainingPosition at{step, applied, train_loader.epoch(), train_loader.cursor(), std::nullopt};
+    if (runner.scaler()) at.scaler = runner.scaler()->state();
+    save_checkpoint(c.checkpoint_dir, ex, c.model, pol, at, *comm);
+    log << fmt::format("step {:>5}/{} | checkpoint written to {}\n", step, c.steps, c.checkpoint_dir);
+  };
   nlohmann::json scale_history = nlohmann::json::array(), skipped_at = nlohmann::json::array();
-  for (int64_t step = 1; step <= c.steps; ++step) {
+  for (int64_t step = first_step; step <= c.steps; ++step) {
     StepContext ctx;
     ctx.step = applied + 1;
     ctx.lr = schedule.at(applied + 1);
@@ -213,7 +249,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
     applied += r.applied ? 1 : 0;
     if (hooks) hooks->after_step(step, *loss);
     last_loss = *loss;
-    if (step == 1) first_loss = last_loss;
+    if (step == first_step) first_loss = last_loss;
     MEMFIT_CHECK(std::isfinite(last_loss) || !r.applied, "train", "the loss became {} at step {}; lower --lr",
                  last_loss, step);
     history.push_back(last_loss);
@@ -223,7 +259,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
       scale_history.push_back(r.scale);
       if (!r.applied) skipped_at.push_back(step);
     }
-    if (step > 1) timed_seconds += dt, timed_cpu_seconds += process_cpu_seconds() - cpu0, ++timed_steps;
+    if (step > first_step) timed_seconds += dt, timed_cpu_seconds += process_cpu_seconds() - cpu0, ++timed_steps;
     const std::string scaling = runner.loss_scaling() ? fmt::format(" | scale {:g}{} | skipped {}", r.scale,
                                                                     r.applied ? "" : " (overflow: step skipped)",
                                                                     runner.skipped_steps())
@@ -232,6 +268,8 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
       log << fmt::format("step {:>5}/{} | loss {:.4f} | {:8.1f} ms | {:>9.0f} tok/s | lr {:.3g}{} | device {} planned{}\n",
                          step, c.steps, last_loss, dt * 1e3, tokens_per_step / dt, ctx.lr,
                          grad_norm ? fmt::format(" | norm {:.3f}", *grad_norm) : "", format_bytes(planned), scaling);
+    if (!c.checkpoint_dir.empty() && (c.checkpoint_every > 0 ? step % c.checkpoint_every == 0 : step == c.steps))
+      checkpoint(step);
     if (pol.with_eval && c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {
       const double v = evaluate();
       val_history.push_back({{"step", step}, {"loss", v}});
@@ -248,13 +286,16 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
   TierBytes measured{};
   for (Tier t : kAllTiers) measured[size_t(t)] = ex.arena(t).measured_high_water();
   const uint64_t rss = max_rss_bytes();
+  // Every rank checks its own arena; the report says whether all of them matched their plans.
+  int32_t mismatched = planned == measured[0] ? 0 : 1;
+  comm->all_reduce(&mismatched, 1, DType::i32, ReduceOp::max);
   log << fmt::format("memory: device planned peak {} ({} bytes), measured high-water {} ({} bytes){}; max RSS {}\n",
                      format_bytes(planned), planned, format_bytes(measured[0]), measured[0],
                      planned == measured[0] ? ", equal" : ", DIFFERENT", format_bytes(rss));
   const double tps = timed_steps ? tokens_per_step * double(timed_steps) / timed_seconds : 0.0;
   if (timed_steps) log << fmt::format("speed: {:.0f} tokens/s, {:.1f} ms/step over steps 2..{}\n", tps,
                                       1e3 * timed_seconds / double(timed_steps), c.steps);
-  if (!c.save.empty()) {
+  if (!c.save.empty() && rank == 0) {
     save_weights(c.save, ex, spec);
     log << fmt::format("saved weights to {}\n", c.save);
   }
@@ -284,6 +325,10 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
   report["memory"] = memory_json(prog, run.compiled.plan, measured);
   report["memory"]["max_rss_bytes"] = rss;
   report["memory"]["budget_bytes"] = budget;
+  report["memory"]["all_ranks_equal"] = mismatched == 0;
+  const double comm_bytes = communication_bytes_per_step(prog);
+  report["distributed"] = {{"world_size", W}, {"rank", rank}, {"zero_stage", pol.zero_stage},
+                           {"comm_bytes_per_step", comm_bytes}};
   report["optimizer_steps_applied"] = applied;
   if (runner.loss_scaling())
     report["loss_scaling"] = {
@@ -298,7 +343,7 @@ nlohmann::json run_training(const RunConfig& c, std::ostream& log, RunHooks* hoo
   report["lr_history"] = lr_history;
   if (grad_norm) report["grad_norm_history"] = norm_history;
   if (hooks) hooks->after_run(ex, report, log);
-  if (!c.report_json.empty()) {
+  if (!c.report_json.empty() && rank == 0) {
     const std::string tmp = c.report_json + ".tmp";
     {
       std::ofstream out(tmp);

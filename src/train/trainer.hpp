@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dist/communicator.hpp"
 #include "kernels/backend.hpp"
 #include "plan/recompute_search.hpp"
 #include "runtime/compile.hpp"
@@ -39,7 +40,10 @@ nlohmann::json model_json(const ModelSpec& spec, int64_t parameters);
 nlohmann::json policy_json(const Policy& policy);
 
 // Refuses to start when the plan exceeds the budget (train/budget.hpp). `hooks` (optional)
-// watch the run: `memfit profile`, `--check-leaks`.
-nlohmann::json run_training(const RunConfig& config, std::ostream& log, RunHooks* hooks = nullptr);
+// watch the run: `memfit profile`, `--check-leaks`. `comm` is the data-parallel group (not
+// owned); when null, MPI_COMM_WORLD if launched by mpirun with several ranks, else a world of
+// one. Every rank runs this; only rank 0 logs and writes the report file.
+nlohmann::json run_training(const RunConfig& config, std::ostream& log, RunHooks* hooks = nullptr,
+                            Communicator* comm = nullptr);
 
 }  // namespace memfit

@@ -15,6 +15,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -608,9 +610,17 @@ std::unique_ptr<PreparedOp> prepare_adamw8bit(const Program& p, const Op& op, co
 }
 
 std::unique_ptr<PreparedOp> prepare_grad_norm(const Program& p, const Op& op, const OpBinding& b) {
-  check_arity(op, op.inputs.size(), 1, 1);
+  const GradNormAttrs::Form form = attrs_of<GradNormAttrs>(op).form;
+  check_arity(op, op.inputs.size(), 1, form == GradNormAttrs::Form::sqrt_of_input ? 0 : 1);
   check_numel(p, op, op.outputs[0], 1, "norm");
   require_overwrite(op, 0);
+  if (form == GradNormAttrs::Form::sqrt_of_input) {
+    check_arity(op, 1, 1);
+    check_numel(p, op, op.inputs[0], 1, "sum of squares");
+    return make_op([in = static_cast<const float*>(b.inputs[0]), norm = out_f(b, 0)](const StepContext&) {
+      *norm = std::sqrt(*in);
+    });
+  }
   std::vector<GradNormTensor> tensors;
   for (size_t i = 0; i < op.inputs.size(); ++i) tensors.push_back({b.inputs[i], p.tensor(op.inputs[i]).numel()});
   GradNormSet set(std::move(tensors), attrs_of<GradNormAttrs>(op).chunk,
@@ -619,7 +629,9 @@ std::unique_ptr<PreparedOp> prepare_grad_norm(const Program& p, const Op& op, co
                "op '{}' (grad_norm): the partials '{}' hold {} sums, fewer than {} chunks", op.name,
                p.tensor(op.workspace[0]).name, p.tensor(op.workspace[0]).numel(), set.chunks());
   return make_op([set = std::move(set), partials = static_cast<float*>(b.workspace[0]),
-                  norm = out_f(b, 0)](const StepContext& ctx) { *norm = set.run(partials, 1.0f / ctx.loss_scale); });
+                  norm = out_f(b, 0), squares = form == GradNormAttrs::Form::sum_of_squares](const StepContext& ctx) {
+    *norm = squares ? set.run_sum_of_squares(partials, 1.0f / ctx.loss_scale) : set.run(partials, 1.0f / ctx.loss_scale);
+  });
 }
 
 class CpuBackend final : public Backend {
@@ -696,9 +708,15 @@ class CpuBackend final : public Backend {
       case OpKind::check_finite: return prepare_check_finite(program, op, binding);
       case OpKind::fill: {
         check_arity(op, 0, 1);
-        require_dtype(program, op, op.outputs[0], DType::f32);
         const int64_t n = program.tensor(op.outputs[0]).numel();
         const float value = attrs_of<FillAttrs>(op).value;
+        if (program.tensor(op.outputs[0]).dtype != DType::f32 && value == 0.0f && op.modes[0] == WriteMode::overwrite) {
+          // Zero is all-zero bits in every float type (ZeRO zeroes the padding of 16-bit buckets).
+          return make_op([x = binding.outputs[0], bytes = program.tensor(op.outputs[0]).bytes()](const StepContext&) {
+            std::memset(x, 0, bytes);
+          });
+        }
+        require_dtype(program, op, op.outputs[0], DType::f32);
         return make_op([=, x = out_f(binding, 0), mode = op.modes[0]](const StepContext& ctx) {
           fill_forward(x, n, value, accumulates(mode, ctx));
         });

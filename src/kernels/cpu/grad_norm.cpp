@@ -35,6 +35,15 @@ GradNormSet::GradNormSet(std::vector<GradNormTensor> tensors, int64_t chunk, DTy
 }
 
 float GradNormSet::run(float* partials, float inv_loss_scale) const {
+  return float(std::sqrt(sum_squares(partials)) * double(inv_loss_scale));
+}
+
+float GradNormSet::run_sum_of_squares(float* partials, float inv_loss_scale) const {
+  const double s = double(inv_loss_scale);
+  return float(sum_squares(partials) * s * s);
+}
+
+double GradNormSet::sum_squares(float* partials) const {
   const GradNormTensor* tensors = tensors_.data();
   const int64_t* offsets = offsets_.data();
   const int64_t count = int64_t(tensors_.size()), chunk = chunk_, total = offsets_.back();
@@ -58,7 +67,7 @@ float GradNormSet::run(float* partials, float inv_loss_scale) const {
   });
   double sum = 0;
   for (int64_t c = 0; c < chunks(); ++c) sum += double(partials[c]);
-  return float(std::sqrt(sum) * double(inv_loss_scale));
+  return sum;
 }
 
 float clip_coefficient(float norm, double max_norm) {

@@ -22,8 +22,12 @@ class GradNormSet {
   int64_t chunks() const { return (offsets_.back() + chunk_ - 1) / chunk_; }
   // The norm of the unscaled gradients: sqrt(sum g^2) * inv_loss_scale. partials holds chunks() floats.
   float run(float* partials, float inv_loss_scale) const;
+  // sum g^2 * inv_loss_scale^2: the part of a sharded norm one rank adds (GradNormAttrs::Form).
+  float run_sum_of_squares(float* partials, float inv_loss_scale) const;
 
  private:
+  double sum_squares(float* partials) const;
+
   std::vector<GradNormTensor> tensors_;
   std::vector<int64_t> offsets_;  // elements before tensor i; size n + 1
   int64_t chunk_;

@@ -1,0 +1,493 @@
+// The ZeRO pass (see zero.hpp). It works in three moves on the finished program: re-home
+// parameters and gradients into flat bucket roots (existing tensors become views, so every
+// op that names them is untouched); shrink master weights and optimizer state to this rank's
+// pieces (the tensors keep their ids, only their shapes change); then rebuild the op list,
+// inserting collectives and re-pointing the optimizer ops at the pieces.
+#include "graph/zero.hpp"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "graph/optimizer.hpp"
+#include "graph/precision.hpp"
+#include "graph/training_program.hpp"
+
+namespace memfit {
+
+namespace {
+
+double ring_bytes(double bytes, int world, double passes) { return passes * bytes * double(world - 1) / double(world); }
+
+struct ZeroPass {
+  Program& p;
+  const Policy& policy;
+  ZeroLayout L;
+  int stage = 0, world = 1, rank = 0, micro_repeat = 1;
+
+  std::vector<TensorId> param_root, grad_root, grad_shard_root;  // per bucket
+  // Stage 3, per bucket: transient gather buffers of the forward, backward (and recompute)
+  // and validation passes; param_root is then the persistent shard.
+  std::vector<TensorId> gather_fwd, gather_bwd, gather_eval;
+  std::map<TensorId, TensorId> bwd_view, eval_view;  // parameter value -> its view in those buffers
+  // Per parameter (index into params()).
+  std::vector<int64_t> piece_first, piece_count;
+  std::vector<TensorId> value_piece, grad_piece;
+  std::vector<int> bucket_of;
+  std::map<TensorId, int> param_of_grad, param_of_target;
+
+  Op collective(OpKind kind, std::string name, std::vector<TensorId> in, std::vector<TensorId> out, Phase phase,
+                int layer, bool max = false) const {
+    Op op;
+    op.kind = kind;
+    op.phase = phase;
+    op.name = std::move(name);
+    op.layer = layer;
+    op.inputs = std::move(in);
+    op.outputs = std::move(out);
+    op.modes.assign(op.outputs.size(), WriteMode::overwrite);
+    op.attrs = CollectiveAttrs{world, max};
+    const double full = double(p.tensor(kind == OpKind::reduce_scatter ? op.inputs[0] : op.outputs[0]).bytes());
+    op.comm_bytes = ring_bytes(full, world, kind == OpKind::all_reduce ? 2.0 : 1.0);
+    return op;
+  }
+
+  void make_view(TensorId id, TensorId root, int64_t element_offset) {
+    TensorDesc& t = p.tensor(id);
+    MEMFIT_ASSERT(!t.is_view(), "tensor {} is already a view", t.name);
+    const TensorDesc& r = p.tensor(root);
+    MEMFIT_ASSERT(t.dtype == r.dtype, "tensor {} ({}) in bucket {} ({})", t.name, dtype_name(t.dtype), r.name,
+                  dtype_name(r.dtype));
+    t.view_of = root;
+    t.view_offset = dtype_bytes(t.dtype, element_offset);
+    t.lifetime = r.lifetime;
+  }
+
+  TensorId add_root(std::string name, int64_t elements, DType dtype, Category cat, Lifetime life, int layer) {
+    TensorDesc d;
+    d.name = std::move(name);
+    d.shape = Shape{elements};
+    d.dtype = dtype;
+    d.category = cat;
+    d.lifetime = life;
+    d.layer = layer;
+    return p.add_tensor(std::move(d));
+  }
+
+  void build_buckets() {
+    const size_t n = p.params().size();
+    piece_first.assign(n, 0);
+    piece_count.assign(n, -1);
+    value_piece.assign(n, kNoTensor);
+    grad_piece.assign(n, kNoTensor);
+    bucket_of.assign(n, -1);
+    for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
+      const ZeroBucket& b = L.buckets[bi];
+      const ParamEntry& first = p.params()[size_t(b.params[0])];
+      const DType pdt = p.tensor(first.value).dtype, gdt = p.tensor(first.grad).dtype;
+      const Lifetime glife = stage >= 2 ? Lifetime::transient : p.tensor(first.grad).lifetime;
+      if (stage == 3) {
+        param_root.push_back(add_root("zero.params." + b.tag + ".shard", L.shard(b), pdt, Category::parameters,
+                                      Lifetime::persistent, b.layer));
+        gather_fwd.push_back(add_root("zero.gather." + b.tag + ".forward", b.elements, pdt, Category::communication,
+                                      Lifetime::transient, b.layer));
+        gather_bwd.push_back(add_root("zero.gather." + b.tag + ".backward", b.elements, pdt, Category::communication,
+                                      Lifetime::transient, b.layer));
+        if (p.find_section("eval"))
+          gather_eval.push_back(add_root("zero.gather." + b.tag + ".eval", b.elements, pdt, Category::communication,
+                                         Lifetime::transient, b.layer));
+      } else {
+        param_root.push_back(add_root("zero.params." + b.tag, b.elements, pdt, Category::parameters,
+                                      Lifetime::persistent, b.layer));
+      }
+      grad_root.push_back(add_root("zero.grads." + b.tag, b.elements, gdt, Category::gradients, glife, b.layer));
+      if (stage >= 2)
+        grad_shard_root.push_back(add_root("zero.grad_shard." + b.tag, L.shard(b), gdt, Category::gradients,
+                                           Lifetime::persistent, b.layer));
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const int pi = b.params[j];
+        const ParamEntry& e = p.params()[size_t(pi)];
+        bucket_of[size_t(pi)] = int(bi);
+        if (stage == 3) {
+          const TensorDesc v = p.tensor(e.value);
+          bwd_view[e.value] = p.add_view(gather_bwd.back(), v.name + ".backward", v.shape, v.dtype,
+                                         dtype_bytes(v.dtype, b.offsets[j]));
+          if (!gather_eval.empty())
+            eval_view[e.value] = p.add_view(gather_eval.back(), v.name + ".eval", v.shape, v.dtype,
+                                            dtype_bytes(v.dtype, b.offsets[j]));
+          make_view(e.value, gather_fwd.back(), b.offsets[j]);
+        } else {
+          make_view(e.value, param_root.back(), b.offsets[j]);
+        }
+        make_view(e.grad, grad_root.back(), b.offsets[j]);
+        param_of_grad[e.grad] = pi;
+      }
+    }
+  }
+
+  // Stage >= 1: masters and state shrink to this rank's piece; pieces of values and grads.
+  void shard_state() {
+    for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
+      const ZeroBucket& b = L.buckets[bi];
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const int pi = b.params[j];
+        ParamEntry& e = p.params()[size_t(pi)];
+        const int64_t numel = p.tensor(e.value).numel();
+        const auto [first, count] = L.piece(b, b.offsets[j], numel);
+        piece_first[size_t(pi)] = first;
+        piece_count[size_t(pi)] = count;
+        e.shard_offset = first;
+        e.shard_numel = count;
+        const bool q8 = e.state.size() == 4;
+        if (e.master != kNoTensor) p.tensor(e.master).shape = Shape{count};
+        for (size_t s = 0; s < e.state.size(); ++s)
+          p.tensor(e.state[s]).shape = Shape{q8 && s >= 2 ? (count + kQuantBlock - 1) / kQuantBlock : count};
+        if (count == 0) continue;
+        const int64_t at = b.offsets[j] + first;
+        const DType pdt = p.tensor(e.value).dtype, gdt = p.tensor(e.grad).dtype;
+        const int64_t in_shard = at - int64_t(rank) * L.shard(b);
+        value_piece[size_t(pi)] = p.add_view(param_root[bi], e.name + ".shard", Shape{count}, pdt,
+                                             dtype_bytes(pdt, stage == 3 ? in_shard : at));
+        if (stage == 3) e.value_shard = value_piece[size_t(pi)];
+        if (stage >= 2)
+          grad_piece[size_t(pi)] = p.add_view(grad_shard_root[bi], "grad." + e.name + ".shard", Shape{count}, gdt,
+                                              dtype_bytes(gdt, at - int64_t(rank) * L.shard(b)));
+        else
+          grad_piece[size_t(pi)] = p.add_view(grad_root[bi], "grad." + e.name + ".shard", Shape{count}, gdt,
+                                              dtype_bytes(gdt, at));
+        param_of_target[update_target(e)] = pi;
+      }
+    }
+  }
+
+  // The update op restricted to this rank's pieces (nullopt when it holds none of them).
+  std::optional<Op> shard_update(const Op& op) {
+    const AdamWAttrs& a = std::get<AdamWAttrs>(op.attrs);
+    const size_t n = op.inputs.size() - (a.max_grad_norm > 0 ? 1 : 0);
+    const size_t roles = op.outputs.size() / n;
+    Op out = op;
+    AdamWAttrs na = a;
+    na.weight_decay.clear();
+    out.inputs.clear();
+    out.outputs.clear();
+    std::vector<std::vector<TensorId>> by_role(roles);
+    double elements = 0, total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int pi = param_of_grad.at(op.inputs[i]);
+      total += double(p.tensor(p.params()[size_t(pi)].value).numel());
+      if (piece_count[size_t(pi)] == 0) continue;
+      elements += double(piece_count[size_t(pi)]);
+      out.inputs.push_back(grad_piece[size_t(pi)]);
+      const ParamEntry& e = p.params()[size_t(pi)];
+      by_role[0].push_back(e.master != kNoTensor ? e.master : value_piece[size_t(pi)]);
+      for (size_t r = 1; r < roles; ++r) by_role[r].push_back(op.outputs[r * n + i]);
+      if (!a.weight_decay.empty()) na.weight_decay.push_back(a.weight_decay[i]);
+    }
+    if (out.inputs.empty()) return std::nullopt;
+    if (a.max_grad_norm > 0) out.inputs.push_back(op.inputs.back());
+    for (const auto& role : by_role) out.outputs.insert(out.outputs.end(), role.begin(), role.end());
+    out.modes.assign(out.outputs.size(), WriteMode::update);
+    out.attrs = na;
+    out.flops = total > 0 ? op.flops * elements / total : 0;
+    return out;
+  }
+
+  void rebuild() {
+    const std::vector<Op> old = p.ops();
+    std::vector<Op> ops;
+    std::vector<int> section_of;
+    auto push = [&](Op op, int s) {
+      ops.push_back(std::move(op));
+      section_of.push_back(s);
+    };
+    const TensorId loss = p.find_tensor(kLoss), eval_loss = p.find_tensor(kEvalLoss);
+    const TensorId flag = p.find_tensor(kOverflowFlag);
+    const Section* micro = p.find_section("micro");
+    MEMFIT_ASSERT(micro != nullptr, "ZeRO on a program without a micro section");
+    const int micro_index = p.section_of_op(micro->begin);
+    int sync_index = -1;
+    for (size_t si = 0; si < p.sections().size(); ++si)
+      if (p.sections()[si].name == "sync") sync_index = int(si);
+    MEMFIT_ASSERT(sync_index == micro_index + 1, "ZeRO needs the sync section right after the micro section");
+    const int k = micro->repeat;
+
+    // Stage 2: the last micro-section op that writes each bucket's gradients.
+    std::vector<int> last_writer(L.buckets.size(), -1);
+    if (stage >= 2)
+      for (int i = micro->begin; i < micro->end; ++i)
+        for (TensorId id : old[size_t(i)].outputs)
+          if (id != kNoTensor)
+            if (auto it = param_of_grad.find(id); it != param_of_grad.end())
+              last_writer[size_t(bucket_of[size_t(it->second)])] = i;
+
+    // The first micro-section op that writes each bucket's gradients: the bucket's unused tail
+    // (after its last parameter) is zeroed just before it, so reductions never read stale
+    // bytes and the arena's measured high-water mark sees the whole bucket written.
+    std::vector<int> first_writer(L.buckets.size(), -1);
+    for (int i = micro->end - 1; i >= micro->begin; --i)
+      for (TensorId id : old[size_t(i)].outputs)
+        if (id != kNoTensor)
+          if (auto it = param_of_grad.find(id); it != param_of_grad.end())
+            first_writer[size_t(bucket_of[size_t(it->second)])] = i;
+
+    const std::vector<std::vector<size_t>> gathers_before = stage == 3 ? plan_gathers(old) : std::vector<std::vector<size_t>>();
+
+    for (size_t i = 0; i < old.size(); ++i) {
+      for (size_t bi = 0; bi < L.buckets.size(); ++bi)
+        if (first_writer[bi] == int(i)) emit_tail_fill(bi, push, p.section_of_op(int(i)));
+      if (stage == 3)
+        for (size_t g : gathers_before[i]) push(gather_op(g), p.section_of_op(int(i)));
+      Op op = old[i];
+      if (stage == 3) retarget_parameters(op, p.sections()[size_t(p.section_of_op(int(i)))].name);
+      const int s = p.section_of_op(int(i));
+      const std::string& sname = p.sections()[size_t(s)].name;
+      // Each rank sees 1/world of the global batch: scales divide by the world size.
+      if (op.kind == OpKind::classifier) {
+        auto& c = std::get<ClassifierAttrs>(op.attrs);
+        c.grad_scale = 1.0f / float(c.rows * int64_t(k) * world);
+      }
+      if (op.kind == OpKind::loss_mean) {
+        const int64_t rows = p.tensor(op.inputs[0]).numel();
+        std::get<ScaleAttrs>(op.attrs).scale = 1.0f / float(rows * (sname == "micro" ? int64_t(k) : 1) * world);
+      }
+      if (sname == "optimizer" && int(i) == p.sections()[size_t(s)].begin) emit_gradient_sync(ops, section_of, s);
+      bool replaced = false;  // the op was re-emitted in sharded form (or dropped)
+      if (sname == "optimizer" && stage >= 1) {
+        replaced = true;
+        if (op.kind == OpKind::grad_norm) {
+          emit_sharded_norm(op, push, s);
+        } else if (op.kind == OpKind::adamw || op.kind == OpKind::adamw8bit) {
+          if (auto u = shard_update(op)) push(std::move(*u), s);
+        } else if (op.kind == OpKind::cast && param_of_target.count(op.inputs[0])) {
+          const int pi = param_of_target.at(op.inputs[0]);
+          op.outputs[0] = value_piece[size_t(pi)];
+          op.flops = double(piece_count[size_t(pi)]);
+          push(std::move(op), s);
+        } else if (op.kind == OpKind::cast && p.tensor(op.inputs[0]).category == Category::master_weights) {
+          // the master of a parameter this rank holds no piece of: nothing to narrow
+        } else {
+          replaced = false;
+        }
+      }
+      if (!replaced) {
+        if (stage >= 2 && s == micro_index) {
+          for (size_t j = 0; j < op.outputs.size(); ++j)
+            if (param_of_grad.count(op.outputs[j]) && op.modes[j] == WriteMode::accumulate_after_first_micro)
+              op.modes[j] = WriteMode::overwrite;  // the bucket is transient: each micro-step starts afresh
+          if (op.kind == OpKind::check_finite) op.inputs = shard_pieces();
+        }
+        push(std::move(op), s);
+      }
+      if (stage >= 2)
+        for (size_t bi = 0; bi < L.buckets.size(); ++bi)
+          if (last_writer[bi] == int(i)) emit_bucket_reduce_scatter(bi, push, s, k);
+      const bool section_end = int(i) + 1 == p.sections()[size_t(s)].end;
+      // Once per step, after the last micro-step, whether or not the optimizer runs.
+      if (section_end && s == micro_index) {
+        if (loss != kNoTensor)
+          push(collective(OpKind::all_reduce, "zero.all_reduce.loss", {}, {loss}, Phase::communication, -1), sync_index);
+        if (flag != kNoTensor)
+          push(collective(OpKind::all_reduce, "zero.all_reduce.overflow_flag", {}, {flag}, Phase::communication, -1,
+                          true),
+               sync_index);
+      }
+      if (section_end && sname == "optimizer" && (stage == 1 || stage == 2))
+        for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
+          const ZeroBucket& b = L.buckets[bi];
+          const TensorId mine = p.add_view(param_root[bi], "zero.params." + b.tag + ".shard", Shape{L.shard(b)},
+                                           p.tensor(param_root[bi]).dtype,
+                                           dtype_bytes(p.tensor(param_root[bi]).dtype, int64_t(rank) * L.shard(b)));
+          push(collective(OpKind::all_gather, "zero.all_gather." + b.tag, {mine}, {param_root[bi]},
+                          Phase::communication, b.layer),
+               s);
+        }
+      if (section_end && sname == "eval" && eval_loss != kNoTensor)
+        push(collective(OpKind::all_reduce, "zero.all_reduce.eval_loss", {}, {eval_loss}, Phase::communication, -1), s);
+    }
+    p.replace_ops(std::move(ops), section_of);
+  }
+
+  std::vector<TensorId> shard_pieces() const {
+    std::vector<TensorId> out;
+    for (TensorId id : grad_piece)
+      if (id != kNoTensor) out.push_back(id);
+    MEMFIT_CHECK(!out.empty(), "policy", "rank {} of {} holds no gradient elements: too many ranks for this model", rank,
+                 world);
+    return out;
+  }
+
+  // Stage 3: backward and recompute ops read the backward gather's copy of a parameter,
+  // validation ops the eval gather's (the forward's is the parameter tensor itself).
+  void retarget_parameters(Op& op, const std::string& section) {
+    const std::map<TensorId, TensorId>* to = nullptr;
+    if (section == "micro" && (op.phase == Phase::backward || op.phase == Phase::recompute)) to = &bwd_view;
+    if (section == "eval") to = &eval_view;
+    if (!to) return;
+    for (TensorId& id : op.inputs)
+      if (auto it = to->find(id); it != to->end()) id = it->second;
+  }
+
+  // Gather g encodes (pass, bucket) as pass * buckets + bucket; pass 0 forward, 1 backward, 2 eval.
+  Op gather_op(size_t g) const {
+    const size_t nb = L.buckets.size(), bi = g % nb, pass = g / nb;
+    const TensorId buf = (pass == 0 ? gather_fwd : pass == 1 ? gather_bwd : gather_eval)[bi];
+    static const char* names[] = {"forward", "backward", "eval"};
+    return collective(OpKind::all_gather, fmt::format("zero.all_gather.{}.{}", L.buckets[bi].tag, names[pass]),
+                      {param_root[bi]}, {buf}, Phase::communication, L.buckets[bi].layer);
+  }
+
+  // For each old op, the gathers to issue just before it. Within a pass, buckets are ordered
+  // by first use; the first bucket's gather and the next one's are issued before the first
+  // use, and each later bucket's gather before the previous bucket's first use (prefetch:
+  // the next block's parameters arrive while the current block computes, at the cost of
+  // one more gathered block alive, which the plan shows as communication buffers).
+  std::vector<std::vector<size_t>> plan_gathers(const std::vector<Op>& old) const {
+    std::map<TensorId, size_t> bucket_of_value;
+    for (size_t bi = 0; bi < L.buckets.size(); ++bi)
+      for (int pi : L.buckets[bi].params) bucket_of_value[p.params()[size_t(pi)].value] = bi;
+    std::vector<std::vector<size_t>> before(old.size());
+    const size_t nb = L.buckets.size();
+    for (size_t pass = 0; pass < (gather_eval.empty() ? 2u : 3u); ++pass) {
+      std::vector<int> first(nb, -1);
+      for (size_t i = 0; i < old.size(); ++i) {
+        const Op& op = old[i];
+        const std::string& sec = p.sections()[size_t(p.section_of_op(int(i)))].name;
+        const bool bwd = op.phase == Phase::backward || op.phase == Phase::recompute;
+        const bool in_pass = pass == 2 ? sec == "eval" : sec == "micro" && (pass == 1) == bwd;
+        if (!in_pass) continue;
+        for (TensorId id : op.inputs)
+          if (auto it = bucket_of_value.find(id); it != bucket_of_value.end() && first[it->second] < 0)
+            first[it->second] = int(i);
+      }
+      std::vector<size_t> order;
+      for (size_t bi = 0; bi < nb; ++bi)
+        if (first[bi] >= 0) order.push_back(bi);
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return first[a] < first[b]; });
+      for (size_t j = 0; j < order.size(); ++j) {
+        const int at = first[order[j == 0 ? 0 : j - 1]];
+        before[size_t(at)].push_back(pass * nb + order[j]);
+      }
+    }
+    return before;
+  }
+
+  template <class Push>
+  void emit_tail_fill(size_t bi, Push& push, int s) {
+    const ZeroBucket& b = L.buckets[bi];
+    const ParamEntry& last = p.params()[size_t(b.params.back())];
+    const int64_t end = b.offsets.back() + p.tensor(last.value).numel();
+    if (end == b.elements) return;
+    const DType gdt = p.tensor(grad_root[bi]).dtype;
+    const TensorId tail = p.add_view(grad_root[bi], "zero.grads." + b.tag + ".padding", Shape{b.elements - end}, gdt,
+                                     dtype_bytes(gdt, end));
+    Op fill;
+    fill.kind = OpKind::fill;
+    fill.phase = Phase::backward;
+    fill.layer = b.layer;
+    fill.name = "zero.zero_padding." + b.tag;
+    fill.outputs = {tail};
+    fill.modes = {WriteMode::overwrite};
+    fill.attrs = FillAttrs{0.0f};
+    fill.flops = double(b.elements - end);
+    push(std::move(fill), s);
+  }
+
+  template <class Push>
+  void emit_bucket_reduce_scatter(size_t bi, Push& push, int s, int k) {
+    const ZeroBucket& b = L.buckets[bi];
+    const TensorId shard = grad_shard_root[bi];
+    if (k == 1) {
+      push(collective(OpKind::reduce_scatter, "zero.reduce_scatter." + b.tag, {grad_root[bi]}, {shard},
+                      Phase::communication, b.layer),
+           s);
+      return;
+    }
+    const TensorId buf = add_root("zero.reduce_scatter." + b.tag + ".buffer", L.shard(b), p.tensor(shard).dtype,
+                                  Category::communication, Lifetime::transient, b.layer);
+    push(collective(OpKind::reduce_scatter, "zero.reduce_scatter." + b.tag, {grad_root[bi]}, {buf},
+                    Phase::communication, b.layer),
+         s);
+    Op acc;
+    acc.kind = OpKind::accumulate;
+    acc.phase = Phase::backward;
+    acc.layer = b.layer;
+    acc.name = "zero.accumulate." + b.tag;
+    acc.inputs = {buf};
+    acc.outputs = {shard};
+    acc.modes = {WriteMode::accumulate_after_first_micro};
+    acc.flops = double(L.shard(b));
+    push(std::move(acc), s);
+  }
+
+  void emit_gradient_sync(std::vector<Op>& ops, std::vector<int>& section_of, int s) {
+    auto push = [&](Op op) {
+      ops.push_back(std::move(op));
+      section_of.push_back(s);
+    };
+    for (size_t bi = 0; bi < L.buckets.size() && stage <= 1; ++bi) {
+      const ZeroBucket& b = L.buckets[bi];
+      if (stage == 0) {
+        push(collective(OpKind::all_reduce, "zero.all_reduce." + b.tag, {}, {grad_root[bi]}, Phase::communication,
+                        b.layer));
+        continue;
+      }
+      const DType gdt = p.tensor(grad_root[bi]).dtype;
+      const TensorId mine = p.add_view(grad_root[bi], "zero.grads." + b.tag + ".shard", Shape{L.shard(b)}, gdt,
+                                       dtype_bytes(gdt, int64_t(rank) * L.shard(b)));
+      push(collective(OpKind::reduce_scatter, "zero.reduce_scatter." + b.tag, {grad_root[bi]}, {mine},
+                      Phase::communication, b.layer));
+    }
+  }
+
+  template <class Push>
+  void emit_sharded_norm(const Op& op, Push& push, int s) {
+    const std::vector<TensorId> grads = shard_pieces();
+    GradNormAttrs a = std::get<GradNormAttrs>(op.attrs);
+    int64_t elements = 0;
+    for (TensorId id : grads) elements += p.tensor(id).numel();
+    const int64_t chunks = std::max<int64_t>(1, (elements + a.chunk - 1) / a.chunk);
+    TensorDesc d;
+    d.name = "grad_norm.sum_of_squares";
+    d.shape = Shape{1};
+    d.category = Category::temporaries;
+    const TensorId squares = p.add_tensor(d);
+    const TensorId partials = op.workspace[0];  // the unsharded op's partials, fewer of them now
+    p.tensor(partials).shape = Shape{chunks};
+    Op part = op;
+    part.name = "grad_norm.shard";
+    part.inputs = grads;
+    part.outputs = {squares};
+    part.workspace = op.workspace;
+    a.form = GradNormAttrs::Form::sum_of_squares;
+    part.attrs = a;
+    part.flops = 2.0 * double(elements);
+    push(std::move(part), s);
+    push(collective(OpKind::all_reduce, "zero.all_reduce.grad_norm", {}, {squares}, Phase::communication, -1), s);
+    Op root = op;
+    root.name = "grad_norm";
+    root.inputs = {squares};
+    root.workspace.clear();  // sqrt_of_input needs none
+    a.form = GradNormAttrs::Form::sqrt_of_input;
+    root.attrs = a;
+    root.flops = 1;
+    push(std::move(root), s);
+  }
+};
+
+}  // namespace
+
+void apply_zero(Program& p, const Policy& policy, const Topology& topo) {
+  ZeroPass z{p, policy, zero_layout(p, policy, topo)};
+  if (policy.zero_stage == 0 && topo.world_size == 1) return;
+  z.stage = policy.zero_stage;
+  z.world = topo.world_size;
+  z.rank = topo.rank;
+  z.build_buckets();
+  if (z.stage >= 1) z.shard_state();
+  z.rebuild();
+}
+
+}  // namespace memfit

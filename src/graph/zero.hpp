@@ -1,0 +1,70 @@
+// ZeRO data parallelism (DeepSpeed's zero_optimization.stage) as a transformation of the step
+// program of one rank. Applied last (after recompute and precision), so every dtype is final.
+//   all stages  parameters and gradients become views into flat buckets (one per transformer
+//               block, one for the parameters outside blocks); each rank reads its own slice
+//               of the global batch, so the loss and gradient scales divide by the world size
+//               and the loss is all-reduced (the reported loss is the global one) in the "sync"
+//               section, which runs once per step between the micro-steps and the optimizer,
+//               also when fp16 skips the optimizer.
+//   stage 0     gradients all-reduced after the last micro-step; every rank updates everything.
+//   stage 1     master weights and optimizer state shrink to this rank's shard; gradients are
+//               reduce-scattered in place (full-size gradients stay), each rank updates its
+//               shard, then the parameters are all-gathered.
+//   stage 2     also gradients: each bucket is reduce-scattered inside the backward pass right
+//               after its last gradient is written, into a persistent gradient shard (with
+//               accumulation, into a buffer then added), so full-size gradients live only
+//               while their block's backward runs.
+// Gradient clipping uses the global norm: the sum of squares over this rank's gradient shard,
+// all-reduced, then its square root (GradNormAttrs::Form). An fp16 overflow flag is
+// all-reduced with max so every rank skips the same steps.
+//
+// Shard layout (the subtle point): each parameter starts at a multiple of `align` elements in
+// its bucket, and each bucket is padded to a multiple of world_size * align, so every shard
+// boundary falls at a multiple of `align` from the start of every parameter. With 8-bit AdamW
+// align is the quantization block (256): no block straddles two ranks, and the blockwise
+// update of a piece equals the same blocks' update without ZeRO.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graph/policy.hpp"
+#include "graph/program.hpp"
+
+namespace memfit {
+
+struct ZeroBucket {
+  std::string tag;               // "outer" or "h<layer>"
+  int layer = -1;
+  std::vector<int> params;       // indices into Program::params(), in declaration order
+  std::vector<int64_t> offsets;  // element offset of each parameter in the bucket
+  int64_t used = 0;              // elements of parameters
+  int64_t elements = 0;          // padded to a multiple of world_size * align
+};
+
+struct ZeroLayout {
+  int world_size = 1, rank = 0;
+  int64_t align = 32;
+  std::vector<ZeroBucket> buckets;
+
+  int64_t shard(const ZeroBucket& b) const { return b.elements / world_size; }
+  // This rank's piece of the parameter at `offset` (numel elements) of bucket b, as
+  // (first element relative to the parameter, count); count 0 when it holds none.
+  std::pair<int64_t, int64_t> piece(const ZeroBucket& b, int64_t offset, int64_t numel) const;
+  int64_t padded_elements() const;  // sum of bucket sizes
+};
+
+// Throws [policy] for a stage outside 0..2 or a world size below 1 (stage 3 is not built yet).
+ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& topo);
+
+// No-op for stage 0 in a world of one (the program stays as it was).
+void apply_zero(Program& p, const Policy& policy, const Topology& topo);
+
+// Bytes one rank sends per optimizer step (the micro section's collectives times its repeat,
+// plus the sync and optimizer sections'), from each collective's ring volume (Op::comm_bytes:
+// all-reduce 2 (N-1)/N of the buffer, reduce-scatter and all-gather (N-1)/N).
+double communication_bytes_per_step(const Program& p);
+
+}  // namespace memfit

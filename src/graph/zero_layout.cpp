@@ -1,0 +1,66 @@
+// ZeRO's shard arithmetic (see zero.hpp): buckets, padding, each rank's piece of a
+// parameter, and the bytes a program's collectives send. Kept apart from the pass so that
+// the layout can be read (and tested) on its own.
+#include <map>
+
+#include "core/error.hpp"
+#include "graph/optimizer.hpp"
+#include "graph/zero.hpp"
+
+namespace memfit {
+
+std::pair<int64_t, int64_t> ZeroLayout::piece(const ZeroBucket& b, int64_t offset, int64_t numel) const {
+  const int64_t lo = int64_t(rank) * shard(b), hi = lo + shard(b);
+  const int64_t first = std::max(lo, offset), last = std::min(hi, offset + numel);
+  if (first >= last) return {0, 0};
+  return {first - offset, last - first};
+}
+
+int64_t ZeroLayout::padded_elements() const {
+  int64_t n = 0;
+  for (const ZeroBucket& b : buckets) n += b.elements;
+  return n;
+}
+
+ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& topo) {
+  MEMFIT_CHECK(topo.world_size >= 1 && topo.rank >= 0 && topo.rank < topo.world_size, "policy",
+               "rank {} of a world of {} ranks", topo.rank, topo.world_size);
+  MEMFIT_CHECK(policy.zero_stage >= 0 && policy.zero_stage <= 3, "policy", "ZeRO stage must be 0..3 (got {})",
+               policy.zero_stage);
+  ZeroLayout L;
+  L.world_size = topo.world_size;
+  L.rank = topo.rank;
+  L.align = policy.optimizer == OptimizerKind::adamw8bit ? kQuantBlock : 32;
+  std::map<int, size_t> bucket_of_layer;
+  for (size_t i = 0; i < p.params().size(); ++i) {
+    const ParamEntry& e = p.params()[i];
+    MEMFIT_CHECK(e.trainable, "policy", "ZeRO with frozen parameter '{}' is not supported yet", e.name);
+    const int layer = p.tensor(e.value).layer;
+    auto [it, fresh] = bucket_of_layer.emplace(layer, L.buckets.size());
+    if (fresh) {
+      ZeroBucket b;
+      b.layer = layer;
+      b.tag = layer < 0 ? "outer" : "h" + std::to_string(layer);
+      L.buckets.push_back(std::move(b));
+    }
+    ZeroBucket& b = L.buckets[it->second];
+    b.params.push_back(int(i));
+    b.offsets.push_back(b.used);
+    b.used += (p.tensor(e.value).numel() + L.align - 1) / L.align * L.align;
+  }
+  const int64_t unit = L.align * L.world_size;
+  for (ZeroBucket& b : L.buckets) b.elements = (b.used + unit - 1) / unit * unit;
+  return L;
+}
+
+double communication_bytes_per_step(const Program& p) {
+  double bytes = 0;
+  for (int i = 0; i < int(p.ops().size()); ++i) {
+    const Section& s = p.sections()[size_t(p.section_of_op(i))];
+    if (s.name == "micro") bytes += p.op(i).comm_bytes * double(s.repeat);
+    else if (s.name == "optimizer" || s.name == "sync") bytes += p.op(i).comm_bytes;
+  }
+  return bytes;
+}
+
+}  // namespace memfit

@@ -1,0 +1,256 @@
+// The ZeRO pass planned for every rank of N-rank worlds without launching them (no MPI): the
+// per-rank model-state bytes against the ZeRO paper's formulas for Psi parameters and N ranks
+// plus the padding the layout lists, the shard layout (pieces partition every parameter,
+// 8-bit blocks never straddle ranks), the bytes each stage communicates against 2Psi / 2Psi /
+// 2Psi elements, and the refusals.
+//
+// Model state of one rank, by category (bp, bg: bytes of a parameter and of a gradient
+// element; Psi_p: parameters with the layout's padding; s_r: elements of rank r's pieces, at
+// most Psi_p / N, summing to Psi over the ranks):
+//   stage 1: bp Psi_p + bg Psi_p + 4 s_r (fp32 masters, 16-bit runs only) + 8 s_r (m, v)
+//   stage 2: bp Psi_p + bg Psi_p / N + the same masters and moments
+//   stage 3: bp Psi_p / N + bg Psi_p / N + the same masters and moments
+// i.e. fp32: 8Psi + 8Psi/N, 4Psi + 12Psi/N, 16Psi/N; bf16 weights and gradients with fp32
+// masters and moments: 4Psi + 12Psi/N, 2Psi + 14Psi/N, 16Psi/N; bf16 weights with fp32
+// gradients (derived the same way): 6Psi + 12Psi/N, 2Psi + 16Psi/N, 18Psi/N. The full-size
+// gradients of stages 2 and 3 (one block at a time) are transient buffers (zero.grads.*),
+// and stage 3's gathered parameters (zero.gather.*, forward and backward copies, one or two
+// blocks live at a time) are communication buffers: both listed apart.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "core/error.hpp"
+#include "graph/optimizer.hpp"
+#include "graph/training_program.hpp"
+#include "graph/zero.hpp"
+#include "plan/memory_plan.hpp"
+#include "support/run_cli.hpp"
+
+namespace memfit {
+namespace {
+
+Policy policy(int stage, Precision precision = Precision::fp32, DType grad = DType::f32,
+              OptimizerKind opt = OptimizerKind::adamw) {
+  Policy p;
+  p.batch = 1;
+  p.seq = 16;
+  p.zero_stage = stage;
+  p.precision = precision;
+  p.grad_dtype = grad;
+  p.optimizer = opt;
+  p.with_eval = false;
+  return p;
+}
+
+struct ModelState {
+  uint64_t params = 0, grads = 0, masters = 0, state = 0, grad_buffers = 0, gather_buffers = 0;
+  int64_t padded = 0;  // Psi_p: elements of the parameter buckets
+  int buckets = 0;
+};
+
+ModelState model_state(const Program& p, int stage, int world) {
+  ModelState m;
+  for (const TensorDesc& t : p.tensors()) {
+    if (t.is_view()) continue;
+    switch (t.category) {
+      case Category::parameters:
+        m.params += t.bytes();
+        m.padded += t.numel() * (stage == 3 ? world : 1);  // stage 3 keeps only the shard
+        ++m.buckets;
+        break;
+      case Category::communication: m.gather_buffers += t.name.starts_with("zero.gather.") ? t.bytes() : 0; break;
+      case Category::master_weights: m.masters += t.bytes(); break;
+      case Category::optimizer_state: m.state += t.bytes(); break;
+      case Category::gradients:
+        (stage >= 2 && t.lifetime == Lifetime::transient ? m.grad_buffers : m.grads) += t.bytes();
+        break;
+      default: break;
+    }
+  }
+  return m;
+}
+
+// gpt2-tiny's tensors are multiples of 32 elements and need no padding; this one does.
+ModelSpec odd_model() {
+  ModelSpec s = model_preset("gpt2-tiny");
+  s.name = "gpt2-odd";
+  s.n_embd = 40;
+  s.n_head = s.n_kv_head = 4;
+  s.n_inner = 160;
+  return s;
+}
+
+int64_t piece_elements(const Program& p) {
+  int64_t n = 0;
+  for (const ParamEntry& e : p.params()) n += e.shard_numel;
+  return n;
+}
+
+TEST(ZeroProgram, PerRankModelStateFollowsTheZeroFormulas) {
+  for (const ModelSpec& spec : {model_preset("gpt2-tiny"), odd_model()}) {
+  struct Case {
+    Precision precision;
+    DType grad;
+  };
+  for (const Case c : {Case{Precision::fp32, DType::f32}, Case{Precision::bf16, DType::bf16},
+                       Case{Precision::bf16, DType::f32}}) {
+    const uint64_t bp = c.precision == Precision::fp32 ? 4 : 2, bg = dtype_bytes(c.grad, 1);
+    const uint64_t master = c.precision == Precision::fp32 ? 0 : 4;
+    for (int world : {2, 4}) {
+      for (int stage : {1, 2, 3}) {
+        SCOPED_TRACE(fmt::format("{} grads {}, N = {}, stage {}", precision_name(c.precision), dtype_name(c.grad),
+                                 world, stage));
+        int64_t total_pieces = 0;
+        for (int rank = 0; rank < world; ++rank) {
+          const Program p = build_training_program(spec, policy(stage, c.precision, c.grad), Topology{world, rank});
+          const int64_t psi = p.parameter_count();
+          const ModelState m = model_state(p, stage, world);
+          const int64_t s = piece_elements(p);
+          total_pieces += s;
+          ASSERT_EQ(m.padded % world, 0);
+          EXPECT_LE(s, m.padded / world);
+          // Padding: each parameter rounded up to 32 elements, each bucket to N * 32.
+          EXPECT_LE(m.padded - psi, int64_t(p.params().size()) * 32 + m.buckets * world * 32);
+          EXPECT_EQ(m.params, bp * uint64_t(stage == 3 ? m.padded / world : m.padded));
+          EXPECT_EQ(m.grads, bg * uint64_t(stage == 1 ? m.padded : m.padded / world));
+          EXPECT_EQ(m.masters, master * uint64_t(s));
+          EXPECT_EQ(m.state, 8 * uint64_t(s));
+          if (stage >= 2) EXPECT_EQ(m.grad_buffers, bg * uint64_t(m.padded));  // one block live at a time
+          if (stage == 3) EXPECT_EQ(m.gather_buffers, 2 * bp * uint64_t(m.padded));  // forward and backward copies
+          // The formula in Psi, off by no more than the padding's bytes.
+          const double n = world, total = double(m.params + m.grads + m.masters + m.state);
+          const double formula = stage == 1   ? double(bp + bg) * psi + double(master + 8) * psi / n
+                                 : stage == 2 ? double(bp) * psi + double(bg + master + 8) * psi / n
+                                              : double(bp + bg + master + 8) * psi / n;
+          // |total - formula| <= (bp + bg)(Psi_p - Psi) + (masters + moments)|s_r - Psi/N|, each
+          // difference at most the padding.
+          EXPECT_LE(std::abs(total - formula), 20.0 * double(m.padded - psi));
+          if (rank == 0)
+            std::printf("%s %s grads %s N=%d stage %d: %.0f bytes per rank, formula %.0f (Psi %ld, padded %ld)\n",
+                        spec.name.c_str(), std::string(precision_name(c.precision)).c_str(),
+                        std::string(dtype_name(c.grad)).c_str(),
+                        world, stage, total, formula, long(psi), long(m.padded));
+        }
+        EXPECT_EQ(total_pieces, build_training_program(spec, policy(0), {}).parameter_count());
+      }
+    }
+  }
+  }
+}
+
+TEST(ZeroProgram, PiecesPartitionEveryParameterAndEightBitBlocksStayWhole) {
+  const ModelSpec spec = odd_model();
+  for (OptimizerKind opt : {OptimizerKind::adamw, OptimizerKind::adamw8bit}) {
+    const int world = 4;
+    std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> pieces;
+    for (int rank = 0; rank < world; ++rank) {
+      const Program p = build_training_program(spec, policy(1, Precision::fp32, DType::f32, opt), Topology{world, rank});
+      for (const ParamEntry& e : p.params()) {
+        if (e.shard_numel > 0) pieces[e.name].push_back({e.shard_offset, e.shard_numel});
+        const bool q8 = e.state.size() == 4;
+        if (q8 && e.shard_numel > 0) {
+          EXPECT_EQ(e.shard_offset % kQuantBlock, 0) << e.name;
+          EXPECT_EQ(p.tensor(e.state[2]).numel(), (e.shard_numel + kQuantBlock - 1) / kQuantBlock) << e.name;
+        }
+        EXPECT_EQ(p.tensor(e.state[0]).numel(), e.shard_numel) << e.name;  // m (or its codes)
+        EXPECT_EQ(p.tensor(e.state[1]).numel(), e.shard_numel) << e.name;  // v
+      }
+    }
+    const Program whole = build_training_program(spec, policy(0), {});
+    for (const ParamEntry& e : whole.params()) {
+      auto& list = pieces[e.name];
+      std::sort(list.begin(), list.end());
+      int64_t at = 0;
+      for (auto [off, n] : list) {
+        EXPECT_EQ(off, at) << e.name;
+        at = off + n;
+      }
+      EXPECT_EQ(at, whole.tensor(e.value).numel()) << e.name;
+    }
+  }
+}
+
+TEST(ZeroProgram, StagesCommunicateTwoTwoTwoThreePsiElements) {
+  // Ring volumes: all-reduce 2 (N-1)/N of the buffer, reduce-scatter and all-gather (N-1)/N
+  // each; the loss adds a few bytes. Stages 0..2 move 2 Psi_p elements per step, stage 3
+  // 3 Psi_p (two all-gathers and one reduce-scatter).
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  const int world = 4;
+  for (int stage : {0, 1, 2, 3}) {
+    const Program p = build_training_program(spec, policy(stage), Topology{world, 1});
+    const ModelState m = model_state(p, stage, world);
+    const double passes = stage == 3 ? 3.0 : 2.0;
+    const double expected = passes * 4.0 * double(m.padded) * (world - 1) / world + 2.0 * 4 * (world - 1) / world;
+    EXPECT_DOUBLE_EQ(communication_bytes_per_step(p), expected) << "stage " << stage;
+  }
+}
+
+int first_op(const Program& p, const std::string& name) {
+  for (int i = 0; i < int(p.ops().size()); ++i)
+    if (p.op(i).name == name) return i;
+  return -1;
+}
+
+TEST(ZeroProgram, StageThreeGathersEachBlockBeforeUseAndPrefetchesTheNext) {
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  ASSERT_GE(spec.n_layer, 3);
+  const Program p = build_training_program(spec, policy(3), Topology{2, 0});
+  for (int l = 0; l + 1 < spec.n_layer; ++l) {
+    const int ln = first_op(p, fmt::format("h.{}.ln_1", l));
+    const int back = first_op(p, fmt::format("h.{}.mlp.c_proj.bwd_weight", l));
+    ASSERT_GE(ln, 0);
+    ASSERT_GE(back, 0);
+    // Block l's parameters are gathered before its forward; block l+1's too (prefetch).
+    EXPECT_LT(first_op(p, fmt::format("zero.all_gather.h{}.forward", l)), ln);
+    EXPECT_LT(first_op(p, fmt::format("zero.all_gather.h{}.forward", l + 1)), ln);
+    EXPECT_GT(first_op(p, fmt::format("zero.all_gather.h{}.forward", l + 1)),
+              first_op(p, fmt::format("zero.all_gather.h{}.forward", l)));
+    // Backward runs blocks in reverse: block l's gather comes before its backward, and
+    // block l-1's is issued while block l's backward still has to run.
+    EXPECT_LT(first_op(p, fmt::format("zero.all_gather.h{}.backward", l)), back);
+    if (l > 0) EXPECT_LT(first_op(p, fmt::format("zero.all_gather.h{}.backward", l - 1)), back);
+    // Forward ops read the forward copy, backward ops the backward copy.
+    for (const Op& op : p.ops())
+      for (TensorId id : op.inputs) {
+        const TensorDesc& t = p.tensor(id);
+        if (!t.is_view() || !p.tensor(t.view_of).name.starts_with("zero.gather.")) continue;
+        const bool bwd_copy = p.tensor(t.view_of).name.ends_with(".backward");
+        EXPECT_EQ(bwd_copy, op.phase == Phase::backward || op.phase == Phase::recompute) << op.name << " " << t.name;
+      }
+  }
+  // The plan holds the gathered blocks as communication buffers.
+  const MemoryPlan plan = plan_memory(p);
+  EXPECT_GT(plan.tier(Tier::device).at_peak[size_t(Category::communication)], 0u);
+}
+
+TEST(ZeroProgram, WorldOfOneAtStageZeroIsUntouched) {
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  const Program a = build_training_program(spec, policy(0), {});
+  for (const Op& op : a.ops()) EXPECT_NE(op.phase, Phase::communication) << op.name;
+  for (const TensorDesc& t : a.tensors()) EXPECT_FALSE(t.name.starts_with("zero.")) << t.name;
+}
+
+TEST(ZeroProgram, RefusesWhatItCannotBuild) {
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  EXPECT_THROW(build_training_program(spec, policy(4), Topology{2, 0}), Error);
+  EXPECT_THROW(build_training_program(spec, policy(5), Topology{2, 0}), Error);
+  EXPECT_THROW(build_training_program(spec, policy(1), Topology{0, 0}), Error);
+  EXPECT_THROW(build_training_program(spec, policy(1), Topology{2, 2}), Error);
+}
+
+TEST(ZeroProgram, PlanWorldSizeFromTheCommandLine) {
+  const test::CliResult one = test::run_memfit("plan --model gpt2-tiny --batch 1 --seq 16 --zero 2 --world-size 1");
+  const test::CliResult four = test::run_memfit("plan --model gpt2-tiny --batch 1 --seq 16 --zero 2 --world-size 4");
+  ASSERT_EQ(one.status, 0) << one.err;
+  ASSERT_EQ(four.status, 0) << four.err;
+  EXPECT_NE(one.out, four.out);
+  const test::CliResult bad = test::run_memfit("plan --model gpt2-tiny --zero 4 --world-size 4");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("ZeRO stage"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace memfit
