@@ -38,10 +38,11 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
 }
 
 bool HardwarePlanOptions::requested(const RunConfig& c) const {
-  for (const char* flag : {"--hardware", "--hardware-file", "--hardware-set", "--device-memory", "--gpus-per-node",
-                           "--nodes", "--world-size", "--fit", "--compare", "--emit", "--efficiency", "--comm-overlap"})
+  const bool other_hardware = hardware_ != "cpu";
+  for (const char* flag : {"--hardware-file", "--hardware-set", "--device-memory", "--gpus-per-node", "--nodes", "--fit",
+                           "--compare", "--emit", "--efficiency", "--comm-overlap"})
     if (app_.get_option(flag)->count() > 0) return true;
-  return c.policy.zero_stage != 0 || c.policy.offload_optimizer != Tier::device || c.policy.offload_params != Tier::device;
+  return other_hardware || c.policy.offload_optimizer != Tier::device || c.policy.offload_params != Tier::device;
 }
 
 namespace {

@@ -16,9 +16,12 @@ namespace memfit::cli {
 class HardwarePlanOptions {
  public:
   explicit HardwarePlanOptions(CLI::App& plan);
-  // True when a flag of this group was given, or the policy asks for ZeRO or offload (which
-  // the executing planner cannot build yet).
+  // True when the run needs the estimate: other hardware, --fit, --compare, --emit, or
+  // offload (not a program transformation yet). A ZeRO run on this machine's backend (only
+  // --world-size / --zero given) is planned from its real per-rank program instead.
   bool requested(const RunConfig& config) const;
+  // --world-size when given (0 otherwise), for the real per-rank program.
+  int world_size() const { return world_size_; }
   int run(const RunConfig& config, bool as_json, std::ostream& out) const;
 
  private:

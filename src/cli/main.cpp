@@ -133,8 +133,10 @@ int main(int argc, char** argv) {
                                 std::cout);
       return 0;
     }
-    const memfit::RunConfig plan_config = plan_options.resolve();
+    memfit::RunConfig plan_config = plan_options.resolve();
     if (hardware_plan.requested(plan_config)) return hardware_plan.run(plan_config, as_json, std::cout);
+    // This machine's backend: one rank of the real (ZeRO-transformed) program, rank 0.
+    if (hardware_plan.world_size() > 0) plan_config.topology.world_size = hardware_plan.world_size();
     return plan_command(plan_config, as_json);
   } catch (const memfit::Error& e) {
     std::fflush(stdout);

@@ -97,7 +97,7 @@ TEST(PlanCli, HardwareFitCompareAndErrors) {
   EXPECT_NE(r.out.find("PyTorch FSDP equivalent"), std::string::npos);
   std::ifstream f(out);
   EXPECT_TRUE(f.good());
-  r = test::run_memfit("plan --model llama-2-7b --world-size 8 --zero 2 --precision bf16 --grad-dtype bf16 --seq 128 --json");
+  r = test::run_memfit("plan --model llama-2-7b --hardware a100-80gb --world-size 8 --zero 2 --precision bf16 --grad-dtype bf16 --seq 128 --json");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["estimate"]["world_size"], 8);

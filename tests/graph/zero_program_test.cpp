@@ -247,6 +247,9 @@ TEST(ZeroProgram, PlanWorldSizeFromTheCommandLine) {
   ASSERT_EQ(one.status, 0) << one.err;
   ASSERT_EQ(four.status, 0) << four.err;
   EXPECT_NE(one.out, four.out);
+  // On this machine's backend the plan is the real per-rank program, not the hardware estimate.
+  EXPECT_NE(four.out.find("data parallel: rank 0 of 4, ZeRO stage 2"), std::string::npos) << four.out;
+  EXPECT_EQ(four.out.find("estimate"), std::string::npos) << four.out;
   const test::CliResult bad = test::run_memfit("plan --model gpt2-tiny --zero 4 --world-size 4");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.err.find("ZeRO stage"), std::string::npos) << bad.err;
