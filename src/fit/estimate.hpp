@@ -2,7 +2,7 @@
 // the engine knows, including those this machine cannot execute. The step program is built
 // and planned by the same builder and planner that execute memfit's runs (ZeRO stage,
 // offload and the world size set aside); sharding and offload are then applied to the plan's
-// per-op live bytes (fit/model_states.hpp, a labelled estimate until issue 6's pass lands),
+// per-op live bytes (fit/model_states.hpp, a labelled estimate: the search does not build N-way per-rank programs),
 // and the rank's fixed runtime overheads are added.
 //
 // Invariant (tested): with one rank, stage 0 and no offload, the device peak is the plan's

@@ -31,8 +31,8 @@ std::string format_estimate(const RankEstimate& e, const Cluster& c, const Estim
                      format_bytes(e.host_bytes), format_bytes(e.disk_bytes), format_bytes(c.hw.memory_bytes));
   out += fmt::format("  peak at op {} '{}' ({})\n", e.peak_op, e.peak_op_name, phase_name(e.peak_phase));
   if (c.world_size() > 1 || e.host_bytes + e.disk_bytes > 0)
-    out += "  (ZeRO sharding and offload applied to the plan's model-state categories: an estimate until the "
-           "ZeRO program pass lands)\n";
+    out += "  (ZeRO sharding and offload applied to the plan's model-state categories: an estimate; on this "
+           "machine's backend, --world-size N --zero S alone plans the real per-rank program)\n";
   out += fmt::format("step time estimate: {} = compute {} + recompute {} + communication {} ({} per rank{}) + "
                      "offload {} ({}); {:.0f} tokens/s, MFU {:.0f}% (compute at {:.0f}% of peak)\n",
                      seconds(e.step_seconds), seconds(e.compute_seconds), seconds(e.recompute_seconds),
