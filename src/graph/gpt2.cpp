@@ -39,16 +39,20 @@ Gpt2Params declare_gpt2_parameters(GraphBuilder& b, const ModelSpec& s) {
   return p;
 }
 
-TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& s, const Gpt2Params& p, TensorId tokens,
-                      const std::string& prefix, AttentionKind attention) {
-  const Shape& ts = b.program().tensor(tokens).shape;
+AttentionAttrs attention_attrs(const ModelSpec& s, const Shape& tokens) {
   AttentionAttrs attn;
-  attn.batch = ts[0];
-  attn.seq = ts[1];
+  attn.batch = tokens[0];
+  attn.seq = tokens[1];
   attn.heads = s.n_head;
   attn.kv_heads = s.n_kv_head;
   attn.head_dim = s.head_dim();
   attn.scale = 1.0f / std::sqrt(float(attn.head_dim));
+  return attn;
+}
+
+TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& s, const Gpt2Params& p, TensorId tokens,
+                      const std::string& prefix, AttentionKind attention) {
+  const AttentionAttrs attn = attention_attrs(s, b.program().tensor(tokens).shape);
 
   b.set_phase(Phase::forward);
   b.set_layer(-1);

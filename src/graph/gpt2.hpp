@@ -7,8 +7,13 @@
 
 #include "graph/builder.hpp"
 #include "graph/model_spec.hpp"
+#include "graph/op.hpp"
 
 namespace memfit {
+
+// The attention core's attributes for a model and a (B, T) token tensor: heads, key/value
+// heads, head size and the 1/sqrt(head size) scale. Shared by every architecture's forward.
+AttentionAttrs attention_attrs(const ModelSpec& spec, const Shape& tokens);
 
 struct Gpt2Block {
   TensorId ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;

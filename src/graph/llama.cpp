@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "graph/gpt2.hpp"  // attention_attrs
 
 namespace memfit {
 
@@ -37,14 +38,7 @@ LlamaParams declare_llama_parameters(GraphBuilder& b, const ModelSpec& s) {
 
 TensorId llama_forward(GraphBuilder& b, const ModelSpec& s, const LlamaParams& p, TensorId tokens,
                        const std::string& prefix, AttentionKind attention) {
-  const Shape ts = b.program().tensor(tokens).shape;
-  AttentionAttrs attn;
-  attn.batch = ts[0];
-  attn.seq = ts[1];
-  attn.heads = s.n_head;
-  attn.kv_heads = s.n_kv_head;
-  attn.head_dim = s.head_dim();
-  attn.scale = 1.0f / std::sqrt(float(attn.head_dim));
+  const AttentionAttrs attn = attention_attrs(s, b.program().tensor(tokens).shape);
 
   b.set_phase(Phase::forward);
   b.set_layer(-1);
