@@ -7,21 +7,25 @@
 
 namespace memfit {
 
+std::string update_in_backward_refusal(const Policy& p) {
+  if (p.grad_accum != 1) return fmt::format("one micro-step per optimizer step (got --grad-accum {})", p.grad_accum);
+  if (p.grad_clip > 0) return "no gradient clipping: the global norm is known only after the last gradient";
+  if (p.precision == Precision::fp16)
+    return "bf16 or fp32: fp16's loss scaling must skip a whole step on overflow, after every gradient";
+  return "";
+}
+
 void check_update_in_backward(const Policy& p) {
   if (!p.update_in_backward) return;
-  auto refuse = [](const std::string& why) {
-    throw Error("policy", "the optimizer in backward (--optimizer-in-backward) needs " + why);
-  };
-  if (p.grad_accum != 1) refuse(fmt::format("one micro-step per optimizer step (got --grad-accum {})", p.grad_accum));
-  if (p.grad_clip > 0) refuse("no gradient clipping: the global norm is known only after the last gradient");
-  if (p.precision == Precision::fp16)
-    refuse("bf16 or fp32: fp16's loss scaling must skip a whole step on overflow, after every gradient");
+  const std::string why = update_in_backward_refusal(p);
+  if (!why.empty()) throw Error("policy", "the optimizer in backward (--optimizer-in-backward) needs " + why);
 }
 
 namespace {
 
-// One single-parameter copy of a grouped update op: [grad] -> [target, state roles...].
-Op single_update(const Program& p, const Op& group, size_t i) {
+// One single-parameter copy of a grouped update op: [grad] -> [target, state roles...];
+// group_elements: the elements of all its gradients (its FLOPs are shared in proportion).
+Op single_update(const Program& p, const Op& group, size_t i, double group_elements) {
   const size_t n = group.outputs.size() / (group.kind == OpKind::adamw8bit ? 5 : 3);
   const size_t roles = group.outputs.size() / n;
   Op op = group;
@@ -37,9 +41,7 @@ Op single_update(const Program& p, const Op& group, size_t i) {
   a.weight_decay = {a.weight_decay.empty() ? 0.0f : a.weight_decay[i]};
   op.attrs = a;
   op.name = group.name + "." + p.tensor(group.outputs[i]).name;
-  double total = 0;
-  for (size_t j = 0; j < n; ++j) total += double(p.tensor(group.inputs[j]).numel());
-  op.flops = group.flops * double(p.tensor(group.inputs[i]).numel()) / std::max(1.0, total);
+  op.flops = group.flops * double(p.tensor(group.inputs[i]).numel()) / std::max(1.0, group_elements);
   return op;
 }
 
@@ -58,15 +60,19 @@ void apply_update_in_backward(Program& p) {
   };
   std::vector<Placed> moved;
   std::map<TensorId, size_t> update_of_target;  // root of the update's target -> index in moved
+  std::map<TensorId, TensorId> value_of_grad;    // roots: gradient -> parameter value
+  for (const ParamEntry& e : p.params())
+    if (e.grad != kNoTensor) value_of_grad[p.root_of(e.grad)] = p.root_of(e.value);
   for (int i = opt->begin; i < opt->end; ++i) {
     const Op& op = p.op(i);
     if (op.kind == OpKind::adamw || op.kind == OpKind::adamw8bit) {
+      double elements = 0;
+      for (TensorId g : op.inputs) elements += double(p.tensor(g).numel());
       for (size_t g = 0; g < op.inputs.size(); ++g) {
-        Op single = single_update(p, op, g);
+        Op single = single_update(p, op, g, elements);
         const TensorId grad = p.root_of(single.inputs[0]), target = p.root_of(single.outputs[0]);
         std::vector<TensorId> after{grad, target};
-        for (const ParamEntry& e : p.params())
-          if (e.grad != kNoTensor && p.root_of(e.grad) == grad) after.push_back(p.root_of(e.value));
+        if (auto v = value_of_grad.find(grad); v != value_of_grad.end()) after.push_back(v->second);
         update_of_target[target] = moved.size();
         moved.push_back({std::move(single), std::move(after)});
       }

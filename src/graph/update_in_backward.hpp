@@ -15,11 +15,15 @@
 // loss scaling (an overflow must skip the whole step). check_update_in_backward() refuses the rest.
 #pragma once
 
+#include <string>
+
 #include "graph/policy.hpp"
 #include "graph/program.hpp"
 
 namespace memfit {
 
+// Why `policy` cannot update in backward, or "" when it can; check_* throws it when asked for.
+std::string update_in_backward_refusal(const Policy& policy);
 void check_update_in_backward(const Policy& policy);
 void apply_update_in_backward(Program& program);
 

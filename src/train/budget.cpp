@@ -6,6 +6,7 @@
 #include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "graph/training_program.hpp"
+#include "graph/update_in_backward.hpp"
 #include "plan/search.hpp"
 #include "train/candidates.hpp"
 
@@ -30,7 +31,7 @@ std::vector<Technique> techniques(const Policy& p) {
                    [mode](RunConfig& c) { c.policy.recompute = parse_recompute(mode); }});
   };
   // Same math, a different order: only where every gradient is complete in one micro-step.
-  if (!p.update_in_backward && p.grad_accum == 1 && p.grad_clip <= 0 && p.precision != Precision::fp16)
+  if (!p.update_in_backward && update_in_backward_refusal(p).empty())
     out.push_back({"--optimizer-in-backward", ChangeCost::same_math,
                    [](RunConfig& c) { c.policy.update_in_backward = true; }});
   recompute("selective");

@@ -10,39 +10,13 @@
 #include "graph/training_program.hpp"
 #include "runtime/executor.hpp"
 #include "support/alloc_counter.hpp"
-#include "train/init.hpp"
+#include "support/tiny_run.hpp"
 
 namespace memfit {
 namespace {
 
-struct TinyRun {
-  std::unique_ptr<Backend> backend = make_cpu_backend();
-  CompiledProgram compiled;
-  std::unique_ptr<Executor> ex;
-  explicit TinyRun(Policy pol) {
-    compiled = compile_program(build_training_program(model_preset("gpt2-tiny"), pol, {}), *backend);
-    ex = std::make_unique<Executor>(compiled, *backend);
-    initialize_parameters(*ex, model_preset("gpt2-tiny"), 7);
-    zero_persistent_state(*ex);
-    const Program& p = compiled.program;
-    const TensorId toks[] = {p.find_tensor(kTokens), p.find_tensor(kEvalTokens)};
-    const TensorId tgts[] = {p.find_tensor(kTargets), p.find_tensor(kEvalTargets)};
-    // Deterministic tokens written in place: the handler itself must not allocate.
-    ex->set_input_handler([this, toks, tgts](const Op& op, const StepContext& ctx) {
-      const int which = op.outputs[0] == toks[0] ? 0 : 1;
-      int32_t* x = ex->data_as<int32_t>(toks[which]);
-      int32_t* y = ex->data_as<int32_t>(tgts[which]);
-      const int64_t n = compiled.program.tensor(toks[which]).numel();
-      for (int64_t i = 0; i < n; ++i) {
-        x[i] = int32_t((i * 7 + ctx.step * 13 + ctx.micro) % 256);
-        y[i] = int32_t((i * 7 + 7 + ctx.step * 13 + ctx.micro) % 256);
-      }
-    });
-  }
-};
-
 void expect_steps_allocate_nothing(Policy pol) {
-  TinyRun run(pol);
+  test::TinyRun run(pol);
   StepContext ctx;
   ctx.lr = 1e-3f;
   ctx.step = 1;

@@ -20,7 +20,7 @@
 #include "graph/update_in_backward.hpp"
 #include "runtime/executor.hpp"
 #include "support/alloc_counter.hpp"
-#include "train/init.hpp"
+#include "support/tiny_run.hpp"
 
 namespace memfit {
 namespace {
@@ -33,40 +33,23 @@ struct Trained {
 };
 
 Trained train(Policy pol) {
-  const ModelSpec spec = model_preset("gpt2-tiny");
   pol.with_eval = false;
-  auto backend = make_cpu_backend();
-  const CompiledProgram c = compile_program(build_training_program(spec, pol, {}), *backend);
-  Executor ex(c, *backend);
-  initialize_parameters(ex, spec, 5);
-  zero_persistent_state(ex);
-  const Program& p = c.program;
-  const TensorId tokens = p.find_tensor(kTokens), targets = p.find_tensor(kTargets);
-  ex.set_input_handler([&](const Op&, const StepContext& ctx) {
-    int32_t* x = ex.data_as<int32_t>(tokens);
-    int32_t* y = ex.data_as<int32_t>(targets);
-    for (int64_t i = 0; i < p.tensor(tokens).numel(); ++i) {
-      x[i] = int32_t((i * 17 + ctx.step * 5) % 256);
-      y[i] = int32_t((i * 17 + ctx.step * 5 + 9) % 256);
-    }
-  });
-  StepContext ctx;
-  ctx.lr = 3e-3;
+  test::TinyRun run(pol);
   Trained t;
-  for (ctx.step = 1; ctx.step <= 3; ++ctx.step) {
-    if (ctx.step == 2) test::alloc_counter_start();
-    ex.run_step(ctx);
-  }
+  run.step(1);
+  test::alloc_counter_start();
+  for (int64_t step = 2; step <= 3; ++step) run.step(step);
   t.allocations = test::alloc_counter_stop().memfit_allocations;
+  const Program& p = run.compiled.program;
   for (const ParamEntry& e : p.params())
     for (TensorId id : {e.value, e.master}) {
       if (id == kNoTensor) continue;
-      const char* d = reinterpret_cast<const char*>(ex.data(id));
+      const char* d = reinterpret_cast<const char*>(run.ex->data(id));
       t.state.emplace_back(d, d + p.tensor(id).bytes());
     }
-  t.planned = c.plan.tier(Tier::device).peak_bytes;
-  t.measured = ex.arena(Tier::device).measured_high_water();
-  t.loss = *ex.data_as<float>(p.find_tensor(kLoss));
+  t.planned = run.compiled.plan.tier(Tier::device).peak_bytes;
+  t.measured = run.ex->arena(Tier::device).measured_high_water();
+  t.loss = run.loss();
   return t;
 }
 

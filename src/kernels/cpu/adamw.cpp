@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
+#include "kernels/cpu/widen16.hpp"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -25,18 +26,6 @@ struct AdamWStep {
   float b1, b2, one_b1, one_b2, step_size, inv_sqrt_bc2, eps, decay, grad_scale;
 };
 
-#if defined(__AVX512F__)
-// 16 gradients widened to fp32. Full-mask maskz forms, for the reason given at the sqrt below.
-constexpr __mmask16 kAll = 0xFFFF;
-inline __m512 load16(const float* g) { return _mm512_loadu_ps(g); }
-inline __m512 load16(const bf16_t* g) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, h), 16));
-}
-inline __m512 load16(const fp16_t* g) {
-  return _mm512_maskz_cvtph_ps(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
-}
-#endif
 
 // The update of elements [begin, end) of one tensor. std::sqrt must set errno for negative
 // arguments, so under GCC's default -fmath-errno every sqrt in the loop gets a branch to libm
@@ -54,7 +43,7 @@ void adamw_update(float* p, const G* g, float* m, float* v, int64_t begin, int64
   const __m512 inv_bc2 = _mm512_set1_ps(c.inv_sqrt_bc2), eps = _mm512_set1_ps(c.eps), decay = _mm512_set1_ps(c.decay);
   const __m512 gs = _mm512_set1_ps(c.grad_scale);
   for (; e + 16 <= end; e += 16) {
-    const __m512 ge = _mm512_mul_ps(load16(g + e), gs);
+    const __m512 ge = _mm512_mul_ps(widen16(g + e), gs);
     const __m512 me = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + e)), _mm512_mul_ps(one_b1, ge));
     const __m512 ve =
         _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + e)), _mm512_mul_ps(_mm512_mul_ps(one_b2, ge), ge));

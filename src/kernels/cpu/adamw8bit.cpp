@@ -22,6 +22,7 @@
 #include "core/error.hpp"
 #include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
+#include "kernels/cpu/widen16.hpp"
 #include "kernels/cpu/quant_codec.hpp"
 
 #if defined(__AVX512F__)
@@ -35,37 +36,6 @@ constexpr int64_t kMaxBlock = 2048;
 
 struct Step {
   float b1, b2, one_b1, one_b2, step_size, inv_sqrt_bc2, eps, decay, grad_scale;
-};
-
-// How an update reads a gradient element of type G as fp32; a 16-bit gradient type adds a
-// specialization here and an instantiation in AdamW8bitSet::run.
-template <class G>
-struct GradLoad;
-template <>
-struct GradLoad<float> {
-  static float one(const float* g, int64_t i) { return g[i]; }
-#if defined(__AVX512F__)
-  static __m512 sixteen(const float* g, int64_t i) { return _mm512_loadu_ps(g + i); }
-#endif
-};
-template <>
-struct GradLoad<bf16_t> {
-  static float one(const bf16_t* g, int64_t i) { return widen(g[i]); }
-#if defined(__AVX512F__)
-  static __m512 sixteen(const bf16_t* g, int64_t i) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-#endif
-};
-template <>
-struct GradLoad<fp16_t> {
-  static float one(const fp16_t* g, int64_t i) { return widen(g[i]); }
-#if defined(__AVX512F__)
-  static __m512 sixteen(const fp16_t* g, int64_t i) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i)));
-  }
-#endif
 };
 
 template <class G>
@@ -91,7 +61,7 @@ void update_block(const AdamW8bitTensor& t, int64_t block_index, int64_t block, 
     const __m512 ms = _mm512_set1_ps(m_scale), vs = _mm512_set1_ps(v_scale);
     __m512 m_max16 = _mm512_setzero_ps(), v_max16 = _mm512_setzero_ps();
     for (; i + 16 <= n; i += 16) {
-      const __m512 ge = _mm512_mul_ps(GradLoad<G>::sixteen(g, i), gs);
+      const __m512 ge = _mm512_mul_ps(widen16(g + i), gs);
       const __m512 m_old = _mm512_mul_ps(mq.decode16(mc + i), ms);
       const __m512 v_old = _mm512_mul_ps(vq.decode16(vc + i), vs);
       const __m512 me = _mm512_add_ps(_mm512_mul_ps(b1, m_old), _mm512_mul_ps(one_b1, ge));
@@ -111,7 +81,7 @@ void update_block(const AdamW8bitTensor& t, int64_t block_index, int64_t block, 
   }
 #endif
   for (; i < n; ++i) {
-    const float ge = GradLoad<G>::one(g, i) * c.grad_scale;
+    const float ge = widen(g[i]) * c.grad_scale;
     const float me = c.b1 * (mq.decode(mc[i]) * m_scale) + c.one_b1 * ge;
     const float ve = c.b2 * (vq.decode(vc[i]) * v_scale) + c.one_b2 * ge * ge;
     p[i] = p[i] * c.decay - c.step_size * me / (std::sqrt(ve) * c.inv_sqrt_bc2 + c.eps);
