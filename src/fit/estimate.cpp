@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
@@ -227,28 +228,21 @@ RankEstimate estimate_run(const ModelSpec& spec, const Policy& policy, const Clu
 }
 
 Overflow check_fit(const RankEstimate& e, const Cluster& cluster, uint64_t device_budget) {
-  auto largest = [](const CategoryBytes& b) {
-    return Category(std::max_element(b.begin(), b.end()) - b.begin());
-  };
+  // Per tier: what the run needs and what there is. Host and disk are shared by a node's ranks.
+  const uint64_t ranks = uint64_t(cluster.gpus_per_node);
+  const std::pair<uint64_t, uint64_t> need_and_capacity[] = {
+      {e.device_bytes, device_budget},
+      {e.host_bytes * ranks, cluster.hw.host_memory_bytes},
+      {e.disk_bytes * ranks, cluster.hw.disk_bytes}};
   Overflow o;
-  if (e.device_bytes > device_budget) {
-    o.tier = Tier::device;
-    o.category = largest(e.by_tier[size_t(Tier::device)]);
-    o.excess = e.device_bytes - device_budget;
+  for (Tier t : {Tier::device, Tier::host, Tier::disk}) {
+    const auto [need, capacity] = need_and_capacity[size_t(t)];
+    if (need <= capacity) continue;
+    const CategoryBytes& b = e.by_tier[size_t(t)];
+    o.tier = t;
+    o.category = Category(std::max_element(b.begin(), b.end()) - b.begin());
+    o.excess = need - capacity;
     return o;
-  }
-  const uint64_t host_need = e.host_bytes * uint64_t(cluster.gpus_per_node);
-  if (host_need > cluster.hw.host_memory_bytes) {
-    o.tier = Tier::host;
-    o.category = largest(e.by_tier[size_t(Tier::host)]);
-    o.excess = host_need - cluster.hw.host_memory_bytes;
-    return o;
-  }
-  const uint64_t disk_need = e.disk_bytes * uint64_t(cluster.gpus_per_node);
-  if (disk_need > cluster.hw.disk_bytes) {
-    o.tier = Tier::disk;
-    o.category = largest(e.by_tier[size_t(Tier::disk)]);
-    o.excess = disk_need - cluster.hw.disk_bytes;
   }
   return o;
 }
