@@ -155,6 +155,7 @@ void ClassifierKernel::bind(const void* x, const void* wte, const int32_t* targe
 }
 
 void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) const {
+  constexpr int64_t kSumBlock = 1024;
   const int64_t V = shape_.vocab, Vp = shape_.padded_vocab;
   const bool grad = outputs_.dx || outputs_.dwte, bf16 = shape_.bf16();
   float* losses = losses_;
@@ -169,18 +170,25 @@ void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) cons
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < V; ++j) mx = l[j] > mx ? l[j] : mx;  // not std::max: see vec_math.hpp
       const float target_logit = l[target];
-      // The sum of up to ~1e5 exponentials is kept in double; the exponentials themselves are
-      // float and stored in place when a gradient follows.
+      // The sum of up to ~1e5 exponentials: float lanes within blocks of kSumBlock columns,
+      // the block sums in double. (A double reduction over the whole row halves the vector
+      // width and made this pass 4x slower: 41 against 10 ms per 512 x 50304 chunk.) The
+      // exponentials themselves are stored in place when a gradient follows.
       double sum = 0;
-      if (grad) {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < V; ++j) {
-          l[j] = softmax_exp(l[j] - mx);
-          sum += double(l[j]);
+      for (int64_t j0 = 0; j0 < V; j0 += kSumBlock) {
+        const int64_t j1 = std::min(V, j0 + kSumBlock);
+        float block = 0;
+        if (grad) {
+#pragma omp simd reduction(+ : block)
+          for (int64_t j = j0; j < j1; ++j) {
+            l[j] = softmax_exp(l[j] - mx);
+            block += l[j];
+          }
+        } else {
+#pragma omp simd reduction(+ : block)
+          for (int64_t j = j0; j < j1; ++j) block += softmax_exp(l[j] - mx);
         }
-      } else {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < V; ++j) sum += double(softmax_exp(l[j] - mx));
+        sum += double(block);
       }
       if (losses) losses[row0 + i] = float(std::log(sum) + double(mx) - double(target_logit));
       if (!grad) continue;
