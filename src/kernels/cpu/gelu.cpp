@@ -5,6 +5,7 @@
 // pointers are deliberately not __restrict.
 #include "kernels/cpu/gelu.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/half.hpp"
@@ -46,15 +47,27 @@ void gelu_forward(const T* x, T* y, int64_t n, bool acc) {
   });
 }
 
+// In tiles of 128: the derivative of a tile goes to a stack buffer first, then one light
+// pass multiplies it into dx. Fused in one loop, the heavy arithmetic slowed the
+// read-modify-write stream of the in-place form (dx over dy, as the plan usually places it):
+// 44 ms per GPT-2 124M step (4 x 256) against 27 out of place. Tiled, in place: 24 ms with
+// tiles of 64 or 128 elements, 36 with 512, 50 with 2048 (measured in the training step).
 template <class T>
 void gelu_backward(const T* dy, const T* x, T* dx, int64_t n, bool acc) {
   parallel_for(n, kParallelGrain / 8, [=](int64_t lo, int64_t hi) {
-    if (acc) {
+    constexpr int64_t kTile = 128;
+    alignas(64) float g[kTile];
+    for (int64_t t0 = lo; t0 < hi; t0 += kTile) {
+      const int64_t m = std::min(kTile, hi - t0);
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) dx[i] = narrow<T>(widen(dx[i]) + widen(dy[i]) * gelu_grad(widen(x[i])));
-    } else {
+      for (int64_t i = 0; i < m; ++i) g[i] = gelu_grad(widen(x[t0 + i]));
+      if (acc) {
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) dx[i] = narrow<T>(widen(dy[i]) * gelu_grad(widen(x[i])));
+        for (int64_t i = 0; i < m; ++i) dx[t0 + i] = narrow<T>(widen(dx[t0 + i]) + widen(dy[t0 + i]) * g[i]);
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < m; ++i) dx[t0 + i] = narrow<T>(widen(dy[t0 + i]) * g[i]);
+      }
     }
   });
 }
