@@ -199,8 +199,9 @@ TEST(CpuReduce, BiasGradAndLossMean) {
       Vec db = db0, edb = db0;
       bias_grad(dy.data(), db.data(), M, N, acc);
       ref::bias_grad(dy.data(), edb.data(), M, N, acc);
-      // Both sum in double: at most one rounding apart.
-      EXPECT_LE(normalized_error(db, edb), 1e-7) << "N=" << N << " acc=" << acc;
+      // The reference sums in double; the kernel sums groups of kRowGroup rows in float, so
+      // each group carries at most (kRowGroup - 1) float roundings: 15 * 2^-24 < 1e-6.
+      EXPECT_LE(normalized_error(db, edb), 1e-6) << "N=" << N << " acc=" << acc;
     }
     expect_thread_count_independent([&] {
       Vec db(N);

@@ -1,7 +1,7 @@
 // LayerNorm forward and backward. The subtle point is the parameter gradients dw and db: they
 // sum over all N rows, and summing per-thread partial results would make the bits depend on
 // the thread count (and need scratch). So the backward makes two passes: first threads own
-// fixed column blocks and sum every row in order (in double), then threads own rows and
+// fixed column blocks and sum every row in order (groups of rows in float, then in double), then threads own rows and
 // write dx. The column pass goes first so that dx may overwrite dy.
 #include "kernels/cpu/layernorm.hpp"
 
@@ -48,14 +48,23 @@ void layernorm_backward(const T* dy, const T* x, const T* w, const float* mean, 
       for (int64_t blk = first; blk < last; ++blk) {
         const int64_t c0 = blk * kColumnBlock, width = std::min(kColumnBlock, C - c0);
         double sw[kColumnBlock] = {}, sb[kColumnBlock] = {};
-        for (int64_t n = 0; n < N; ++n) {
-          const T* dyr = dy + n * C + c0;
-          const T* xr = x + n * C + c0;
-          const float mu = mean[n], rs = rstd[n];
+        for (int64_t n0 = 0; n0 < N; n0 += kRowGroup) {
+          const int64_t n1 = std::min(N, n0 + kRowGroup);
+          float pw[kColumnBlock] = {}, pb[kColumnBlock] = {};
+          for (int64_t n = n0; n < n1; ++n) {
+            const T* dyr = dy + n * C + c0;
+            const T* xr = x + n * C + c0;
+            const float mu = mean[n], rs = rstd[n];
+#pragma omp simd
+            for (int64_t c = 0; c < width; ++c) {
+              pw[c] += widen(dyr[c]) * ((widen(xr[c]) - mu) * rs);
+              pb[c] += widen(dyr[c]);
+            }
+          }
 #pragma omp simd
           for (int64_t c = 0; c < width; ++c) {
-            sw[c] += double(widen(dyr[c]) * ((widen(xr[c]) - mu) * rs));
-            sb[c] += double(widen(dyr[c]));
+            sw[c] += double(pw[c]);
+            sb[c] += double(pb[c]);
           }
         }
         for (int64_t c = 0; c < width; ++c) {

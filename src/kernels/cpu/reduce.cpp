@@ -1,7 +1,9 @@
 // Column sums and the loss sum. The one subtle point is determinism: threads split the
 // columns into fixed blocks, never the rows, and each block sums its rows in order, so the
 // result does not depend on how many threads run (and no atomics or per-thread buffers are
-// needed). Sums are kept in double: a gradient over B*T rows loses no digits that way.
+// needed). Each group of kRowGroup rows is summed in float, the group sums in double: a
+// gradient over B*T rows loses no digits that way, and the float lanes run at twice the
+// width of a double accumulation.
 #include "kernels/cpu/reduce.hpp"
 
 #include <algorithm>
@@ -18,10 +20,16 @@ void bias_grad(const T* dy, G* db, int64_t M, int64_t N, bool acc) {
     for (int64_t blk = first; blk < last; ++blk) {
       const int64_t c0 = blk * kColumnBlock, w = std::min(kColumnBlock, N - c0);
       double sum[kColumnBlock] = {};
-      for (int64_t i = 0; i < M; ++i) {
-        const T* row = dy + i * N + c0;
+      for (int64_t i0 = 0; i0 < M; i0 += kRowGroup) {
+        const int64_t i1 = std::min(M, i0 + kRowGroup);
+        float part[kColumnBlock] = {};
+        for (int64_t i = i0; i < i1; ++i) {
+          const T* row = dy + i * N + c0;
 #pragma omp simd
-        for (int64_t c = 0; c < w; ++c) sum[c] += double(widen(row[c]));
+          for (int64_t c = 0; c < w; ++c) part[c] += widen(row[c]);
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < w; ++c) sum[c] += double(part[c]);
       }
       for (int64_t c = 0; c < w; ++c)
         db[c0 + c] = narrow<G>(acc ? float(double(widen(db[c0 + c])) + sum[c]) : float(sum[c]));

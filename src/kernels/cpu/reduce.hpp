@@ -16,5 +16,7 @@ void loss_mean(const float* losses, float* loss, int64_t n, float scale, bool ac
 // embedding backward): 64 floats, four cache lines per row, so each block is a handful of
 // vector registers and blocks are independent of the thread count.
 inline constexpr int64_t kColumnBlock = 64;
+// Rows summed in float before their sum joins the double total.
+inline constexpr int64_t kRowGroup = 16;
 
 }  // namespace memfit
