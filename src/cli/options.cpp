@@ -65,7 +65,7 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.policy.attention = parse_attention(v); });
   add<std::string>(app, "--optimizer", "adamw | adamw8bit",
                    [](RunConfig& c, std::string v) { c.policy.optimizer = parse_optimizer(v); });
-  add<int>(app, "--zero", "ZeRO stage 0..2 (data parallelism over the ranks of mpirun)",
+  add<int>(app, "--zero", "ZeRO stage 0..3 (data parallelism over the ranks of mpirun)",
            [](RunConfig& c, int v) { c.policy.zero_stage = v; });
   add<std::string>(app, "--offload-optimizer", "device | host | disk",
                    [](RunConfig& c, std::string v) { c.policy.offload_optimizer = parse_tier(v); });
