@@ -7,6 +7,7 @@
 #include <charconv>
 
 #include "core/bytes.hpp"
+#include "core/error.hpp"
 
 namespace memfit::cli {
 
@@ -67,6 +68,11 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.policy.optimizer = parse_optimizer(v); });
   add<int>(app, "--zero", "ZeRO stage 0..3 (data parallelism over the ranks of mpirun)",
            [](RunConfig& c, int v) { c.policy.zero_stage = v; });
+  add<std::string>(app, "--overlap-comm", "on | off: run collectives asynchronously, overlapping compute (default on)",
+                   [](RunConfig& c, std::string v) {
+                     MEMFIT_CHECK(v == "on" || v == "off", "cli", "--overlap-comm takes on or off, not '{}'", v);
+                     c.policy.overlap_comm = v == "on";
+                   });
   add<std::string>(app, "--offload-optimizer", "device | host | disk",
                    [](RunConfig& c, std::string v) { c.policy.offload_optimizer = parse_tier(v); });
   add<std::string>(app, "--offload-params", "device | host | disk",

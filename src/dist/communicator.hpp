@@ -34,6 +34,12 @@ class Communicator {
   virtual CommTicket start_all_gather(const void* send, void* recv, int64_t count, DType dtype) = 0;
   virtual CommTicket start_broadcast(void* data, int64_t count, DType dtype, int root) = 0;
   virtual void wait(CommTicket ticket) = 0;
+  // Whether any started collective has not been waited for, and a nudge to the transport to
+  // advance them: MPI implementations move non-blocking collectives only inside MPI calls, so
+  // the executor calls this between ops while anything is in flight. Allocates nothing in
+  // memfit code.
+  virtual bool pending() const { return false; }
+  virtual void progress() {}
   virtual void barrier() = 0;
 
   // Blocking forms.

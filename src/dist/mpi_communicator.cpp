@@ -140,6 +140,18 @@ class MpiCommunicator final : public Communicator {
     LibraryCallScope scope;
     check(MPI_Waitall(kRequestsPerSlot, slots_[size_t(t)].data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
     busy_[size_t(t)] = false;
+    --in_flight_;
+  }
+
+  bool pending() const override { return in_flight_ > 0; }
+
+  void progress() override {
+    LibraryCallScope scope;
+    for (int s = 0; s < kSlots && in_flight_ > 0; ++s) {
+      if (!busy_[size_t(s)]) continue;
+      int done = 0;
+      check(MPI_Testall(kRequestsPerSlot, slots_[size_t(s)].data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    }
   }
 
   void barrier() override {
@@ -153,6 +165,7 @@ class MpiCommunicator final : public Communicator {
       const int s = (next_ + i) % kSlots;
       if (!busy_[size_t(s)]) {
         busy_[size_t(s)] = true;
+        ++in_flight_;
         next_ = s + 1;
         return s;
       }
@@ -198,7 +211,7 @@ class MpiCommunicator final : public Communicator {
     return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
   }
 
-  int rank_ = 0, size_ = 1, next_ = 0;
+  int rank_ = 0, size_ = 1, next_ = 0, in_flight_ = 0;
   MpiTypes types_;
   std::array<std::array<MPI_Request, kRequestsPerSlot>, kSlots> slots_{};
   std::array<bool, kSlots> busy_{};

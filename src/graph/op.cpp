@@ -56,6 +56,7 @@ std::string_view op_kind_name(OpKind k) {
     MEMFIT_KIND(reduce_scatter)
     MEMFIT_KIND(all_gather)
     MEMFIT_KIND(broadcast)
+    MEMFIT_KIND(collective_wait)
     MEMFIT_KIND(transfer)
 #undef MEMFIT_KIND
   }

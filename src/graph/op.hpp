@@ -93,6 +93,9 @@ enum class OpKind : uint16_t {
   reduce_scatter,      // in [full] out [shard]; shard may be full's own block (rank * shard)
   all_gather,          // in [shard] out [full]; shard may be full's own block (in place)
   broadcast,           // out [x] (in place)
+  collective_wait,     // in [the started collective's inputs] out [its outputs] (update): completes
+                       //   the collective started by the op with the same CollectiveAttrs::async_id;
+                       //   between the two, no op may touch those bytes (graph/overlap_collectives.hpp)
   // --- transfers between tiers ---
   transfer,            // in [src] out [dst] on another tier
 };
@@ -153,6 +156,7 @@ struct FillAttrs {
 struct CollectiveAttrs {
   int world_size = 1;
   bool max = false;  // all_reduce: maximum instead of sum (overflow flags)
+  int async_id = -1;  // >= 0: the op only starts the collective; the collective_wait with this id completes it
 };
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
                              ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs>;

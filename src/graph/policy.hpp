@@ -67,6 +67,7 @@ struct Policy {
   double grad_clip = 0;  // > 0: clip gradients to this global norm (DeepSpeed gradient_clipping)
   bool update_in_backward = false;  // update each parameter in the backward (graph/update_in_backward.hpp)
   int zero_stage = 0;
+  bool overlap_comm = true;  // collectives run asynchronously, overlapping compute (graph/overlap_collectives.hpp)
   Tier offload_optimizer = Tier::device;
   Tier offload_params = Tier::device;
   int64_t classifier_chunk_rows = 0;  // 0: chosen by the builder (logits chunk of at most 128 MiB)

@@ -11,6 +11,7 @@
 #include "graph/precision.hpp"
 #include "graph/recompute.hpp"
 #include "graph/zero.hpp"
+#include "graph/overlap_collectives.hpp"
 #include "graph/update_in_backward.hpp"
 
 namespace memfit {
@@ -143,6 +144,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
   if (policy.update_in_backward) apply_update_in_backward(p);
   // Last: ZeRO re-homes parameters and gradients with their final dtypes.
   apply_zero(p, policy, topology);
+  if (policy.overlap_comm) overlap_collectives(p);
   p.validate();
   return p;
 }

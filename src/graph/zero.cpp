@@ -104,9 +104,14 @@ struct ZeroPass {
                                       Lifetime::persistent, b.layer));
       }
       grad_root.push_back(add_root("zero.grads." + b.tag, b.elements, gdt, Category::gradients, glife, b.layer));
+      // With one micro-step the shard only carries the reduce-scatter's result to the update of
+      // the same step, so it is step-transient: born in the backward, dead after the optimizer.
+      // (Persistent, it would sit in every peak and make stage 2 cost more than stage 1, whose
+      // full-size gradients are transient.) Accumulation needs it across micro-steps.
       if (stage >= 2)
         grad_shard_root.push_back(add_root("zero.grad_shard." + b.tag, L.shard(b), gdt, Category::gradients,
-                                           Lifetime::persistent, b.layer));
+                                           policy.grad_accum == 1 ? Lifetime::transient : Lifetime::persistent,
+                                           b.layer));
       for (size_t j = 0; j < b.params.size(); ++j) {
         const int pi = b.params[j];
         const ParamEntry& e = p.params()[size_t(pi)];
@@ -214,9 +219,13 @@ struct ZeroPass {
     MEMFIT_ASSERT(sync_index == micro_index + 1, "ZeRO needs the sync section right after the micro section");
     const int k = micro->repeat;
 
-    // Stage 2: the last micro-section op that writes each bucket's gradients.
+    // The last micro-section op that writes each bucket's gradients: stage 2 and 3 reduce the
+    // bucket right after it; so do stages 0 and 1 with one micro-step (as PyTorch DDP does), so
+    // that the reduction can overlap the rest of the backward. With accumulation, stages 0 and
+    // 1 reduce once, after the last micro-step, at the start of the optimizer section.
+    const bool sync_in_backward = stage >= 2 || k == 1;
     std::vector<int> last_writer(L.buckets.size(), -1);
-    if (stage >= 2)
+    if (sync_in_backward)
       for (int i = micro->begin; i < micro->end; ++i)
         for (TensorId id : old[size_t(i)].outputs)
           if (id != kNoTensor)
@@ -253,7 +262,8 @@ struct ZeroPass {
         const int64_t rows = p.tensor(op.inputs[0]).numel();
         std::get<ScaleAttrs>(op.attrs).scale = 1.0f / float(rows * (sname == "micro" ? int64_t(k) : 1) * world);
       }
-      if (sname == "optimizer" && int(i) == p.sections()[size_t(s)].begin) emit_gradient_sync(ops, section_of, s);
+      if (sname == "optimizer" && int(i) == p.sections()[size_t(s)].begin && !sync_in_backward)
+        for (size_t bi = 0; bi < L.buckets.size(); ++bi) emit_bucket_sync(bi, push, s);
       bool replaced = false;  // the op was re-emitted in sharded form (or dropped)
       if (sname == "optimizer" && stage >= 1) {
         replaced = true;
@@ -281,9 +291,11 @@ struct ZeroPass {
         }
         push(std::move(op), s);
       }
-      if (stage >= 2)
-        for (size_t bi = 0; bi < L.buckets.size(); ++bi)
-          if (last_writer[bi] == int(i)) emit_bucket_reduce_scatter(bi, push, s, k);
+      for (size_t bi = 0; bi < L.buckets.size(); ++bi)
+        if (last_writer[bi] == int(i)) {
+          if (stage >= 2) emit_bucket_reduce_scatter(bi, push, s, k);
+          else emit_bucket_sync(bi, push, s);
+        }
       const bool section_end = int(i) + 1 == p.sections()[size_t(s)].end;
       // Once per step, after the last micro-step, whether or not the optimizer runs.
       if (section_end && s == micro_index) {
@@ -422,24 +434,23 @@ struct ZeroPass {
     push(std::move(acc), s);
   }
 
-  void emit_gradient_sync(std::vector<Op>& ops, std::vector<int>& section_of, int s) {
-    auto push = [&](Op op) {
-      ops.push_back(std::move(op));
-      section_of.push_back(s);
-    };
-    for (size_t bi = 0; bi < L.buckets.size() && stage <= 1; ++bi) {
-      const ZeroBucket& b = L.buckets[bi];
-      if (stage == 0) {
-        push(collective(OpKind::all_reduce, "zero.all_reduce." + b.tag, {}, {grad_root[bi]}, Phase::communication,
-                        b.layer));
-        continue;
-      }
-      const DType gdt = p.tensor(grad_root[bi]).dtype;
-      const TensorId mine = p.add_view(grad_root[bi], "zero.grads." + b.tag + ".shard", Shape{L.shard(b)}, gdt,
-                                       dtype_bytes(gdt, int64_t(rank) * L.shard(b)));
-      push(collective(OpKind::reduce_scatter, "zero.reduce_scatter." + b.tag, {grad_root[bi]}, {mine},
-                      Phase::communication, b.layer));
+  // Stages 0 and 1: bucket bi's gradients all-reduced (0) or reduce-scattered in place into
+  // this rank's block of the full-size buffer (1).
+  template <class Push>
+  void emit_bucket_sync(size_t bi, Push& push, int s) {
+    const ZeroBucket& b = L.buckets[bi];
+    if (stage == 0) {
+      push(collective(OpKind::all_reduce, "zero.all_reduce." + b.tag, {}, {grad_root[bi]}, Phase::communication,
+                      b.layer),
+           s);
+      return;
     }
+    const DType gdt = p.tensor(grad_root[bi]).dtype;
+    const TensorId mine = p.add_view(grad_root[bi], "zero.grads." + b.tag + ".shard", Shape{L.shard(b)}, gdt,
+                                     dtype_bytes(gdt, int64_t(rank) * L.shard(b)));
+    push(collective(OpKind::reduce_scatter, "zero.reduce_scatter." + b.tag, {grad_root[bi]}, {mine},
+                    Phase::communication, b.layer),
+         s);
   }
 
   template <class Push>

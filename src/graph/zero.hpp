@@ -6,14 +6,18 @@
 //               and the loss is all-reduced (the reported loss is the global one) in the "sync"
 //               section, which runs once per step between the micro-steps and the optimizer,
 //               also when fp16 skips the optimizer.
-//   stage 0     gradients all-reduced after the last micro-step; every rank updates everything.
+//   stage 0     gradients all-reduced (per bucket in the backward with one micro-step, else
+//               after the last micro-step); every rank updates everything.
 //   stage 1     master weights and optimizer state shrink to this rank's shard; gradients are
 //               reduce-scattered in place (full-size gradients stay), each rank updates its
 //               shard, then the parameters are all-gathered.
 //   stage 2     also gradients: each bucket is reduce-scattered inside the backward pass right
-//               after its last gradient is written, into a persistent gradient shard (with
-//               accumulation, into a buffer then added), so full-size gradients live only
-//               while their block's backward runs.
+//               after its last gradient is written, into a gradient shard (step-transient with
+//               one micro-step; with accumulation persistent, reached through a buffer then
+//               added), so full-size gradients live only while their block's backward runs.
+//   stage 3     also parameters: each bucket's shard is all-gathered before its forward and
+//               again before its backward, one bucket ahead.
+// graph/overlap_collectives.hpp then makes the collectives asynchronous.
 // Gradient clipping uses the global norm: the sum of squares over this rank's gradient shard,
 // all-reduced, then its square root (GradNormAttrs::Form). An fp16 overflow flag is
 // all-reduced with max so every rank skips the same steps.
@@ -56,7 +60,7 @@ struct ZeroLayout {
   int64_t padded_elements() const;  // sum of bucket sizes
 };
 
-// Throws [policy] for a stage outside 0..2 or a world size below 1 (stage 3 is not built yet).
+// Throws [policy] for a stage outside 0..3 or a world size below 1.
 ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& topo);
 
 // No-op for stage 0 in a world of one (the program stays as it was).

@@ -8,30 +8,73 @@ namespace memfit {
 
 namespace {
 
-template <class Fn>
-class FnOp final : public PreparedOp {
+// A collective as two closures: start() returns the communicator's ticket, finish() runs
+// after the wait (the in-place reduce-scatter's move into the rank's block). Blocking: both in
+// one op. Asynchronous: the start op keeps the ticket for its collective_wait op.
+template <class Start, class Finish>
+class CollectiveRun final : public StartedCollective {
  public:
-  explicit FnOp(Fn fn) : fn_(std::move(fn)) {}
-  void run(const StepContext&) override { fn_(); }
+  CollectiveRun(Communicator* c, Start start, Finish finish, bool async)
+      : comm_(c), start_(std::move(start)), finish_(std::move(finish)), async_(async) {}
+  void run(const StepContext&) override {
+    ticket_ = start_();
+    if (!async_) complete();
+  }
+  void complete() override {
+    MEMFIT_ASSERT(ticket_ >= 0, "collective completed before it was started");
+    comm_->wait(ticket_);
+    ticket_ = -1;
+    finish_();
+  }
 
  private:
-  Fn fn_;
+  Communicator* comm_;
+  Start start_;
+  Finish finish_;
+  bool async_;
+  CommTicket ticket_ = -1;
 };
-template <class Fn>
-std::unique_ptr<PreparedOp> make_fn_op(Fn fn) {
-  return std::make_unique<FnOp<Fn>>(std::move(fn));
+template <class Start, class Finish>
+std::unique_ptr<StartedCollective> make_run(Communicator* c, Start start, Finish finish, bool async) {
+  return std::make_unique<CollectiveRun<Start, Finish>>(c, std::move(start), std::move(finish), async);
 }
+
+class WaitOp final : public PreparedOp {
+ public:
+  explicit WaitOp(StartedCollective* started) : started_(started) {}
+  void run(const StepContext&) override { started_->complete(); }
+
+ private:
+  StartedCollective* started_;
+};
 
 }  // namespace
 
 bool is_collective(OpKind kind) {
   return kind == OpKind::all_reduce || kind == OpKind::reduce_scatter || kind == OpKind::all_gather ||
-         kind == OpKind::broadcast;
+         kind == OpKind::broadcast || kind == OpKind::collective_wait;
 }
 
-std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, const OpBinding& b, Communicator& comm) {
+std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, const OpBinding& b, Communicator& comm,
+                                               StartedCollectives& started) {
   const CollectiveAttrs* attrs = std::get_if<CollectiveAttrs>(&op.attrs);
   MEMFIT_CHECK(attrs != nullptr, "runtime", "collective op '{}' has no CollectiveAttrs", op.name);
+  if (op.kind == OpKind::collective_wait) {
+    auto it = started.find(attrs->async_id);
+    MEMFIT_CHECK(it != started.end(), "runtime", "op '{}' waits for collective {}, which no earlier op starts", op.name,
+                 attrs->async_id);
+    StartedCollective* s = it->second;
+    started.erase(it);
+    return std::make_unique<WaitOp>(s);
+  }
+  const bool async = attrs->async_id >= 0;
+  auto remember = [&](std::unique_ptr<StartedCollective> run) -> std::unique_ptr<PreparedOp> {
+    if (async) {
+      MEMFIT_CHECK(started.emplace(attrs->async_id, run.get()).second, "runtime",
+                   "collective {} is started by two ops ('{}' is the second)", attrs->async_id, op.name);
+    }
+    return run;
+  };
   MEMFIT_CHECK(attrs->world_size == comm.size(), "runtime",
                "op '{}' was planned for world size {} but runs in a world of {} ranks", op.name, attrs->world_size,
                comm.size());
@@ -45,9 +88,10 @@ std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, c
       void* data = b.outputs[0];
       const int64_t n = t.numel();
       const DType dt = t.dtype;
-      if (op.kind == OpKind::broadcast) return make_fn_op([=] { c->broadcast(data, n, dt, 0); });
+      if (op.kind == OpKind::broadcast)
+        return remember(make_run(c, [=] { return c->start_broadcast(data, n, dt, 0); }, [] {}, async));
       const ReduceOp rop = attrs->max ? ReduceOp::max : ReduceOp::sum;
-      return make_fn_op([=] { c->all_reduce(data, n, dt, rop); });
+      return remember(make_run(c, [=] { return c->start_all_reduce(data, n, dt, rop); }, [] {}, async));
     }
     case OpKind::reduce_scatter:
     case OpKind::all_gather: {
@@ -62,14 +106,20 @@ std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, c
       const int64_t n = shard.numel();
       const DType dt = shard.dtype;
       const uint64_t block = dtype_bytes(dt, n);
-      if (!rs) return make_fn_op([=, in = b.inputs[0], out = b.outputs[0]] { c->all_gather(in, out, n, dt); });
+      if (!rs)
+        return remember(make_run(
+            c, [=, in = b.inputs[0], out = b.outputs[0]] { return c->start_all_gather(in, out, n, dt); }, [] {}, async));
       auto* in = static_cast<std::byte*>(b.inputs[0]);
       auto* out = static_cast<std::byte*>(b.outputs[0]);
-      if (out != in + uint64_t(rank) * block) return make_fn_op([=] { c->reduce_scatter(in, out, n, dt, ReduceOp::sum); });
-      return make_fn_op([=] {
-        c->reduce_scatter(in, in, n, dt, ReduceOp::sum);  // in place: the result lands at the start
-        if (out != in) std::memmove(out, in, block);
-      });
+      if (out != in + uint64_t(rank) * block)
+        return remember(make_run(c, [=] { return c->start_reduce_scatter(in, out, n, dt, ReduceOp::sum); }, [] {}, async));
+      // In place: the result lands at the start of the buffer and moves to the rank's block.
+      return remember(make_run(
+          c, [=] { return c->start_reduce_scatter(in, in, n, dt, ReduceOp::sum); },
+          [=] {
+            if (out != in) std::memmove(out, in, block);
+          },
+          async));
     }
     default: break;
   }

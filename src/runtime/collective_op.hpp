@@ -3,9 +3,11 @@
 // so every backend shares them. The subtle point: a reduce_scatter whose shard is the full
 // buffer's own block (ZeRO-1 keeps full-size gradients and reduces them in place) runs as
 // MPI's in-place form, which leaves the result at the *start* of the buffer; the op then
-// moves it to the rank's block.
+// moves it to the rank's block. A collective with an async_id only starts in its op; the
+// collective_wait op with the same id completes it (and does that move).
 #pragma once
 
+#include <map>
 #include <memory>
 
 #include "dist/communicator.hpp"
@@ -13,10 +15,20 @@
 
 namespace memfit {
 
-bool is_collective(OpKind kind);
+bool is_collective(OpKind kind);  // the four collectives and collective_wait
 
-// Throws [runtime] when the op's world size differs from the communicator's, or its tensors
-// do not have the shapes op.hpp requires.
-std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, const OpBinding& b, Communicator& comm);
+// A prepared collective that its collective_wait op completes (graph/overlap_collectives.hpp).
+class StartedCollective : public PreparedOp {
+ public:
+  virtual void complete() = 0;
+};
+// Started collectives whose wait op is not prepared yet, by CollectiveAttrs::async_id
+// (prepare time only).
+using StartedCollectives = std::map<int, StartedCollective*>;
+
+// Throws [runtime] when the op's world size differs from the communicator's, its tensors do
+// not have the shapes op.hpp requires, or a wait names no started collective.
+std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, const OpBinding& b, Communicator& comm,
+                                               StartedCollectives& started);
 
 }  // namespace memfit

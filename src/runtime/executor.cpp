@@ -30,6 +30,8 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend, Communicat
                   tensors[id].name);
     pointers_[id] = arenas_[size_t(pl.tier)].data() + pl.offset;
   }
+  comm_ = comm;
+  StartedCollectives started;
   prepared_.resize(program_.ops().size());
   op_seconds_.assign(program_.ops().size(), 0.0);
   for (size_t i = 0; i < program_.ops().size(); ++i) {
@@ -40,8 +42,10 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend, Communicat
     for (TensorId id : op.inputs) b.inputs.push_back(ptr(id));
     for (TensorId id : op.outputs) b.outputs.push_back(ptr(id));
     for (TensorId id : op.workspace) b.workspace.push_back(ptr(id));
-    prepared_[i] = is_collective(op.kind) ? prepare_collective(program_, op, b, *comm) : backend.prepare(program_, op, b);
+    prepared_[i] =
+        is_collective(op.kind) ? prepare_collective(program_, op, b, *comm, started) : backend.prepare(program_, op, b);
   }
+  MEMFIT_CHECK(started.empty(), "runtime", "the program starts {} collective(s) it never waits for", started.size());
   const Section* micro = program_.find_section("micro");
   const Section* opt = program_.find_section("optimizer");
   if (micro) micro_begin_ = micro->begin, micro_end_ = micro->end, micro_repeat_ = micro->repeat;
@@ -60,6 +64,7 @@ void Executor::run_range(int begin, int end, const StepContext& ctx) {
                    program_.op(i).name);
       input_(program_.op(i), ctx);
     }
+    if (comm_->pending()) comm_->progress();  // collectives in flight advance between ops
     if (timing_)
       op_seconds_[size_t(i)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (OpObserver* o : observers_) o->after_op(i, ctx);

@@ -59,6 +59,7 @@ class Executor {
 
   // Time spent per op (seconds, summed over runs) when timing is on.
   void set_timing(bool on) { timing_ = on; }
+  void reset_op_seconds() { std::fill(op_seconds_.begin(), op_seconds_.end(), 0.0); }
   const std::vector<double>& op_seconds() const { return op_seconds_; }
 
   // Observers run in the order added: before_op before the op, after_op after it. Add them
@@ -76,6 +77,7 @@ class Executor {
   std::vector<std::unique_ptr<PreparedOp>> prepared_;  // null for load_input
   InputHandler input_;
   std::unique_ptr<Communicator> own_comm_;  // when none is given
+  Communicator* comm_ = nullptr;
   bool timing_ = false;
   std::vector<double> op_seconds_;
   std::vector<OpObserver*> observers_;

@@ -146,6 +146,7 @@ void apply_config_file(const std::string& path, RunConfig& c) {
       MEMFIT_CHECK(v.is_object(), "config", "key 'zero_optimization' must be an object");
       for (const auto& [sub, sv] : v.items()) {
         if (sub == "stage") p.zero_stage = get_as<int>(sv, "zero_optimization.stage");
+        else if (sub == "overlap_comm") p.overlap_comm = get_as<bool>(sv, "zero_optimization.overlap_comm");
         else if (sub == "offload_optimizer" || sub == "offload_param") {
           const std::string dev = sv.value("device", "none");
           (sub == "offload_optimizer" ? p.offload_optimizer : p.offload_params) = parse_tier(dev);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <fstream>
 #include <optional>
@@ -24,6 +25,7 @@
 #include "train/step_runner.hpp"
 #include "train/synthetic_corpus.hpp"
 #include "train/weights.hpp"
+#include "train/whole_weights.hpp"
 
 namespace memfit {
 
@@ -112,6 +114,7 @@ nlohmann::json policy_json(const Policy& p) {
           {"adamw", {{"beta1", p.adamw.beta1}, {"beta2", p.adamw.beta2}, {"eps", p.adamw.eps},
                      {"weight_decay", p.adamw.weight_decay}}},
           {"zero_stage", p.zero_stage},
+          {"overlap_comm", p.overlap_comm},
           {"offload_optimizer", tier_name(p.offload_optimizer)},
           {"offload_params", tier_name(p.offload_params)},
           {"classifier_chunk_rows", p.classifier_chunk_rows}};
@@ -128,8 +131,6 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
                "--world-size {} but the run was launched with {} ranks", config.topology.world_size, W);
   RunConfig c = config;
   c.topology = Topology{W, rank};
-  MEMFIT_CHECK(c.save.empty() || c.policy.zero_stage < 3, "train",
-               "--save cannot write whole weights under ZeRO-3 yet (each rank holds a shard); use --checkpoint-dir");
   std::ostringstream quiet;  // ranks other than 0 keep their lines to themselves
   std::ostream& log = rank == 0 ? rank_log : quiet;
   MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);
@@ -173,6 +174,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   enforce_memory_budget(c, run, budget, *backend, log);
 
   Executor ex(run.compiled, *backend, comm);
+  ex.set_timing(true);  // two clock reads per op: the report's time per phase
   if (c.load.empty()) {
     initialize_parameters(ex, spec, c.seed);
   } else {
@@ -260,6 +262,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
       if (!r.applied) skipped_at.push_back(step);
     }
     if (step > first_step) timed_seconds += dt, timed_cpu_seconds += process_cpu_seconds() - cpu0, ++timed_steps;
+    if (step == first_step) ex.reset_op_seconds();  // per-phase times skip the warm-up step too
     const std::string scaling = runner.loss_scaling() ? fmt::format(" | scale {:g}{} | skipped {}", r.scale,
                                                                     r.applied ? "" : " (overflow: step skipped)",
                                                                     runner.skipped_steps())
@@ -295,7 +298,23 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   const double tps = timed_steps ? tokens_per_step * double(timed_steps) / timed_seconds : 0.0;
   if (timed_steps) log << fmt::format("speed: {:.0f} tokens/s, {:.1f} ms/step over steps 2..{}\n", tps,
                                       1e3 * timed_seconds / double(timed_steps), c.steps);
-  if (!c.save.empty() && rank == 0) {
+  // Time per step by phase, over the training sections (validation excluded). Communication is
+  // the time the step spends in collective ops: starting them, and waiting for those that
+  // have not finished when their result is needed.
+  std::map<std::string, double> phase_ms;
+  for (int i = 0; i < int(prog.ops().size()) && timed_steps > 0; ++i) {
+    const int s = prog.section_of_op(i);
+    if (s < 0 || prog.sections()[size_t(s)].name == "eval") continue;
+    phase_ms[std::string(phase_name(prog.op(i).phase))] += 1e3 * ex.op_seconds()[size_t(i)] / double(timed_steps);
+  }
+  if (!c.save.empty() && pol.zero_stage >= 1 && W > 1) {
+    // Every rank takes part in the gathers; rank 0 writes.
+    const std::vector<std::vector<float>> whole = gather_whole_parameters(ex, *comm);
+    if (rank == 0) {
+      save_weights(c.save, ex, spec, &whole);
+      log << fmt::format("saved weights to {}\n", c.save);
+    }
+  } else if (!c.save.empty() && rank == 0) {
     save_weights(c.save, ex, spec);
     log << fmt::format("saved weights to {}\n", c.save);
   }
@@ -311,6 +330,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   report["steps"] = c.steps;
   report["tokens_per_step"] = tokens_per_step;
   report["tokens_per_second"] = tps;
+  report["ms_per_step_by_phase"] = phase_ms;
   report["ms_per_step"] = timed_steps ? 1e3 * timed_seconds / double(timed_steps) : 0.0;
   // CPU time of all threads: on a shared machine it varies far less than wall time, so
   // benchmarks compare it too (with one thread it is the step's work alone).

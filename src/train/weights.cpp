@@ -71,7 +71,8 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec) 
                  entry->name, spec.name);
 }
 
-void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec) {
+void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec,
+                  const std::vector<std::vector<float>>* whole) {
   MEMFIT_CHECK(spec.arch == Arch::gpt2, "safetensors", "saving {} weights is not supported yet", arch_name(spec.arch));
   const Program& p = ex.program();
   fs::path file(path);
@@ -87,9 +88,10 @@ void save_weights(const std::string& path, const Executor& ex, const ModelSpec& 
   std::vector<std::vector<float>> transposed;
   transposed.reserve(2 * p.params().size());
   std::vector<SafetensorsTensor> tensors;
-  for (const ParamEntry& param : p.params()) {
+  for (size_t i = 0; i < p.params().size(); ++i) {
+    const ParamEntry& param = p.params()[i];
     const TensorDesc& t = p.tensor(param.value);
-    const float* src = fp32_values(ex, param);
+    const float* src = whole ? (*whole)[i].data() : fp32_values(ex, param);
     if (!src) src = transposed.emplace_back(load_parameter(ex, param)).data();
     SafetensorsTensor st{"transformer." + param.name, DType::f32, t.shape, src};
     if (is_conv1d_weight(param.name)) {

@@ -20,7 +20,10 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec);
 // Writes the parameters: into DIR/model.safetensors plus DIR/config.json when `path` is a
 // directory (created if needed), or into `path` itself when it ends in .safetensors.
 // Writes are atomic, so an earlier file at the same path survives a failed save.
-void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec);
+// `whole`, when given, holds every parameter's fp32 values (indexed like Program::params():
+// train/whole_weights.hpp gathers them under ZeRO); otherwise they are read from the arena.
+void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec,
+                  const std::vector<std::vector<float>>* whole = nullptr);
 
 // True for HF GPT-2 Conv1D weights, which are stored transposed.
 bool is_conv1d_weight(const std::string& name);

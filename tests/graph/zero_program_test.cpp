@@ -12,7 +12,10 @@
 //   stage 3: bp Psi_p / N + bg Psi_p / N + the same masters and moments
 // i.e. fp32: 8Psi + 8Psi/N, 4Psi + 12Psi/N, 16Psi/N; bf16 weights and gradients with fp32
 // masters and moments: 4Psi + 12Psi/N, 2Psi + 14Psi/N, 16Psi/N; bf16 weights with fp32
-// gradients (derived the same way): 6Psi + 12Psi/N, 2Psi + 16Psi/N, 18Psi/N. The full-size
+// gradients (derived the same way): 6Psi + 12Psi/N, 2Psi + 16Psi/N, 18Psi/N. The gradient
+// shards count as model state although with one micro-step they are step-transient (they
+// live from the reduce-scatter to the update, so the peak, at the start of the backward,
+// holds none of them). The full-size
 // gradients of stages 2 and 3 (one block at a time) are transient buffers (zero.grads.*),
 // and stage 3's gathered parameters (zero.gather.*, forward and backward copies, one or two
 // blocks live at a time) are communication buffers: both listed apart.
@@ -65,7 +68,11 @@ ModelState model_state(const Program& p, int stage, int world) {
       case Category::master_weights: m.masters += t.bytes(); break;
       case Category::optimizer_state: m.state += t.bytes(); break;
       case Category::gradients:
-        (stage >= 2 && t.lifetime == Lifetime::transient ? m.grad_buffers : m.grads) += t.bytes();
+        // The shards of stages 2 and 3 are model state even when step-transient (one
+        // micro-step: they live from the reduce-scatter to the update).
+        (stage >= 2 && t.lifetime == Lifetime::transient && !t.name.starts_with("zero.grad_shard.") ? m.grad_buffers
+                                                                                                   : m.grads) +=
+            t.bytes();
         break;
       default: break;
     }
@@ -224,6 +231,36 @@ TEST(ZeroProgram, StageThreeGathersEachBlockBeforeUseAndPrefetchesTheNext) {
   // The plan holds the gathered blocks as communication buffers.
   const MemoryPlan plan = plan_memory(p);
   EXPECT_GT(plan.tier(Tier::device).at_peak[size_t(Category::communication)], 0u);
+}
+
+// Each stage shards more, so with one micro-step no stage may plan a higher per-rank peak
+// than the stage before it up to 2 (stage 3 trades gathered blocks for parameter shards, which
+// pays off only with more ranks or larger models). The stage-2 gradient shards are
+// step-transient with one micro-step and persistent with accumulation.
+TEST(ZeroProgram, ShardingMoreNeverRaisesThePeakUpToStageTwo) {
+  for (Precision precision : {Precision::fp32, Precision::bf16})
+    for (int world : {2, 4}) {
+      SCOPED_TRACE(fmt::format("{}, N = {}", precision_name(precision), world));
+      uint64_t previous = UINT64_MAX;
+      for (int stage : {0, 1, 2}) {
+        const Program p = build_training_program(model_preset("gpt2-tiny"), policy(stage, precision), {world, 0});
+        const uint64_t peak = plan_memory(p).tier(Tier::device).peak_bytes;
+        EXPECT_LE(peak, previous) << "stage " << stage;
+        previous = peak;
+      }
+      for (int accum : {1, 2}) {
+        Policy pol = policy(2, precision);
+        pol.grad_accum = accum;
+        const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {world, 0});
+        int shards = 0;
+        for (const TensorDesc& t : p.tensors())
+          if (t.name.starts_with("zero.grad_shard.")) {
+            ++shards;
+            EXPECT_EQ(t.lifetime, accum == 1 ? Lifetime::transient : Lifetime::persistent) << t.name;
+          }
+        EXPECT_GT(shards, 0);
+      }
+    }
 }
 
 TEST(ZeroProgram, WorldOfOneAtStageZeroIsUntouched) {

@@ -1,0 +1,133 @@
+// The overlap pass (see overlap_collectives.hpp): one scan per collective for the first op
+// that must not run before it completes, then one rebuild of the op list with the waits
+// inserted there.
+#include "graph/overlap_collectives.hpp"
+
+#include <map>
+
+#include "core/error.hpp"
+
+namespace memfit {
+
+namespace {
+
+bool is_collective_kind(OpKind k) {
+  return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather || k == OpKind::broadcast;
+}
+// Gathers and reductions are separate streams: a gradient reduction may stay in flight while
+// the next block's parameters are gathered.
+bool reduces(OpKind k) { return k == OpKind::all_reduce || k == OpKind::reduce_scatter; }
+
+struct ByteRange {
+  TensorId root;
+  uint64_t begin, end;
+  bool overlaps(const ByteRange& o) const { return root == o.root && begin < o.end && o.begin < end; }
+};
+
+ByteRange range_of(const Program& p, TensorId id) {
+  const TensorDesc& t = p.tensor(id);
+  const uint64_t begin = t.is_view() ? t.view_offset : 0;
+  return {p.root_of(id), begin, begin + t.bytes()};
+}
+
+bool touches(const Program& p, const std::vector<TensorId>& ids, const std::vector<ByteRange>& ranges) {
+  for (TensorId id : ids) {
+    if (id == kNoTensor) continue;
+    const ByteRange r = range_of(p, id);
+    for (const ByteRange& q : ranges)
+      if (r.overlaps(q)) return true;
+  }
+  return false;
+}
+
+// The index before which the collective at `i` must complete: the first op after it that
+// reads or writes its outputs, writes its inputs, or starts a collective of its class; at the
+// latest the end of its section.
+int wait_position(const Program& p, int i, int section_end) {
+  const Op& c = p.op(i);
+  std::vector<ByteRange> in, out;
+  for (TensorId id : c.inputs) in.push_back(range_of(p, id));
+  for (TensorId id : c.outputs) out.push_back(range_of(p, id));
+  for (int j = i + 1; j < section_end; ++j) {
+    const Op& op = p.op(j);
+    if (is_collective_kind(op.kind) && reduces(op.kind) == reduces(c.kind)) return j;
+    if (touches(p, op.inputs, out) || touches(p, op.outputs, out) || touches(p, op.workspace, out)) return j;
+    if (touches(p, op.outputs, in) || touches(p, op.workspace, in)) return j;
+  }
+  return section_end;
+}
+
+}  // namespace
+
+void overlap_collectives(Program& p) {
+  const std::vector<Op>& old = p.ops();
+  const int n = int(old.size());
+  std::vector<std::vector<int>> waits_before(size_t(n) + 1);  // index n: after the last op
+  std::vector<int> wait_section(size_t(n) + 1, -1);
+  std::vector<int> async_id(size_t(n), -1);
+  int next_id = 0;
+  for (int i = 0; i < n; ++i) {
+    const Op& op = old[size_t(i)];
+    if (!is_collective_kind(op.kind) || std::get<CollectiveAttrs>(op.attrs).async_id >= 0) continue;
+    const int s = p.section_of_op(i);
+    MEMFIT_ASSERT(s >= 0, "collective '{}' outside every section", op.name);
+    const int w = wait_position(p, i, p.sections()[size_t(s)].end);
+    if (w == i + 1) continue;  // needed at once: stays blocking
+    async_id[size_t(i)] = next_id++;
+    waits_before[size_t(w)].push_back(i);
+  }
+  if (next_id == 0) return;
+
+  std::vector<Op> ops;
+  std::vector<int> section_of, new_index(size_t(n), -1);
+  auto emit_waits = [&](int position, int section) {
+    for (int i : waits_before[size_t(position)]) {
+      const Op& start = old[size_t(i)];
+      Op wait;
+      wait.kind = OpKind::collective_wait;
+      wait.phase = Phase::communication;
+      wait.layer = start.layer;
+      wait.name = start.name + ".wait";
+      wait.inputs = start.inputs;
+      wait.outputs = start.outputs;
+      wait.modes.assign(wait.outputs.size(), WriteMode::update);
+      CollectiveAttrs a = std::get<CollectiveAttrs>(start.attrs);
+      a.async_id = async_id[size_t(i)];
+      wait.attrs = a;
+      ops.push_back(std::move(wait));
+      section_of.push_back(section);
+    }
+  };
+  for (int i = 0; i < n; ++i) {
+    const int s = p.section_of_op(i);
+    // A wait at a section's end belongs to that section: it is emitted after the section's
+    // last op, before the next section's first.
+    if (i > 0 && p.section_of_op(i - 1) != s) emit_waits(i, p.section_of_op(i - 1));
+    else if (i > 0) emit_waits(i, s);
+    Op op = old[size_t(i)];
+    if (async_id[size_t(i)] >= 0) std::get<CollectiveAttrs>(op.attrs).async_id = async_id[size_t(i)];
+    new_index[size_t(i)] = int(ops.size());
+    ops.push_back(std::move(op));
+    section_of.push_back(s);
+  }
+  emit_waits(n, p.section_of_op(n - 1));
+  for (Op& op : ops)
+    if (op.replays >= 0) op.replays = new_index[size_t(op.replays)];
+  p.replace_ops(std::move(ops), section_of);
+}
+
+std::vector<AsyncCollective> async_collectives(const Program& p) {
+  std::map<int, AsyncCollective> by_id;
+  for (int i = 0; i < int(p.ops().size()); ++i) {
+    const Op& op = p.op(i);
+    const auto* a = std::get_if<CollectiveAttrs>(&op.attrs);
+    if (!a || a->async_id < 0) continue;
+    AsyncCollective& c = by_id[a->async_id];
+    (op.kind == OpKind::collective_wait ? c.wait : c.start) = i;
+  }
+  std::vector<AsyncCollective> out;
+  for (const auto& [id, c] : by_id) out.push_back(c);
+  return out;
+}
+
+}  // namespace memfit
