@@ -104,7 +104,7 @@ nlohmann::json deepspeed_config(const Policy& p, double lr) {
   if (p.precision == Precision::bf16) j["bf16"] = {{"enabled", true}};
   if (p.precision == Precision::fp16) j["fp16"] = {{"enabled", true}};
   if (p.precision != Precision::fp32 && p.grad_dtype == DType::f32) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
-  nlohmann::json zero = {{"stage", p.zero_stage}};
+  nlohmann::json zero = {{"stage", p.zero_stage}, {"overlap_comm", p.overlap_comm}};
   auto device = [](Tier t) { return t == Tier::host ? "cpu" : "nvme"; };
   if (p.offload_optimizer != Tier::device) zero["offload_optimizer"] = {{"device", device(p.offload_optimizer)}, {"pin_memory", true}};
   if (p.offload_params != Tier::device) zero["offload_param"] = {{"device", device(p.offload_params)}, {"pin_memory", true}};

@@ -46,6 +46,7 @@ TEST(Emit, DeepSpeedConfigReadsBackIntoTheSamePolicy) {
   p.offload_params = Tier::disk;
   p.optimizer = OptimizerKind::adamw8bit;
   p.grad_clip = 1.0;
+  p.overlap_comm = false;
   const std::string dir = test::temp_dir(), path = dir + "/ds.json";
   test::write_file(path, deepspeed_config(p, 3e-4).dump(2));
   RunConfig c;
@@ -54,6 +55,7 @@ TEST(Emit, DeepSpeedConfigReadsBackIntoTheSamePolicy) {
   EXPECT_EQ(c.policy.grad_accum, 4);
   EXPECT_EQ(c.policy.precision, Precision::bf16);
   EXPECT_EQ(c.policy.zero_stage, 3);
+  EXPECT_FALSE(c.policy.overlap_comm);
   EXPECT_EQ(c.policy.offload_optimizer, Tier::host);
   EXPECT_EQ(c.policy.offload_params, Tier::disk);
   EXPECT_EQ(c.policy.optimizer, OptimizerKind::adamw8bit);
