@@ -1,25 +1,14 @@
 #include "fit/hardware.hpp"
 
-#include <fstream>
-
 #include "core/bytes.hpp"
 #include "core/error.hpp"
+#include "core/system_memory.hpp"
 
 namespace memfit {
 
 namespace {
 
 constexpr double GB = 1e9, TF = 1e12;
-
-uint64_t total_ram_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemTotal:") return kib * 1024;
-  return 16 * GiB;
-}
 
 // A data-center GPU in an 8-GPU node: NVLink inside, one NIC per GPU between nodes.
 Hardware gpu(std::string name, uint64_t mem, double bf16, double fp32, double bw, double nvlink, double nic,
@@ -74,7 +63,7 @@ Hardware hardware_preset(std::string_view name) {
     // ~1.4 TFLOP/s); bandwidths are rough. No framework context: plans are exact.
     Hardware h;
     h.name = "cpu";
-    h.memory_bytes = total_ram_bytes();
+    h.memory_bytes = total_memory_bytes();
     h.peak_fp32_flops = 310e9;
     h.peak_bf16_flops = 1.4e12;
     h.memory_bandwidth = 20 * GB;

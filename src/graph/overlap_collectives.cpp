@@ -63,7 +63,6 @@ void overlap_collectives(Program& p) {
   const std::vector<Op>& old = p.ops();
   const int n = int(old.size());
   std::vector<std::vector<int>> waits_before(size_t(n) + 1);  // index n: after the last op
-  std::vector<int> wait_section(size_t(n) + 1, -1);
   std::vector<int> async_id(size_t(n), -1);
   int next_id = 0;
   for (int i = 0; i < n; ++i) {
@@ -100,10 +99,9 @@ void overlap_collectives(Program& p) {
   };
   for (int i = 0; i < n; ++i) {
     const int s = p.section_of_op(i);
-    // A wait at a section's end belongs to that section: it is emitted after the section's
-    // last op, before the next section's first.
-    if (i > 0 && p.section_of_op(i - 1) != s) emit_waits(i, p.section_of_op(i - 1));
-    else if (i > 0) emit_waits(i, s);
+    // Waits before op i belong to op i - 1's section: a wait at a section's end is emitted
+    // after the section's last op, before the next section's first.
+    if (i > 0) emit_waits(i, p.section_of_op(i - 1));
     Op op = old[size_t(i)];
     if (async_id[size_t(i)] >= 0) std::get<CollectiveAttrs>(op.attrs).async_id = async_id[size_t(i)];
     new_index[size_t(i)] = int(ops.size());

@@ -2,12 +2,11 @@
 
 #include <sys/resource.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <map>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -56,16 +55,6 @@ TokenData open_data(const RunConfig& c) {
 }
 
 }  // namespace
-
-uint64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
-}
 
 uint64_t run_budget(const RunConfig& c) { return c.memory_budget ? c.memory_budget : available_memory_bytes(); }
 
@@ -302,13 +291,15 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   // the time the step spends in collective ops: starting them, and waiting for those that
   // have not finished when their result is needed.
   std::map<std::string, double> phase_ms;
-  for (int i = 0; i < int(prog.ops().size()) && timed_steps > 0; ++i) {
-    const int s = prog.section_of_op(i);
-    if (s < 0 || prog.sections()[size_t(s)].name == "eval") continue;
-    phase_ms[std::string(phase_name(prog.op(i).phase))] += 1e3 * ex.op_seconds()[size_t(i)] / double(timed_steps);
-  }
-  if (!c.save.empty() && pol.zero_stage >= 1 && W > 1) {
-    // Every rank takes part in the gathers; rank 0 writes.
+  if (timed_steps > 0)
+    for (int i = 0; i < int(prog.ops().size()); ++i) {
+      const int s = prog.section_of_op(i);
+      if (s < 0 || prog.sections()[size_t(s)].name == "eval") continue;
+      phase_ms[std::string(phase_name(prog.op(i).phase))] += 1e3 * ex.op_seconds()[size_t(i)] / double(timed_steps);
+    }
+  if (!c.save.empty() && pol.zero_stage >= 1) {
+    // The ZeRO pass shards masters (and at stage 3 parameters) at any world size, one rank
+    // included: every rank takes part in the gathers; rank 0 writes.
     const std::vector<std::vector<float>> whole = gather_whole_parameters(ex, *comm);
     if (rank == 0) {
       save_weights(c.save, ex, spec, &whole);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/system_memory.hpp"
 #include "dist/communicator.hpp"
 #include "kernels/backend.hpp"
 #include "plan/recompute_search.hpp"
@@ -32,7 +33,6 @@ std::string describe_recompute_choice(const PreparedRun& run, uint64_t budget);
 // auto` is resolved here against the run's budget (--memory-budget, else the available memory).
 PreparedRun prepare_run(const RunConfig& config, const Backend& backend);
 
-uint64_t available_memory_bytes();  // MemAvailable of /proc/meminfo
 uint64_t run_budget(const RunConfig& config);  // --memory-budget, else available_memory_bytes()
 
 // The resolved model and policy, as reported by `plan --json` and the run report.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include <nlohmann/json.hpp>
 
@@ -114,6 +115,28 @@ TEST(Cli, SavedWeightsLoadBackAndResumeTheLoss) {
   ASSERT_EQ(b.status, 0) << b.err;
   EXPECT_LT(read_json(dir + "2.json")["loss"]["first"].get<double>(),
             read_json(dir + ".json")["loss"]["first"].get<double>() - 0.3);
+}
+
+// The ZeRO pass shards fp32 masters even in a world of one rank; a bf16 `--save` must still
+// write the masters (gathered), not the bf16 parameters widened: the same file, byte for
+// byte, as the unsharded run (on one rank every stage computes the same bits).
+TEST(Cli, SaveUnderZeroOnOneRankWritesTheSameFile) {
+  const std::string d = temp_dir();
+  auto file_bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::string reference;
+  for (int stage : {0, 1, 2, 3}) {
+    const std::string path = d + "/zero" + std::to_string(stage) + ".safetensors";
+    const auto r = run_memfit("train --steps 3 --batch 2 --seq 32 --precision bf16 --zero " + std::to_string(stage) +
+                              " --save " + path);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::string bytes = file_bytes(path);
+    ASSERT_FALSE(bytes.empty());
+    if (stage == 0) reference = bytes;
+    else EXPECT_TRUE(bytes == reference) << "stage " << stage;
+  }
 }
 
 TEST(Cli, BadInputGivesOneLineAndExitStatusOne) {

@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
+#include "support/plan_queries.hpp"
 
 namespace memfit {
 namespace {
@@ -87,19 +88,12 @@ TEST(Gpt2Program, ActivationsPerLayerMatchKorthikantiTensorListForEveryPolicy) {
       pol.attention = c.attention;
       const Program p = build_training_program(s, pol, {});
       const MemoryPlan plan = plan_memory(p);
-      int classifier = -1;
-      for (int i = 0; i < int(p.ops().size()); ++i)
-        if (p.op(i).kind == OpKind::classifier) classifier = i;
+      const int classifier = test::last_op_of_kind(p, OpKind::classifier);
       ASSERT_GE(classifier, 0);
       for (int64_t layer = 0; layer < L; ++layer) {
         const A k = c.per_layer(layer, L);
         const uint64_t expected = uint64_t(4 * (k[0] * T * B * h + k[1] * a * T * T * B + k[2] * a * T * B + k[3] * T * B));
-        uint64_t kept = 0;
-        for (size_t id = 0; id < p.tensors().size(); ++id) {
-          const TensorDesc& t = p.tensors()[id];
-          if (t.layer == layer && t.category == Category::activations && plan.tensors[id].live.contains(classifier))
-            kept += t.bytes();
-        }
+        const uint64_t kept = test::activation_bytes_live_at(p, plan, layer, classifier);
         EXPECT_EQ(kept, expected) << c.recompute << " " << attention_name(c.attention) << " layer " << layer << " B "
                                   << B << " T " << T;
       }

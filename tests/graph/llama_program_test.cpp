@@ -15,6 +15,7 @@
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
 #include "support/paths.hpp"
+#include "support/plan_queries.hpp"
 #include "support/run_cli.hpp"
 
 namespace memfit {
@@ -165,17 +166,10 @@ TEST(LlamaProgram, ActivationsPerLayerMatchTheTensorList) {
     pol.attention = c.attention;
     const Program p = build_training_program(s, pol, {});
     const MemoryPlan plan = plan_memory(p);
-    int classifier = -1;
-    for (int i = 0; i < int(p.ops().size()); ++i)
-      if (p.op(i).kind == OpKind::classifier) classifier = i;
+    const int classifier = test::last_op_of_kind(p, OpKind::classifier);
     ASSERT_GE(classifier, 0);
     for (int64_t layer = 0; layer < s.n_layer; ++layer) {
-      uint64_t kept = 0;
-      for (size_t id = 0; id < p.tensors().size(); ++id) {
-        const TensorDesc& t = p.tensors()[id];
-        if (t.layer == layer && t.category == Category::activations && plan.tensors[id].live.contains(classifier))
-          kept += t.bytes();
-      }
+      const uint64_t kept = test::activation_bytes_live_at(p, plan, layer, classifier);
       EXPECT_EQ(kept, uint64_t(4 * c.elements)) << c.recompute << " " << attention_name(c.attention) << " layer " << layer;
     }
   }
