@@ -17,6 +17,9 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include <omp.h>
+
+#include "kernels/cpu/attention_tiles.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/cpu/vec_math.hpp"
@@ -144,44 +147,6 @@ int64_t AttentionShape::max_block() const {
 // 3.4 + 5.5 ms, 8 blocks of 32 no better; so blocks of at least 64 positions, at most 8.
 int64_t AttentionShape::blocks() const { return std::clamp<int64_t>(seq / kAttentionBlockMin, 1, kAttentionMaxBlocks); }
 
-void attention_softmax_forward(float* probs, int64_t rows, int64_t seq) {
-  parallel_for(rows, kParallelGrain / seq, [=](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r) {
-      const int64_t t = r % seq;  // query position: keys 0..t are visible
-      float* p = probs + r * seq;
-      float mx = p[0];
-#pragma omp simd reduction(max : mx)
-      for (int64_t s = 0; s <= t; ++s) mx = p[s] > mx ? p[s] : mx;  // not std::max: see vec_math.hpp
-      float sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t s = 0; s <= t; ++s) {
-        p[s] = softmax_exp(p[s] - mx);
-        sum += p[s];
-      }
-      const float inv = 1.0f / sum;
-#pragma omp simd
-      for (int64_t s = 0; s <= t; ++s) p[s] *= inv;
-      std::fill(p + t + 1, p + seq, 0.0f);
-    }
-  });
-}
-
-void attention_softmax_backward(const float* probs, float* dprobs, int64_t rows, int64_t seq) {
-  parallel_for(rows, kParallelGrain / seq, [=](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r) {
-      const int64_t t = r % seq;
-      const float* p = probs + r * seq;
-      float* d = dprobs + r * seq;
-      float dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t s = 0; s <= t; ++s) dot += p[s] * d[s];
-#pragma omp simd
-      for (int64_t s = 0; s <= t; ++s) d[s] = p[s] * (d[s] - dot);
-      std::fill(d + t + 1, d + seq, 0.0f);
-    }
-  });
-}
-
 void attention_softmax_forward_bf16(const float* scores, bf16_t* probs, int64_t rows, int64_t seq, int64_t first_pos,
                                     int64_t rows_per_head, int64_t scores_head_stride) {
   parallel_for(rows, kParallelGrain / seq, [=](int64_t first, int64_t last) {
@@ -235,6 +200,10 @@ AttentionForwardKernel::AttentionForwardKernel(const DnnlEnv& env, const Attenti
     : shape_(shape) {
   MEMFIT_CHECK(shape.dtype == DType::f32 || shape.dtype == DType::bf16, "kernels", "no CPU attention over {} tensors",
                dtype_name(shape.dtype));
+  if (shape.dtype == DType::f32) {
+    threads_ = omp_get_max_threads();
+    return;
+  }
   const Views v(shape);
   for (int64_t i = 0; i < shape.blocks(); ++i) {
     const Block q = block(shape, i);
@@ -245,6 +214,7 @@ AttentionForwardKernel::AttentionForwardKernel(const DnnlEnv& env, const Attenti
 
 uint64_t AttentionForwardKernel::scratch_bytes(const DnnlEnv& env, const AttentionShape& shape,
                                                WriteVariants y_modes) {
+  if (shape.dtype == DType::f32) return attention_tiles_scratch_bytes(shape, omp_get_max_threads());
   const Views v(shape);
   uint64_t bytes = 0;
   for (int64_t i = 0; i < shape.blocks(); ++i) {
@@ -258,6 +228,9 @@ uint64_t AttentionForwardKernel::scratch_bytes(const DnnlEnv& env, const Attenti
 }
 
 void AttentionForwardKernel::bind(const void* qkv, void* y, void* probs, void* scratch) {
+  qkv_ = qkv, y_ = y, probs_ = probs, scratch_ = scratch;
+  has_y_ = y != nullptr;
+  if (shape_.dtype == DType::f32) return;
   const Views v(shape_);
   const int64_t C = shape_.channels(), T = shape_.seq, w = v.io_bytes();
   if (v.bf16()) {
@@ -273,11 +246,14 @@ void AttentionForwardKernel::bind(const void* qkv, void* y, void* probs, void* s
         out[size_t(i)].bind(advance(probs, q.b * T, w), advance(qkv, 2 * C, w), nullptr, advance(y, q.b * C, w),
                             scratch);
   }
-  probs_ = probs;
-  has_y_ = y != nullptr;
 }
 
 void AttentionForwardKernel::run(bool acc_y) const {
+  if (shape_.dtype == DType::f32) {
+    attention_forward_tiles(shape_, static_cast<const float*>(qkv_), static_cast<float*>(y_),
+                            static_cast<float*>(probs_), acc_y, scratch_, threads_);
+    return;
+  }
   // Without y (a recomputation that only needs the probabilities) the products with v are skipped.
   const std::vector<DnnlMatmul>* out = nullptr;
   if (has_y_) {
@@ -285,13 +261,6 @@ void AttentionForwardKernel::run(bool acc_y) const {
     MEMFIT_ASSERT(!out->empty(), "attention prepared without its {} variant", acc_y ? "accumulate" : "overwrite");
   }
   const int64_t BH = shape_.batch * shape_.heads, T = shape_.seq;
-  if (shape_.dtype == DType::f32) {
-    for (const DnnlMatmul& mm : scores_) mm.execute();
-    attention_softmax_forward(static_cast<float*>(probs_), BH * T, T);
-    if (out)
-      for (const DnnlMatmul& mm : *out) mm.execute();
-    return;
-  }
   // bf16: block by block, the fp32 scores of a block live only in the scratch.
   for (int64_t i = 0; i < shape_.blocks(); ++i) {
     const Block q = block(shape_, i);
@@ -307,6 +276,10 @@ AttentionBackwardKernel::AttentionBackwardKernel(const DnnlEnv& env, const Atten
     : shape_(shape) {
   MEMFIT_CHECK(shape.dtype == DType::f32 || shape.dtype == DType::bf16, "kernels", "no CPU attention over {} tensors",
                dtype_name(shape.dtype));
+  if (shape.dtype == DType::f32) {
+    threads_ = omp_get_max_threads();
+    return;
+  }
   const Views v(shape);
   for (int64_t i = 0; i < shape.blocks(); ++i) {
     const Block blk = block(shape, i);
@@ -321,6 +294,7 @@ AttentionBackwardKernel::AttentionBackwardKernel(const DnnlEnv& env, const Atten
 
 uint64_t AttentionBackwardKernel::scratch_bytes(const DnnlEnv& env, const AttentionShape& shape,
                                                 WriteVariants dqkv_modes) {
+  if (shape.dtype == DType::f32) return attention_tiles_scratch_bytes(shape, omp_get_max_threads());
   const Views v(shape);
   uint64_t bytes = 0;
   for (int64_t i = 0; i < shape.blocks(); ++i) {
@@ -337,6 +311,8 @@ uint64_t AttentionBackwardKernel::scratch_bytes(const DnnlEnv& env, const Attent
 
 void AttentionBackwardKernel::bind(const void* dy, const void* qkv, const void* probs, void* dqkv, float* dprobs,
                                    void* scratch) {
+  dy_ = dy, qkv_ = qkv, probs_ = probs, dqkv_ = dqkv, dprobs_ = dprobs, scratch_ = scratch;
+  if (shape_.dtype == DType::f32) return;
   const Views v(shape_);
   const int64_t C = shape_.channels(), T = shape_.seq, w = v.io_bytes();
   // dscores elements: fp32 at the dprobs positions, or bf16 with rows of 2T elements.
@@ -358,21 +334,22 @@ void AttentionBackwardKernel::bind(const void* dy, const void* qkv, const void* 
                                advance(dqkv, C + blk.b * 3 * C, w), scratch);
     }
   }
-  probs_ = probs;
-  dprobs_ = dprobs;
 }
 
 void AttentionBackwardKernel::run(bool acc_dqkv) const {
+  if (shape_.dtype == DType::f32) {
+    attention_backward_tiles(shape_, static_cast<const float*>(dy_), static_cast<const float*>(qkv_),
+                             static_cast<const float*>(probs_), static_cast<float*>(dqkv_), dprobs_, acc_dqkv,
+                             scratch_, threads_);
+    return;
+  }
   const int acc = acc_dqkv ? 1 : 0;
   MEMFIT_ASSERT(!dv_[acc].empty(), "attention backward prepared without its {} variant",
                 acc_dqkv ? "accumulate" : "overwrite");
   const int64_t rows = shape_.batch * shape_.heads * shape_.seq;
   for (const DnnlMatmul& mm : dv_[acc]) mm.execute();
   for (const DnnlMatmul& mm : dprobs_mm_) mm.execute();
-  if (shape_.dtype == DType::f32)
-    attention_softmax_backward(static_cast<const float*>(probs_), dprobs_, rows, shape_.seq);
-  else
-    attention_softmax_backward_bf16(static_cast<const bf16_t*>(probs_), dprobs_, rows, shape_.seq);
+  attention_softmax_backward_bf16(static_cast<const bf16_t*>(probs_), dprobs_, rows, shape_.seq);
   for (const DnnlMatmul& mm : dq_[acc]) mm.execute();
   for (const DnnlMatmul& mm : dk_[acc]) mm.execute();
 }

@@ -1,8 +1,11 @@
 // Plain causal attention (probabilities materialised) over a fused qkv tensor (B, T, 3C)
-// laid out [q | k | v], head h at columns h*HS of each part (the HF GPT-2 layout). The
-// products are oneDNN batched matmuls over (B, NH) whose strided descriptors read q, k and v
-// straight out of qkv and write y and dqkv in their own layouts; softmax and its backward
-// are OpenMP loops.
+// laid out [q | k | v], head h at columns h*HS of each part (the HF GPT-2 layout).
+//
+// fp32 runs one (batch, head) per thread on cache-resident tiles (attention_tiles.hpp). bf16
+// runs oneDNN batched matmuls over (B, NH) whose strided descriptors read q, k and v straight
+// out of qkv and write y and dqkv in their own layouts (oneDNN's bf16 products use the CPU's
+// bf16 instructions, which the fp32 tile kernel does not); softmax and its backward are
+// OpenMP loops.
 //
 // bf16 (AttentionShape::dtype): qkv, y, probs and their gradients are bf16 and every product
 // runs on oneDNN's bf16 path; softmax and its backward stay fp32. The forward writes the fp32
@@ -38,13 +41,7 @@ struct AttentionShape {
   int64_t max_block() const;  // rows of the largest block
 };
 
-// In place over probs (B, NH, T, T) holding scaled scores: causal softmax per row, future
-// positions set to exactly 0.
-void attention_softmax_forward(float* probs, int64_t rows, int64_t seq);
-// In place over dprobs holding dL/dprobs: dscores = probs * (dprobs - sum(probs * dprobs)),
-// future positions exactly 0. The attention scale is applied by the products that follow.
-void attention_softmax_backward(const float* probs, float* dprobs, int64_t rows, int64_t seq);
-// bf16 forms. Forward: `rows` rows of fp32 scores at `scores` (row stride seq) whose first row
+// bf16 softmax. Forward: `rows` rows of fp32 scores at `scores` (row stride seq) whose first row
 // is query position `first_pos` of its (b, h); probabilities go to bf16 `probs` (row stride
 // seq). Backward: in place over fp32 dprobs rows, writing bf16 dscores over the first half
 // of each row's bytes.
@@ -62,7 +59,11 @@ class AttentionForwardKernel {
 
  private:
   AttentionShape shape_;
+  const void* qkv_ = nullptr;
+  void* y_ = nullptr;
   void* probs_ = nullptr;
+  void* scratch_ = nullptr;
+  int threads_ = 1;                // fp32: the threads the tile scratch was sized for
   float* scores_block_ = nullptr;  // bf16: fp32 scores of one query block, in the scratch
   bool has_y_ = true;
   // Per query block: scores = scale q k^T over its causal prefix of keys, and y (+)= probs v.
@@ -79,8 +80,10 @@ class AttentionBackwardKernel {
 
  private:
   AttentionShape shape_;
-  const void* probs_ = nullptr;
+  const void *dy_ = nullptr, *qkv_ = nullptr, *probs_ = nullptr;
+  void *dqkv_ = nullptr, *scratch_ = nullptr;
   float* dprobs_ = nullptr;
+  int threads_ = 1;
   // Per query block: dprobs = dy v^T and dq (+)= scale dscores k. Per key block (the queries
   // at or after it): dv (+)= probs^T dy and dk (+)= scale dscores^T q. [0] overwrite,
   // [1] accumulate.

@@ -4,10 +4,13 @@
 // exactly zero gradient (so the padding rows of dwte receive exactly nothing), and the
 // write mode of dwte applies to the first chunk only, since every later chunk adds to what
 // the earlier ones wrote. Probabilities below 2^-64 are flushed to zero (softmax_exp): as
-// subnormal GEMM operands they made the dwte product ~70x slower. dx is computed transposed,
-// dx^T (C, R) = wte^T dlogits^T, into the scratch and then transposed into place: with
-// wte as a non-transposed B oneDNN's product ran at ~225 GFLOP/s here, transposed at ~265.
+// subnormal GEMM operands they made the dwte product ~70x slower. In fp32, dx = dlogits wte
+// (neither transposed) runs memfit's sgemm: ~300 GFLOP/s here, where oneDNN ran this
+// layout at ~225 and the transposed form dx^T = wte^T dlogits^T (then transposed into
+// place through the scratch) at ~265-289.
 #include "kernels/cpu/classifier.hpp"
+
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +19,7 @@
 #include "core/error.hpp"
 #include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
-#include "kernels/cpu/transpose.hpp"
+#include "kernels/cpu/sgemm.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace memfit {
@@ -27,16 +30,9 @@ MatmulAttrs logits_attrs(const ClassifierShape& s, int64_t rows) {
   a.m = rows, a.n = s.padded_vocab, a.k = s.channels, a.trans_b = true;
   return a;
 }
-// dx^T (C, rows) = wte^T (C, Vp) . dlogits^T (Vp, rows), always overwritten (then transposed).
-MatmulAttrs dx_attrs(const ClassifierShape& s, int64_t rows) {
-  MatmulAttrs a;
-  a.m = s.channels, a.n = rows, a.k = s.padded_vocab, a.trans_a = true, a.trans_b = true;
-  return a;
-}
-uint64_t dx_staging_bytes(const ClassifierShape& s) {
-  if (s.bf16()) return 0;  // bf16 writes dx directly
-  return (uint64_t(std::min(s.chunk_rows, s.rows)) * uint64_t(s.channels) * sizeof(float) + 63) / 64 * 64;
-}
+// fp32 dx (rows, C) (+)= dlogits (rows, Vp) . wte (Vp, C), through sgemm; its scratch does
+// not depend on the number of rows.
+SgemmShape dx_sgemm(const ClassifierShape& s, int64_t rows) { return SgemmShape{rows, s.channels, s.padded_vocab}; }
 MatmulAttrs dwte_attrs(const ClassifierShape& s, int64_t rows) {
   MatmulAttrs a;
   a.m = s.padded_vocab, a.n = s.channels, a.k = rows, a.trans_a = true;
@@ -54,7 +50,6 @@ DnnlMatmulSpec logits_spec(const ClassifierShape& s, int64_t rows) {
   return matmul_spec(logits_attrs(s, rows), false, false, MatmulTypes{s.dtype, s.dtype, DType::f32, DType::f32});
 }
 DnnlMatmulSpec dx_spec(const ClassifierShape& s, int64_t rows, bool acc) {
-  if (!s.bf16()) return matmul_spec(dx_attrs(s, rows), false, false);
   DnnlMatmulSpec sp;
   sp.src = DnnlOperand{{rows, s.padded_vocab}, {s.padded_vocab, 1}, dnnl_type(s.dtype)};
   sp.wei = dnnl_matrix(s.padded_vocab, s.channels, false, dnnl_type(s.dtype));
@@ -80,7 +75,6 @@ void for_each_product(const ClassifierShape& s, const ClassifierOutputs& o, Visi
     const int64_t rows = size == 0 ? chunk : tail;
     if (rows == 0) continue;
     visit(0, size, 0, logits_spec(s, rows));
-    if (o.dx && !s.bf16()) visit(1, size, 0, dx_spec(s, rows, false));
     if (o.dx && s.bf16()) {
       if (o.dx_modes.overwrite) visit(1, size, 0, dx_spec(s, rows, false));
       if (o.dx_modes.accumulate) visit(1, size, 1, dx_spec(s, rows, true));
@@ -106,6 +100,7 @@ ClassifierKernel::ClassifierKernel(const DnnlEnv& env, const ClassifierShape& sh
                "no CPU classifier over {} activations with {} gradients", dtype_name(shape.dtype),
                dtype_name(shape.grad_dtype));
   chunk_ = std::min(shape.chunk_rows, shape.rows);
+  threads_ = omp_get_max_threads();
   full_chunks_ = shape.rows / chunk_;
   tail_rows_ = shape.rows % chunk_;
   for_each_product(shape, outputs, [&](int kind, int size, int acc, const DnnlMatmulSpec& spec) {
@@ -120,7 +115,11 @@ uint64_t ClassifierKernel::scratch_bytes(const DnnlEnv& env, const ClassifierSha
   for_each_product(shape, outputs, [&](int, int, int, const DnnlMatmulSpec& spec) {
     bytes = std::max(bytes, DnnlMatmul::scratch_bytes(env, spec));
   });
-  return (outputs.dx ? dx_staging_bytes(shape) : 0) + bytes;
+  // The sgemm of dx runs between the oneDNN products, so the two share the scratch.
+  if (outputs.dx && !shape.bf16())
+    bytes = std::max(bytes, sgemm_scratch_bytes(dx_sgemm(shape, std::min(shape.chunk_rows, shape.rows)),
+                                                omp_get_max_threads()));
+  return bytes;
 }
 
 void ClassifierKernel::bind(const void* x, const void* wte, const int32_t* targets, float* losses, void* dx,
@@ -129,18 +128,13 @@ void ClassifierKernel::bind(const void* x, const void* wte, const int32_t* targe
                 "classifier bound with other outputs than it was prepared for");
   const int64_t C = shape_.channels, w = shape_.bf16() ? 2 : 4;
   const int64_t chunks = full_chunks_ + (tail_rows_ > 0 ? 1 : 0);
-  if (outputs_.dx) {
-    dx_ = dx;
-    if (!shape_.bf16()) dx_t_ = static_cast<float*>(scratch);
-    scratch = static_cast<char*>(scratch) + dx_staging_bytes(shape_);
-  }
+  dx_ = dx;
+  scratch_ = scratch;
   // Binding i of a full-size product is chunk i; the tail products have one binding.
   for (int64_t i = 0; i < chunks; ++i) {
     const int size = i < full_chunks_ ? 0 : 1;
     const void* xc = static_cast<const char*>(x) + i * chunk_ * C * w;
     logits_mm_[size].bind(xc, wte, nullptr, logits, scratch);
-    if (!shape_.bf16() && dx_mm_[size][0].valid() && (size == 1 || i == 0))
-      dx_mm_[size][0].bind(wte, logits, nullptr, dx_t_, scratch);
     for (int acc = 0; acc < 2 && shape_.bf16(); ++acc)
       if (dx_mm_[size][acc].valid())
         dx_mm_[size][acc].bind(logits, wte, nullptr, static_cast<char*>(dx) + i * chunk_ * C * w, scratch);
@@ -152,6 +146,7 @@ void ClassifierKernel::bind(const void* x, const void* wte, const int32_t* targe
   targets_ = targets;
   losses_ = losses;
   logits_ = logits;
+  wte_ = wte;
 }
 
 void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) const {
@@ -241,8 +236,8 @@ void ClassifierKernel::run(float dscale, bool acc_dx, bool acc_dwte) const {
       mm.execute(index);
     } else if (outputs_.dx) {
       const int64_t rows = size == 0 ? chunk_ : tail_rows_;
-      dx_mm_[size][0].execute(0);
-      transpose(static_cast<float*>(dx_) + i * chunk_ * shape_.channels, dx_t_, shape_.channels, rows, acc_dx);
+      sgemm(dx_sgemm(shape_, rows), logits_, static_cast<const float*>(wte_), nullptr,
+            static_cast<float*>(dx_) + i * chunk_ * shape_.channels, acc_dx, scratch_, threads_);
     }
     if (outputs_.dwte) {
       const bool acc = i > 0 || acc_dwte;

@@ -56,11 +56,12 @@ class ClassifierKernel {
   const int32_t* targets_ = nullptr;
   float* losses_ = nullptr;
   float* logits_ = nullptr;
-  void* dx_ = nullptr;     // the op's dx (N, C)
-  float* dx_t_ = nullptr;  // one chunk of dx^T (C, R), at the start of the scratch
-  // [0] full chunks, [1] the tail chunk; dwte_ further by [overwrite, accumulate]; dx_mm_ only
-  // uses [size][0] in fp32 (it always overwrites the staging buffer), both in bf16 (it writes
-  // dx directly, with dx's mode).
+  const void* wte_ = nullptr;
+  void* dx_ = nullptr;  // the op's dx (N, C)
+  void* scratch_ = nullptr;
+  int threads_ = 1;  // fp32 dx runs sgemm with scratch for this many threads
+  // [0] full chunks, [1] the tail chunk; dwte_ and dx_mm_ further by [overwrite, accumulate].
+  // dx_mm_ is bf16 only (fp32 dx runs sgemm).
   DnnlMatmul logits_mm_[2], dx_mm_[2][2], dwte_mm_[2][2];
 };
 

@@ -1,7 +1,10 @@
-// matmul through oneDNN (see matmul.hpp). The one subtle point: a mode that switches between
-// overwrite and accumulate across micro-steps (accumulate_after_first_micro) gets both
-// primitives at prepare time, because building one at run time would allocate.
+// matmul through sgemm or oneDNN (see matmul.hpp). The one subtle point: a oneDNN product
+// whose mode switches between overwrite and accumulate across micro-steps
+// (accumulate_after_first_micro) gets both primitives at prepare time, because building one
+// at run time would allocate; sgemm takes the mode as an argument.
 #include "kernels/cpu/matmul.hpp"
+
+#include <omp.h>
 
 #include <algorithm>
 
@@ -28,6 +31,11 @@ DnnlMatmulSpec matmul_spec(const MatmulAttrs& a, bool has_bias, bool accumulate,
   s.scale = a.alpha;
   s.accumulate = accumulate;
   return s;
+}
+
+bool runs_sgemm(const MatmulAttrs& a, const MatmulTypes& t) {
+  return t.a == DType::f32 && t.b == DType::f32 && t.bias == DType::f32 && t.c == DType::f32 && !a.trans_a &&
+         !a.trans_b;
 }
 
 bool stages_b(const MatmulAttrs& a, const MatmulTypes& t) {
@@ -59,6 +67,12 @@ MatmulKernel::MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool ha
                            const MatmulTypes& types) {
   MEMFIT_CHECK(attrs.m > 0 && attrs.n > 0 && attrs.k > 0, "kernels", "matmul with empty shape m={} n={} k={}", attrs.m,
                attrs.n, attrs.k);
+  if (runs_sgemm(attrs, types)) {
+    sgemm_ = true;
+    sgemm_shape_ = SgemmShape{attrs.m, attrs.n, attrs.k, attrs.alpha};
+    threads_ = omp_get_max_threads();
+    return;
+  }
   const MatmulAttrs r = as_run(attrs, types);
   if (variants.overwrite) overwrite_ = DnnlMatmul(env, matmul_spec(r, has_bias, false, types));
   if (variants.accumulate) accumulate_ = DnnlMatmul(env, matmul_spec(r, has_bias, true, types));
@@ -67,6 +81,8 @@ MatmulKernel::MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool ha
 
 uint64_t MatmulKernel::scratch_bytes(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias,
                                      WriteVariants variants, const MatmulTypes& types) {
+  if (runs_sgemm(attrs, types))
+    return sgemm_scratch_bytes(SgemmShape{attrs.m, attrs.n, attrs.k, attrs.alpha}, omp_get_max_threads());
   const MatmulAttrs r = as_run(attrs, types);
   uint64_t bytes = 0;
   if (variants.overwrite)
@@ -77,6 +93,11 @@ uint64_t MatmulKernel::scratch_bytes(const DnnlEnv& env, const MatmulAttrs& attr
 }
 
 void MatmulKernel::bind(const void* a, const void* b, const void* bias, void* c, void* scratch) {
+  if (sgemm_) {
+    a_ = static_cast<const float*>(a), b_ = static_cast<const float*>(b), bias_ = static_cast<const float*>(bias);
+    c_ = static_cast<float*>(c), scratch_ = scratch;
+    return;
+  }
   if (k_ > 0) {
     b_ = static_cast<const float*>(b);
     staged_b_ = static_cast<float*>(scratch);
@@ -88,6 +109,10 @@ void MatmulKernel::bind(const void* a, const void* b, const void* bias, void* c,
 }
 
 void MatmulKernel::run(bool accumulate) const {
+  if (sgemm_) {
+    sgemm(sgemm_shape_, a_, b_, bias_, c_, accumulate, scratch_, threads_);
+    return;
+  }
   const DnnlMatmul& prim = accumulate ? accumulate_ : overwrite_;
   MEMFIT_ASSERT(prim.valid(), "matmul prepared without its {} variant", accumulate ? "accumulate" : "overwrite");
   if (staged_b_) transpose(staged_b_, b_, k_, n_);

@@ -1,10 +1,18 @@
-// matmul: C[M,N] = alpha * op(A) op(B) (+ bias[N]), or C += ... in accumulate mode, through
-// oneDNN. The transposes of MatmulAttrs are expressed as strides of the operands; linear
-// layers pass the weight [out, in] with trans_b. One exception, measured on this CPU with
-// oneDNN 2.6: a wide non-transposed B (N >= kStageBMinN) makes oneDNN's brgemm take a path
-// without packing B that runs at half speed (~130 vs ~300 GFLOP/s for [768, 3072]), so such
-// a B is first transposed into the kernel's scratch and multiplied in the fast layout.
-// bf16 operands (AMX) need no such staging: measured at ~1500 GFLOP/s in either layout.
+// matmul: C[M,N] = alpha * op(A) op(B) (+ bias[N]), or C += ... in accumulate mode.
+//
+// fp32 products with neither operand transposed (the dX = dY W products of a backward) run
+// memfit's sgemm (sgemm.hpp). Everything else runs oneDNN, with the transposes of MatmulAttrs
+// expressed as strides of the operands; linear layers pass the weight [out, in] with
+// trans_b. Measured on this CPU (2 cores, caches flushed, GPT-2 124M shapes), sgemm against
+// oneDNN 2.6 in GFLOP/s: no transpose 300-317 against 230-275; B transposed (forward) 224-307
+// against 297-314; A transposed (dW) 191-267 read in place and 202-269 packed, against
+// 241-291.
+//
+// One more oneDNN case, measured with oneDNN 2.6: a wide non-transposed B (N >= kStageBMinN)
+// under a transposed A makes its brgemm take a path without packing B that runs at half
+// speed (~110 vs ~290 GFLOP/s for [768, 1024] x [1024, 3072]), so such a B is first
+// transposed into the kernel's scratch and multiplied in the fast layout. bf16 operands (AMX)
+// need no such staging: measured at ~1500 GFLOP/s in either layout.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +20,7 @@
 #include "core/dtype.hpp"
 #include "graph/op.hpp"
 #include "kernels/cpu/dnnl_matmul.hpp"
+#include "kernels/cpu/sgemm.hpp"
 
 namespace memfit {
 
@@ -33,6 +42,9 @@ dnnl::memory::data_type dnnl_type(DType t);  // throws [kernels] for types oneDN
 // The oneDNN spec of C (+)= alpha op(A) op(B) (+ bias) for packed row-major operands.
 DnnlMatmulSpec matmul_spec(const MatmulAttrs& attrs, bool has_bias, bool accumulate, const MatmulTypes& types = {});
 
+// Whether the product runs memfit's sgemm (fp32, neither operand transposed).
+bool runs_sgemm(const MatmulAttrs& attrs, const MatmulTypes& types = {});
+
 inline constexpr int64_t kStageBMinN = 2048;
 bool stages_b(const MatmulAttrs& attrs, const MatmulTypes& types = {});
 
@@ -40,8 +52,8 @@ class MatmulKernel {
  public:
   MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias, WriteVariants variants,
                const MatmulTypes& types = {});
-  // Scratch the kernel needs: the larger of its primitives' scratchpads.
-  // (plus the staged copy of B when stages_b).
+  // Scratch the kernel needs: sgemm's packed strips, or the larger of its primitives'
+  // scratchpads (plus the staged copy of B when stages_b).
   static uint64_t scratch_bytes(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias, WriteVariants variants,
                                 const MatmulTypes& types = {});
 
@@ -50,8 +62,16 @@ class MatmulKernel {
   void run(bool accumulate) const;
 
  private:
+  // sgemm products: the shape and the bound addresses.
+  bool sgemm_ = false;
+  SgemmShape sgemm_shape_;
+  int threads_ = 1;
+  const float *a_ = nullptr, *bias_ = nullptr;
+  float* c_ = nullptr;
+  void* scratch_ = nullptr;
+  // oneDNN products.
   DnnlMatmul overwrite_, accumulate_;
-  const float* b_ = nullptr;  // B as the op stores it, when staged
+  const float* b_ = nullptr;  // B as the op stores it (sgemm, or staged for oneDNN)
   float* staged_b_ = nullptr;  // its transpose, at the start of the scratch
   int64_t k_ = 0, n_ = 0;
 };

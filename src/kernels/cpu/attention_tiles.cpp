@@ -1,0 +1,252 @@
+// Plain causal attention in fp32, one (batch, head) per task (see attention_tiles.hpp).
+//
+// Per head, with q, k, v rows of stride 3C in qkv and y, dy rows of stride C:
+//   forward, per query block: S = q k^T (keys up to the block's end), softmax of scale * S
+//     in place into probs, y (+)= P v;
+//   backward: dV = P^T dy per key block; per query block dP = dy v^T, then in place
+//     dS = scale * P * (dP - rowsum(P * dP)) and dQ (+)= dS k; finally dK = dS^T q per key
+//     block.
+// The transposed operands P^T and dS^T cost no copy: tile_gemm reads A through two strides.
+// The scale is applied to dS rather than after each product; for the usual power-of-two
+// scales (HS = 64: 1/8) that is exact, otherwise it differs in the last bit.
+// GCC 12's AVX-512 headers initialise "undefined" vectors from themselves (__Y = __Y), which
+// its own -Wuninitialized then reports at every inlined shuffle, min/max and reduction.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include "kernels/cpu/attention_tiles.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "core/error.hpp"
+#include "kernels/cpu/parallel.hpp"
+#include "kernels/cpu/tile_gemm.hpp"
+#include "kernels/cpu/vec_math.hpp"
+
+namespace memfit {
+namespace {
+
+constexpr int64_t kQB = kAttentionQueryBlock;
+
+int64_t slice_floats(const AttentionShape& s) { return (s.head_dim * s.seq + 15) / 16 * 16; }
+
+float* thread_slice(void* scratch, const AttentionShape& s, int threads) {
+  const int t = omp_get_thread_num();
+  MEMFIT_ASSERT(t < threads, "attention runs on thread {} but has scratch for {}", t, threads);
+  return static_cast<float*>(scratch) + int64_t(t) * slice_floats(s);
+}
+
+#if defined(__AVX512F__)
+// exp_approx and softmax_exp of vec_math.hpp on 16 lanes, the same operations in the same
+// order (so the same bits); GCC's `omp simd` form of these row loops spent most of its time
+// in scalar remainders and in reducing its per-lane arrays, 1.1 ms per 24 heads of T = 256.
+__m512 softmax_exp16(__m512 x) {
+  const __m512 clamped = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  const __m512 t = _mm512_add_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)), round);
+  const __m512 n = _mm512_sub_ps(t, round);
+  const __m512i ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(round));
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.4286068203094172e-06f),
+                                   _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), clamped));
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(ni, _mm512_set1_epi32(127)), 23));
+  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-44.3614195558365f), _CMP_GE_OQ);
+  return _mm512_maskz_mul_ps(kept, p, scale);
+}
+
+__mmask16 lanes_below(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+
+// dst[i * ldd + j] = src[j * lds + i] for a 16 x 16 block: rows pair up in 32-bit, then 64-bit
+// interleaves, and two rounds of 128-bit lane shuffles finish the transpose.
+void transpose16(float* dst, int64_t ldd, const float* src, int64_t lds) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+  }
+  // r[4i + j] now holds, in its 128-bit lane L, column 4L + j of rows 4i .. 4i + 3.
+  for (int j = 0; j < 4; ++j) {
+    const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88), b = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+    const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    const __m512 d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+    t[j] = _mm512_shuffle_f32x4(a, c, 0x88);
+    t[8 + j] = _mm512_shuffle_f32x4(a, c, 0xDD);
+    t[4 + j] = _mm512_shuffle_f32x4(b, d, 0x88);
+    t[12 + j] = _mm512_shuffle_f32x4(b, d, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, t[i]);
+}
+#endif
+
+// dst[d * T + t] = src[t * ld + d]: T rows of HS floats, transposed.
+void transpose_rows(float* dst, const float* src, int64_t T, int64_t HS, int64_t ld) {
+  int64_t t0 = 0;
+#if defined(__AVX512F__)
+  if (HS % 16 == 0)
+    for (; t0 + 16 <= T; t0 += 16)
+      for (int64_t d0 = 0; d0 < HS; d0 += 16) transpose16(dst + d0 * T + t0, T, src + t0 * ld + d0, ld);
+#endif
+  for (int64_t d = 0; d < HS; ++d)
+    for (int64_t t = t0; t < T; ++t) dst[d * T + t] = src[t * ld + d];
+}
+
+// Rows [r0, r1) of one head's T x T scores, in place: probabilities of scale * S over the
+// visible keys 0..t, exact zeros after them.
+void softmax_rows(float* s, int64_t r0, int64_t r1, int64_t T, float scale) {
+  for (int64_t t = r0; t < r1; ++t) {
+    float* p = s + t * T;
+#if defined(__AVX512F__)
+    const __m512 sc = _mm512_set1_ps(scale);
+    __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::max());
+    for (int64_t j = 0; j <= t; j += 16) {
+      const __mmask16 m = lanes_below(t + 1 - j);
+      mv = _mm512_mask_max_ps(mv, m, mv, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j), sc));
+    }
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    __m512 sv = _mm512_setzero_ps();
+    for (int64_t j = 0; j <= t; j += 16) {
+      const __mmask16 m = lanes_below(t + 1 - j);
+      const __m512 e = softmax_exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j), sc), mx));
+      _mm512_mask_storeu_ps(p + j, m, e);
+      sv = _mm512_mask_add_ps(sv, m, sv, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sv));
+    for (int64_t j = 0; j <= t; j += 16) {
+      const __mmask16 m = lanes_below(t + 1 - j);
+      _mm512_mask_storeu_ps(p + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j), inv));
+    }
+#else
+    float mx = p[0] * scale;
+    for (int64_t j = 0; j <= t; ++j) mx = p[j] * scale > mx ? p[j] * scale : mx;
+    float sum = 0;
+    for (int64_t j = 0; j <= t; ++j) {
+      p[j] = softmax_exp(p[j] * scale - mx);
+      sum += p[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j <= t; ++j) p[j] *= inv;
+#endif
+    std::fill(p + t + 1, p + T, 0.0f);
+  }
+}
+
+// Rows [r0, r1) in place over dP: dS = scale * P * (dP - sum(P * dP)), exact zeros after t.
+void softmax_backward_rows(const float* p, float* d, int64_t r0, int64_t r1, int64_t T, float scale) {
+  for (int64_t t = r0; t < r1; ++t) {
+    const float* pr = p + t * T;
+    float* dr = d + t * T;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j <= t; j += 16) {
+      const __mmask16 m = lanes_below(t + 1 - j);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, pr + j), _mm512_maskz_loadu_ps(m, dr + j), acc);
+    }
+    const __m512 dot = _mm512_set1_ps(_mm512_reduce_add_ps(acc)), sc = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j <= t; j += 16) {
+      const __mmask16 m = lanes_below(t + 1 - j);
+      const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, pr + j),
+                                     _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dr + j), dot));
+      _mm512_mask_storeu_ps(dr + j, m, _mm512_mul_ps(sc, g));
+    }
+#else
+    float dot = 0;
+    for (int64_t j = 0; j <= t; ++j) dot += pr[j] * dr[j];
+    for (int64_t j = 0; j <= t; ++j) dr[j] = scale * (pr[j] * (dr[j] - dot));
+#endif
+    std::fill(dr + t + 1, dr + T, 0.0f);
+  }
+}
+
+struct Head {
+  const float* q;  // k at q + C, v at q + 2C; rows of stride 3C
+  int64_t b, h;
+};
+Head head_of(const AttentionShape& s, const float* qkv, int64_t index) {
+  const int64_t b = index / s.heads, h = index % s.heads;
+  return Head{qkv + b * s.seq * 3 * s.channels() + h * s.head_dim, b, h};
+}
+
+}  // namespace
+
+uint64_t attention_tiles_scratch_bytes(const AttentionShape& shape, int threads) {
+  return uint64_t(threads) * uint64_t(slice_floats(shape)) * sizeof(float);
+}
+
+void attention_forward_tiles(const AttentionShape& s, const float* qkv, float* y, float* probs, bool acc_y,
+                             void* scratch, int threads) {
+  const int64_t T = s.seq, HS = s.head_dim, C = s.channels(), ld = 3 * C;
+  parallel_for(s.batch * s.heads, 0, [&](int64_t first, int64_t last) {
+    float* kt = thread_slice(scratch, s, threads);
+    for (int64_t i = first; i < last; ++i) {
+      const Head hd = head_of(s, qkv, i);
+      const float *q = hd.q, *k = hd.q + C, *v = hd.q + 2 * C;
+      float* p = probs + i * T * T;
+      float* yh = y ? y + hd.b * T * C + hd.h * HS : nullptr;
+      transpose_rows(kt, k, T, HS, ld);
+      for (int64_t r0 = 0; r0 < T; r0 += kQB) {
+        const int64_t r1 = std::min(T, r0 + kQB);
+        tile_gemm(r1 - r0, r1, HS, q + r0 * ld, ld, 1, kt, T, p + r0 * T, T, false);
+        softmax_rows(p, r0, r1, T, s.scale);
+        if (yh) tile_gemm(r1 - r0, HS, r1, p + r0 * T, T, 1, v, ld, yh + r0 * C, C, acc_y);
+      }
+    }
+  });
+}
+
+void attention_backward_tiles(const AttentionShape& s, const float* dy, const float* qkv, const float* probs,
+                              float* dqkv, float* dprobs, bool acc, void* scratch, int threads) {
+  const int64_t T = s.seq, HS = s.head_dim, C = s.channels(), ld = 3 * C;
+  parallel_for(s.batch * s.heads, 0, [&](int64_t first, int64_t last) {
+    float* vt = thread_slice(scratch, s, threads);
+    for (int64_t i = first; i < last; ++i) {
+      const Head hd = head_of(s, qkv, i);
+      const float *q = hd.q, *k = hd.q + C, *v = hd.q + 2 * C;
+      const float* p = probs + i * T * T;
+      float* d = dprobs + i * T * T;
+      const float* dyh = dy + hd.b * T * C + hd.h * HS;
+      float* dq = dqkv + (hd.q - qkv);
+      float *dk = dq + C, *dv = dq + 2 * C;
+      // dV rows [j0, j1) = sum over queries t >= j0 of P[t][j] dy[t].
+      for (int64_t j0 = 0; j0 < T; j0 += kQB) {
+        const int64_t j1 = std::min(T, j0 + kQB);
+        tile_gemm(j1 - j0, HS, T - j0, p + j0 * T + j0, 1, T, dyh + j0 * C, C, dv + j0 * ld, ld, acc);
+      }
+      transpose_rows(vt, v, T, HS, ld);
+      for (int64_t r0 = 0; r0 < T; r0 += kQB) {
+        const int64_t r1 = std::min(T, r0 + kQB);
+        tile_gemm(r1 - r0, r1, HS, dyh + r0 * C, C, 1, vt, T, d + r0 * T, T, false);
+        softmax_backward_rows(p, d, r0, r1, T, s.scale);
+        tile_gemm(r1 - r0, HS, r1, d + r0 * T, T, 1, k, ld, dq + r0 * ld, ld, acc);
+      }
+      for (int64_t j0 = 0; j0 < T; j0 += kQB) {
+        const int64_t j1 = std::min(T, j0 + kQB);
+        tile_gemm(j1 - j0, HS, T - j0, d + j0 * T + j0, 1, T, q + j0 * ld, ld, dk + j0 * ld, ld, acc);
+      }
+    }
+  });
+}
+
+}  // namespace memfit
