@@ -1,4 +1,5 @@
-// The oneDNN-based kernels (matmul, attention, classifier) against the naive references.
+// The GEMM-based kernels (matmul through sgemm or oneDNN, attention, classifier) against the
+// naive references.
 //
 // Tolerance: fp32 GEMMs with K up to a few hundred on inputs in [-1, 1]. The reference sums
 // in double; oneDNN sums K float products in blocked order, so each output carries a rounding
@@ -7,6 +8,7 @@
 // or transpose bug gives an error of order 1. The softmax steps use exp_approx (~1 ulp) and
 // add nothing visible to that.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <vector>
@@ -14,9 +16,11 @@
 #include "core/error.hpp"
 #include "kernel_test_util.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/attention_tiles.hpp"
 #include "kernels/cpu/classifier.hpp"
 #include "kernels/cpu/dnnl_matmul.hpp"
 #include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/sgemm.hpp"
 #include "kernels/reference/reference.hpp"
 
 namespace memfit {
@@ -129,6 +133,39 @@ TEST(CpuAttention, ForwardAndBackwardMatchReference) {
       for (int64_t r = 0; r < c.B * c.NH * c.T; ++r)
         for (int64_t s = r % c.T + 1; s < c.T; ++s) ASSERT_EQ(probs[r * c.T + s], 0.0f) << "row " << r << " col " << s;
     }
+  }
+}
+
+// sgemm and the fp32 attention sum every output on one thread in a fixed order, so the bits
+// must not depend on how many threads share the work (the products are sized so that 1, 2
+// and 3 threads split them differently: 7 strips of columns, 5 heads).
+TEST(CpuGemm, Fp32KernelsGiveTheSameBitsOnAnyThreadCount) {
+  const int saved = omp_get_max_threads();
+  const SgemmShape gemm{37, 7 * kSgemmNr - 5, kSgemmKc + 9, 0.5f};
+  const Vec a = random_vector(gemm.m * gemm.k, 21), b = random_vector(gemm.k * gemm.n, 22);
+  const Vec bias = random_vector(gemm.n, 23), c0 = random_vector(gemm.m * gemm.n, 24);
+  const AttentionShape att{5, 70, 1, 16, 0.25f, DType::f32};
+  const Vec qkv = random_vector(att.batch * att.seq * 3 * att.channels(), 25, -2, 2);
+  const Vec dy = random_vector(att.batch * att.seq * att.channels(), 26);
+  std::vector<Vec> outs;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    Vec c = c0, y(dy.size()), probs(att.batch * att.heads * att.seq * att.seq), dprobs(probs.size());
+    Vec dqkv(qkv.size());
+    auto gs = scratch_for(sgemm_scratch_bytes(gemm, threads));
+    sgemm(gemm, a.data(), b.data(), bias.data(), c.data(), true, gs.data(), threads);
+    auto as = scratch_for(attention_tiles_scratch_bytes(att, threads));
+    attention_forward_tiles(att, qkv.data(), y.data(), probs.data(), false, as.data(), threads);
+    attention_backward_tiles(att, dy.data(), qkv.data(), probs.data(), dqkv.data(), dprobs.data(), false, as.data(),
+                             threads);
+    c.insert(c.end(), y.begin(), y.end());
+    c.insert(c.end(), dqkv.begin(), dqkv.end());
+    outs.push_back(std::move(c));
+  }
+  omp_set_num_threads(saved);
+  for (size_t i = 1; i < outs.size(); ++i) {
+    ASSERT_EQ(outs[i].size(), outs[0].size());
+    for (size_t j = 0; j < outs[0].size(); ++j) ASSERT_EQ(outs[i][j], outs[0][j]) << "threads " << i + 1 << " at " << j;
   }
 }
 

