@@ -53,11 +53,11 @@ TEST(CpuMatmul, MatchesReferenceForTransposesBiasAlphaAndModes) {
       {1, 257, 19, false, true, true, 2.0f},  {64, 48, 96, true, false, true, 1.0f},
       // Wide non-transposed B under a transposed A: staged through a transpose in the scratch.
       {21, kStageBMinN, 5, true, false, false, -1.5f},
-      // sgemm (no transpose): rows past whole register blocks and past one pass of rows,
+      // sgemm (no transpose): rows past whole register blocks,
       // columns past whole strips and past one packed block of strips (a ragged last strip),
       // k past one packed block.
       {kSgemmMr * 3 + 5, kSgemmNr * (kSgemmNcStrips + 2) + 7, kSgemmKc + 37, false, false, true, 1.0f},
-      {2 * kSgemmMc + 1, kSgemmNr + 17, 2 * kSgemmKc + 16, false, false, false, -0.75f},
+      {17 * kSgemmMr + 1, kSgemmNr + 17, 2 * kSgemmKc + 16, false, false, false, -0.75f},
   };
   for (const MatmulCase& c : cases)
     for (WriteMode mode : {WriteMode::overwrite, WriteMode::accumulate, WriteMode::accumulate_after_first_micro}) {

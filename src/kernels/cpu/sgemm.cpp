@@ -1,10 +1,12 @@
 // fp32 products on packed strips of B (see sgemm.hpp).
 //
-// Measured on the 2 cores here with the caches flushed before each call, [1024, 3072] x
-// [3072, 768]: 310-326 GFLOP/s with kSgemmKc = 384 and kSgemmMc = 64 (Kc 256..768 and Mc
-// 64..512 swept; 8 x 48 beat 6 x 64 and 14 x 32 register blocks); blocks of 8 strips (a
-// 590 KB packed block, well inside the 2 MB L2) beat 16 and 32 on wide products:
-// [1024, 768] x [768, 3072] 317 against 283 and 254 GFLOP/s.
+// Measured on the 2 cores here with the caches flushed before each call: kSgemmKc = 384 (256
+// .. 768 swept) and an 8 x 48 register block (against 6 x 64 and 14 x 32); blocks of 8
+// strips (a 590 KB packed block, well inside the 2 MB L2) beat 16 and 32 on wide products
+// ([1024, 768] x [768, 3072] 317 against 283 and 254 GFLOP/s); and running each 8-row panel
+// of A over all strips of the block (A panel in L1, strips streaming from L2), rather than
+// each strip over 64 rows of A, took the GPT-2 d(input) products from 289-337 to 302-355
+// GFLOP/s (3 alternating runs).
 // GCC 12's AVX-512 headers initialise "undefined" vectors from themselves (__Y = __Y), which
 // its own -Wuninitialized then reports at inlined masked loads and shuffles.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -114,17 +116,15 @@ void strips_task(const SgemmShape& s, const float* a, const float* b, const floa
       const int64_t kc = std::min(kSgemmKc, K - pc);
       for (int64_t st = sb; st < se; ++st)
         pack_strip(bp + (st - sb) * kc * kNr, s, b, pc, kc, st * kNr, std::min(kNr, N - st * kNr));
-      for (int64_t ic = 0; ic < M; ic += kSgemmMc) {
-        const int64_t mc = std::min(kSgemmMc, M - ic);
+      // Each 8-row panel of A (8 x kc floats, in L1) runs over every strip of the packed block
+      // (in L2) before the next panel is read.
+      for (int64_t i = 0; i < M; i += kMr) {
+        const BlockFn fn = block_for(std::min(kMr, M - i));
         for (int64_t st = sb; st < se; ++st) {
           const int64_t j0 = st * kNr, cols = std::min(kNr, N - j0);
           const __mmask16 mask[3] = {lanes_below(cols), lanes_below(cols - 16), lanes_below(cols - 32)};
-          const float* strip = bp + (st - sb) * kc * kNr;
-          for (int64_t i = ic; i < ic + mc; i += kMr) {
-            const int64_t rows = std::min(kMr, ic + mc - i);
-            block_for(rows)(kc, a + i * K + pc, K, strip, c + i * N + j0, N, mask, pc == 0, accumulate,
-                            bias ? bias + j0 : nullptr);
-          }
+          fn(kc, a + i * K + pc, K, bp + (st - sb) * kc * kNr, c + i * N + j0, N, mask, pc == 0, accumulate,
+             bias ? bias + j0 : nullptr);
         }
       }
     }

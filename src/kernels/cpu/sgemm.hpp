@@ -27,7 +27,6 @@ namespace memfit {
 inline constexpr int64_t kSgemmMr = 8;           // rows of the register block
 inline constexpr int64_t kSgemmNr = 48;          // columns of the register block (3 vectors)
 inline constexpr int64_t kSgemmKc = 384;         // rows of B per packed block
-inline constexpr int64_t kSgemmMc = 64;          // rows of A per pass over a packed block
 inline constexpr int64_t kSgemmNcStrips = 8;     // strips per packed block (384 columns)
 
 struct SgemmShape {
