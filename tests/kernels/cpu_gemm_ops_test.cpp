@@ -21,6 +21,7 @@
 #include "kernels/cpu/dnnl_matmul.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/sgemm.hpp"
+#include "kernels/cpu/transpose.hpp"
 #include "kernels/reference/reference.hpp"
 
 namespace memfit {
@@ -166,6 +167,26 @@ TEST(CpuGemm, Fp32KernelsGiveTheSameBitsOnAnyThreadCount) {
   for (size_t i = 1; i < outs.size(); ++i) {
     ASSERT_EQ(outs[i].size(), outs[0].size());
     for (size_t j = 0; j < outs[0].size(); ++j) ASSERT_EQ(outs[i][j], outs[0][j]) << "threads " << i + 1 << " at " << j;
+  }
+}
+
+// Whole 16 x 16 blocks, ragged edges on both sides, and a strided source and destination.
+TEST(CpuTranspose, EqualsAnElementCopy) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 70}, {16, 16}, {3, 50}, {130, 7}, {64, 192}}) {
+    SCOPED_TRACE(testing::Message() << rows << " x " << cols);
+    const Vec src = random_vector(rows * cols, 31);
+    Vec dst(rows * cols, -1.0f);
+    transpose(dst.data(), src.data(), rows, cols);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(dst[c * rows + r], src[r * cols + c]) << r << ", " << c;
+    // rows x cols taken out of a wider source, written into a wider destination.
+    const int64_t lds = cols + 5, ldd = rows + 3;
+    const Vec wide = random_vector(rows * lds, 32);
+    Vec out(cols * ldd, -1.0f);
+    transpose_serial(out.data(), ldd, wide.data(), lds, rows, cols);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < ldd; ++r)
+        ASSERT_EQ(out[c * ldd + r], r < rows ? wide[r * lds + c] : -1.0f) << r << ", " << c;
   }
 }
 

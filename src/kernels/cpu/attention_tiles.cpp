@@ -29,6 +29,7 @@
 #include "core/error.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/cpu/tile_gemm.hpp"
+#include "kernels/cpu/transpose.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace memfit {
@@ -75,34 +76,6 @@ __m512 softmax_exp16(__m512 x) {
 
 __mmask16 lanes_below(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
 
-// dst[i * ldd + j] = src[j * lds + i] for a 16 x 16 block: rows pair up in 32-bit, then 64-bit
-// interleaves, and two rounds of 128-bit lane shuffles finish the transpose.
-void transpose16(float* dst, int64_t ldd, const float* src, int64_t lds) {
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
-  }
-  // r[4i + j] now holds, in its 128-bit lane L, column 4L + j of rows 4i .. 4i + 3.
-  for (int j = 0; j < 4; ++j) {
-    const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88), b = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
-    const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
-    const __m512 d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
-    t[j] = _mm512_shuffle_f32x4(a, c, 0x88);
-    t[8 + j] = _mm512_shuffle_f32x4(a, c, 0xDD);
-    t[4 + j] = _mm512_shuffle_f32x4(b, d, 0x88);
-    t[12 + j] = _mm512_shuffle_f32x4(b, d, 0xDD);
-  }
-  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, t[i]);
-}
 #endif
 
 // dst[t * HS + d] = src[t * ld + d]: T rows of HS floats made contiguous. Read in place, the
@@ -111,18 +84,6 @@ void transpose16(float* dst, int64_t ldd, const float* src, int64_t lds) {
 // with them ran 13-34% faster (118 -> 133 and 158 GFLOP/s on one core).
 void pack_rows(float* dst, const float* src, int64_t T, int64_t HS, int64_t ld) {
   for (int64_t t = 0; t < T; ++t) std::copy(src + t * ld, src + t * ld + HS, dst + t * HS);
-}
-
-// dst[d * T + t] = src[t * ld + d]: T rows of HS floats, transposed.
-void transpose_rows(float* dst, const float* src, int64_t T, int64_t HS, int64_t ld) {
-  int64_t t0 = 0;
-#if defined(__AVX512F__)
-  if (HS % 16 == 0)
-    for (; t0 + 16 <= T; t0 += 16)
-      for (int64_t d0 = 0; d0 < HS; d0 += 16) transpose16(dst + d0 * T + t0, T, src + t0 * ld + d0, ld);
-#endif
-  for (int64_t d = 0; d < HS; ++d)
-    for (int64_t t = t0; t < T; ++t) dst[d * T + t] = src[t * ld + d];
 }
 
 // Rows [r0, r1) of one head's T x T scores, in place: probabilities of scale * S over the
@@ -218,7 +179,7 @@ void attention_forward_tiles(const AttentionShape& s, const float* qkv, float* y
       const float *q = hd.q, *k = hd.q + C, *v = hd.q + 2 * C;
       float* p = probs + i * T * T;
       float* yh = y ? y + hd.b * T * C + hd.h * HS : nullptr;
-      transpose_rows(kt, k, T, HS, ld);
+      transpose_serial(kt, T, k, ld, T, HS);
       if (yh) pack_rows(vp, v, T, HS, ld);
       for (int64_t r0 = 0; r0 < T; r0 += kQB) {
         const int64_t r1 = std::min(T, r0 + kQB);
@@ -251,7 +212,7 @@ void attention_backward_tiles(const AttentionShape& s, const float* dy, const fl
         const int64_t j1 = std::min(T, j0 + kQB);
         tile_gemm(j1 - j0, HS, T - j0, p + j0 * T + j0, 1, T, dyp + j0 * HS, HS, dv + j0 * ld, ld, acc);
       }
-      transpose_rows(vt, v, T, HS, ld);
+      transpose_serial(vt, T, v, ld, T, HS);
       for (int64_t r0 = 0; r0 < T; r0 += kQB) {
         const int64_t r1 = std::min(T, r0 + kQB);
         tile_gemm(r1 - r0, r1, HS, dyp + r0 * HS, HS, 1, vt, T, d + r0 * T, T, false);
