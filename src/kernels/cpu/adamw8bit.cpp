@@ -8,12 +8,7 @@
 // Subtle point: an all-zero block (the padded vocabulary rows never get a gradient) has
 // absmax 0; its codes are the map's zero code (1 / absmax is taken as 0, never inf, which
 // would make 0 * inf = NaN codes).
-// GCC 12's AVX-512 headers initialise "undefined" vectors from themselves (__Y = __Y), which
-// its own -Wuninitialized then reports at every inlined gather, conversion and reduction.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "kernels/cpu/avx512_quiet.hpp"  // first: before any intrinsics header
 #include "kernels/cpu/adamw8bit.hpp"
 
 #include <algorithm>

@@ -9,12 +9,7 @@
 // The transposed operands P^T and dS^T cost no copy: tile_gemm reads A through two strides.
 // The scale is applied to dS rather than after each product; for the usual power-of-two
 // scales (HS = 64: 1/8) that is exact, otherwise it differs in the last bit.
-// GCC 12's AVX-512 headers initialise "undefined" vectors from themselves (__Y = __Y), which
-// its own -Wuninitialized then reports at every inlined shuffle, min/max and reduction.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "kernels/cpu/avx512_quiet.hpp"  // first: before any intrinsics header
 #include "kernels/cpu/attention_tiles.hpp"
 
 #include <omp.h>

@@ -7,12 +7,7 @@
 // of A over all strips of the block (A panel in L1, strips streaming from L2), rather than
 // each strip over 64 rows of A, took the GPT-2 d(input) products from 289-337 to 302-355
 // GFLOP/s (3 alternating runs).
-// GCC 12's AVX-512 headers initialise "undefined" vectors from themselves (__Y = __Y), which
-// its own -Wuninitialized then reports at inlined masked loads and shuffles.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "kernels/cpu/avx512_quiet.hpp"  // first: before any intrinsics header
 #include "kernels/cpu/sgemm.hpp"
 
 #include <omp.h>

@@ -2,12 +2,7 @@
 // interleaves of row pairs and two rounds of 128-bit lane shuffles, then 16 stores: ~0.1 ns
 // per element in cache, against ~2 ns for an element loop reading a column of rows that sit
 // a multiple of 1 KB apart (measured on attention's k^T, 24 heads of 256 x 64: 0.88 -> 0.13 ms).
-// GCC 12's AVX-512 headers initialise "undefined" vectors from themselves (__Y = __Y), which
-// its own -Wuninitialized then reports at every inlined shuffle.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "kernels/cpu/avx512_quiet.hpp"  // first: before any intrinsics header
 #include "kernels/cpu/transpose.hpp"
 
 #include <algorithm>
