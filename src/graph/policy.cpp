@@ -44,7 +44,7 @@ std::string blocks_to_string(const std::vector<BlockRecompute>& blocks) {
     if (b.whole) return std::string(b.keep_input ? "full" : "whole");
     std::string s;
     for (auto [on, name] : {std::pair{b.attention, "attention"}, {b.mlp_activation, "mlp_activation"}, {b.norms, "norms"}})
-      if (on) s += (s.empty() ? "" : "+") + std::string(name);
+      if (on) s += fmt::format("{}{}", s.empty() ? "" : "+", name);
     return s.empty() ? std::string("none") : s;
   };
   std::string out;

@@ -28,16 +28,16 @@ struct ZeroPass {
   ZeroLayout L;
   int stage = 0, world = 1, rank = 0, micro_repeat = 1;
 
-  std::vector<TensorId> param_root, grad_root, grad_shard_root;  // per bucket
+  std::vector<TensorId> param_root{}, grad_root{}, grad_shard_root{};  // per bucket
   // Stage 3, per bucket: transient gather buffers of the forward, backward (and recompute)
   // and validation passes; param_root is then the persistent shard.
-  std::vector<TensorId> gather_fwd, gather_bwd, gather_eval;
-  std::map<TensorId, TensorId> bwd_view, eval_view;  // parameter value -> its view in those buffers
+  std::vector<TensorId> gather_fwd{}, gather_bwd{}, gather_eval{};
+  std::map<TensorId, TensorId> bwd_view{}, eval_view{};  // parameter value -> its view in those buffers
   // Per parameter (index into params()).
-  std::vector<int64_t> piece_first, piece_count;
-  std::vector<TensorId> value_piece, grad_piece;
-  std::vector<int> bucket_of;
-  std::map<TensorId, int> param_of_grad, param_of_target;
+  std::vector<int64_t> piece_first{}, piece_count{};
+  std::vector<TensorId> value_piece{}, grad_piece{};
+  std::vector<int> bucket_of{};
+  std::map<TensorId, int> param_of_grad{}, param_of_target{};
 
   Op collective(OpKind kind, std::string name, std::vector<TensorId> in, std::vector<TensorId> out, Phase phase,
                 int layer, bool max = false) const {

@@ -40,7 +40,7 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
     if (fresh) {
       ZeroBucket b;
       b.layer = layer;
-      b.tag = layer < 0 ? "outer" : "h" + std::to_string(layer);
+      b.tag = layer < 0 ? std::string("outer") : fmt::format("h{}", layer);
       L.buckets.push_back(std::move(b));
     }
     ZeroBucket& b = L.buckets[it->second];

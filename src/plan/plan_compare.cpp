@@ -10,7 +10,7 @@ namespace {
 // A saving (base minus plan) as the change the plan makes: "-1.2 MiB" saved, "+3 MiB" spent.
 std::string signed_bytes(int64_t saved) {
   if (saved == 0) return "0 B";
-  return (saved < 0 ? "+" : "-") + format_bytes(uint64_t(saved < 0 ? -saved : saved));
+  return fmt::format("{}{}", saved < 0 ? "+" : "-", format_bytes(uint64_t(saved < 0 ? -saved : saved)));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // format, narrowing against reference rounding written from the format definitions (double
 // arithmetic) over millions of fp32 patterns, and against the x86 conversion instructions
 // (F16C vcvtps2ph, AVX512-BF16 vcvtneps2bf16) where the build has them.
+#include "kernels/cpu/avx512_quiet.hpp"  // first: _mm_cvtness_sbh below trips GCC 12's own warning
 #include <gtest/gtest.h>
 
 #include <bit>

@@ -99,7 +99,7 @@ TEST(LlamaProgram, GroupedQueryAttentionRopeAndSwiGluHaveTheirShapes) {
       saw_swiglu_bwd = true;
       EXPECT_EQ(op.inputs.size(), 3u);  // dy, gate, up: both kept for backward
     }
-    if (op.kind == OpKind::embedding_forward) EXPECT_EQ(op.inputs.size(), 2u);  // no position table
+    if (op.kind == OpKind::embedding_forward) { EXPECT_EQ(op.inputs.size(), 2u); }  // no position table
   }
   EXPECT_TRUE(saw_rope);
   EXPECT_TRUE(saw_swiglu_bwd);
@@ -130,8 +130,9 @@ TEST(LlamaProgram, EveryRecomputeModeAndAttentionPlansWithoutOverlap) {
         // llama kinds have 16-bit forms on the hardware planned for: no fp32 islands around them.
         if (prec == Precision::bf16)
           for (const Op& op : p.ops())
-            if (op.kind == OpKind::rmsnorm_forward || op.kind == OpKind::swiglu_forward || op.kind == OpKind::rope_forward)
+            if (op.kind == OpKind::rmsnorm_forward || op.kind == OpKind::swiglu_forward || op.kind == OpKind::rope_forward) {
               EXPECT_EQ(p.tensor(op.outputs[0]).dtype, DType::bf16) << op.name;
+            }
       }
 }
 

@@ -80,8 +80,9 @@ TEST(OverlapCollectives, EveryStartHasOneLaterWaitAndNothingTouchesItsBytesInBet
             EXPECT_FALSE(any_overlap(p, op.outputs, start.outputs));
             EXPECT_FALSE(any_overlap(p, op.workspace, start.outputs));
             EXPECT_FALSE(any_overlap(p, op.outputs, start.inputs));
-            if (collective_kind(op.kind))
+            if (collective_kind(op.kind)) {
               EXPECT_NE(reduces, op.kind == OpKind::all_reduce || op.kind == OpKind::reduce_scatter);
+            }
           }
         }
         // What must overlap does: ZeRO-3 prefetches every gather after the first of a pass;
@@ -97,9 +98,9 @@ TEST(OverlapCollectives, EveryStartHasOneLaterWaitAndNothingTouchesItsBytesInBet
           EXPECT_GT(gathers, 1);
           EXPECT_EQ(async_gathers, gathers - 1);
         }
-        if (stage >= 2) EXPECT_GT(scatters, 1);
-        if (stage >= 2 && accum == 1) EXPECT_GE(async_scatters, scatters - 1);
-        if (stage >= 2 && accum == 1) EXPECT_GT(overlapped_ops, 0);
+        if (stage >= 2) { EXPECT_GT(scatters, 1); }
+        if (stage >= 2 && accum == 1) { EXPECT_GE(async_scatters, scatters - 1); }
+        if (stage >= 2 && accum == 1) { EXPECT_GT(overlapped_ops, 0); }
       }
 }
 
@@ -122,7 +123,7 @@ TEST(OverlapCollectives, ThePlanKeepsInFlightBuffersAliveAndTheBlockingFormHasNo
     const Program blocking = zero_program(stage, 2, 1, false);
     for (const Op& op : blocking.ops()) {
       EXPECT_NE(op.kind, OpKind::collective_wait);
-      if (const auto* a = std::get_if<CollectiveAttrs>(&op.attrs)) EXPECT_LT(a->async_id, 0);
+      if (const auto* a = std::get_if<CollectiveAttrs>(&op.attrs)) { EXPECT_LT(a->async_id, 0); }
     }
     EXPECT_EQ(blocking.ops().size() + async_collectives(p).size(), p.ops().size());
   }

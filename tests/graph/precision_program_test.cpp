@@ -94,7 +94,7 @@ TEST(PrecisionProgram, Fp16ProductsAreFp32IslandsAndGradientsAreChecked) {
     ++islands;
     for (const auto* list : {&op.inputs, &op.outputs})
       for (TensorId id : *list)
-        if (id != kNoTensor && dtype_is_float(p.tensor(id).dtype)) EXPECT_EQ(p.tensor(id).dtype, DType::f32) << op.name;
+        if (id != kNoTensor && dtype_is_float(p.tensor(id).dtype)) { EXPECT_EQ(p.tensor(id).dtype, DType::f32) << op.name; }
     // Its 16-bit inputs are widened by casts just before it, in its phase and layer.
     const Op& before = p.op(i - 1);
     EXPECT_EQ(before.kind, OpKind::cast) << op.name;
@@ -132,7 +132,7 @@ TEST(PrecisionProgram, PinnedOpsComputeInFp32) {
       ++pinned;
     }
     // Their neighbours of the same kinds stay bf16.
-    if (op.kind == OpKind::gelu_backward || op.name.starts_with("h.1.attn.core")) EXPECT_TRUE(native16) << op.name;
+    if (op.kind == OpKind::gelu_backward || op.name.starts_with("h.1.attn.core")) { EXPECT_TRUE(native16) << op.name; }
   }
   const int64_t layers = model_preset("gpt2-tiny").n_layer;
   EXPECT_EQ(pinned, 2 /* gelu fwd, train and eval */ * layers + 2 /* h.0 attention fwd, bwd */);

@@ -125,8 +125,8 @@ TEST(ZeroProgram, PerRankModelStateFollowsTheZeroFormulas) {
           EXPECT_EQ(m.grads, bg * uint64_t(stage == 1 ? m.padded : m.padded / world));
           EXPECT_EQ(m.masters, master * uint64_t(s));
           EXPECT_EQ(m.state, 8 * uint64_t(s));
-          if (stage >= 2) EXPECT_EQ(m.grad_buffers, bg * uint64_t(m.padded));  // one block live at a time
-          if (stage == 3) EXPECT_EQ(m.gather_buffers, 2 * bp * uint64_t(m.padded));  // forward and backward copies
+          if (stage >= 2) { EXPECT_EQ(m.grad_buffers, bg * uint64_t(m.padded)); }  // one block live at a time
+          if (stage == 3) { EXPECT_EQ(m.gather_buffers, 2 * bp * uint64_t(m.padded)); }  // forward and backward copies
           // The formula in Psi, off by no more than the padding's bytes.
           const double n = world, total = double(m.params + m.grads + m.masters + m.state);
           const double formula = stage == 1   ? double(bp + bg) * psi + double(master + 8) * psi / n
@@ -218,7 +218,7 @@ TEST(ZeroProgram, StageThreeGathersEachBlockBeforeUseAndPrefetchesTheNext) {
     // Backward runs blocks in reverse: block l's gather comes before its backward, and
     // block l-1's is issued while block l's backward still has to run.
     EXPECT_LT(first_op(p, fmt::format("zero.all_gather.h{}.backward", l)), back);
-    if (l > 0) EXPECT_LT(first_op(p, fmt::format("zero.all_gather.h{}.backward", l - 1)), back);
+    if (l > 0) { EXPECT_LT(first_op(p, fmt::format("zero.all_gather.h{}.backward", l - 1)), back); }
     // Forward ops read the forward copy, backward ops the backward copy.
     for (const Op& op : p.ops())
       for (TensorId id : op.inputs) {

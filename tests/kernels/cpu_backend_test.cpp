@@ -263,8 +263,9 @@ TEST(CpuBackend, BindingsAreCheckedAndAbsentOutputsSkipped) {
   const int op = f.op(OpKind::matmul, {a, b}, {c}, mm);
   const Op& o = f.program.op(op);
   OpBinding bare{{f.data(a), f.data(b)}, {f.data(c)}, {}};
-  if (backend->scratch_bytes(f.program, o) > 0)  // the scratch tensor is required when asked for
+  if (backend->scratch_bytes(f.program, o) > 0) {  // the scratch tensor is required when asked for
     EXPECT_THROW(backend->prepare(f.program, o, bare), Error);
+  }
   // A binding with more workspace entries than the op has tensors is refused.
   EXPECT_THROW(backend->prepare(f.program, o, OpBinding{bare.inputs, bare.outputs, {f.data(c)}}), Error);
   EXPECT_THROW(backend->prepare(f.program, o, OpBinding{{f.data(a)}, {f.data(c)}, {}}), Error);

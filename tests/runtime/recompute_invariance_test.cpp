@@ -141,7 +141,7 @@ TEST(RecomputeInvariance, SameUnderBf16AndFp16) {
         const Result r = run_micro(policy, attention, 1, policy == "full", precision);
         expect_bitwise_equal(r, base, what);
         EXPECT_EQ(r.measured, r.planned) << what;
-        if (policy == "full") EXPECT_EQ(r.allocations, 0) << what;
+        if (policy == "full") { EXPECT_EQ(r.allocations, 0) << what; }
       }
     }
 }
