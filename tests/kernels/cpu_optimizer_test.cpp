@@ -14,6 +14,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -328,7 +329,7 @@ TEST(GradientClipping, ClippedAdamWStepMatchesReferenceOnScaledGradients) {
   std::vector<TensorId> grads, outs;
   std::vector<Vec> p0, g0;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    grads.push_back(f.tensor("g" + std::to_string(i), {sizes[i]}));
+    grads.push_back(f.tensor(fmt::format("g{}", i), {sizes[i]}));
     p0.push_back(random_vector(size_t(sizes[i]), 60 + uint32_t(i)));
     g0.push_back(random_vector(size_t(sizes[i]), 70 + uint32_t(i)));
   }

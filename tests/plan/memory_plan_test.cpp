@@ -81,10 +81,10 @@ Program random_program(std::mt19937& rng) {
       in.erase(std::unique(in.begin(), in.end()), in.end());
       std::vector<TensorId> out;
       for (int k = pick(1, 3); k > 0; --k) {
-        TensorId t = p.add_tensor(make("t" + std::to_string(counter++), pick(1, 20000)));
+        TensorId t = p.add_tensor(make(fmt::format("t{}", counter++), pick(1, 20000)));
         if (pick(0, 5) == 0) {  // a view into the new tensor's root is written instead
           const int64_t n = p.tensor(t).shape[0];
-          t = p.add_view(t, "v" + std::to_string(counter++), Shape{n / 2}, DType::f32, uint64_t(n / 4) * 4);
+          t = p.add_view(t, fmt::format("v{}", counter++), Shape{n / 2}, DType::f32, uint64_t(n / 4) * 4);
         }
         out.push_back(t);
         live.push_back(t);
