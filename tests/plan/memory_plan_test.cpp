@@ -90,7 +90,7 @@ Program random_program(std::mt19937& rng) {
         live.push_back(t);
       }
       std::vector<TensorId> ws;
-      if (pick(0, 4) == 0) ws.push_back(p.add_tensor(make("w" + std::to_string(counter++), pick(1, 30000), Lifetime::transient, Tier::device, Category::temporaries)));
+      if (pick(0, 4) == 0) ws.push_back(p.add_tensor(make(fmt::format("w{}", counter++), pick(1, 30000), Lifetime::transient, Tier::device, Category::temporaries)));
       Op op = make_op(in, out, ws);
       if (!in.empty() && pick(0, 1)) op.inplace.push_back({0, pick(0, int(in.size()) - 1)});
       p.add_op(std::move(op));
