@@ -63,6 +63,10 @@ std::string_view op_kind_name(OpKind k) {
   MEMFIT_ASSERT(false, "unknown op kind {}", int(k));
 }
 
+bool is_collective_kind(OpKind k) {
+  return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather || k == OpKind::broadcast;
+}
+
 bool write_mode_reads(WriteMode m) { return m != WriteMode::overwrite; }
 
 }  // namespace memfit

@@ -100,6 +100,8 @@ enum class OpKind : uint16_t {
   transfer,            // in [src] out [dst] on another tier
 };
 std::string_view op_kind_name(OpKind k);
+// The four collectives (all_reduce, reduce_scatter, all_gather, broadcast); not collective_wait.
+bool is_collective_kind(OpKind k);
 
 // How an op writes each output.
 enum class WriteMode : uint8_t {

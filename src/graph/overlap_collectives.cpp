@@ -11,9 +11,6 @@ namespace memfit {
 
 namespace {
 
-bool is_collective_kind(OpKind k) {
-  return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather || k == OpKind::broadcast;
-}
 // Gathers and reductions are separate streams: a gradient reduction may stay in flight while
 // the next block's parameters are gathered.
 bool reduces(OpKind k) { return k == OpKind::all_reduce || k == OpKind::reduce_scatter; }

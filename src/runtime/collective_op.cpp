@@ -51,8 +51,7 @@ class WaitOp final : public PreparedOp {
 }  // namespace
 
 bool is_collective(OpKind kind) {
-  return kind == OpKind::all_reduce || kind == OpKind::reduce_scatter || kind == OpKind::all_gather ||
-         kind == OpKind::broadcast || kind == OpKind::collective_wait;
+  return is_collective_kind(kind) || kind == OpKind::collective_wait;
 }
 
 std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, const OpBinding& b, Communicator& comm,

@@ -297,17 +297,15 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
       if (s < 0 || prog.sections()[size_t(s)].name == "eval") continue;
       phase_ms[std::string(phase_name(prog.op(i).phase))] += 1e3 * ex.op_seconds()[size_t(i)] / double(timed_steps);
     }
-  if (!c.save.empty() && pol.zero_stage >= 1) {
+  if (!c.save.empty()) {
     // The ZeRO pass shards masters (and at stage 3 parameters) at any world size, one rank
-    // included: every rank takes part in the gathers; rank 0 writes.
-    const std::vector<std::vector<float>> whole = gather_whole_parameters(ex, *comm);
+    // included: then every rank takes part in the gathers. Rank 0 writes.
+    std::vector<std::vector<float>> whole;
+    if (pol.zero_stage >= 1) whole = gather_whole_parameters(ex, *comm);
     if (rank == 0) {
-      save_weights(c.save, ex, spec, &whole);
+      save_weights(c.save, ex, spec, whole.empty() ? nullptr : &whole);
       log << fmt::format("saved weights to {}\n", c.save);
     }
-  } else if (!c.save.empty() && rank == 0) {
-    save_weights(c.save, ex, spec);
-    log << fmt::format("saved weights to {}\n", c.save);
   }
 
   double flops_per_step = 0;

@@ -16,10 +16,6 @@
 namespace memfit {
 namespace {
 
-bool collective_kind(OpKind k) {
-  return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather || k == OpKind::broadcast;
-}
-
 struct Bytes {
   TensorId root;
   uint64_t begin, end;
@@ -80,7 +76,7 @@ TEST(OverlapCollectives, EveryStartHasOneLaterWaitAndNothingTouchesItsBytesInBet
             EXPECT_FALSE(any_overlap(p, op.outputs, start.outputs));
             EXPECT_FALSE(any_overlap(p, op.workspace, start.outputs));
             EXPECT_FALSE(any_overlap(p, op.outputs, start.inputs));
-            if (collective_kind(op.kind)) {
+            if (is_collective_kind(op.kind)) {
               EXPECT_NE(reduces, op.kind == OpKind::all_reduce || op.kind == OpKind::reduce_scatter);
             }
           }

@@ -91,8 +91,10 @@ struct AttentionCase {
 };
 
 TEST(CpuAttention, ForwardAndBackwardMatchReference) {
-  // T = 130, 259 and 575 split the causal products into 2, 4 and 8 uneven blocks
-  // (AttentionShape::blocks).
+  // fp32 runs attention_tiles.cpp: T = 1, 7, 33, 64, 130, 259 and 575 end in a partial block
+  // of kAttentionQueryBlock queries (or fit in one), and head sizes that are not multiples of
+  // 16 leave transpose edges. The blocks() checks are of the bf16 path's causal split
+  // (tested in bf16 by cpu_lowp_test).
   const std::vector<AttentionCase> cases = {{1, 1, 1, 8},   {2, 7, 3, 5},   {3, 33, 2, 16},
                                             {1, 64, 4, 64}, {2, 130, 2, 8}, {1, 259, 2, 4}, {1, 575, 1, 3}};
   for (const AttentionCase& c : cases) {

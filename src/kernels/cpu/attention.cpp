@@ -1,4 +1,6 @@
-// Causal attention forward and backward with materialised probabilities (see attention.hpp).
+// Causal attention forward and backward with materialised probabilities (see attention.hpp):
+// the kernel classes, and the bf16 computation on oneDNN products below (fp32 runs
+// attention_tiles.cpp).
 //
 // Subtle point: every operand is a strided 4-D view {B, NH, rows, cols} of a tensor laid out
 // for the rest of the model. q of head h is at qkv + h*HS with strides {T*3C, HS, 3C, 1};
@@ -31,13 +33,12 @@ using dt = dnnl::memory::data_type;
 
 // Strided views of the tensors the products read and write. rows/cols are the extents of
 // the (sub)matrix taken; the pointer offset of a block is added when binding. `io` is the
-// type of qkv, y, probs and their gradients.
+// type of qkv, y, probs and their gradients (bf16).
 struct Views {
   int64_t B, NH, T, HS, C;
   dt io;
   explicit Views(const AttentionShape& s)
       : B(s.batch), NH(s.heads), T(s.seq), HS(s.head_dim), C(s.channels()), io(dnnl_type(s.dtype)) {}
-  bool bf16() const { return io == dt::bf16; }
   // `rows` positions of q, k or v (a part of qkv or dqkv) as {B, NH, rows, HS}.
   DnnlOperand part(int64_t rows) const { return {{B, NH, rows, HS}, {T * 3 * C, HS, 3 * C, 1}, io}; }
   // the same part transposed to {B, NH, HS, cols}.
@@ -56,20 +57,16 @@ struct Views {
     return {{B, NH, rows, cols}, {NH * T * row, T * row, 1, row}, type};
   }
   DnnlOperand dprobs(int64_t rows, int64_t cols) const { return square_as(rows, cols, dt::f32, T); }
-  DnnlOperand dscores(int64_t rows, int64_t cols) const {
-    return bf16() ? square_as(rows, cols, io, 2 * T) : square_as(rows, cols, dt::f32, T);
-  }
-  DnnlOperand dscores_t(int64_t rows, int64_t cols) const {
-    return bf16() ? square_t_as(rows, cols, io, 2 * T) : square_t_as(rows, cols, dt::f32, T);
-  }
-  // bf16 forward: fp32 scores of one query block of at most bm rows, {B, NH, rows, cols}.
+  DnnlOperand dscores(int64_t rows, int64_t cols) const { return square_as(rows, cols, io, 2 * T); }
+  DnnlOperand dscores_t(int64_t rows, int64_t cols) const { return square_t_as(rows, cols, io, 2 * T); }
+  // The forward's fp32 scores of one query block of at most bm rows, {B, NH, rows, cols}.
   DnnlOperand scores_block(int64_t rows, int64_t cols, int64_t bm) const {
     return {{B, NH, rows, cols}, {NH * bm * T, bm * T, T, 1}, dt::f32};
   }
-  int64_t io_bytes() const { return bf16() ? 2 : 4; }
 };
+constexpr int64_t kIoBytes = sizeof(bf16_t);
 
-// Byte arithmetic for operands of either width.
+// Byte arithmetic on the bf16 operands (w = kIoBytes).
 const void* advance(const void* p, int64_t elements, int64_t element_bytes) {
   return static_cast<const char*>(p) + elements * element_bytes;
 }
@@ -78,7 +75,6 @@ void* advance(void* p, int64_t elements, int64_t element_bytes) {
 }
 
 uint64_t scores_block_bytes(const AttentionShape& s) {
-  if (s.dtype == DType::f32) return 0;
   return (uint64_t(s.batch * s.heads * s.max_block() * s.seq) * sizeof(float) + 63) / 64 * 64;
 }
 
@@ -101,8 +97,7 @@ struct Block {
 Block block(const AttentionShape& s, int64_t i) { return Block{s.block_begin(i), s.block_begin(i + 1)}; }
 
 DnnlMatmulSpec scores_spec(const Views& v, Block q, float scale, int64_t bm) {
-  const DnnlOperand dst = v.bf16() ? v.scores_block(q.size(), q.e, bm) : v.square(q.size(), q.e);
-  return spec(v.part(q.size()), v.part_t(q.e), dst, scale, false);
+  return spec(v.part(q.size()), v.part_t(q.e), v.scores_block(q.size(), q.e, bm), scale, false);
 }
 DnnlMatmulSpec out_spec(const Views& v, Block q, bool acc) {
   return spec(v.square(q.size(), q.e), v.part(q.e), v.out(q.size()), 1.0f, acc);
@@ -142,9 +137,10 @@ int64_t AttentionShape::max_block() const {
   return m;
 }
 
-// With b blocks the products compute (b + 1) / 2b of the full T x T work. Measured at
-// B=4, T=256, NH=12, HS=64 (2 cores): 1 block 4.3 + 7.6 ms, 2 blocks 3.6 + 6.1 ms, 4 blocks
-// 3.4 + 5.5 ms, 8 blocks of 32 no better; so blocks of at least 64 positions, at most 8.
+// With b blocks the products compute (b + 1) / 2b of the full T x T work. Measured on the fp32
+// form these products had before attention_tiles.cpp, B=4, T=256, NH=12, HS=64 (2 cores): 1 block
+// 4.3 + 7.6 ms, 2 blocks 3.6 + 6.1, 4 blocks 3.4 + 5.5, 8 blocks of 32 no better; so blocks of
+// at least 64 positions, at most 8.
 int64_t AttentionShape::blocks() const { return std::clamp<int64_t>(seq / kAttentionBlockMin, 1, kAttentionMaxBlocks); }
 
 void attention_softmax_forward_bf16(const float* scores, bf16_t* probs, int64_t rows, int64_t seq, int64_t first_pos,
@@ -231,16 +227,12 @@ void AttentionForwardKernel::bind(const void* qkv, void* y, void* probs, void* s
   qkv_ = qkv, y_ = y, probs_ = probs, scratch_ = scratch;
   has_y_ = y != nullptr;
   if (shape_.dtype == DType::f32) return;
-  const Views v(shape_);
-  const int64_t C = shape_.channels(), T = shape_.seq, w = v.io_bytes();
-  if (v.bf16()) {
-    scores_block_ = static_cast<float*>(scratch);
-    scratch = static_cast<char*>(scratch) + scores_block_bytes(shape_);
-  }
+  const int64_t C = shape_.channels(), T = shape_.seq, w = kIoBytes;
+  scores_block_ = static_cast<float*>(scratch);
+  scratch = static_cast<char*>(scratch) + scores_block_bytes(shape_);
   for (int64_t i = 0; i < shape_.blocks(); ++i) {
     const Block q = block(shape_, i);
-    void* scores = v.bf16() ? static_cast<void*>(scores_block_) : advance(probs, q.b * T, w);
-    scores_[size_t(i)].bind(advance(qkv, q.b * 3 * C, w), advance(qkv, C, w), nullptr, scores, scratch);
+    scores_[size_t(i)].bind(advance(qkv, q.b * 3 * C, w), advance(qkv, C, w), nullptr, scores_block_, scratch);
     for (auto& out : out_)
       if (!out.empty() && y)
         out[size_t(i)].bind(advance(probs, q.b * T, w), advance(qkv, 2 * C, w), nullptr, advance(y, q.b * C, w),
@@ -261,7 +253,7 @@ void AttentionForwardKernel::run(bool acc_y) const {
     MEMFIT_ASSERT(!out->empty(), "attention prepared without its {} variant", acc_y ? "accumulate" : "overwrite");
   }
   const int64_t BH = shape_.batch * shape_.heads, T = shape_.seq;
-  // bf16: block by block, the fp32 scores of a block live only in the scratch.
+  // Block by block, the fp32 scores of a block live only in the scratch.
   for (int64_t i = 0; i < shape_.blocks(); ++i) {
     const Block q = block(shape_, i);
     scores_[size_t(i)].execute();
@@ -313,10 +305,9 @@ void AttentionBackwardKernel::bind(const void* dy, const void* qkv, const void* 
                                    void* scratch) {
   dy_ = dy, qkv_ = qkv, probs_ = probs, dqkv_ = dqkv, dprobs_ = dprobs, scratch_ = scratch;
   if (shape_.dtype == DType::f32) return;
-  const Views v(shape_);
-  const int64_t C = shape_.channels(), T = shape_.seq, w = v.io_bytes();
-  // dscores elements: fp32 at the dprobs positions, or bf16 with rows of 2T elements.
-  const int64_t ds_row = v.bf16() ? 2 * T : T;
+  const int64_t C = shape_.channels(), T = shape_.seq, w = kIoBytes;
+  // dscores are bf16 over the first half of each fp32 dprobs row: rows of 2T elements.
+  const int64_t ds_row = 2 * T;
   for (int64_t i = 0; i < shape_.blocks(); ++i) {
     const Block blk = block(shape_, i);
     // As a query block: rows [b, e) of dprobs / dscores against keys [0, e).

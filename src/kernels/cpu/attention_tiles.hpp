@@ -1,7 +1,7 @@
 // The fp32 form of plain causal attention (attention.hpp), computed one (batch, head) at a
 // time with register-blocked tile products (tile_gemm.hpp) on data that stays in the core's
 // cache: a head's q, k, v are 3 x T x HS floats and its probabilities T x T, 64 KB + 256 KB at
-// T = 256, HS = 64. oneDNN's batched strided products ran these at 100-190 GFLOP/s on 2 cores
+// T = 256, HS = 64. oneDNN's batched strided products ran these at 30-200 GFLOP/s on 2 cores
 // (64 x 64 .. 64 x 256 matrices per (b, h), with a fork per product); one thread per head
 // with no fork inside a head keeps the products near the tile kernel's speed.
 //

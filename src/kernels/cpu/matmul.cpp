@@ -39,10 +39,11 @@ bool runs_sgemm(const MatmulAttrs& a, const MatmulTypes& t) {
 }
 
 bool stages_b(const MatmulAttrs& a, const MatmulTypes& t) {
-  return t.b == DType::f32 && !a.trans_b && a.n >= kStageBMinN;
+  return t.b == DType::f32 && !a.trans_b && a.n >= kStageBMinN && !runs_sgemm(a, t);
 }
 
 namespace {
+SgemmShape sgemm_shape(const MatmulAttrs& a) { return SgemmShape{a.m, a.n, a.k, a.alpha}; }
 // The attributes oneDNN sees: a staged B is read transposed from the scratch.
 MatmulAttrs as_run(MatmulAttrs a, const MatmulTypes& t) {
   if (stages_b(a, t)) a.trans_b = true;
@@ -69,7 +70,7 @@ MatmulKernel::MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool ha
                attrs.n, attrs.k);
   if (runs_sgemm(attrs, types)) {
     sgemm_ = true;
-    sgemm_shape_ = SgemmShape{attrs.m, attrs.n, attrs.k, attrs.alpha};
+    sgemm_shape_ = sgemm_shape(attrs);
     threads_ = omp_get_max_threads();
     return;
   }
@@ -82,7 +83,7 @@ MatmulKernel::MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool ha
 uint64_t MatmulKernel::scratch_bytes(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias,
                                      WriteVariants variants, const MatmulTypes& types) {
   if (runs_sgemm(attrs, types))
-    return sgemm_scratch_bytes(SgemmShape{attrs.m, attrs.n, attrs.k, attrs.alpha}, omp_get_max_threads());
+    return sgemm_scratch_bytes(sgemm_shape(attrs), omp_get_max_threads());
   const MatmulAttrs r = as_run(attrs, types);
   uint64_t bytes = 0;
   if (variants.overwrite)

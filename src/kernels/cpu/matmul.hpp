@@ -4,9 +4,9 @@
 // memfit's sgemm (sgemm.hpp). Everything else runs oneDNN, with the transposes of MatmulAttrs
 // expressed as strides of the operands; linear layers pass the weight [out, in] with
 // trans_b. Measured on this CPU (2 cores, caches flushed, GPT-2 124M shapes), sgemm against
-// oneDNN 2.6 in GFLOP/s: no transpose 300-317 against 230-275; B transposed (forward) 224-307
-// against 297-314; A transposed (dW) 191-267 read in place and 202-269 packed, against
-// 241-291.
+// oneDNN 2.6 in GFLOP/s: no transpose 302-355 against 230-275 (112-134 with B wider than
+// 2048 columns); with a transposed operand sgemm was slower in every variant tried (forward,
+// B transposed: 224-307 against 297-314; d(weight), A transposed: 191-277 against 241-291).
 //
 // One more oneDNN case, measured with oneDNN 2.6: a wide non-transposed B (N >= kStageBMinN)
 // under a transposed A makes its brgemm take a path without packing B that runs at half
@@ -45,6 +45,8 @@ DnnlMatmulSpec matmul_spec(const MatmulAttrs& attrs, bool has_bias, bool accumul
 // Whether the product runs memfit's sgemm (fp32, neither operand transposed).
 bool runs_sgemm(const MatmulAttrs& attrs, const MatmulTypes& types = {});
 
+// Whether oneDNN's B is first transposed into the scratch (fp32, B not transposed and at
+// least kStageBMinN wide, A transposed: the products without a transpose run sgemm).
 inline constexpr int64_t kStageBMinN = 2048;
 bool stages_b(const MatmulAttrs& attrs, const MatmulTypes& types = {});
 

@@ -6,7 +6,7 @@
 // is wider than 2048 columns, against ~360 for the cores' FMA peak); its older gemm:jit path
 // is faster but mallocs megabytes of packing buffers inside every call, which would break
 // the plan's promise that nothing is allocated during a step. This kernel packs B into the
-// plan's scratch and runs those products at 300-317 GFLOP/s (matmul.hpp says which products
+// plan's scratch and runs those products at 302-355 GFLOP/s (matmul.hpp says which products
 // take it: with a transposed operand oneDNN stayed as fast or faster).
 //
 // Method (the BLIS structure): B is packed one block of kSgemmKc rows by up to kSgemmNcStrips
