@@ -2,12 +2,14 @@
 
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "fit/compare.hpp"
 #include "fit/fit_search.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/cpu/speed_probe.hpp"
 #include "runtime/compile.hpp"
 #include "train/trainer.hpp"
 
@@ -25,7 +27,9 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
   plan.add_option("--gpus-per-node", gpus_per_node_, "ranks per node");
   plan.add_option("--nodes", nodes_, "nodes");
   plan.add_option("--world-size", world_size_, "ranks in all (with --gpus-per-node: nodes = world / gpus per node)");
-  plan.add_option("--efficiency", efficiency_, "share of peak FLOP/s compute-bound ops reach (default 0.45)");
+  plan.add_option("--efficiency", efficiency_,
+                  "share of peak FLOP/s compute-bound ops reach (default 0.45 on GPU presets; 1 on cpu, whose peaks "
+                  "are measured)");
   plan.add_option("--comm-overlap", comm_overlap_, "share of collective time hidden behind compute (default 0)");
   plan.add_flag("--fit", fit_, "search the fastest configuration that fits the budget (--memory-budget, default: "
                                "the hardware's memory)");
@@ -39,13 +43,27 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
 
 bool HardwarePlanOptions::requested(const RunConfig& c) const {
   const bool other_hardware = hardware_ != "cpu";
-  for (const char* flag : {"--hardware-file", "--hardware-set", "--device-memory", "--gpus-per-node", "--nodes", "--fit",
-                           "--compare", "--emit", "--efficiency", "--comm-overlap"})
+  for (const char* flag : {"--hardware", "--hardware-file", "--hardware-set", "--device-memory", "--gpus-per-node",
+                           "--nodes", "--fit", "--compare", "--emit", "--efficiency", "--comm-overlap"})
     if (app_.get_option(flag)->count() > 0) return true;
   return other_hardware || c.policy.offload_optimizer != Tier::device || c.policy.offload_params != Tier::device;
 }
 
 namespace {
+
+// The "cpu" preset's speeds replaced by this machine's, measured with the backend's own
+// kernels; fields the user set (--hardware-file, --hardware-set) stay as given.
+void measure_this_machine(Hardware& hw, const std::set<std::string>& given) {
+  const CpuSpeed speed = probe_cpu_speed();
+  auto fill = [&](const char* key, double& field, double value) {
+    if (!given.contains(key)) field = value;
+  };
+  fill("peak_fp32_flops", hw.peak_fp32_flops, speed.fp32_gemm_flops);
+  fill("peak_bf16_flops", hw.peak_bf16_flops, speed.bf16_gemm_flops);
+  fill("memory_bandwidth", hw.memory_bandwidth, speed.stream_bytes_per_s);
+  fill("host_memory_bandwidth", hw.host_memory_bandwidth, speed.stream_bytes_per_s);
+  hw.speeds_measured = true;
+}
 
 Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
   Cluster c;
@@ -69,6 +87,7 @@ Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
 
 int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
   Hardware hw = hardware_preset(hardware_);
+  std::set<std::string> given;  // hardware fields the user set
   if (!hardware_file_.empty()) {
     std::ifstream f(hardware_file_);
     MEMFIT_CHECK(f.good(), "hardware", "cannot open hardware file '{}'", hardware_file_);
@@ -79,6 +98,8 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
       throw Error("hardware", fmt::format("{}: not valid JSON ({})", hardware_file_, e.what()));
     }
     apply_hardware_json(j, hw, hardware_file_);
+    if (j.is_object())
+      for (const auto& item : j.items()) given.insert(item.key());
   }
   for (const std::string& kv : sets_) {
     const auto eq = kv.find('=');
@@ -91,11 +112,14 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
       v = value;  // "80GiB", a name
     }
     apply_hardware_json(nlohmann::json{{key, v}}, hw, "--hardware-set");
+    given.insert(key);
   }
+  if (hw.executes_here) measure_this_machine(hw, given);
   if (!device_memory_.empty()) hw.memory_bytes = parse_bytes(device_memory_);
   hw.validate();
   const Cluster cluster = make_cluster(hw, gpus_per_node_, nodes_, world_size_);
-  MEMFIT_CHECK(efficiency_ > 0 && efficiency_ <= 1, "hardware", "--efficiency must be in (0, 1] (got {})", efficiency_);
+  MEMFIT_CHECK(app_.get_option("--efficiency")->count() == 0 || (efficiency_ > 0 && efficiency_ <= 1), "hardware",
+               "--efficiency must be in (0, 1] (got {})", efficiency_);
   MEMFIT_CHECK(comm_overlap_ >= 0 && comm_overlap_ <= 1, "hardware", "--comm-overlap must be in [0, 1] (got {})",
                comm_overlap_);
   MEMFIT_CHECK(emit_.empty() || emit_[0] == "deepspeed", "cli", "--emit supports 'deepspeed FILE' (got '{}')",
@@ -104,7 +128,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
   const ModelSpec spec = resolve_model(config.model);
   auto backend = make_cpu_backend();
   EstimateOptions eo;
-  eo.efficiency = efficiency_;
+  eo.efficiency = efficiency_ > 0 ? efficiency_ : hw.default_efficiency;
   eo.comm_overlap = comm_overlap_;
   // On this machine the plan is the executed run's: the backend's scratch is part of it.
   if (hw.executes_here) eo.prepare = [&](Program& p) { attach_backend_scratch(p, *backend); };

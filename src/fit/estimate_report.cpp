@@ -40,6 +40,10 @@ std::string format_estimate(const RankEstimate& e, const Cluster& c, const Estim
                      o.comm_overlap > 0 ? fmt::format(", {:.0f}% overlapped", o.comm_overlap * 100) : "",
                      seconds(e.offload_seconds), format_bytes(uint64_t(e.offload_bytes)), e.tokens_per_second,
                      e.model_flops_utilization * 100, o.efficiency * 100);
+  if (c.hw.speeds_measured)
+    out += fmt::format("  (peaks measured on this machine: fp32 products {:.0f} GFLOP/s, bf16 {:.0f} GFLOP/s, "
+                       "streaming {:.1f} GB/s)\n",
+                       c.hw.peak_fp32_flops / 1e9, c.hw.peak_bf16_flops / 1e9, c.hw.memory_bandwidth / 1e9);
   return out;
 }
 

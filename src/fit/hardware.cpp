@@ -58,9 +58,10 @@ Hardware hardware_preset(std::string_view name) {
     return h;
   }
   if (name == "cpu") {
-    // This machine: memory is host RAM (the device tier of the CPU backend); GEMM speeds as
-    // measured here (docs/ARCHITECTURE.md: oneDNN fp32 ~310 GFLOP/s on 2 cores, bf16 on AMX
-    // ~1.4 TFLOP/s); bandwidths are rough. No framework context: plans are exact.
+    // This machine: memory is host RAM (the device tier of the CPU backend). The speeds below
+    // are the Sapphire Rapids development machine's (fp32 products ~310 GFLOP/s on 2 cores,
+    // bf16 on AMX ~1.4 TFLOP/s): `memfit plan` replaces them with this machine's, measured by
+    // kernels/cpu/speed_probe. No framework context: plans are exact.
     Hardware h;
     h.name = "cpu";
     h.memory_bytes = total_memory_bytes();
@@ -75,6 +76,7 @@ Hardware hardware_preset(std::string_view name) {
     h.host_memory_bytes = h.memory_bytes;
     h.disk_bytes = 100 * GiB;
     h.executes_here = true;
+    h.default_efficiency = 1.0;
     return h;
   }
   std::string known;
@@ -143,7 +145,8 @@ nlohmann::json hardware_json(const Hardware& h) {
           {"disk_bytes", h.disk_bytes},
           {"framework_bytes", h.framework_bytes},
           {"gemm_workspace_bytes", h.gemm_workspace_bytes},
-          {"collective_buffer_bytes", h.collective_buffer_bytes}};
+          {"collective_buffer_bytes", h.collective_buffer_bytes},
+          {"speeds_measured", h.speeds_measured}};
 }
 
 }  // namespace memfit

@@ -36,6 +36,11 @@ struct Hardware {
   uint64_t gemm_workspace_bytes = 0;    // cuBLAS workspace
   uint64_t collective_buffer_bytes = 0; // NCCL buffers (only when world size > 1)
   bool executes_here = false;       // this machine: plans are exact (CPU backend scratch attached)
+  // Share of peak FLOP/s compute-bound ops reach when the user does not say (--efficiency): a
+  // typical large-model training MFU on GPU datasheet peaks; 1 on "cpu", whose peaks the CLI
+  // replaces with the backend's own measured product rates (kernels/cpu/speed_probe.hpp).
+  double default_efficiency = 0.45;
+  bool speeds_measured = false;     // peaks and bandwidths timed on this machine, not a datasheet's
 
   double peak_flops(DType compute) const { return compute == DType::f32 ? peak_fp32_flops : peak_bf16_flops; }
   void validate() const;  // throws [hardware] naming the field

@@ -10,6 +10,7 @@
 
 #include "fit/compare.hpp"
 #include "fit/fit_search.hpp"
+#include "fit/hardware.hpp"
 #include "support/run_cli.hpp"
 #include "train/run_config.hpp"
 
@@ -120,6 +121,39 @@ TEST(PlanCli, HardwareFitCompareAndErrors) {
   r = test::run_memfit("plan --model gpt2 --world-size 12 --gpus-per-node 8");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("[hardware]"), std::string::npos) << r.err;
+}
+
+// On "cpu" the step-time model uses this machine's speeds, timed by the backend's own kernels,
+// at full efficiency; a field the user sets stays as set; other hardware keeps its datasheet.
+TEST(PlanCli, CpuHardwareSpeedsAreMeasuredUnlessGiven) {
+  const Hardware preset = hardware_preset("cpu");
+  auto r = test::run_memfit("plan --model gpt2-tiny --seq 64 --hardware cpu --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto e = nlohmann::json::parse(r.out)["estimate"];
+  EXPECT_TRUE(e["hardware"]["speeds_measured"].get<bool>());
+  EXPECT_NE(e["hardware"]["peak_fp32_flops"].get<double>(), preset.peak_fp32_flops);
+  EXPECT_NE(e["hardware"]["peak_bf16_flops"].get<double>(), preset.peak_bf16_flops);
+  EXPECT_NE(e["hardware"]["memory_bandwidth"].get<double>(), preset.memory_bandwidth);
+  EXPECT_EQ(e["step"]["efficiency"].get<double>(), 1.0);
+
+  r = test::run_memfit("plan --model gpt2-tiny --seq 64 --hardware cpu --hardware-set peak_fp32_flops=1e11 "
+                       "--efficiency 0.5 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  e = nlohmann::json::parse(r.out)["estimate"];
+  EXPECT_EQ(e["hardware"]["peak_fp32_flops"].get<double>(), 1e11);
+  EXPECT_NE(e["hardware"]["peak_bf16_flops"].get<double>(), preset.peak_bf16_flops);
+  EXPECT_EQ(e["step"]["efficiency"].get<double>(), 0.5);
+
+  r = test::run_memfit("plan --model gpt2-tiny --seq 64 --hardware h100-80gb --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  e = nlohmann::json::parse(r.out)["estimate"];
+  EXPECT_FALSE(e["hardware"]["speeds_measured"].get<bool>());
+  EXPECT_EQ(e["hardware"]["peak_fp32_flops"].get<double>(), hardware_preset("h100-80gb").peak_fp32_flops);
+  EXPECT_EQ(e["step"]["efficiency"].get<double>(), 0.45);
+
+  r = test::run_memfit("plan --model gpt2-tiny --seq 64 --hardware cpu --efficiency 0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--efficiency must be in (0, 1]"), std::string::npos) << r.err;
 }
 
 }  // namespace
