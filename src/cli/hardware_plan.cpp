@@ -59,7 +59,8 @@ void measure_this_machine(Hardware& hw, const std::set<std::string>& given) {
     if (!given.contains(key)) field = value;
   };
   fill("peak_fp32_flops", hw.peak_fp32_flops, speed.fp32_gemm_flops);
-  fill("peak_bf16_flops", hw.peak_bf16_flops, speed.bf16_gemm_flops);
+  if (speed.bf16_gemm_flops > 0) fill("peak_bf16_flops", hw.peak_bf16_flops, speed.bf16_gemm_flops);
+  else std::cerr << "memfit: note: oneDNN has no bf16 product on this CPU; bf16 estimates use the preset's figure\n";
   fill("memory_bandwidth", hw.memory_bandwidth, speed.stream_bytes_per_s);
   fill("host_memory_bandwidth", hw.host_memory_bandwidth, speed.stream_bytes_per_s);
   hw.speeds_measured = true;

@@ -126,6 +126,10 @@ void apply_hardware_json(const nlohmann::json& j, Hardware& hw, const std::strin
     else if (key == "host_link_bandwidth") hw.host_link_bandwidth = number(v, key);
     else if (key == "host_memory_bandwidth") hw.host_memory_bandwidth = number(v, key);
     else if (key == "disk_bandwidth") hw.disk_bandwidth = number(v, key);
+    else if (key == "speeds_measured") {  // as hardware_json writes it, so its output reads back
+      MEMFIT_CHECK(v.is_boolean(), "hardware", "{}: 'speeds_measured' must be true or false", where);
+      hw.speeds_measured = v.get<bool>();
+    }
     else throw Error("hardware", fmt::format("{}: unknown key '{}'", where, key));
   }
 }

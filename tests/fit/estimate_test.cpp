@@ -109,6 +109,13 @@ TEST(Hardware, PresetsValidateAndJsonOverrides) {
   EXPECT_EQ(h.peak_bf16_flops, 312e12);
   EXPECT_THROW(apply_hardware_json(nlohmann::json{{"memory", 1}}, h, "test"), Error);
   EXPECT_THROW(hardware_preset("tpu"), Error);
+  // What `plan --json` writes reads back as a hardware file, field for field.
+  Hardware measured = hardware_preset("cpu");
+  measured.peak_fp32_flops = 4.2e11;
+  measured.speeds_measured = true;
+  Hardware read = hardware_preset("l4-24gb");
+  apply_hardware_json(hardware_json(measured), read, "test");
+  EXPECT_EQ(hardware_json(read), hardware_json(measured));
 }
 
 }  // namespace

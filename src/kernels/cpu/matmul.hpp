@@ -2,11 +2,12 @@
 //
 // fp32 products with neither operand transposed (the dX = dY W products of a backward) run
 // memfit's sgemm (sgemm.hpp). Everything else runs oneDNN, with the transposes of MatmulAttrs
-// expressed as strides of the operands; linear layers pass the weight [out, in] with
-// trans_b. Measured on the Sapphire Rapids machine (docs/benchmarks.md; 2 cores, caches
-// flushed, GPT-2 124M shapes), sgemm against oneDNN 2.6 in GFLOP/s: no transpose 302-355 against 230-275 (112-134 with B wider than
-// 2048 columns); with a transposed operand sgemm was slower in every variant tried (forward,
-// B transposed: 224-307 against 297-314; d(weight), A transposed: 191-277 against 241-291).
+// expressed as strides of the operands; linear layers pass the weight [out, in] with trans_b.
+// Measured on the Sapphire Rapids machine (docs/benchmarks.md; 2 cores, caches flushed, GPT-2
+// 124M shapes), sgemm against oneDNN 2.6 in GFLOP/s: no transpose 302-355 against 230-275
+// (112-134 with B wider than 2048 columns); with a transposed operand sgemm was slower in
+// every variant tried (forward, B transposed: 224-307 against 297-314; d(weight), A
+// transposed: 191-277 against 241-291).
 //
 // One more oneDNN case, measured with oneDNN 2.6: a wide non-transposed B (N >= kStageBMinN)
 // under a transposed A makes its brgemm take a path without packing B that runs at half

@@ -1,12 +1,12 @@
 // fp32 products on packed strips of B (see sgemm.hpp).
 //
 // Measured on the 2 Sapphire Rapids cores (docs/benchmarks.md) with the caches flushed before
-// each call: kSgemmKc = 384 (256 .. 768 swept) and an 8 x 48 register block (against 6 x 64 and 14 x 32); blocks of 8
-// strips (a 590 KB packed block, well inside the 2 MB L2) beat 16 and 32 on wide products
-// ([1024, 768] x [768, 3072] 317 against 283 and 254 GFLOP/s); and running each 8-row panel
-// of A over all strips of the block (A panel in L1, strips streaming from L2), rather than
-// each strip over 64 rows of A, took the GPT-2 d(input) products from 289-337 to 302-355
-// GFLOP/s (3 alternating runs).
+// each call: kSgemmKc = 384 (256 .. 768 swept) and an 8 x 48 register block (against 6 x 64
+// and 14 x 32); blocks of 8 strips (a 590 KB packed block, well inside the 2 MB L2) beat 16
+// and 32 on wide products ([1024, 768] x [768, 3072] 317 against 283 and 254 GFLOP/s); and
+// running each 8-row panel of A over all strips of the block (A panel in L1, strips streaming
+// from L2), rather than each strip over 64 rows of A, took the GPT-2 d(input) products from
+// 289-337 to 302-355 GFLOP/s (3 alternating runs).
 #include "kernels/cpu/avx512_quiet.hpp"  // first: before any intrinsics header
 #include "kernels/cpu/sgemm.hpp"
 

@@ -16,7 +16,8 @@ namespace memfit {
 
 struct CpuSpeed {
   double fp32_gemm_flops = 0;    // FLOP/s of fp32 products, the slower of the two shapes
-  double bf16_gemm_flops = 0;    // FLOP/s of bf16 products (fp32 accumulation), the forward shape
+  double bf16_gemm_flops = 0;    // FLOP/s of bf16 products (fp32 accumulation), the forward
+                                 // shape; 0 when oneDNN has no bf16 product for this CPU
   double stream_bytes_per_s = 0; // bytes read + written per second by a streaming update
 };
 
