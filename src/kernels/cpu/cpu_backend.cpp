@@ -488,7 +488,7 @@ std::unique_ptr<PreparedOp> prepare_attention_forward(const DnnlEnv& env, const 
   check_arity(op, 1, 2);
   const AttentionShape s = attention_shape(p, op);  // y may be absent: a recomputation that needs only probs
   const int64_t B = s.batch, T = s.seq, NH = s.heads, C = s.channels();
-  check_numel(p, op, op.inputs[0], B * T * 3 * C, "qkv");
+  check_numel(p, op, op.inputs[0], B * T * s.qkv_channels(), "qkv");
   check_numel(p, op, op.outputs[0], B * T * C, "y");
   MEMFIT_CHECK(op.outputs[1] != kNoTensor, "kernels", "op '{}': attention needs its probs output", op.name);
   check_numel(p, op, op.outputs[1], B * NH * T * T, "probs");
@@ -506,9 +506,9 @@ std::unique_ptr<PreparedOp> prepare_attention_backward(const DnnlEnv& env, const
   const AttentionShape s = attention_shape(p, op);
   const int64_t B = s.batch, T = s.seq, NH = s.heads, C = s.channels();
   check_numel(p, op, op.inputs[0], B * T * C, "dy");
-  check_numel(p, op, op.inputs[1], B * T * 3 * C, "qkv");
+  check_numel(p, op, op.inputs[1], B * T * s.qkv_channels(), "qkv");
   check_numel(p, op, op.inputs[2], B * NH * T * T, "probs");
-  check_numel(p, op, op.outputs[0], B * T * 3 * C, "dqkv");
+  check_numel(p, op, op.outputs[0], B * T * s.qkv_channels(), "dqkv");
   check_numel(p, op, op.workspace[0], B * NH * T * T, "dprobs");
   AttentionBackwardKernel kernel(env, s, WriteVariants::of(op.modes[0]));
   kernel.bind(b.inputs[0], b.inputs[1], b.inputs[2], b.outputs[0], static_cast<float*>(b.workspace[0]),
@@ -537,7 +537,7 @@ std::unique_ptr<PreparedOp> prepare_flash_attention(const Program& p, const Op& 
   const DType ty = dtype_of(p, op.inputs[fwd ? 0 : 1]);
   std::unique_ptr<PreparedOp> out;
   if (fwd) {
-    check_numel(p, op, op.inputs[0], B * T * 3 * C, "qkv");
+    check_numel(p, op, op.inputs[0], B * T * s.qkv_channels(), "qkv");
     MEMFIT_CHECK(op.outputs[0] != kNoTensor && op.outputs[1] != kNoTensor, "kernels",
                  "op '{}': flash attention needs both outputs y and lse", op.name);
     check_numel(p, op, op.outputs[0], B * T * C, "y");
@@ -555,10 +555,10 @@ std::unique_ptr<PreparedOp> prepare_flash_attention(const Program& p, const Op& 
     return out;
   }
   check_numel(p, op, op.inputs[0], B * T * C, "dy");
-  check_numel(p, op, op.inputs[1], B * T * 3 * C, "qkv");
+  check_numel(p, op, op.inputs[1], B * T * s.qkv_channels(), "qkv");
   check_numel(p, op, op.inputs[2], B * T * C, "y");
   check_numel(p, op, op.inputs[3], B * NH * T, "lse");
-  check_numel(p, op, op.outputs[0], B * T * 3 * C, "dqkv");
+  check_numel(p, op, op.outputs[0], B * T * s.qkv_channels(), "dqkv");
   for (size_t i : {0, 2}) require_dtype(p, op, op.inputs[i], ty);
   require_dtype(p, op, op.inputs[3], DType::f32);
   require_dtype(p, op, op.outputs[0], ty);
