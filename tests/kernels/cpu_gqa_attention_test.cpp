@@ -112,28 +112,9 @@ std::vector<F> sum_groups(const std::vector<F>& dqkv_mha, const Gqa& c) {
 // ---------------------------------------------------------------------------------------
 // The references.
 
-constexpr double kStep = 1e-5;
-constexpr double kGradTol = 1e-7;  // see reference_gradcheck_test.cpp
-
-double dot(const DVec& a, const DVec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-DVec numeric_grad(DVec& x, const std::function<double()>& objective) {
-  DVec g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + kStep;
-    const double up = objective();
-    x[i] = saved - kStep;
-    const double down = objective();
-    x[i] = saved;
-    g[i] = (up - down) / (2 * kStep);
-  }
-  return g;
-}
+using test::dot;
+using test::kGradTol;
+using test::numeric_grad;
 
 const Gqa kSmall[] = {{2, 5, 4, 2, 3}, {1, 6, 6, 2, 2}, {2, 4, 3, 1, 3}};
 

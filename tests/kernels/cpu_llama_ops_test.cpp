@@ -443,28 +443,9 @@ TEST(CpuRope, Bf16AndFp16MatchReference) {
 // rounding ~1e-11, so 1e-7 is a wide margin while a wrong term shows up at order 1), and
 // closed forms for the forwards, which finite differences only check for consistency.
 
-constexpr double kStep = 1e-5;
-constexpr double kGradTol = 1e-7;
-
-double dot(const DVec& a, const DVec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-DVec numeric_grad(DVec& x, const std::function<double()>& objective) {
-  DVec g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + kStep;
-    const double up = objective();
-    x[i] = saved - kStep;
-    const double down = objective();
-    x[i] = saved;
-    g[i] = (up - down) / (2 * kStep);
-  }
-  return g;
-}
+using test::dot;
+using test::kGradTol;
+using test::numeric_grad;
 
 TEST(LlamaReferenceGradcheck, RmsNorm) {
   const int64_t N = 3, C = 7;

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/half.hpp"
+#include "kernels/cpu/column_sums.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/cpu/reduce.hpp"
 
@@ -38,30 +39,16 @@ template <class T, class G>
 void rmsnorm_backward(const T* dy, const T* x, const T* w, const float* rstd, T* dx, G* dw, int64_t N, int64_t C,
                       bool acc_dx, bool acc_dw) {
   if (C <= 0) return;
-  if (dw) {
-    const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
-    parallel_for(blocks, 1, [=](int64_t first, int64_t last) {
-      for (int64_t blk = first; blk < last; ++blk) {
-        const int64_t c0 = blk * kColumnBlock, width = std::min(kColumnBlock, C - c0);
-        double sw[kColumnBlock] = {};
-        for (int64_t n0 = 0; n0 < N; n0 += kRowGroup) {
-          const int64_t n1 = std::min(N, n0 + kRowGroup);
-          float pw[kColumnBlock] = {};
-          for (int64_t n = n0; n < n1; ++n) {
-            const T* dyr = dy + n * C + c0;
-            const T* xr = x + n * C + c0;
-            const float rs = rstd[n];
+  if (dw)
+    column_sums<1>(N, C, std::array<G*, 1>{dw}, {acc_dw},
+                   [=](int64_t n, int64_t c0, int64_t width, float (*part)[kColumnBlock]) {
+                     const T* dyr = dy + n * C + c0;
+                     const T* xr = x + n * C + c0;
+                     const float rs = rstd[n];
 #pragma omp simd
-            for (int64_t c = 0; c < width; ++c) pw[c] += widen(dyr[c]) * widen(narrow<T>(widen(xr[c]) * rs));
-          }
-#pragma omp simd
-          for (int64_t c = 0; c < width; ++c) sw[c] += double(pw[c]);
-        }
-        for (int64_t c = 0; c < width; ++c)
-          dw[c0 + c] = narrow<G>(acc_dw ? float(double(widen(dw[c0 + c])) + sw[c]) : float(sw[c]));
-      }
-    });
-  }
+                     for (int64_t c = 0; c < width; ++c)
+                       part[0][c] += widen(dyr[c]) * widen(narrow<T>(widen(xr[c]) * rs));
+                   });
   if (!dx) return;
   parallel_for(N, kParallelGrain / C, [=](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {
