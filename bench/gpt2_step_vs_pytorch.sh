@@ -6,6 +6,9 @@
 #   bench/gpt2_step_vs_pytorch.sh [--model gpt2] [--batch 4] [--seq 256] [--steps 5] [--rounds 2]
 #                                 [--precision fp32|bf16]
 #
+# --model takes a GPT-2 preset or the path of an HF config.json (e.g. bench/configs/llama-125m.json:
+# PyTorch then builds it with AutoModelForCausalLM).
+#
 # --precision bf16 runs memfit bf16 (bf16 parameters and activations, fp32 masters, AdamW
 # state and gradients), memfit fp32 (for the speed-up of bf16 over fp32), and PyTorch with
 # torch.autocast('cpu', dtype=torch.bfloat16) (fp32 parameters, bf16 matmuls).
@@ -34,6 +37,7 @@ case "$precision" in
   *) echo "--precision must be fp32 or bf16" >&2; exit 2 ;;
 esac
 python=${PYTHON:-/opt/torchenv/bin/python}
+if [ -f "$model" ]; then torch_model="--config $model"; else torch_model="--model $model"; fi
 memfit=${MEMFIT:-build/memfit}
 out=$(mktemp -d)
 for r in $(seq 1 "$rounds"); do
@@ -42,7 +46,7 @@ for r in $(seq 1 "$rounds"); do
     OMP_NUM_THREADS=$threads "$memfit" train --model "$model" --batch "$batch" --seq "$seq" --steps $((steps + 1)) \
       --precision "$p" --val-fraction 0 --log-every 1000 --report-json "$out/memfit-$p-$r.json" >/dev/null
   done
-  "$python" tools/pytorch_gpt2_bench.py --model "$model" --batch "$batch" --seq "$seq" --steps "$steps" --warmup 1 \
+  "$python" tools/pytorch_gpt2_bench.py $torch_model --batch "$batch" --seq "$seq" --steps "$steps" --warmup 1 \
     --threads "$threads" --precision "$precision" --json > "$out/torch-$precision-$r.json"
 done
 "$python" bench/summarize_step_bench.py "$out" "$rounds" "$precision"

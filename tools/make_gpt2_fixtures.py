@@ -26,9 +26,10 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from fixture_common import adamw_losses, loss_of, make_batch
 
 
 def parse_args():
@@ -77,39 +78,6 @@ def build_model(args):
     return model
 
 
-def make_batch(args):
-    B, T = args.batch, args.seq
-    gen = torch.Generator().manual_seed(args.data_seed)
-    flat = torch.randint(0, args.vocab, (B * T + 1,), generator=gen, dtype=torch.int64)
-    tokens = torch.stack([flat[b * T: b * T + T] for b in range(B)])
-    targets = torch.stack([flat[b * T + 1: b * T + T + 1] for b in range(B)])
-    return tokens, targets
-
-
-def loss_of(model, tokens, targets):
-    logits = model(input_ids=tokens).logits
-    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
-    return logits, loss
-
-
-def adamw_losses(model, tokens, targets, steps):
-    decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for _, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=1e-3, betas=(0.9, 0.999), eps=1e-8, foreach=False)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        _, loss = loss_of(model, tokens, targets)
-        losses.append(loss.item())
-        loss.backward()
-        opt.step()
-    with torch.no_grad():
-        losses.append(loss_of(model, tokens, targets)[1].item())
-    return torch.tensor(losses, dtype=torch.float32)
-
-
 def check_saved_model(out, model, param_names):
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         keys = set(f.keys())
@@ -150,7 +118,7 @@ def main():
     check_saved_model(out, model, param_names)
 
     # The reloaded model must give the same logits (guards against tie/naming surprises).
-    tokens, targets = make_batch(args)
+    tokens, targets = make_batch(args.batch, args.seq, args.vocab, args.data_seed)
     from transformers import GPT2LMHeadModel
     reloaded = GPT2LMHeadModel.from_pretrained(out, attn_implementation="eager", dtype=torch.float32)
 

@@ -45,6 +45,8 @@ LLMC_MAGIC = {20240520: ("gpt-2", "<u2"), 20240801: ("llama-3", "<u4")}
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="gpt2", choices=sorted(MODELS))
+    p.add_argument("--config", default=None,
+                   help="an HF config.json (any causal LM transformers builds, e.g. Llama) instead of --model")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--steps", type=int, default=3, help="timed steps")
@@ -137,17 +139,26 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    n_layer, n_head, n_embd, vocab, n_pos = MODELS[args.model]
+    if args.config:
+        from transformers import AutoConfig, AutoModelForCausalLM
+        config = AutoConfig.from_pretrained(args.config)
+        config.use_cache = False
+        vocab, n_pos = config.vocab_size, config.max_position_embeddings
+        args.model = args.config
+    else:
+        n_layer, n_head, n_embd, vocab, n_pos = MODELS[args.model]
+        config = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab,
+                            n_positions=n_pos, activation_function="gelu_new", resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5, use_cache=False)
+        if vocab <= 50256:  # GPT-2's bos/eos id 50256 is outside a small vocabulary
+            config.bos_token_id = config.eos_token_id = None
     if args.seq > n_pos:
         sys.exit(f"--seq {args.seq} exceeds the context length {n_pos} of {args.model}")
-    config = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab,
-                        n_positions=n_pos, activation_function="gelu_new", resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5, use_cache=False)
-    if vocab <= 50256:  # GPT-2's bos/eos id 50256 is outside a small vocabulary
-        config.bos_token_id = config.eos_token_id = None
     rss_base = rss_now_bytes()
     t0 = time.perf_counter()
-    if args.attn:
+    if args.config:
+        model = AutoModelForCausalLM.from_config(config, **({"attn_implementation": args.attn} if args.attn else {}))
+    elif args.attn:
         model = GPT2LMHeadModel._from_config(config, attn_implementation=args.attn)
     else:
         model = GPT2LMHeadModel(config)

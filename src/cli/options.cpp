@@ -28,8 +28,10 @@ void RunOptions::add_flag(CLI::App& app, const std::string& name, const std::str
 
 RunOptions::RunOptions(CLI::App& app, bool training) {
   app.add_option("--config", config_file_, "JSON config file (memfit keys and DeepSpeed keys); flags override it");
-  add<std::string>(app, "--model", "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, "
-                   "llama-3-70b, mistral-7b) or HF config.json path (gpt2, llama, mistral, qwen2)",
+  add<std::string>(app, "--model",
+                   "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-2-7b, llama-2-13b, "
+                   "llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b) or HF config.json path (gpt2, llama, mistral, "
+                   "qwen2)",
                    [](RunConfig& c, std::string v) { c.model = v; });
   add<int64_t>(app, "--batch", "micro-batch size B", [](RunConfig& c, int64_t v) { c.policy.batch = v; });
   app.add_option_function<std::string>(

@@ -58,7 +58,7 @@ class GraphBuilder {
   };
   AttentionOut attention(const std::string& name, TensorId qkv, const AttentionAttrs& attrs,
                          AttentionKind kind = AttentionKind::naive);
-  // LLaMA vocabulary (graph/builder_llama.cpp; planned, no CPU kernels yet). The token
+  // LLaMA vocabulary (graph/builder_llama.cpp). The token
   // embedding without a position table (inputs [tokens, wte]); RMSNorm; rotary embedding of
   // the q and k heads of a qkv tensor (y may take x's bytes); SwiGLU y = silu(gate) * up.
   TensorId token_embedding(const std::string& name, TensorId tokens, TensorId wte);

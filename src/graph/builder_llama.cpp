@@ -1,7 +1,6 @@
 // The ops the LLaMA family adds to GraphBuilder's vocabulary (declared in builder.hpp):
-// token embedding without a position table, RMSNorm, rotary embedding and SwiGLU. These are
-// emitted for planning; the CPU backend has no kernels for them yet, and `memfit train`
-// refuses a llama model before building anything.
+// token embedding without a position table, RMSNorm, rotary embedding and SwiGLU (the CPU
+// kernels: kernels/cpu/rmsnorm, rope, swiglu, embedding).
 //
 // Subtle point: rope writes its output over its input (Op::inplace). The rotation is linear,
 // so the backward needs no saved input, and the un-rotated qkv dies at rope: the pair is one

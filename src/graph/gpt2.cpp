@@ -47,6 +47,7 @@ AttentionAttrs attention_attrs(const ModelSpec& s, const Shape& tokens) {
   attn.kv_heads = s.n_kv_head;
   attn.head_dim = s.head_dim();
   attn.scale = 1.0f / std::sqrt(float(attn.head_dim));
+  attn.rope_theta = s.rope_theta;
   return attn;
 }
 

@@ -26,6 +26,7 @@ struct ModelSpec {
   float norm_eps = 1e-5f;
   bool tied_embeddings = true;
   float rope_theta = 10000.0f;
+  std::string rope_type = "default";  // HF's rope scaling ("llama3", "linear", ...): planned, not trained
   bool qkv_bias = false;     // llama family: biases on q, k and v (qwen2)
 
   int64_t head_dim() const { return n_embd / n_head; }

@@ -51,7 +51,6 @@ enum class OpKind : uint16_t {
   rope_forward,        // in [qkv (B,T,(NH+2KV)HS)] out [y]: q and k heads rotated, v copied;
                        //   AttentionAttrs; y may overwrite qkv (the rotation is linear: no saved input)
   rope_backward,       // in [dy] out [dx]: the inverse rotation; dx may overwrite dy
-  // llama (rmsnorm, swiglu, rope, grouped-query attention): planned, no CPU kernels yet.
   attention_forward,   // in [qkv (B,T,3C)] out [y (B,T,C), probs (B,NH,T,T)]   causal, plain form;
                        //   grouped-query (kv_heads < heads): qkv is (B,T,(NH+2KV)HS);
                        //   y may be kNoTensor (probabilities recomputed for the backward)
@@ -126,7 +125,8 @@ struct NormAttrs {
 };
 struct AttentionAttrs {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  float scale = 0;  // 1/sqrt(head_dim)
+  float scale = 0;             // 1/sqrt(head_dim)
+  float rope_theta = 10000.0f; // rotary base (rope ops of the llama family)
 };
 struct ClassifierAttrs {
   int64_t rows = 0;        // N

@@ -161,7 +161,7 @@ bool has_native_kernel(OpKind kind, DType dtype) {
     case OpKind::grad_norm:                 // gradients of any float type, widened on load
     case OpKind::adamw8bit:
     case OpKind::adamw: return true;
-    // llama kinds: planned only (no CPU kernel in any dtype); a GPU runs them in 16 bits.
+    // llama kinds: fp32 statistics and math inside, storage converted per element.
     case OpKind::rmsnorm_forward:
     case OpKind::rmsnorm_backward:
     case OpKind::rope_forward:

@@ -57,6 +57,14 @@ class ConfigKeys {
     return v.get<std::string>();
   }
 
+  // The keys of a nested object (none when absent).
+  ConfigKeys nested(const char* key) const {
+    static const json kEmpty = json::object();
+    if (!has(key)) return ConfigKeys(kEmpty, path_);
+    MEMFIT_CHECK(j_[key].is_object(), kPiece, "{}: key '{}' must be an object, got {}", path_, key, j_[key].dump());
+    return ConfigKeys(j_[key], path_);
+  }
+
   const std::string& path() const { return path_; }
 
  private:
@@ -116,7 +124,11 @@ ModelSpec read_llama_family(const ConfigKeys& keys) {
   s.vocab_size = keys.integer("vocab_size");
   s.max_seq = keys.integer("max_position_embeddings");
   s.norm_eps = float(keys.positive_number("rms_norm_eps", 1e-6));
-  s.rope_theta = float(keys.positive_number("rope_theta", 10000.0));
+  // transformers 5 writes the rotary settings as rope_parameters {rope_theta, rope_type, ...};
+  // earlier versions as top-level rope_theta and rope_scaling {rope_type or type, ...}.
+  const ConfigKeys rope = keys.nested("rope_parameters"), scaling = keys.nested("rope_scaling");
+  s.rope_theta = float(rope.positive_number("rope_theta", keys.positive_number("rope_theta", 10000.0)));
+  s.rope_type = rope.string("rope_type", scaling.string("rope_type", scaling.string("type", "default")));
   s.tied_embeddings = keys.boolean("tie_word_embeddings", false);
   if (keys.has("head_dim") && s.n_embd % s.n_head == 0)
     MEMFIT_CHECK(keys.integer("head_dim") == s.n_embd / s.n_head, kPiece,
@@ -181,5 +193,36 @@ json gpt2_hf_config(const ModelSpec& spec) {
       {"torch_dtype", "float32"},
   };
 }
+
+json llama_hf_config(const ModelSpec& spec) {
+  MEMFIT_CHECK(spec.arch == Arch::llama, kPiece, "model '{}' is {}, not a llama-family model", spec.name,
+               arch_name(spec.arch));
+  spec.validate();
+  // Qwen2 is the family member whose q, k and v projections carry biases.
+  const bool qwen2 = spec.qkv_bias;
+  const double eps = std::stod(fmt::format("{}", spec.norm_eps));
+  const double theta = std::stod(fmt::format("{}", spec.rope_theta));
+  return json{
+      {"model_type", qwen2 ? "qwen2" : "llama"},
+      {"architectures", json::array({qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"})},
+      {"num_hidden_layers", spec.n_layer},
+      {"num_attention_heads", spec.n_head},
+      {"num_key_value_heads", spec.n_kv_head},
+      {"hidden_size", spec.n_embd},
+      {"head_dim", spec.head_dim()},
+      {"intermediate_size", spec.n_inner},
+      {"vocab_size", spec.vocab_size},
+      {"max_position_embeddings", spec.max_seq},
+      {"rms_norm_eps", eps},
+      {"rope_theta", theta},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"tie_word_embeddings", spec.tied_embeddings},
+      {"torch_dtype", "float32"},
+  };
+}
+
+json hf_config(const ModelSpec& spec) { return spec.arch == Arch::gpt2 ? gpt2_hf_config(spec) : llama_hf_config(spec); }
 
 }  // namespace memfit

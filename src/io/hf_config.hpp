@@ -22,5 +22,10 @@ ModelSpec read_hf_config(const std::string& path);
 // The config.json for a gpt2 spec (vocab_size is the real vocabulary, not the padded one).
 // Throws [config] for a non-gpt2 spec.
 nlohmann::json gpt2_hf_config(const ModelSpec& spec);
+// The HF config.json of a llama-family model (model_type llama, or qwen2 when q, k and v carry
+// biases), with the keys read_hf_config reads back.
+nlohmann::json llama_hf_config(const ModelSpec& spec);
+// The config.json HF transformers loads `spec` with: GPT-2 or llama family.
+nlohmann::json hf_config(const ModelSpec& spec);
 
 }  // namespace memfit

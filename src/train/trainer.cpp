@@ -129,9 +129,9 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   const LrSchedule schedule = lr_schedule_of(c);
   {
     const ModelSpec spec = resolve_model(c.model);
-    MEMFIT_CHECK(spec.arch == Arch::gpt2, "train",
-                 "training the {} architecture ({}) needs kernels this build does not have yet; memfit plan and "
-                 "memfit plan --fit work for it", arch_name(spec.arch), spec.name);
+    MEMFIT_CHECK(spec.rope_type == "default", "train",
+                 "model '{}' scales its rotary embedding ('{}'); memfit's rope kernel rotates with the plain "
+                 "rope_theta frequencies only (memfit plan works for it)", spec.name, spec.rope_type);
   }
   auto backend = make_cpu_backend();
   const TokenData data = open_data(c);

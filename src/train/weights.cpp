@@ -21,49 +21,74 @@ bool is_conv1d_weight(const std::string& name) {
 
 namespace {
 
-std::string strip_prefix(const std::string& name) {
-  const std::string prefix = "transformer.";
-  return name.starts_with(prefix) ? name.substr(prefix.size()) : name;
+bool is_vocab_table(const ModelSpec& spec, const std::string& param) {
+  return spec.arch == Arch::gpt2 ? param == "wte.weight" : param == "embed_tokens.weight" || param == "lm_head.weight";
+}
+
+}  // namespace
+
+std::vector<HfPiece> hf_pieces(const ModelSpec& spec, const std::string& param, const Shape& shape) {
+  const int64_t rows = is_vocab_table(spec, param) ? spec.vocab_size : shape[0];
+  if (spec.arch == Arch::gpt2) return {{param, rows}};
+  if (param == "lm_head.weight") return {{param, rows}};
+  const auto fused = param.find("self_attn.qkv_proj.");
+  if (fused == std::string::npos) return {{"model." + param, rows}};
+  const std::string head = "model." + param.substr(0, fused) + "self_attn.", tail = param.substr(fused + 19);
+  const int64_t q = spec.n_head * spec.head_dim(), kv = spec.n_kv_head * spec.head_dim();
+  return {{head + "q_proj." + tail, q}, {head + "k_proj." + tail, kv}, {head + "v_proj." + tail, kv}};
+}
+
+namespace {
+
+// A checkpoint's name in canonical form: the hub's gpt2 has no "transformer." prefix, and a
+// bare LlamaModel's tensors have no "model." prefix.
+std::string canonical_name(const ModelSpec& spec, const std::string& name) {
+  if (spec.arch == Arch::gpt2) return name.starts_with("transformer.") ? name.substr(12) : name;
+  return name.starts_with("model.") || name == "lm_head.weight" ? name : "model." + name;
 }
 
 // Tensors HF checkpoints carry that are not parameters of memfit's model.
-bool is_ignored_buffer(const std::string& name) {
-  return name == "lm_head.weight" || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+bool is_ignored_buffer(const ModelSpec& spec, const std::string& name) {
+  if (spec.arch == Arch::gpt2)
+    return name == "lm_head.weight" || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+  return name.ends_with(".rotary_emb.inv_freq") || (spec.tied_embeddings && name == "lm_head.weight");
 }
 
 }  // namespace
 
 void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec) {
-  MEMFIT_CHECK(spec.arch == Arch::gpt2, "safetensors", "loading {} weights is not supported yet", arch_name(spec.arch));
   fs::path file(path);
   if (fs::is_directory(file)) file /= "model.safetensors";
   const SafetensorsReader reader(file.string());
   const Program& p = ex.program();
+  const char* prefix = spec.arch == Arch::gpt2 ? "transformer." : "model.";
 
   std::map<std::string, const SafetensorsEntry*> by_name;
   for (const SafetensorsEntry& e : reader.entries()) {
-    const std::string name = strip_prefix(e.name);
-    if (is_ignored_buffer(name)) continue;
+    const std::string name = canonical_name(spec, e.name);
+    if (is_ignored_buffer(spec, name)) continue;
     MEMFIT_CHECK(by_name.emplace(name, &e).second, "safetensors", "{}: tensor '{}' appears twice (with and without the "
-                 "'transformer.' prefix)", file.string(), name);
+                 "'{}' prefix)", file.string(), name, prefix);
   }
   std::set<std::string> used;
   std::vector<float> staging;  // a 16-bit parameter without an fp32 master
   for (const ParamEntry& param : p.params()) {
-    auto it = by_name.find(param.name);
-    MEMFIT_CHECK(it != by_name.end(), "safetensors", "{} has no tensor '{}' (nor 'transformer.{}')", file.string(),
-                 param.name, param.name);
-    used.insert(param.name);
     const TensorDesc& t = p.tensor(param.value);
     float* dst = fp32_values(ex, param);
     if (!dst) staging.assign(size_t(t.numel()), 0.0f), dst = staging.data();
-    Shape expected = t.shape;
-    const bool transpose = is_conv1d_weight(param.name);
-    if (transpose) expected = Shape{t.shape[1], t.shape[0]};
-    if (param.name == "wte.weight") expected = Shape{spec.vocab_size, spec.n_embd};  // padded rows are memfit's own
-    reader.read_f32(it->second->name, expected, dst, transpose);
-    if (param.name == "wte.weight")  // padded rows are memfit's own: zero
-      std::fill(dst + spec.vocab_size * spec.n_embd, dst + spec.padded_vocab * spec.n_embd, 0.0f);
+    const int64_t row_size = t.numel() / t.shape[0];
+    const bool transpose = spec.arch == Arch::gpt2 && is_conv1d_weight(param.name);
+    int64_t row = 0;
+    for (const HfPiece& piece : hf_pieces(spec, param.name, t.shape)) {
+      auto it = by_name.find(piece.name);
+      MEMFIT_CHECK(it != by_name.end(), "safetensors", "{} has no tensor '{}'", file.string(), piece.name);
+      used.insert(piece.name);
+      Shape expected = t.shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
+      if (transpose) expected = Shape{t.shape[1], t.shape[0]};
+      reader.read_f32(it->second->name, expected, dst + row * row_size, transpose);
+      row += piece.rows;
+    }
+    std::fill(dst + row * row_size, dst + t.numel(), 0.0f);  // padded vocabulary rows are memfit's own: zero
     store_parameter(ex, param, dst);
   }
   for (const auto& [name, entry] : by_name)
@@ -73,7 +98,6 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec) 
 
 void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec,
                   const std::vector<std::vector<float>>* whole) {
-  MEMFIT_CHECK(spec.arch == Arch::gpt2, "safetensors", "saving {} weights is not supported yet", arch_name(spec.arch));
   const Program& p = ex.program();
   fs::path file(path);
   const bool directory = !path.ends_with(".safetensors");
@@ -83,27 +107,32 @@ void save_weights(const std::string& path, const Executor& ex, const ModelSpec& 
     MEMFIT_CHECK(!ec, "safetensors", "cannot create directory '{}': {}", path, ec.message());
     file /= "model.safetensors";
   }
-  // Transposed copies for Conv1D weights; everything else is written from the arena.
+  // Transposed copies for GPT-2's Conv1D weights; everything else is written from the arena
   // (fp32 values: the masters under mixed precision, widened copies of frozen 16-bit ones).
-  std::vector<std::vector<float>> transposed;
-  transposed.reserve(2 * p.params().size());
+  std::vector<std::vector<float>> copies;
+  copies.reserve(2 * p.params().size());
   std::vector<SafetensorsTensor> tensors;
   for (size_t i = 0; i < p.params().size(); ++i) {
     const ParamEntry& param = p.params()[i];
     const TensorDesc& t = p.tensor(param.value);
     const float* src = whole ? (*whole)[i].data() : fp32_values(ex, param);
-    if (!src) src = transposed.emplace_back(load_parameter(ex, param)).data();
-    SafetensorsTensor st{"transformer." + param.name, DType::f32, t.shape, src};
-    if (is_conv1d_weight(param.name)) {
+    if (!src) src = copies.emplace_back(load_parameter(ex, param)).data();
+    if (spec.arch == Arch::gpt2 && is_conv1d_weight(param.name)) {
       const int64_t rows = t.shape[0], cols = t.shape[1];
-      std::vector<float>& buf = transposed.emplace_back(size_t(rows * cols));
+      std::vector<float>& buf = copies.emplace_back(size_t(rows * cols));
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) buf[size_t(c * rows + r)] = src[r * cols + c];
-      st.shape = Shape{cols, rows};
-      st.data = buf.data();
+      tensors.push_back({"transformer." + param.name, DType::f32, Shape{cols, rows}, buf.data()});
+      continue;
     }
-    if (param.name == "wte.weight") st.shape = Shape{spec.vocab_size, spec.n_embd};
-    tensors.push_back(st);
+    const int64_t row_size = t.numel() / t.shape[0];
+    int64_t row = 0;
+    for (const HfPiece& piece : hf_pieces(spec, param.name, t.shape)) {
+      const std::string name = spec.arch == Arch::gpt2 ? "transformer." + piece.name : piece.name;
+      const Shape shape = t.shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
+      tensors.push_back({name, DType::f32, shape, src + row * row_size});
+      row += piece.rows;
+    }
   }
   write_safetensors(file.string(), tensors, {{"format", "pt"}, {"producer", "memfit"}});
   if (directory) {
@@ -111,7 +140,7 @@ void save_weights(const std::string& path, const Executor& ex, const ModelSpec& 
     const fs::path tmp = fs::path(path) / "config.json.tmp";
     {
       std::ofstream out(tmp);
-      out << gpt2_hf_config(spec).dump(2) << "\n";
+      out << hf_config(spec).dump(2) << "\n";
       MEMFIT_CHECK(out.good(), "safetensors", "cannot write '{}'", tmp.string());
     }
     fs::rename(tmp, config);

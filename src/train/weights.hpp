@@ -1,11 +1,16 @@
-// GPT-2 weights in HF's safetensors layout. memfit keeps linear weights [out, in]; HF's GPT-2
-// Conv1D weights are stored [in, out], so attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj
-// weights are transposed on the way in and out. Names are accepted with or without the
-// "transformer." prefix (the hub's gpt2 checkpoint has none); saved files use the prefix, as
-// HF's save_pretrained does, so a saved directory loads with from_pretrained.
+// Model weights in HF's safetensors layout, for GPT-2 and the llama family.
+// GPT-2: memfit keeps linear weights [out, in]; HF's Conv1D weights are stored [in, out], so
+// attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj weights are transposed on the way in and
+// out. Names are accepted with or without the "transformer." prefix (the hub's gpt2 checkpoint
+// has none); saved files use the prefix, as HF's save_pretrained does.
+// Llama: HF names ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight"); memfit's fused
+// q|k|v projection is read from and written as HF's q_proj, k_proj and v_proj (the rows in that
+// order), and names without the "model." prefix (a bare LlamaModel) are accepted.
+// A saved directory also gets a config.json, so it loads with from_pretrained.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "graph/model_spec.hpp"
 #include "runtime/executor.hpp"
@@ -24,6 +29,14 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec);
 // train/whole_weights.hpp gathers them under ZeRO); otherwise they are read from the arena.
 void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec,
                   const std::vector<std::vector<float>>* whole = nullptr);
+
+// One HF tensor holding `rows` consecutive rows of a memfit parameter: the whole parameter,
+// except llama's fused q|k|v projection, which HF keeps as q_proj, k_proj and v_proj.
+struct HfPiece {
+  std::string name;  // canonical HF name: GPT-2 without "transformer.", llama with "model."
+  int64_t rows = 0;  // rows of the parameter (of the real vocabulary for embedding tables)
+};
+std::vector<HfPiece> hf_pieces(const ModelSpec& spec, const std::string& param, const Shape& shape);
 
 // True for HF GPT-2 Conv1D weights, which are stored transposed.
 bool is_conv1d_weight(const std::string& name);

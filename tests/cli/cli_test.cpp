@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
 #include <nlohmann/json.hpp>
 
+#include "io/safetensors.hpp"
 #include "support/paths.hpp"
 #include "support/run_cli.hpp"
 
@@ -115,6 +117,52 @@ TEST(Cli, SavedWeightsLoadBackAndResumeTheLoss) {
   ASSERT_EQ(b.status, 0) << b.err;
   EXPECT_LT(read_json(dir + "2.json")["loss"]["first"].get<double>(),
             read_json(dir + ".json")["loss"]["first"].get<double>() - 0.3);
+}
+
+// A llama model goes out in HF's layout (q, k and v projections apart, "model." names, the
+// untied lm_head) and comes back as the same model: three AdamW steps from the PyTorch
+// fixture's weights on its batch, saved, then loaded again, start at the loss PyTorch reached
+// after the same three steps.
+TEST(Cli, LlamaSavesHfTensorsAndLoadsBackAfterThreeSteps) {
+  const std::string fixture = test::fixture_path("llama_tiny_torch"), d = temp_dir();
+  const SafetensorsReader batch(fixture + "/batch.safetensors");
+  std::vector<int32_t> tokens(64), targets(64);
+  for (auto [name, dst] : {std::pair{"tokens", &tokens}, {"targets", &targets}}) {
+    const SafetensorsEntry* e = batch.find(name);
+    ASSERT_TRUE(e && e->end - e->begin == 64 * sizeof(int32_t)) << name;
+    std::memcpy(dst->data(), batch.data(*e), 64 * sizeof(int32_t));
+  }
+  // The llm.c file of the batch: one flat sequence, targets shifted by one.
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520, header[1] = 1, header[2] = 65;
+  std::vector<uint16_t> flat(tokens.begin(), tokens.end());
+  flat.push_back(uint16_t(targets.back()));
+  {
+    std::ofstream out(d + "/batch.bin", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    out.write(reinterpret_cast<const char*>(flat.data()), std::streamsize(flat.size() * 2));
+  }
+  const std::string common = " --data " + d + "/batch.bin --batch 2 --seq 32 --val-fraction 0 --lr 1e-3 "
+                             "--weight-decay 0.1 --report-json " + d + "/r.json";
+  auto r = run_memfit("train --model " + fixture + "/config.json --load " + fixture + " --steps 3 --save " + d +
+                      "/saved" + common);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const SafetensorsReader saved(d + "/saved/model.safetensors");
+  const auto* q = saved.find("model.layers.1.self_attn.q_proj.weight");
+  const auto* k = saved.find("model.layers.1.self_attn.k_proj.weight");
+  const auto* head = saved.find("lm_head.weight");
+  ASSERT_TRUE(q && k && head);
+  EXPECT_EQ(q->shape, (Shape{64, 64}));
+  EXPECT_EQ(k->shape, (Shape{32, 64}));  // 2 key/value heads of 16
+  EXPECT_EQ(head->shape, (Shape{250, 64}));  // the real vocabulary, not memfit's padded 256 rows
+  EXPECT_EQ(saved.entries().size(), SafetensorsReader(fixture + "/model.safetensors").entries().size());
+  EXPECT_EQ(read_json(d + "/saved/config.json")["num_key_value_heads"], 2);
+
+  r = run_memfit("train --model " + d + "/saved --load " + d + "/saved --steps 1" + common);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<float> ref(4);
+  SafetensorsReader(fixture + "/expected.safetensors").read_f32("losses_adamw", Shape{4}, ref.data());
+  EXPECT_NEAR(read_json(d + "/r.json")["loss"]["first"].get<double>(), ref[3], 1e-4 * ref[3]);
 }
 
 // The ZeRO pass shards fp32 masters even in a world of one rank; a bf16 `--save` must still

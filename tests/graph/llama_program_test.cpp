@@ -2,7 +2,7 @@
 // shape arithmetic of ModelSpec and the tensors the builder declares agree with them), the
 // program's structure (grouped-query qkv width, rotary in place, SwiGLU keeps gate and up,
 // an untied lm_head with its own gradient), every recompute mode and attention kind planning
-// without overlap, and `memfit train` refusing the architecture with one line.
+// without overlap, `memfit train` training it, and refusing scaled rotary embeddings in one line.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -176,12 +176,30 @@ TEST(LlamaProgram, ActivationsPerLayerMatchTheTensorList) {
   }
 }
 
-TEST(LlamaProgram, TrainingIsRefusedWithOneLine) {
-  const auto r = test::run_memfit("train --model llama-tiny --steps 1 --batch 1 --seq 16");
+// llama-tiny trains from scratch (grouped-query attention, RMSNorm, rope, SwiGLU) with the loss
+// falling and the arena exactly as planned; a model with scaled rotary frequencies (Llama 3.1's
+// rope_scaling), which the rope kernel does not compute, is refused in one line but planned.
+TEST(LlamaProgram, TrainsAndRefusesScaledRopeWithOneLine) {
+  const std::string report = test::temp_dir() + "/llama.json";
+  auto r = test::run_memfit("train --model llama-tiny --steps 30 --batch 4 --seq 64 --lr 3e-3 --val-fraction 0 "
+                            "--report-json " + report);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream f(report);
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_LT(j["loss"]["last"].get<double>(), j["loss"]["first"].get<double>() - 0.5) << j["loss"].dump();
+  EXPECT_EQ(j["memory"]["measured_peak_bytes"]["device"], j["memory"]["planned_peak_bytes"]["device"]);
+
+  const std::string config = test::temp_dir() + "/llama31.json";
+  std::ofstream(config) << R"({"model_type":"llama","num_hidden_layers":2,"num_attention_heads":4,)"
+                           R"("num_key_value_heads":2,"hidden_size":64,"intermediate_size":172,"vocab_size":256,)"
+                           R"("max_position_embeddings":256,"rope_theta":500000.0,)"
+                           R"("rope_scaling":{"rope_type":"llama3","factor":8.0}})";
+  r = test::run_memfit("train --model " + config + " --steps 1 --batch 1 --seq 16");
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.err.find("memfit: error: [train] training the llama architecture"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("memfit: error: [train]"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'llama3'"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  const auto plan = test::run_memfit("plan --model llama-tiny --batch 1 --seq 16");
+  const auto plan = test::run_memfit("plan --model " + config + " --batch 1 --seq 16");
   EXPECT_EQ(plan.status, 0) << plan.err;
 }
 

@@ -264,6 +264,49 @@ TEST(HfConfig, WrittenConfigReadsBackToTheSameSpec) {
   EXPECT_EQ(read_config_text(dir, gpt2_hf_config(narrow).dump()).n_inner, 300);
 }
 
+TEST(HfConfig, WrittenLlamaConfigReadsBackToTheSameSpec) {
+  ScratchDir dir;
+  for (const std::string& text : {std::string(kLlama2Config), std::string(kMistralConfig), std::string(kQwen2Config)}) {
+    const ModelSpec spec = read_config_text(dir, text, "published.json");
+    SCOPED_TRACE(spec.name);
+    const json written = hf_config(spec);
+    EXPECT_EQ(written["model_type"], spec.qkv_bias ? "qwen2" : "llama");
+    const ModelSpec back = read_config_text(dir, written.dump(2));
+    EXPECT_EQ(back.arch, Arch::llama);
+    EXPECT_EQ(back.n_layer, spec.n_layer);
+    EXPECT_EQ(back.n_head, spec.n_head);
+    EXPECT_EQ(back.n_kv_head, spec.n_kv_head);
+    EXPECT_EQ(back.n_embd, spec.n_embd);
+    EXPECT_EQ(back.n_inner, spec.n_inner);
+    EXPECT_EQ(back.vocab_size, spec.vocab_size);
+    EXPECT_EQ(back.max_seq, spec.max_seq);
+    EXPECT_EQ(back.norm_eps, spec.norm_eps);
+    EXPECT_EQ(back.rope_theta, spec.rope_theta);
+    EXPECT_EQ(back.tied_embeddings, spec.tied_embeddings);
+    EXPECT_EQ(back.qkv_bias, spec.qkv_bias);
+    EXPECT_EQ(back.parameter_count(), spec.parameter_count());
+  }
+}
+
+// transformers 5 writes rope_theta inside rope_parameters; Llama 3.1 scales its frequencies.
+TEST(HfConfig, ReadsRotarySettingsOfEveryTransformersVersion) {
+  ScratchDir dir;
+  const char* base = R"({"model_type":"llama","num_hidden_layers":2,"num_attention_heads":4,"hidden_size":64,)"
+                     R"("intermediate_size":172,"vocab_size":1000,"max_position_embeddings":256})";
+  auto read_with = [&](const json& patch) { return read_hf_config(config_path_with(dir, base, patch)); };
+  ModelSpec s = read_with({{"rope_parameters", {{"rope_theta", 500000.0}, {"rope_type", "default"}}}});
+  EXPECT_EQ(s.rope_theta, 500000.0f);
+  EXPECT_EQ(s.rope_type, "default");
+  s = read_with({{"rope_theta", 250000.0}, {"rope_scaling", nullptr}});
+  EXPECT_EQ(s.rope_theta, 250000.0f);
+  EXPECT_EQ(s.rope_type, "default");
+  s = read_with({{"rope_theta", 500000.0}, {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}});
+  EXPECT_EQ(s.rope_type, "llama3");
+  s = read_with({{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}});
+  EXPECT_EQ(s.rope_type, "linear");
+  expect_error([&] { (void)read_with({{"rope_parameters", 3}}); }, "config", {"rope_parameters", "object"});
+}
+
 TEST(HfConfig, RefusesToWriteAGpt2ConfigForLlama) {
   ScratchDir dir;
   const ModelSpec llama = read_config_text(dir, kLlama2Config);

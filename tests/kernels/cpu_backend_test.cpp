@@ -238,8 +238,10 @@ TEST(CpuBackend, UnsupportedOpsFailAtPrepareNamingTheOp) {
   };
   EXPECT_NE(message(f.op(OpKind::matmul, {a16, b}, {c}, mm)).find("no CPU kernel for matmul (bf16) yet"),
             std::string::npos);
-  const std::string rms = message(f.op(OpKind::rmsnorm_forward, {a, w}, {a}));
-  EXPECT_NE(rms.find("no CPU kernel for rmsnorm_forward (fp32) yet"), std::string::npos) << rms;
+  // A norm whose output dtype differs from its input's has no kernel.
+  const TensorId rstd = f.tensor("rstd", {4});
+  const std::string rms = message(f.op(OpKind::rmsnorm_forward, {a, w}, {a16, rstd}));
+  EXPECT_NE(rms.find("no CPU kernel for rmsnorm_forward (bf16) yet"), std::string::npos) << rms;
   const TensorId a8 = f.tensor("a8", {4, 8}, DType::i8);
   EXPECT_NE(message(f.op(OpKind::cast, {a}, {a8})).find("no CPU kernel for cast (int8)"), std::string::npos);
   // fp16 products: oneDNN 2.6 has none on CPUs (the precision pass makes them fp32 islands).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -49,6 +50,33 @@ double normalized_error(const std::vector<A>& a, const std::vector<B>& b) {
 template <class T>
 std::vector<double> to_double(const std::vector<T>& v) {
   return std::vector<double>(v.begin(), v.end());
+}
+
+// Finite differences for checking the references' backward in double: h = 1e-5 puts the
+// truncation error near 1e-10 and rounding near 1e-11, so kGradTol = 1e-7 is a wide margin
+// while a wrong term shows up at order 1.
+inline constexpr double kGradStep = 1e-5;
+inline constexpr double kGradTol = 1e-7;
+
+inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// d objective / d x[i] for every i by central differences (x is restored afterwards).
+inline std::vector<double> numeric_grad(std::vector<double>& x, const std::function<double()>& objective) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + kGradStep;
+    const double up = objective();
+    x[i] = saved - kGradStep;
+    const double down = objective();
+    x[i] = saved;
+    g[i] = (up - down) / (2 * kGradStep);
+  }
+  return g;
 }
 
 }  // namespace memfit::test

@@ -20,29 +20,9 @@ using test::normalized_error;
 using test::random_vector;
 using Vec = std::vector<double>;
 
-constexpr double kStep = 1e-5;
-constexpr double kTol = 1e-7;
-
-double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-// d objective / d x[i] for every i by central differences (x is restored afterwards).
-Vec numeric_grad(Vec& x, const std::function<double()>& objective) {
-  Vec g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + kStep;
-    const double up = objective();
-    x[i] = saved - kStep;
-    const double down = objective();
-    x[i] = saved;
-    g[i] = (up - down) / (2 * kStep);
-  }
-  return g;
-}
+using test::dot;
+using test::kGradTol;
+using test::numeric_grad;
 
 TEST(ReferenceGradcheck, Embedding) {
   const int64_t B = 2, T = 3, C = 5, Vp = 7, Tmax = 4, N = B * T;
@@ -56,8 +36,8 @@ TEST(ReferenceGradcheck, Embedding) {
   };
   Vec dwte(Vp * C, 9.0), dwpe(Tmax * C, 9.0);  // overwrite mode must clear the 9s
   ref::embedding_backward(G.data(), tokens.data(), dwte.data(), dwpe.data(), N, T, C, Vp, Tmax, false, false);
-  EXPECT_LE(normalized_error(dwte, numeric_grad(wte, objective)), kTol);
-  EXPECT_LE(normalized_error(dwpe, numeric_grad(wpe, objective)), kTol);
+  EXPECT_LE(normalized_error(dwte, numeric_grad(wte, objective)), kGradTol);
+  EXPECT_LE(normalized_error(dwpe, numeric_grad(wpe, objective)), kGradTol);
 }
 
 TEST(ReferenceGradcheck, LayerNorm) {
@@ -73,9 +53,9 @@ TEST(ReferenceGradcheck, LayerNorm) {
   ref::layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), N, C, 1e-5);
   ref::layernorm_backward(G.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(), N,
                           C, false, false, false);
-  EXPECT_LE(normalized_error(dx, numeric_grad(x, objective)), kTol);
-  EXPECT_LE(normalized_error(dw, numeric_grad(w, objective)), kTol);
-  EXPECT_LE(normalized_error(db, numeric_grad(b, objective)), kTol);
+  EXPECT_LE(normalized_error(dx, numeric_grad(x, objective)), kGradTol);
+  EXPECT_LE(normalized_error(dw, numeric_grad(w, objective)), kGradTol);
+  EXPECT_LE(normalized_error(db, numeric_grad(b, objective)), kGradTol);
 }
 
 TEST(ReferenceForward, LayerNormNormalises) {
@@ -120,9 +100,9 @@ TEST(ReferenceGradcheck, MatmulAllTransposes) {
       else  // dB stored [N,K] = alpha G^T op(A)
         ref::matmul(G.data(), a.data(), (const double*)nullptr, db.data(), N, K, M, true, ta, alpha, false);
       ref::bias_grad(G.data(), dbias.data(), M, N, false);
-      EXPECT_LE(normalized_error(da, numeric_grad(a, objective)), kTol);
-      EXPECT_LE(normalized_error(db, numeric_grad(b, objective)), kTol);
-      EXPECT_LE(normalized_error(dbias, numeric_grad(bias, objective)), kTol);
+      EXPECT_LE(normalized_error(da, numeric_grad(a, objective)), kGradTol);
+      EXPECT_LE(normalized_error(db, numeric_grad(b, objective)), kGradTol);
+      EXPECT_LE(normalized_error(dbias, numeric_grad(bias, objective)), kGradTol);
     }
 }
 
@@ -137,7 +117,7 @@ TEST(ReferenceGradcheck, Gelu) {
   };
   Vec dx(n);
   ref::gelu_backward(G.data(), x.data(), dx.data(), n, false);
-  EXPECT_LE(normalized_error(dx, numeric_grad(x, objective)), kTol);
+  EXPECT_LE(normalized_error(dx, numeric_grad(x, objective)), kGradTol);
 }
 
 TEST(ReferenceGradcheck, Attention) {
@@ -153,7 +133,7 @@ TEST(ReferenceGradcheck, Attention) {
   objective();
   Vec dqkv(B * T * 3 * C);
   ref::attention_backward(G.data(), qkv.data(), probs.data(), dqkv.data(), B, T, NH, HS, scale, false);
-  EXPECT_LE(normalized_error(dqkv, numeric_grad(qkv, objective)), kTol);
+  EXPECT_LE(normalized_error(dqkv, numeric_grad(qkv, objective)), kGradTol);
 }
 
 TEST(ReferenceGradcheck, FlashAttention) {
@@ -169,7 +149,7 @@ TEST(ReferenceGradcheck, FlashAttention) {
   objective();
   Vec dqkv(B * T * 3 * C, 5.0);
   ref::flash_attention_backward(G.data(), qkv.data(), y.data(), lse.data(), dqkv.data(), B, T, NH, HS, scale, false);
-  EXPECT_LE(normalized_error(dqkv, numeric_grad(qkv, objective)), kTol);
+  EXPECT_LE(normalized_error(dqkv, numeric_grad(qkv, objective)), kGradTol);
 }
 
 TEST(ReferenceForward, AttentionWithZeroQueriesAveragesThePrefix) {
@@ -206,8 +186,8 @@ TEST(ReferenceGradcheck, Classifier) {
   Vec losses(N), dx(N * C), dwte(Vp * C);
   ref::classifier(x.data(), wte.data(), targets.data(), losses.data(), dx.data(), dwte.data(), N, C, V, Vp, grad_scale,
                   false, false);
-  EXPECT_LE(normalized_error(dx, numeric_grad(x, objective)), kTol);
-  EXPECT_LE(normalized_error(dwte, numeric_grad(wte, objective)), kTol);
+  EXPECT_LE(normalized_error(dx, numeric_grad(x, objective)), kGradTol);
+  EXPECT_LE(normalized_error(dwte, numeric_grad(wte, objective)), kGradTol);
   for (int64_t j = V; j < Vp; ++j)
     for (int64_t c = 0; c < C; ++c) EXPECT_EQ(dwte[j * C + c], 0.0) << "padding row " << j;
 }

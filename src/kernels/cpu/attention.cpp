@@ -1,6 +1,6 @@
 // Causal attention forward and backward with materialised probabilities (see attention.hpp):
 // the kernel classes, and the bf16 computation on oneDNN products below (fp32 runs
-// attention_tiles.cpp).
+// attention_tiles.cpp, grouped kv heads included; the bf16 path refuses them).
 //
 // Subtle point: every operand is a strided 4-D view {B, NH, rows, cols} of a tensor laid out
 // for the rest of the model. q of head h is at qkv + h*HS with strides {T*3C, HS, 3C, 1};
@@ -124,12 +124,24 @@ void for_each_variant(WriteVariants modes, Visit visit) {
 }  // namespace
 
 AttentionShape AttentionShape::of(const AttentionAttrs& a) {
-  MEMFIT_CHECK(a.kv_heads == 0 || a.kv_heads == a.heads, "kernels",
-               "no CPU kernel for attention with {} kv heads for {} query heads yet", a.kv_heads, a.heads);
   MEMFIT_CHECK(a.batch > 0 && a.seq > 0 && a.heads > 0 && a.head_dim > 0, "kernels",
                "attention with empty shape B={} T={} NH={} HS={}", a.batch, a.seq, a.heads, a.head_dim);
-  return AttentionShape{a.batch, a.seq, a.heads, a.head_dim, a.scale, DType::f32};
+  MEMFIT_CHECK(a.kv_heads >= 0 && a.kv_heads <= a.heads && (a.kv_heads == 0 || a.heads % a.kv_heads == 0), "kernels",
+               "attention with {} kv heads for {} query heads: the query heads must be a multiple of the kv heads",
+               a.kv_heads, a.heads);
+  return AttentionShape{a.batch, a.seq, a.heads, a.head_dim, a.scale, DType::f32, a.kv_heads};
 }
+
+namespace {
+// The oneDNN descriptors below read k and v of head h at the same head index as q; a grouped
+// shape would need a broadcast batch dimension in the forward and a sum over the group in
+// the backward's dk, dv products, which this path does not have.
+void require_no_groups_bf16(const AttentionShape& s) {
+  MEMFIT_CHECK(s.dtype != DType::bf16 || s.kv() == s.heads, "kernels",
+               "no bf16 kernel for plain attention with {} kv heads for {} query heads: use --attention flash",
+               s.kv(), s.heads);
+}
+}  // namespace
 
 int64_t AttentionShape::max_block() const {
   int64_t m = 0;
@@ -196,6 +208,7 @@ AttentionForwardKernel::AttentionForwardKernel(const DnnlEnv& env, const Attenti
     : shape_(shape) {
   MEMFIT_CHECK(shape.dtype == DType::f32 || shape.dtype == DType::bf16, "kernels", "no CPU attention over {} tensors",
                dtype_name(shape.dtype));
+  require_no_groups_bf16(shape);
   if (shape.dtype == DType::f32) {
     threads_ = omp_get_max_threads();
     return;
@@ -211,6 +224,7 @@ AttentionForwardKernel::AttentionForwardKernel(const DnnlEnv& env, const Attenti
 uint64_t AttentionForwardKernel::scratch_bytes(const DnnlEnv& env, const AttentionShape& shape,
                                                WriteVariants y_modes) {
   if (shape.dtype == DType::f32) return attention_tiles_scratch_bytes(shape, omp_get_max_threads());
+  require_no_groups_bf16(shape);
   const Views v(shape);
   uint64_t bytes = 0;
   for (int64_t i = 0; i < shape.blocks(); ++i) {
@@ -268,6 +282,7 @@ AttentionBackwardKernel::AttentionBackwardKernel(const DnnlEnv& env, const Atten
     : shape_(shape) {
   MEMFIT_CHECK(shape.dtype == DType::f32 || shape.dtype == DType::bf16, "kernels", "no CPU attention over {} tensors",
                dtype_name(shape.dtype));
+  require_no_groups_bf16(shape);
   if (shape.dtype == DType::f32) {
     threads_ = omp_get_max_threads();
     return;
@@ -287,6 +302,7 @@ AttentionBackwardKernel::AttentionBackwardKernel(const DnnlEnv& env, const Atten
 uint64_t AttentionBackwardKernel::scratch_bytes(const DnnlEnv& env, const AttentionShape& shape,
                                                 WriteVariants dqkv_modes) {
   if (shape.dtype == DType::f32) return attention_tiles_scratch_bytes(shape, omp_get_max_threads());
+  require_no_groups_bf16(shape);
   const Views v(shape);
   uint64_t bytes = 0;
   for (int64_t i = 0; i < shape.blocks(); ++i) {

@@ -1,6 +1,12 @@
 // Plain causal attention (probabilities materialised) over a fused qkv tensor (B, T, 3C)
 // laid out [q | k | v], head h at columns h*HS of each part (the HF GPT-2 layout).
 //
+// Grouped-query attention (kv_heads KV < heads NH): qkv is (B, T, (NH + 2KV) HS), per token
+// NH query heads, then KV key heads, then KV value heads; query head h reads kv head
+// h / (NH / KV) (HF's repeat_kv), and dk, dv of a kv head are the sums over its group of
+// query heads. With KV == NH this is exactly the (B, T, 3C) layout. The fp32 tiles run it;
+// the bf16 oneDNN path refuses it (flash attention runs it in every dtype).
+//
 // fp32 runs one (batch, head) per thread on cache-resident tiles (attention_tiles.hpp). bf16
 // runs oneDNN batched matmuls over (B, NH) whose strided descriptors read q, k and v straight
 // out of qkv and write y and dqkv in their own layouts (oneDNN's bf16 products use the CPU's
@@ -32,8 +38,13 @@ struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
   float scale = 0;
   DType dtype = DType::f32;  // of qkv, y, probs, dy, dqkv: f32 or bf16
-  static AttentionShape of(const AttentionAttrs& a);  // throws [kernels] for grouped kv heads
-  int64_t channels() const { return heads * head_dim; }
+  int64_t kv_heads = 0;      // 0: as many as heads (multi-head attention)
+  // Throws [kernels] for an empty shape or heads not a multiple of kv_heads.
+  static AttentionShape of(const AttentionAttrs& a);
+  int64_t channels() const { return heads * head_dim; }  // of y, dy and the q part
+  int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t group() const { return heads / kv(); }  // query heads per kv head
+  int64_t qkv_channels() const { return (heads + 2 * kv()) * head_dim; }  // row of qkv, dqkv
   // The causal products are split into this many blocks of sequence positions, so that the
   // blocks above the diagonal (entirely masked) are never computed.
   int64_t blocks() const;
@@ -49,7 +60,7 @@ void attention_softmax_forward_bf16(const float* scores, bf16_t* probs, int64_t 
                                     int64_t rows_per_head, int64_t scores_head_stride);
 void attention_softmax_backward_bf16(const bf16_t* probs, float* dprobs, int64_t rows, int64_t seq);
 
-// in [qkv] out [y (B,T,C), probs (B,NH,T,T)]; y may be absent (nullptr): probabilities only.
+// in [qkv (B,T,(NH+2KV)HS)] out [y (B,T,C), probs (B,NH,T,T)]; y may be absent (nullptr): probabilities only.
 class AttentionForwardKernel {
  public:
   AttentionForwardKernel(const DnnlEnv& env, const AttentionShape& shape, WriteVariants y_modes);
@@ -70,7 +81,7 @@ class AttentionForwardKernel {
   std::vector<DnnlMatmul> scores_, out_[2];  // out_[0] overwrite, out_[1] accumulate
 };
 
-// in [dy (B,T,C), qkv, probs] out [dqkv (B,T,3C)] workspace [dprobs (B,NH,T,T)].
+// in [dy (B,T,C), qkv, probs] out [dqkv (layout of qkv)] workspace [dprobs (B,NH,T,T)].
 class AttentionBackwardKernel {
  public:
   AttentionBackwardKernel(const DnnlEnv& env, const AttentionShape& shape, WriteVariants dqkv_modes);

@@ -1,11 +1,16 @@
-// Plain causal attention in fp32, one (batch, head) per task (see attention_tiles.hpp).
+// Plain causal attention in fp32 (see attention_tiles.hpp): the forward one (batch, query
+// head) per task, the backward one (batch, kv head) per task.
 //
-// Per head, with q, k, v rows of stride 3C in qkv and y, dy rows of stride C:
+// Per head, with q, k, v rows of stride W = (NH + 2KV) HS in qkv (3C without grouping) and
+// y, dy rows of stride C; query head h reads kv head h / G, G = NH / KV:
 //   forward, per query block: S = q k^T (keys up to the block's end), softmax of scale * S
 //     in place into probs, y (+)= P v;
 //   backward: dV = P^T dy per key block; per query block dP = dy v^T, then in place
 //     dS = scale * P * (dP - rowsum(P * dP)) and dQ (+)= dS k; finally dK = dS^T q per key
 //     block.
+// Grouped kv heads: the backward task of kv head j runs its G query heads in order, the
+// first writing (or adding to) dk and dv as without grouping, the others adding to them, so
+// the group sums have one fixed order whatever the thread count.
 // The transposed operands P^T and dS^T cost no copy: tile_gemm reads A through two strides.
 // The scale is applied to dS rather than after each product; for the usual power-of-two
 // scales (HS = 64: 1/8) that is exact, otherwise it differs in the last bit.
@@ -148,14 +153,14 @@ void softmax_backward_rows(const float* p, float* d, int64_t r0, int64_t r1, int
   }
 }
 
-struct Head {
-  const float* q;  // k at q + C, v at q + 2C; rows of stride 3C
-  int64_t b, h;
+// Offsets within a row of qkv (or dqkv) of query head h, and of key and value head j.
+struct Parts {
+  int64_t W, HS, NH, KV;
+  explicit Parts(const AttentionShape& s) : W(s.qkv_channels()), HS(s.head_dim), NH(s.heads), KV(s.kv()) {}
+  int64_t q(int64_t h) const { return h * HS; }
+  int64_t k(int64_t j) const { return (NH + j) * HS; }
+  int64_t v(int64_t j) const { return (NH + KV + j) * HS; }
 };
-Head head_of(const AttentionShape& s, const float* qkv, int64_t index) {
-  const int64_t b = index / s.heads, h = index % s.heads;
-  return Head{qkv + b * s.seq * 3 * s.channels() + h * s.head_dim, b, h};
-}
 
 }  // namespace
 
@@ -165,15 +170,18 @@ uint64_t attention_tiles_scratch_bytes(const AttentionShape& shape, int threads)
 
 void attention_forward_tiles(const AttentionShape& s, const float* qkv, float* y, float* probs, bool acc_y,
                              void* scratch, int threads) {
-  const int64_t T = s.seq, HS = s.head_dim, C = s.channels(), ld = 3 * C;
+  const int64_t T = s.seq, HS = s.head_dim, C = s.channels(), G = s.group();
+  const Parts at(s);
+  const int64_t ld = at.W;
   parallel_for(s.batch * s.heads, 0, [&](int64_t first, int64_t last) {
     float* kt = thread_slice(scratch, s, threads);
     float* vp = kt + operand_floats(s);
     for (int64_t i = first; i < last; ++i) {
-      const Head hd = head_of(s, qkv, i);
-      const float *q = hd.q, *k = hd.q + C, *v = hd.q + 2 * C;
+      const int64_t b = i / s.heads, h = i % s.heads;
+      const float* row0 = qkv + b * T * ld;
+      const float *q = row0 + at.q(h), *k = row0 + at.k(h / G), *v = row0 + at.v(h / G);
       float* p = probs + i * T * T;
-      float* yh = y ? y + hd.b * T * C + hd.h * HS : nullptr;
+      float* yh = y ? y + b * T * C + h * HS : nullptr;
       transpose_serial(kt, T, k, ld, T, HS);
       if (yh) pack_rows(vp, v, T, HS, ld);
       for (int64_t r0 = 0; r0 < T; r0 += kQB) {
@@ -188,35 +196,44 @@ void attention_forward_tiles(const AttentionShape& s, const float* qkv, float* y
 
 void attention_backward_tiles(const AttentionShape& s, const float* dy, const float* qkv, const float* probs,
                               float* dqkv, float* dprobs, bool acc, void* scratch, int threads) {
-  const int64_t T = s.seq, HS = s.head_dim, C = s.channels(), ld = 3 * C;
-  parallel_for(s.batch * s.heads, 0, [&](int64_t first, int64_t last) {
+  const int64_t T = s.seq, HS = s.head_dim, C = s.channels(), G = s.group();
+  const Parts at(s);
+  const int64_t ld = at.W;
+  parallel_for(s.batch * s.kv(), 0, [&](int64_t first, int64_t last) {
     float* vt = thread_slice(scratch, s, threads);
     float *dyp = vt + operand_floats(s), *kp = dyp + operand_floats(s), *qp = kp + operand_floats(s);
-    for (int64_t i = first; i < last; ++i) {
-      const Head hd = head_of(s, qkv, i);
-      const float *q = hd.q, *k = hd.q + C, *v = hd.q + 2 * C;
-      const float* p = probs + i * T * T;
-      float* d = dprobs + i * T * T;
-      float* dq = dqkv + (hd.q - qkv);
-      float *dk = dq + C, *dv = dq + 2 * C;
-      pack_rows(dyp, dy + hd.b * T * C + hd.h * HS, T, HS, C);
-      pack_rows(kp, k, T, HS, ld);
-      pack_rows(qp, q, T, HS, ld);
-      // dV rows [j0, j1) = sum over queries t >= j0 of P[t][j] dy[t].
-      for (int64_t j0 = 0; j0 < T; j0 += kQB) {
-        const int64_t j1 = std::min(T, j0 + kQB);
-        tile_gemm(j1 - j0, HS, T - j0, p + j0 * T + j0, 1, T, dyp + j0 * HS, HS, dv + j0 * ld, ld, acc);
-      }
-      transpose_serial(vt, T, v, ld, T, HS);
-      for (int64_t r0 = 0; r0 < T; r0 += kQB) {
-        const int64_t r1 = std::min(T, r0 + kQB);
-        tile_gemm(r1 - r0, r1, HS, dyp + r0 * HS, HS, 1, vt, T, d + r0 * T, T, false);
-        softmax_backward_rows(p, d, r0, r1, T, s.scale);
-        tile_gemm(r1 - r0, HS, r1, d + r0 * T, T, 1, kp, HS, dq + r0 * ld, ld, acc);
-      }
-      for (int64_t j0 = 0; j0 < T; j0 += kQB) {
-        const int64_t j1 = std::min(T, j0 + kQB);
-        tile_gemm(j1 - j0, HS, T - j0, d + j0 * T + j0, 1, T, qp + j0 * HS, HS, dk + j0 * ld, ld, acc);
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t b = task / s.kv(), j = task % s.kv();
+      const float* row0 = qkv + b * T * ld;
+      float* drow0 = dqkv + b * T * ld;
+      float *dk = drow0 + at.k(j), *dv = drow0 + at.v(j);
+      // k and v^T serve the whole group.
+      pack_rows(kp, row0 + at.k(j), T, HS, ld);
+      transpose_serial(vt, T, row0 + at.v(j), ld, T, HS);
+      for (int64_t h = j * G; h < (j + 1) * G; ++h) {
+        const int64_t i = b * s.heads + h;
+        const float* p = probs + i * T * T;
+        float* d = dprobs + i * T * T;
+        float* dq = drow0 + at.q(h);
+        // The group's first query head writes dk, dv as the mode says; the others add to them.
+        const bool acc_kv = acc || h > j * G;
+        pack_rows(dyp, dy + b * T * C + h * HS, T, HS, C);
+        pack_rows(qp, row0 + at.q(h), T, HS, ld);
+        // dV rows [j0, j1) = sum over queries t >= j0 of P[t][j] dy[t].
+        for (int64_t j0 = 0; j0 < T; j0 += kQB) {
+          const int64_t j1 = std::min(T, j0 + kQB);
+          tile_gemm(j1 - j0, HS, T - j0, p + j0 * T + j0, 1, T, dyp + j0 * HS, HS, dv + j0 * ld, ld, acc_kv);
+        }
+        for (int64_t r0 = 0; r0 < T; r0 += kQB) {
+          const int64_t r1 = std::min(T, r0 + kQB);
+          tile_gemm(r1 - r0, r1, HS, dyp + r0 * HS, HS, 1, vt, T, d + r0 * T, T, false);
+          softmax_backward_rows(p, d, r0, r1, T, s.scale);
+          tile_gemm(r1 - r0, HS, r1, d + r0 * T, T, 1, kp, HS, dq + r0 * ld, ld, acc);
+        }
+        for (int64_t j0 = 0; j0 < T; j0 += kQB) {
+          const int64_t j1 = std::min(T, j0 + kQB);
+          tile_gemm(j1 - j0, HS, T - j0, d + j0 * T + j0, 1, T, qp + j0 * HS, HS, dk + j0 * ld, ld, acc_kv);
+        }
       }
     }
   });

@@ -9,9 +9,14 @@
 // multiplies only against keys [0, r1); key block [j0, j1) receives gradient only from
 // queries [j0, T). Entries above the diagonal are set to exactly 0 by the softmax passes.
 //
+// Grouped kv heads (attention.hpp): the forward runs one task per (batch, query head); the
+// backward one per (batch, kv head), looping the group's query heads in order inside, so
+// that the group sums of dk and dv need no scratch and no cross-thread reduction (and a
+// multi-query shape, KV = 1, has only B backward tasks to spread over the threads).
+//
 // Scratch: per OpenMP thread, four head-sized operands copied contiguous: k^T and v in the
-// forward; v^T, dy, k and q in the backward. Each head is summed by one thread in a fixed
-// order, so results do not depend on the thread count.
+// forward; v^T, dy, k and q in the backward. Each head (each kv head in the backward) is
+// summed by one thread in a fixed order, so results do not depend on the thread count.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +33,7 @@ uint64_t attention_tiles_scratch_bytes(const AttentionShape& shape, int threads)
 void attention_forward_tiles(const AttentionShape& shape, const float* qkv, float* y, float* probs, bool acc_y,
                              void* scratch, int threads);
 
-// dprobs (B, NH, T, T) is a workspace; dqkv (B, T, 3C) written or added to.
+// dprobs (B, NH, T, T) is a workspace; dqkv (the layout of qkv) written or added to.
 void attention_backward_tiles(const AttentionShape& shape, const float* dy, const float* qkv, const float* probs,
                               float* dqkv, float* dprobs, bool acc_dqkv, void* scratch, int threads);
 

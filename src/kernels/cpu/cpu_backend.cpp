@@ -37,6 +37,9 @@
 #include "kernels/cpu/layernorm.hpp"
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/reduce.hpp"
+#include "kernels/cpu/rmsnorm.hpp"
+#include "kernels/cpu/rope.hpp"
+#include "kernels/cpu/swiglu.hpp"
 
 namespace memfit {
 namespace {
@@ -231,19 +234,23 @@ ClassifierOutputs classifier_outputs(const Op& op) {
 // --- prepare, one function per kind ---
 
 std::unique_ptr<PreparedOp> prepare_embedding_forward(const Program& p, const Op& op, const OpBinding& b) {
-  check_arity(op, 3, 1);
+  const bool has_wpe = op.inputs.size() == 3;  // rotary models have no position table
+  check_arity(op, has_wpe ? 3 : 2, 1);
   const TensorDesc& tokens = p.tensor(op.inputs[0]);
   const TensorDesc& wte = p.tensor(op.inputs[1]);
   const int64_t N = tokens.numel(), seq = tokens.shape.last(), C = wte.shape.last(), Vp = wte.shape.rows();
-  MEMFIT_CHECK(p.tensor(op.inputs[2]).shape.rows() >= seq, "kernels", "op '{}': wpe has fewer rows than T={}",
-               op.name, seq);
+  if (has_wpe) {
+    MEMFIT_CHECK(p.tensor(op.inputs[2]).shape.rows() >= seq, "kernels", "op '{}': wpe has fewer rows than T={}",
+                 op.name, seq);
+    require_dtype(p, op, op.inputs[2], wte.dtype);
+  }
   check_numel(p, op, op.outputs[0], N * C, "x");
-  require_dtype(p, op, op.inputs[2], wte.dtype);
   require_dtype(p, op, op.outputs[0], wte.dtype);
   std::unique_ptr<PreparedOp> out;
   dispatch_t(op, wte.dtype, [&](auto t) {
     using T = decltype(t);
-    out = make_op([=, tok = in_i(b, 0), wte = in_t<T>(b, 1), wpe = in_t<T>(b, 2), x = out_t<T>(b, 0),
+    out = make_op([=, tok = in_i(b, 0), wte = in_t<T>(b, 1), wpe = has_wpe ? in_t<T>(b, 2) : nullptr,
+                   x = out_t<T>(b, 0),
                    mode = op.modes[0]](const StepContext& ctx) {
       embedding_forward(tok, wte, wpe, x, N, seq, C, Vp, accumulates(mode, ctx));
     });
@@ -252,24 +259,122 @@ std::unique_ptr<PreparedOp> prepare_embedding_forward(const Program& p, const Op
 }
 
 std::unique_ptr<PreparedOp> prepare_embedding_backward(const Program& p, const Op& op, const OpBinding& b) {
-  check_arity(op, 2, 2);
+  const bool has_wpe = op.outputs.size() == 2;  // rotary models have no position table
+  check_arity(op, 2, has_wpe ? 2 : 1);
   const TensorDesc& tokens = p.tensor(op.inputs[1]);
   const int64_t N = tokens.numel(), seq = tokens.shape.last();
   const int64_t C = p.tensor(op.inputs[0]).shape.last();
   check_numel(p, op, op.inputs[0], N * C, "dx");
+  const TensorId dwpe_id = has_wpe ? op.outputs[1] : kNoTensor;
   const int64_t Vp = op.outputs[0] != kNoTensor ? p.tensor(op.outputs[0]).shape.rows() : 0;
-  const int64_t Tmax = op.outputs[1] != kNoTensor ? p.tensor(op.outputs[1]).shape.rows() : 0;
-  MEMFIT_CHECK(op.outputs[1] == kNoTensor || Tmax >= seq, "kernels", "op '{}': dwpe has fewer rows than T={}",
-               op.name, seq);
-  const DType g = op.outputs[0] != kNoTensor ? dtype_of(p, op.outputs[0]) : dtype_of(p, op.outputs[1]);
+  const int64_t Tmax = dwpe_id != kNoTensor ? p.tensor(dwpe_id).shape.rows() : 0;
+  MEMFIT_CHECK(dwpe_id == kNoTensor || Tmax >= seq, "kernels", "op '{}': dwpe has fewer rows than T={}", op.name, seq);
+  MEMFIT_CHECK(op.outputs[0] != kNoTensor || dwpe_id != kNoTensor, "kernels", "op '{}' has no output", op.name);
+  const DType g = op.outputs[0] != kNoTensor ? dtype_of(p, op.outputs[0]) : dtype_of(p, dwpe_id);
   for (TensorId id : op.outputs) require_dtype(p, op, id, g);
   std::unique_ptr<PreparedOp> out;
   dispatch_tg(op, dtype_of(p, op.inputs[0]), g, [&](auto t, auto gt) {
     using T = decltype(t);
     using G = decltype(gt);
-    out = make_op([=, dx = in_t<T>(b, 0), tok = in_i(b, 1), dwte = out_t<G>(b, 0), dwpe = out_t<G>(b, 1),
-                   m0 = op.modes[0], m1 = op.modes[1]](const StepContext& ctx) {
+    out = make_op([=, dx = in_t<T>(b, 0), tok = in_i(b, 1), dwte = out_t<G>(b, 0),
+                   dwpe = has_wpe ? out_t<G>(b, 1) : nullptr, m0 = op.modes[0],
+                   m1 = has_wpe ? op.modes[1] : WriteMode::overwrite](const StepContext& ctx) {
       embedding_backward(dx, tok, dwte, dwpe, N, seq, C, Vp, Tmax, accumulates(m0, ctx), accumulates(m1, ctx));
+    });
+  });
+  return out;
+}
+
+std::unique_ptr<PreparedOp> prepare_rmsnorm_forward(const Program& p, const Op& op, const OpBinding& b) {
+  check_arity(op, 2, 2);
+  MEMFIT_CHECK(op.outputs[0] != kNoTensor, "kernels", "op '{}': rmsnorm_forward needs its output y", op.name);
+  const TensorDesc& x = p.tensor(op.inputs[0]);
+  const int64_t C = x.shape.last(), N = x.numel() / C;
+  check_numel(p, op, op.inputs[1], C, "w");
+  check_numel(p, op, op.outputs[0], N * C, "y");
+  check_numel(p, op, op.outputs[1], N, "rstd");
+  for (size_t j = 0; j < 2; ++j) require_overwrite(op, j);
+  require_dtype(p, op, op.inputs[1], x.dtype);
+  require_dtype(p, op, op.outputs[0], x.dtype);
+  require_dtype(p, op, op.outputs[1], DType::f32);
+  const float eps = attrs_of<NormAttrs>(op).eps;
+  std::unique_ptr<PreparedOp> out;
+  dispatch_t(op, x.dtype, [&](auto t) {
+    using T = decltype(t);
+    out = make_op([=, x = in_t<T>(b, 0), w = in_t<T>(b, 1), y = out_t<T>(b, 0), rstd = out_f(b, 1)](
+                      const StepContext&) { rmsnorm_forward(x, w, y, rstd, N, C, eps); });
+  });
+  return out;
+}
+
+std::unique_ptr<PreparedOp> prepare_rmsnorm_backward(const Program& p, const Op& op, const OpBinding& b) {
+  check_arity(op, 4, 2);
+  const TensorDesc& x = p.tensor(op.inputs[1]);
+  const int64_t C = x.shape.last(), N = x.numel() / C;
+  check_numel(p, op, op.inputs[0], N * C, "dy");
+  check_numel(p, op, op.inputs[3], N, "rstd");
+  require_dtype(p, op, op.inputs[0], x.dtype);
+  require_dtype(p, op, op.inputs[2], x.dtype);
+  require_dtype(p, op, op.inputs[3], DType::f32);
+  if (op.outputs[0] != kNoTensor) require_dtype(p, op, op.outputs[0], x.dtype);
+  const DType g = op.outputs[1] != kNoTensor ? dtype_of(p, op.outputs[1]) : DType::f32;
+  std::unique_ptr<PreparedOp> out;
+  dispatch_tg(op, x.dtype, g, [&](auto t, auto gt) {
+    using T = decltype(t);
+    using G = decltype(gt);
+    out = make_op([=, dy = in_t<T>(b, 0), x = in_t<T>(b, 1), w = in_t<T>(b, 2), rstd = in_f(b, 3), dx = out_t<T>(b, 0),
+                   dw = out_t<G>(b, 1), m0 = op.modes[0], m1 = op.modes[1]](const StepContext& ctx) {
+      rmsnorm_backward(dy, x, w, rstd, dx, dw, N, C, accumulates(m0, ctx), accumulates(m1, ctx));
+    });
+  });
+  return out;
+}
+
+std::unique_ptr<PreparedOp> prepare_swiglu(const Program& p, const Op& op, const OpBinding& b) {
+  const bool fwd = op.kind == OpKind::swiglu_forward;
+  check_arity(op, fwd ? 2 : 3, fwd ? 1 : 2);
+  const TensorId gate_id = op.inputs[fwd ? 0 : 1];
+  const TensorDesc& gate = p.tensor(gate_id);
+  const int64_t n = gate.numel();
+  for (TensorId id : op.inputs) check_numel(p, op, id, n, "operand"), require_dtype(p, op, id, gate.dtype);
+  for (TensorId id : op.outputs)
+    if (id != kNoTensor) check_numel(p, op, id, n, "result"), require_dtype(p, op, id, gate.dtype);
+  if (fwd) require_overwrite(op, 0);
+  std::unique_ptr<PreparedOp> out;
+  dispatch_t(op, gate.dtype, [&](auto t) {
+    using T = decltype(t);
+    if (fwd)
+      out = make_op([=, g = in_t<T>(b, 0), u = in_t<T>(b, 1), y = out_t<T>(b, 0)](const StepContext&) {
+        swiglu_forward(g, u, y, n);
+      });
+    else
+      out = make_op([=, dy = in_t<T>(b, 0), g = in_t<T>(b, 1), u = in_t<T>(b, 2), dg = out_t<T>(b, 0),
+                     du = out_t<T>(b, 1), m0 = op.modes[0], m1 = op.modes[1]](const StepContext& ctx) {
+        swiglu_backward(dy, g, u, dg, du, n, accumulates(m0, ctx), accumulates(m1, ctx));
+      });
+  });
+  return out;
+}
+
+// rope writes over its input (forward and backward are in place in the program), so the
+// kernel's y may be x; an accumulating backward is refused: the gradient of qkv is always
+// made by this op alone.
+std::unique_ptr<PreparedOp> prepare_rope(const Program& p, const Op& op, const OpBinding& b) {
+  check_arity(op, 1, 1);
+  require_overwrite(op, 0);
+  const AttentionAttrs a = attrs_of<AttentionAttrs>(op);
+  const int64_t kv = a.kv_heads > 0 ? a.kv_heads : a.heads;
+  const TensorDesc& x = p.tensor(op.inputs[0]);
+  check_numel(p, op, op.inputs[0], a.batch * a.seq * (a.heads + 2 * kv) * a.head_dim, "qkv");
+  check_numel(p, op, op.outputs[0], x.numel(), "result");
+  require_dtype(p, op, op.outputs[0], x.dtype);
+  const bool fwd = op.kind == OpKind::rope_forward;
+  std::unique_ptr<PreparedOp> out;
+  dispatch_t(op, x.dtype, [&](auto t) {
+    using T = decltype(t);
+    out = make_op([=, in = in_t<T>(b, 0), y = out_t<T>(b, 0)](const StepContext&) {
+      if (fwd) rope_forward(in, y, a.batch, a.seq, a.heads, kv, a.head_dim, a.rope_theta);
+      else rope_backward(in, y, a.batch, a.seq, a.heads, kv, a.head_dim, a.rope_theta);
     });
   });
   return out;
@@ -383,7 +488,7 @@ std::unique_ptr<PreparedOp> prepare_attention_forward(const DnnlEnv& env, const 
   check_arity(op, 1, 2);
   const AttentionShape s = attention_shape(p, op);  // y may be absent: a recomputation that needs only probs
   const int64_t B = s.batch, T = s.seq, NH = s.heads, C = s.channels();
-  check_numel(p, op, op.inputs[0], B * T * 3 * C, "qkv");
+  check_numel(p, op, op.inputs[0], B * T * s.qkv_channels(), "qkv");
   check_numel(p, op, op.outputs[0], B * T * C, "y");
   MEMFIT_CHECK(op.outputs[1] != kNoTensor, "kernels", "op '{}': attention needs its probs output", op.name);
   check_numel(p, op, op.outputs[1], B * NH * T * T, "probs");
@@ -401,9 +506,9 @@ std::unique_ptr<PreparedOp> prepare_attention_backward(const DnnlEnv& env, const
   const AttentionShape s = attention_shape(p, op);
   const int64_t B = s.batch, T = s.seq, NH = s.heads, C = s.channels();
   check_numel(p, op, op.inputs[0], B * T * C, "dy");
-  check_numel(p, op, op.inputs[1], B * T * 3 * C, "qkv");
+  check_numel(p, op, op.inputs[1], B * T * s.qkv_channels(), "qkv");
   check_numel(p, op, op.inputs[2], B * NH * T * T, "probs");
-  check_numel(p, op, op.outputs[0], B * T * 3 * C, "dqkv");
+  check_numel(p, op, op.outputs[0], B * T * s.qkv_channels(), "dqkv");
   check_numel(p, op, op.workspace[0], B * NH * T * T, "dprobs");
   AttentionBackwardKernel kernel(env, s, WriteVariants::of(op.modes[0]));
   kernel.bind(b.inputs[0], b.inputs[1], b.inputs[2], b.outputs[0], static_cast<float*>(b.workspace[0]),
@@ -432,7 +537,7 @@ std::unique_ptr<PreparedOp> prepare_flash_attention(const Program& p, const Op& 
   const DType ty = dtype_of(p, op.inputs[fwd ? 0 : 1]);
   std::unique_ptr<PreparedOp> out;
   if (fwd) {
-    check_numel(p, op, op.inputs[0], B * T * 3 * C, "qkv");
+    check_numel(p, op, op.inputs[0], B * T * s.qkv_channels(), "qkv");
     MEMFIT_CHECK(op.outputs[0] != kNoTensor && op.outputs[1] != kNoTensor, "kernels",
                  "op '{}': flash attention needs both outputs y and lse", op.name);
     check_numel(p, op, op.outputs[0], B * T * C, "y");
@@ -450,10 +555,10 @@ std::unique_ptr<PreparedOp> prepare_flash_attention(const Program& p, const Op& 
     return out;
   }
   check_numel(p, op, op.inputs[0], B * T * C, "dy");
-  check_numel(p, op, op.inputs[1], B * T * 3 * C, "qkv");
+  check_numel(p, op, op.inputs[1], B * T * s.qkv_channels(), "qkv");
   check_numel(p, op, op.inputs[2], B * T * C, "y");
   check_numel(p, op, op.inputs[3], B * NH * T, "lse");
-  check_numel(p, op, op.outputs[0], B * T * 3 * C, "dqkv");
+  check_numel(p, op, op.outputs[0], B * T * s.qkv_channels(), "dqkv");
   for (size_t i : {0, 2}) require_dtype(p, op, op.inputs[i], ty);
   require_dtype(p, op, op.inputs[3], DType::f32);
   require_dtype(p, op, op.outputs[0], ty);
@@ -689,6 +794,12 @@ class CpuBackend final : public Backend {
       case OpKind::embedding_backward: return prepare_embedding_backward(program, op, binding);
       case OpKind::layernorm_forward: return prepare_layernorm_forward(program, op, binding);
       case OpKind::layernorm_backward: return prepare_layernorm_backward(program, op, binding);
+      case OpKind::rmsnorm_forward: return prepare_rmsnorm_forward(program, op, binding);
+      case OpKind::rmsnorm_backward: return prepare_rmsnorm_backward(program, op, binding);
+      case OpKind::swiglu_forward:
+      case OpKind::swiglu_backward: return prepare_swiglu(program, op, binding);
+      case OpKind::rope_forward:
+      case OpKind::rope_backward: return prepare_rope(program, op, binding);
       case OpKind::matmul: return prepare_matmul(env_, program, op, binding);
       case OpKind::bias_grad: return prepare_bias_grad(program, op, binding);
       case OpKind::gelu_forward:

@@ -24,8 +24,17 @@ void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* x, 
       const int64_t tok = tokens[n];
       MEMFIT_ASSERT(tok >= 0 && tok < vocab_rows, "token {} at row {} outside [0, {})", tok, n, vocab_rows);
       const T* te = wte + tok * C;
-      const T* pe = wpe + (n % seq) * C;
       T* xr = x + n * C;
+      if (!wpe) {  // rotary models: no position table
+        if (acc) {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) xr[c] = narrow<T>(widen(xr[c]) + widen(te[c]));
+        } else {
+          std::memcpy(xr, te, size_t(C) * sizeof(T));
+        }
+        continue;
+      }
+      const T* pe = wpe + (n % seq) * C;
       if (acc) {
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) xr[c] = narrow<T>(widen(xr[c]) + (widen(te[c]) + widen(pe[c])));

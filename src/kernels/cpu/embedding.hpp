@@ -8,8 +8,9 @@ namespace memfit {
 // Templates over the storage type T of tables and activations and G of the table gradients
 // (float, bf16_t, fp16_t; half.hpp); sums in fp32.
 
-// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows of C channels (x += when acc).
-// Tokens must lie in [0, vocab_rows); anything else aborts rather than reading outside wte.
+// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows of C channels (x += when acc);
+// wpe may be nullptr (rotary models have no position table): x[n] = wte[tokens[n]]. Tokens
+// must lie in [0, vocab_rows); anything else aborts rather than reading outside wte.
 template <class T>
 void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* x, int64_t N, int64_t seq, int64_t C,
                        int64_t vocab_rows, bool acc);

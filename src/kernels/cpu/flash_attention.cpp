@@ -6,6 +6,9 @@
 // Backward, per head, D_t = dy_t . y_t, then per key block j and query blocks i >= j:
 //   p = exp(s - lse);  dV_j += p^T dO_i;  dp = dO_i V_j^T;  ds = scale p (dp - D);
 //   dQ_i += ds K_j;  dK_j += ds^T Q_i.
+// Grouped kv heads: query head h reads kv head h / G (G = NH / KV); the backward task of kv
+// head j walks, per key block, the G query heads in order before the query blocks, so dK_j
+// and dV_j sum the group in one fixed order while each query head keeps its own dQ.
 // The subtle point is the causal diagonal tile (i == j): key c is visible to query r only
 // when c <= r, and the masked probabilities are set to exactly 0 before any product reads
 // them, so the products may run over the whole tile. Probabilities below 2^-64 of the row
@@ -52,8 +55,9 @@ class Carver {
 int64_t forward_floats(int64_t HS) {
   return round_up(HS * kB, 16) + round_up(kB * kB, 16) + round_up(kB * HS, 16) * 3 + round_up(kB, 16) * 5;
 }
-int64_t backward_floats(int64_t T, int64_t HS) {
-  return round_up(T, 16) + round_up(T * HS, 16) + round_up(HS * kB, 16) * 2 + round_up(kB * kB, 16) * 2 +
+// D and dq for each of the group's G query heads, then the tiles.
+int64_t backward_floats(int64_t T, int64_t HS, int64_t G) {
+  return G * (round_up(T, 16) + round_up(T * HS, 16)) + round_up(HS * kB, 16) * 2 + round_up(kB * kB, 16) * 2 +
          round_up(kB * HS, 16) * 5;
 }
 
@@ -108,13 +112,19 @@ void transpose_into(const T* src, int64_t ld_src, int64_t rows, int64_t cols, fl
   }
 }
 
+// C: the channels of y and dy. W: the row of qkv and dqkv, (NH + 2KV) HS; query head h at
+// h HS, key head j at (NH + j) HS, value head j at (NH + KV + j) HS (3C, C + h HS and
+// 2C + h HS without grouping).
 struct Geometry {
-  int64_t B, T, NH, HS, C, blocks;
+  int64_t B, T, NH, KV, G, HS, C, W, blocks;
   float scale;
   explicit Geometry(const AttentionShape& s)
-      : B(s.batch), T(s.seq), NH(s.heads), HS(s.head_dim), C(s.channels()), blocks((s.seq + kB - 1) / kB),
-        scale(s.scale) {}
+      : B(s.batch), T(s.seq), NH(s.heads), KV(s.kv()), G(s.group()), HS(s.head_dim), C(s.channels()),
+        W(s.qkv_channels()), blocks((s.seq + kB - 1) / kB), scale(s.scale) {}
   int64_t size(int64_t block) const { return std::min(kB, T - block * kB); }
+  int64_t q_col(int64_t h) const { return h * HS; }
+  int64_t k_col(int64_t j) const { return (NH + j) * HS; }
+  int64_t v_col(int64_t j) const { return (NH + KV + j) * HS; }
 };
 
 // One query block of one head. The scores are computed transposed, s^T = K_j Q_i^T (keys in
@@ -123,9 +133,10 @@ struct Geometry {
 // the vector lanes.
 template <class T>
 void forward_task(const Geometry& g, const T* qkv, T* y, float* lse, int64_t bh, int64_t qi, float* ws) {
-  const int64_t b = bh / g.NH, h = bh % g.NH, HS = g.HS, ld = 3 * g.C;
+  const int64_t b = bh / g.NH, h = bh % g.NH, HS = g.HS, ld = g.W;
   const int64_t q0 = qi * kB, br = g.size(qi);
-  const T* base = qkv + b * g.T * ld + h * HS;
+  const T* row0 = qkv + b * g.T * ld;
+  const T *base = row0 + g.q_col(h), *kbase = row0 + g.k_col(h / g.G), *vbase = row0 + g.v_col(h / g.G);
   Carver carve(ws);
   float* qt = carve.take(HS * kB);
   float* st = carve.take(kB * kB);
@@ -143,7 +154,7 @@ void forward_task(const Geometry& g, const T* qkv, T* y, float* lse, int64_t bh,
   for (int64_t kj = 0; kj <= qi; ++kj) {
     const int64_t k0 = kj * kB, bc = g.size(kj);
     const bool diagonal = kj == qi;
-    const RowsF32 k = rows_f32(base + g.C + k0 * ld, ld, bc, HS, kbuf);
+    const RowsF32 k = rows_f32(kbase + k0 * ld, ld, bc, HS, kbuf);
     tile_gemm(bc, br, HS, k.p, k.ld, 1, qt, kB, st, kB, false);
     std::fill(mx, mx + br, kMasked);
     for (int64_t c = 0; c < bc; ++c) {
@@ -181,7 +192,7 @@ void forward_task(const Geometry& g, const T* qkv, T* y, float* lse, int64_t bh,
       }
     }
     // acc[r] += sum_c p[r][c] V[c]: p is s^T read column-wise (row stride 1, column stride kB).
-    const RowsF32 v = rows_f32(base + 2 * g.C + k0 * ld, ld, bc, HS, vbuf);
+    const RowsF32 v = rows_f32(vbase + k0 * ld, ld, bc, HS, vbuf);
     tile_gemm(br, HS, bc, st, 1, kB, v.p, v.ld, acc, HS, kj > 0);
   }
   T* yb = y + (b * g.T + q0) * g.C + h * HS;
@@ -192,18 +203,20 @@ void forward_task(const Geometry& g, const T* qkv, T* y, float* lse, int64_t bh,
   }
 }
 
-// One head, all of its key blocks.
+// One kv head and its group of query heads, all of its key blocks.
 template <class T>
 void backward_task(const Geometry& g, const T* dy, const T* qkv, const T* y, const float* lse, T* dqkv,
-                   bool accumulate, int64_t bh, float* ws) {
-  const int64_t b = bh / g.NH, h = bh % g.NH, HS = g.HS, ld = 3 * g.C, T_ = g.T;
-  const T* base = qkv + b * T_ * ld + h * HS;
-  const T* dyb = dy + b * T_ * g.C + h * HS;
-  const T* yb = y + b * T_ * g.C + h * HS;
-  const float* lb = lse + bh * T_;
+                   bool accumulate, int64_t bkv, float* ws) {
+  const int64_t b = bkv / g.KV, j = bkv % g.KV, HS = g.HS, ld = g.W, T_ = g.T, G = g.G;
+  const T* row0 = qkv + b * T_ * ld;
+  const T *kbase = row0 + g.k_col(j), *vbase = row0 + g.v_col(j);
+  // Query head j G + i of the group: its rows of dy, y, lse, and its own D and dq.
+  auto dy_of = [&](int64_t i) { return dy + b * T_ * g.C + (j * G + i) * HS; };
+  auto lse_of = [&](int64_t i) { return lse + (b * g.NH + j * G + i) * T_; };
+  const int64_t d_stride = round_up(T_, 16), dq_stride = round_up(T_ * HS, 16);
   Carver carve(ws);
-  float* D = carve.take(T_);
-  float* dq = carve.take(T_ * HS);
+  float* D_all = carve.take(G * d_stride);
+  float* dq_all = carve.take(G * dq_stride);
   float* kt = carve.take(HS * kB);
   float* vt = carve.take(HS * kB);
   float* p = carve.take(kB * kB);
@@ -213,60 +226,75 @@ void backward_task(const Geometry& g, const T* dy, const T* qkv, const T* y, con
   float* qbuf = carve.take(kB * HS);
   float* dobuf = carve.take(kB * HS);
   float* kbuf = carve.take(kB * HS);
-  MEMFIT_ASSERT(carve.used(ws) <= backward_floats(T_, HS), "flash backward scratch overrun");
+  MEMFIT_ASSERT(carve.used(ws) <= backward_floats(T_, HS, G), "flash backward scratch overrun");
 
-  for (int64_t t = 0; t < T_; t += kB) {
-    const int64_t rows = std::min(kB, T_ - t);
-    const RowsF32 o = rows_f32(yb + t * g.C, g.C, rows, HS, qbuf);
-    const RowsF32 d = rows_f32(dyb + t * g.C, g.C, rows, HS, dobuf);
-    for (int64_t r = 0; r < rows; ++r) {
-      float dot = 0;
+  for (int64_t i = 0; i < G; ++i) {
+    const T *dyb = dy_of(i), *yb = y + b * T_ * g.C + (j * G + i) * HS;
+    float* D = D_all + i * d_stride;
+    for (int64_t t = 0; t < T_; t += kB) {
+      const int64_t rows = std::min(kB, T_ - t);
+      const RowsF32 o = rows_f32(yb + t * g.C, g.C, rows, HS, qbuf);
+      const RowsF32 d = rows_f32(dyb + t * g.C, g.C, rows, HS, dobuf);
+      for (int64_t r = 0; r < rows; ++r) {
+        float dot = 0;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < HS; ++c) dot += o.p[r * o.ld + c] * d.p[r * d.ld + c];
-      D[t + r] = dot;
+        for (int64_t c = 0; c < HS; ++c) dot += o.p[r * o.ld + c] * d.p[r * d.ld + c];
+        D[t + r] = dot;
+      }
     }
   }
-  std::fill(dq, dq + T_ * HS, 0.0f);
+  std::fill(dq_all, dq_all + G * dq_stride, 0.0f);
 
   for (int64_t kj = 0; kj < g.blocks; ++kj) {
     const int64_t k0 = kj * kB, bc = g.size(kj);
-    transpose_into(base + g.C + k0 * ld, ld, bc, HS, kt, kB);
-    transpose_into(base + 2 * g.C + k0 * ld, ld, bc, HS, vt, kB);
-    const RowsF32 k = rows_f32(base + g.C + k0 * ld, ld, bc, HS, kbuf);
-    for (int64_t qi = kj; qi < g.blocks; ++qi) {
-      const int64_t q0 = qi * kB, br = g.size(qi);
-      const bool first = qi == kj;
-      const RowsF32 q = rows_f32(base + q0 * ld, ld, br, HS, qbuf);
-      const RowsF32 dO = rows_f32(dyb + q0 * g.C, g.C, br, HS, dobuf);
-      tile_gemm(br, bc, HS, q.p, q.ld, 1, kt, kB, p, kB, false);
-      for (int64_t r = 0; r < br; ++r) {
-        float* row = p + r * kB;
-        const int64_t visible = std::min(bc, q0 + r - k0 + 1);
-        const float shift = lb[q0 + r];
+    transpose_into(kbase + k0 * ld, ld, bc, HS, kt, kB);
+    transpose_into(vbase + k0 * ld, ld, bc, HS, vt, kB);
+    const RowsF32 k = rows_f32(kbase + k0 * ld, ld, bc, HS, kbuf);
+    for (int64_t i = 0; i < G; ++i) {
+      const T* base = row0 + g.q_col(j * G + i);
+      const T* dyb = dy_of(i);
+      const float* lb = lse_of(i);
+      const float* D = D_all + i * d_stride;
+      float* dq = dq_all + i * dq_stride;
+      for (int64_t qi = kj; qi < g.blocks; ++qi) {
+        const int64_t q0 = qi * kB, br = g.size(qi);
+        const bool first = i == 0 && qi == kj;  // the first product into this key block's dk, dv
+        const RowsF32 q = rows_f32(base + q0 * ld, ld, br, HS, qbuf);
+        const RowsF32 dO = rows_f32(dyb + q0 * g.C, g.C, br, HS, dobuf);
+        tile_gemm(br, bc, HS, q.p, q.ld, 1, kt, kB, p, kB, false);
+        for (int64_t r = 0; r < br; ++r) {
+          float* row = p + r * kB;
+          const int64_t visible = std::min(bc, q0 + r - k0 + 1);
+          const float shift = lb[q0 + r];
 #pragma omp simd
-        for (int64_t c = 0; c < visible; ++c) row[c] = softmax_exp(row[c] * g.scale - shift);
-        std::fill(row + visible, row + bc, 0.0f);
-      }
-      tile_gemm(bc, HS, br, p, 1, kB, dO.p, dO.ld, dv, HS, !first);
-      tile_gemm(br, bc, HS, dO.p, dO.ld, 1, vt, kB, ds, kB, false);
-      for (int64_t r = 0; r < br; ++r) {
-        const float* prow = p + r * kB;
-        float* drow = ds + r * kB;
-        const float Dr = D[q0 + r];
+          for (int64_t c = 0; c < visible; ++c) row[c] = softmax_exp(row[c] * g.scale - shift);
+          std::fill(row + visible, row + bc, 0.0f);
+        }
+        tile_gemm(bc, HS, br, p, 1, kB, dO.p, dO.ld, dv, HS, !first);
+        tile_gemm(br, bc, HS, dO.p, dO.ld, 1, vt, kB, ds, kB, false);
+        for (int64_t r = 0; r < br; ++r) {
+          const float* prow = p + r * kB;
+          float* drow = ds + r * kB;
+          const float Dr = D[q0 + r];
 #pragma omp simd
-        for (int64_t c = 0; c < bc; ++c) drow[c] = g.scale * prow[c] * (drow[c] - Dr);
+          for (int64_t c = 0; c < bc; ++c) drow[c] = g.scale * prow[c] * (drow[c] - Dr);
+        }
+        tile_gemm(br, HS, bc, ds, kB, 1, k.p, k.ld, dq + q0 * HS, HS, true);
+        tile_gemm(bc, HS, br, ds, 1, kB, q.p, q.ld, dk, HS, !first);
       }
-      tile_gemm(br, HS, bc, ds, kB, 1, k.p, k.ld, dq + q0 * HS, HS, true);
-      tile_gemm(bc, HS, br, ds, 1, kB, q.p, q.ld, dk, HS, !first);
     }
-    T* dkb = dqkv + (b * T_ + k0) * ld + g.C + h * HS;
+    T* dkb = dqkv + (b * T_ + k0) * ld + g.k_col(j);
+    T* dvb = dqkv + (b * T_ + k0) * ld + g.v_col(j);
     for (int64_t r = 0; r < bc; ++r) {
       store_row(dkb + r * ld, dk + r * HS, HS, 1.0f, accumulate);
-      store_row(dkb + g.C + r * ld, dv + r * HS, HS, 1.0f, accumulate);
+      store_row(dvb + r * ld, dv + r * HS, HS, 1.0f, accumulate);
     }
   }
-  T* dqb = dqkv + b * T_ * ld + h * HS;
-  for (int64_t t = 0; t < T_; ++t) store_row(dqb + t * ld, dq + t * HS, HS, 1.0f, accumulate);
+  for (int64_t i = 0; i < G; ++i) {
+    T* dqb = dqkv + b * T_ * ld + g.q_col(j * G + i);
+    const float* dq = dq_all + i * dq_stride;
+    for (int64_t t = 0; t < T_; ++t) store_row(dqb + t * ld, dq + t * HS, HS, 1.0f, accumulate);
+  }
 }
 
 }  // namespace
@@ -276,7 +304,7 @@ uint64_t flash_forward_scratch_bytes(const AttentionShape& shape, int threads) {
 }
 
 uint64_t flash_backward_scratch_bytes(const AttentionShape& shape, int threads) {
-  return uint64_t(backward_floats(shape.seq, shape.head_dim)) * sizeof(float) * uint64_t(threads);
+  return uint64_t(backward_floats(shape.seq, shape.head_dim, shape.group())) * sizeof(float) * uint64_t(threads);
 }
 
 template <class T>
@@ -294,10 +322,10 @@ template <class T>
 void flash_attention_backward(const AttentionShape& shape, const T* dy, const T* qkv, const T* y, const float* lse,
                               T* dqkv, bool accumulate, void* scratch, int threads) {
   const Geometry g(shape);
-  const int64_t floats = backward_floats(shape.seq, shape.head_dim);
-  parallel_for(g.B * g.NH, 1, [&](int64_t first, int64_t last) {
+  const int64_t floats = backward_floats(shape.seq, shape.head_dim, g.G);
+  parallel_for(g.B * g.KV, 1, [&](int64_t first, int64_t last) {
     float* ws = thread_slice(scratch, floats, threads);
-    for (int64_t bh = first; bh < last; ++bh) backward_task(g, dy, qkv, y, lse, dqkv, accumulate, bh, ws);
+    for (int64_t bkv = first; bkv < last; ++bkv) backward_task(g, dy, qkv, y, lse, dqkv, accumulate, bkv, ws);
   });
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/half.hpp"
+#include "kernels/cpu/column_sums.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/cpu/reduce.hpp"
 
@@ -42,38 +43,18 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* y, float* mean, fl
 template <class T, class G>
 void layernorm_backward(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, G* dw, G* db,
                         int64_t N, int64_t C, bool acc_dx, bool acc_dw, bool acc_db) {
-  if (dw || db) {
-    const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
-    parallel_for(blocks, 1, [=](int64_t first, int64_t last) {
-      for (int64_t blk = first; blk < last; ++blk) {
-        const int64_t c0 = blk * kColumnBlock, width = std::min(kColumnBlock, C - c0);
-        double sw[kColumnBlock] = {}, sb[kColumnBlock] = {};
-        for (int64_t n0 = 0; n0 < N; n0 += kRowGroup) {
-          const int64_t n1 = std::min(N, n0 + kRowGroup);
-          float pw[kColumnBlock] = {}, pb[kColumnBlock] = {};
-          for (int64_t n = n0; n < n1; ++n) {
-            const T* dyr = dy + n * C + c0;
-            const T* xr = x + n * C + c0;
-            const float mu = mean[n], rs = rstd[n];
+  if (dw || db)
+    column_sums<2>(N, C, std::array<G*, 2>{dw, db}, {acc_dw, acc_db},
+                   [=](int64_t n, int64_t c0, int64_t width, float (*part)[kColumnBlock]) {
+                     const T* dyr = dy + n * C + c0;
+                     const T* xr = x + n * C + c0;
+                     const float mu = mean[n], rs = rstd[n];
 #pragma omp simd
-            for (int64_t c = 0; c < width; ++c) {
-              pw[c] += widen(dyr[c]) * ((widen(xr[c]) - mu) * rs);
-              pb[c] += widen(dyr[c]);
-            }
-          }
-#pragma omp simd
-          for (int64_t c = 0; c < width; ++c) {
-            sw[c] += double(pw[c]);
-            sb[c] += double(pb[c]);
-          }
-        }
-        for (int64_t c = 0; c < width; ++c) {
-          if (dw) dw[c0 + c] = narrow<G>(acc_dw ? float(double(widen(dw[c0 + c])) + sw[c]) : float(sw[c]));
-          if (db) db[c0 + c] = narrow<G>(acc_db ? float(double(widen(db[c0 + c])) + sb[c]) : float(sb[c]));
-        }
-      }
-    });
-  }
+                     for (int64_t c = 0; c < width; ++c) {
+                       part[0][c] += widen(dyr[c]) * ((widen(xr[c]) - mu) * rs);
+                       part[1][c] += widen(dyr[c]);
+                     }
+                   });
   if (!dx) return;
   parallel_for(N, kParallelGrain / C, [=](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {

@@ -9,31 +9,17 @@
 #include <algorithm>
 
 #include "core/half.hpp"
+#include "kernels/cpu/column_sums.hpp"
 #include "kernels/cpu/parallel.hpp"
 
 namespace memfit {
 
 template <class T, class G>
 void bias_grad(const T* dy, G* db, int64_t M, int64_t N, bool acc) {
-  const int64_t blocks = (N + kColumnBlock - 1) / kColumnBlock;
-  parallel_for(blocks, 1, [=](int64_t first, int64_t last) {
-    for (int64_t blk = first; blk < last; ++blk) {
-      const int64_t c0 = blk * kColumnBlock, w = std::min(kColumnBlock, N - c0);
-      double sum[kColumnBlock] = {};
-      for (int64_t i0 = 0; i0 < M; i0 += kRowGroup) {
-        const int64_t i1 = std::min(M, i0 + kRowGroup);
-        float part[kColumnBlock] = {};
-        for (int64_t i = i0; i < i1; ++i) {
-          const T* row = dy + i * N + c0;
+  column_sums<1>(M, N, std::array<G*, 1>{db}, {acc}, [=](int64_t i, int64_t c0, int64_t w, float (*part)[kColumnBlock]) {
+    const T* row = dy + i * N + c0;
 #pragma omp simd
-          for (int64_t c = 0; c < w; ++c) part[c] += widen(row[c]);
-        }
-#pragma omp simd
-        for (int64_t c = 0; c < w; ++c) sum[c] += double(part[c]);
-      }
-      for (int64_t c = 0; c < w; ++c)
-        db[c0 + c] = narrow<G>(acc ? float(double(widen(db[c0 + c])) + sum[c]) : float(sum[c]));
-    }
+    for (int64_t c = 0; c < w; ++c) part[0][c] += widen(row[c]);
   });
 }
 

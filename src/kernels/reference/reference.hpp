@@ -53,23 +53,27 @@ void fill(F* x, int64_t n, double value, bool acc);
 template <class F>
 void loss_mean(const F* losses, F* loss, int64_t n, double scale, bool acc);
 
-// Causal attention over qkv (B, T, 3C) laid out [q | k | v], head h at columns h*HS.
+// Causal attention over qkv (B, T, 3C) laid out [q | k | v], head h at columns h*HS. With KV
+// grouped kv heads (0: KV = NH) qkv is (B, T, (NH + 2KV) HS), NH query heads then KV key heads
+// then KV value heads per token; query head h reads kv head h / (NH / KV); dqkv has qkv's
+// layout, dk and dv of a kv head summed over its query heads.
 template <class F>
 void attention_forward(const F* qkv, F* y, F* probs, int64_t B, int64_t T, int64_t NH, int64_t HS, double scale,
-                       bool acc_y);
+                       bool acc_y, int64_t KV = 0);
 template <class F>
 void attention_backward(const F* dy, const F* qkv, const F* probs, F* dqkv, int64_t B, int64_t T, int64_t NH,
-                        int64_t HS, double scale, bool acc);
+                        int64_t HS, double scale, bool acc, int64_t KV = 0);
 
 // The memory-efficient form: the forward keeps y and lse (B, NH, T), the log-sum-exp of each
 // row of scaled scores; the backward rebuilds the probabilities from q, k and lse and uses
 // D_t = dy_t . y_t in place of the row sums of probs * dprobs. lse is always fp32 in the CPU
 // kernels; here it has the element type F so the double instance stays exact.
 template <class F>
-void flash_attention_forward(const F* qkv, F* y, F* lse, int64_t B, int64_t T, int64_t NH, int64_t HS, double scale);
+void flash_attention_forward(const F* qkv, F* y, F* lse, int64_t B, int64_t T, int64_t NH, int64_t HS, double scale,
+                             int64_t KV = 0);
 template <class F>
 void flash_attention_backward(const F* dy, const F* qkv, const F* y, const F* lse, F* dqkv, int64_t B, int64_t T,
-                              int64_t NH, int64_t HS, double scale, bool acc);
+                              int64_t NH, int64_t HS, double scale, bool acc, int64_t KV = 0);
 
 // Fused classifier: logits = x wte^T over all Vp columns; loss_i = logsumexp over the first V
 // columns - logit[target]; dlogits = (softmax - onehot) * dscale on the first V columns and 0

@@ -17,20 +17,32 @@ void store(F* dst, double value, bool acc) {
   *dst = acc ? F(double(*dst) + value) : F(value);
 }
 
+// Column offsets in a row of qkv: query head h, key and value head j (of KV; 0 means NH).
+struct Cols {
+  int64_t NH, KV, HS, W;
+  Cols(int64_t nh, int64_t kv, int64_t hs) : NH(nh), KV(kv > 0 ? kv : nh), HS(hs), W((NH + 2 * KV) * HS) {}
+  int64_t q(int64_t h) const { return h * HS; }
+  int64_t kv_of(int64_t h) const { return h / (NH / KV); }
+  int64_t k(int64_t h) const { return (NH + kv_of(h)) * HS; }       // of query head h's kv head
+  int64_t v(int64_t h) const { return (NH + KV + kv_of(h)) * HS; }  // likewise
+};
+
 }  // namespace
 
 template <class F>
 void attention_forward(const F* qkv, F* y, F* probs, int64_t B, int64_t T, int64_t NH, int64_t HS, double scale,
-                       bool acc_y) {
+                       bool acc_y, int64_t KV) {
   const int64_t C = NH * HS;
+  const Cols col(NH, KV, HS);
+  const int64_t W = col.W;
   std::vector<double> p(size_t(T), 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
       for (int64_t t = 0; t < T; ++t) {
-        const F* q = qkv + (b * T + t) * 3 * C + h * HS;
+        const F* q = qkv + (b * T + t) * W + col.q(h);
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t s = 0; s <= t; ++s) {
-          const F* k = qkv + (b * T + s) * 3 * C + C + h * HS;
+          const F* k = qkv + (b * T + s) * W + col.k(h);
           double dot = 0;
           for (int64_t d = 0; d < HS; ++d) dot += double(q[d]) * double(k[d]);
           p[size_t(s)] = scale * dot;
@@ -45,8 +57,7 @@ void attention_forward(const F* qkv, F* y, F* probs, int64_t B, int64_t T, int64
         for (int64_t s = 0; s < T; ++s) prow[s] = s <= t ? F(p[size_t(s)] / sum) : F(0);
         for (int64_t d = 0; d < HS; ++d) {
           double acc = 0;
-          for (int64_t s = 0; s <= t; ++s)
-            acc += p[size_t(s)] / sum * double(qkv[(b * T + s) * 3 * C + 2 * C + h * HS + d]);
+          for (int64_t s = 0; s <= t; ++s) acc += p[size_t(s)] / sum * double(qkv[(b * T + s) * W + col.v(h) + d]);
           store(&y[(b * T + t) * C + h * HS + d], acc, acc_y);
         }
       }
@@ -54,14 +65,18 @@ void attention_forward(const F* qkv, F* y, F* probs, int64_t B, int64_t T, int64
 
 template <class F>
 void attention_backward(const F* dy, const F* qkv, const F* probs, F* dqkv, int64_t B, int64_t T, int64_t NH,
-                        int64_t HS, double scale, bool acc) {
+                        int64_t HS, double scale, bool acc, int64_t KV) {
   const int64_t C = NH * HS;
+  const Cols col(NH, KV, HS);
+  const int64_t W = col.W;
   // Gradients are summed in double over the whole tensor, then stored once, so that
-  // accumulate mode adds each element exactly one value.
-  std::vector<double> g(size_t(B * T * 3 * C), 0.0);
+  // accumulate mode adds each element exactly one value (and a kv head's gradient is the sum
+  // over its query heads before it is rounded).
+  std::vector<double> g(size_t(B * T * W), 0.0);
   std::vector<double> dp(size_t(T), 0.0);
+  // Element d of query head h's q (part 0), k (1) or v (2) at position t of batch b.
   auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t d) {
-    return (b * T + t) * 3 * C + part * C + h * HS + d;
+    return (b * T + t) * W + (part == 0 ? col.q(h) : part == 1 ? col.k(h) : col.v(h)) + d;
   };
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
@@ -129,9 +144,9 @@ void classifier(const F* x, const F* wte, const int32_t* targets, F* losses, F* 
 }
 
 #define MEMFIT_REF_INSTANTIATE(F)                                                                                  \
-  template void attention_forward<F>(const F*, F*, F*, int64_t, int64_t, int64_t, int64_t, double, bool);          \
+  template void attention_forward<F>(const F*, F*, F*, int64_t, int64_t, int64_t, int64_t, double, bool, int64_t); \
   template void attention_backward<F>(const F*, const F*, const F*, F*, int64_t, int64_t, int64_t, int64_t, double, \
-                                      bool);                                                                       \
+                                      bool, int64_t);                                                              \
   template void classifier<F>(const F*, const F*, const int32_t*, F*, F*, F*, int64_t, int64_t, int64_t, int64_t,  \
                               double, bool, bool);
 

@@ -11,15 +11,25 @@
 namespace memfit::ref {
 namespace {
 
+// Column offsets in a row of qkv (W wide): query head h, and the key and value heads that
+// query head h reads (kv head h / (NH / KV); KV = 0 means NH).
+struct Cols {
+  int64_t NH, KV, HS, W;
+  Cols(int64_t nh, int64_t kv, int64_t hs) : NH(nh), KV(kv > 0 ? kv : nh), HS(hs), W((NH + 2 * KV) * HS) {}
+  int64_t q(int64_t h) const { return h * HS; }
+  int64_t k(int64_t h) const { return (NH + h / (NH / KV)) * HS; }
+  int64_t v(int64_t h) const { return (NH + KV + h / (NH / KV)) * HS; }
+};
+
 // Scaled scores of query t of head (b, h) against keys 0..t.
 template <class F>
-void scores(const F* qkv, int64_t b, int64_t h, int64_t t, int64_t T, int64_t C, int64_t HS, double scale,
+void scores(const F* qkv, int64_t b, int64_t h, int64_t t, int64_t T, const Cols& col, double scale,
             std::vector<double>& s) {
-  const F* q = qkv + (b * T + t) * 3 * C + h * HS;
+  const F* q = qkv + (b * T + t) * col.W + col.q(h);
   for (int64_t j = 0; j <= t; ++j) {
-    const F* k = qkv + (b * T + j) * 3 * C + C + h * HS;
+    const F* k = qkv + (b * T + j) * col.W + col.k(h);
     double dot = 0;
-    for (int64_t d = 0; d < HS; ++d) dot += double(q[d]) * double(k[d]);
+    for (int64_t d = 0; d < col.HS; ++d) dot += double(q[d]) * double(k[d]);
     s[size_t(j)] = scale * dot;
   }
 }
@@ -27,13 +37,15 @@ void scores(const F* qkv, int64_t b, int64_t h, int64_t t, int64_t T, int64_t C,
 }  // namespace
 
 template <class F>
-void flash_attention_forward(const F* qkv, F* y, F* lse, int64_t B, int64_t T, int64_t NH, int64_t HS, double scale) {
+void flash_attention_forward(const F* qkv, F* y, F* lse, int64_t B, int64_t T, int64_t NH, int64_t HS, double scale,
+                             int64_t KV) {
   const int64_t C = NH * HS;
+  const Cols col(NH, KV, HS);
   std::vector<double> s(static_cast<size_t>(T));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
       for (int64_t t = 0; t < T; ++t) {
-        scores(qkv, b, h, t, T, C, HS, scale, s);
+        scores(qkv, b, h, t, T, col, scale, s);
         double mx = -std::numeric_limits<double>::infinity(), sum = 0;
         for (int64_t j = 0; j <= t; ++j) mx = std::max(mx, s[size_t(j)]);
         for (int64_t j = 0; j <= t; ++j) sum += std::exp(s[size_t(j)] - mx);
@@ -42,7 +54,7 @@ void flash_attention_forward(const F* qkv, F* y, F* lse, int64_t B, int64_t T, i
         for (int64_t d = 0; d < HS; ++d) {
           double acc = 0;
           for (int64_t j = 0; j <= t; ++j)
-            acc += std::exp(s[size_t(j)] - row_lse) * double(qkv[(b * T + j) * 3 * C + 2 * C + h * HS + d]);
+            acc += std::exp(s[size_t(j)] - row_lse) * double(qkv[(b * T + j) * col.W + col.v(h) + d]);
           y[(b * T + t) * C + h * HS + d] = F(acc);
         }
       }
@@ -50,11 +62,15 @@ void flash_attention_forward(const F* qkv, F* y, F* lse, int64_t B, int64_t T, i
 
 template <class F>
 void flash_attention_backward(const F* dy, const F* qkv, const F* y, const F* lse, F* dqkv, int64_t B, int64_t T,
-                              int64_t NH, int64_t HS, double scale, bool acc) {
+                              int64_t NH, int64_t HS, double scale, bool acc, int64_t KV) {
   const int64_t C = NH * HS;
-  std::vector<double> g(static_cast<size_t>(B * T * 3 * C), 0.0), s(static_cast<size_t>(T));
+  const Cols col(NH, KV, HS);
+  // Summed in double over the whole tensor (a kv head's gradient over all its query heads),
+  // then stored once.
+  std::vector<double> g(static_cast<size_t>(B * T * col.W), 0.0), s(static_cast<size_t>(T));
+  // Element d of query head h's q (part 0), k (1) or v (2) at position t of batch b.
   auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t d) {
-    return size_t((b * T + t) * 3 * C + part * C + h * HS + d);
+    return size_t((b * T + t) * col.W + (part == 0 ? col.q(h) : part == 1 ? col.k(h) : col.v(h)) + d);
   };
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
@@ -63,7 +79,7 @@ void flash_attention_backward(const F* dy, const F* qkv, const F* y, const F* ls
         const F* yr = y + (b * T + t) * C + h * HS;
         double D = 0;
         for (int64_t d = 0; d < HS; ++d) D += double(dyr[d]) * double(yr[d]);
-        scores(qkv, b, h, t, T, C, HS, scale, s);
+        scores(qkv, b, h, t, T, col, scale, s);
         const double row_lse = double(lse[(b * NH + h) * T + t]);
         for (int64_t j = 0; j <= t; ++j) {
           const double p = std::exp(s[size_t(j)] - row_lse);
@@ -83,9 +99,9 @@ void flash_attention_backward(const F* dy, const F* qkv, const F* y, const F* ls
 }
 
 #define MEMFIT_REF_INSTANTIATE(F)                                                                                 \
-  template void flash_attention_forward<F>(const F*, F*, F*, int64_t, int64_t, int64_t, int64_t, double);          \
+  template void flash_attention_forward<F>(const F*, F*, F*, int64_t, int64_t, int64_t, int64_t, double, int64_t); \
   template void flash_attention_backward<F>(const F*, const F*, const F*, const F*, F*, int64_t, int64_t, int64_t, \
-                                            int64_t, double, bool);
+                                            int64_t, double, bool, int64_t);
 
 MEMFIT_REF_INSTANTIATE(float)
 MEMFIT_REF_INSTANTIATE(double)

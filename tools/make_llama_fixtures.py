@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Regenerate the PyTorch reference fixtures in tests/fixtures/llama_tiny_torch/.
+
+What it writes (all float32 / int32, CPU, deterministic):
+  config.json, model.safetensors  tiny LlamaForCausalLM (HF names; grouped-query attention with
+                                  4 query heads and 2 key/value heads; untied lm_head)
+  batch.safetensors               tokens, targets: int32 [B, T] (llm.c convention: one flat
+                                  sequence of B*T+1 tokens, targets = inputs shifted by one)
+  expected.safetensors            logits [B, T, V], loss [], grad.<param name> for every
+                                  parameter, losses_adamw [4] (loss before step 1, 2, 3 and
+                                  after step 3 of AdamW on the same batch)
+  README.md                       provenance and how to regenerate
+
+Run from the repository root (uses the tools venv, not the repo):
+  /opt/torchenv/bin/python tools/make_llama_fixtures.py
+
+vocab_size is 250 (memfit pads tables to 256 rows: padding must never leak), intermediate_size
+172 (not a multiple of 16: ragged vector tails), and the RMSNorm weights get seeded noise (HF
+initialises them to 1, which would hide a norm that ignores its weight).
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from fixture_common import adamw_losses, loss_of, make_batch
+
+
+def parse_args():
+    repo_root = Path(__file__).resolve().parent.parent
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=repo_root / "tests" / "fixtures" / "llama_tiny_torch")
+    p.add_argument("--seed", type=int, default=1234, help="seed for the model weights")
+    p.add_argument("--data-seed", type=int, default=4321, help="seed for the token batch")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--intermediate", type=int, default=172)
+    p.add_argument("--positions", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=250)
+    p.add_argument("--rope-theta", type=float, default=10000.0)
+    p.add_argument("--eps", type=float, default=1e-6)
+    p.add_argument("--adamw-steps", type=int, default=3)
+    p.add_argument("--perturb-std", type=float, default=0.1, help="std of seeded noise on the RMSNorm weights")
+    return p.parse_args()
+
+
+def build_model(args):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        hidden_size=args.hidden, intermediate_size=args.intermediate, max_position_embeddings=args.positions,
+        vocab_size=args.vocab, rms_norm_eps=args.eps, rope_theta=args.rope_theta, hidden_act="silu",
+        attention_bias=False, mlp_bias=False, tie_word_embeddings=False, attention_dropout=0.0, use_cache=False,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(args.seed)
+    model = LlamaForCausalLM._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    if args.perturb_std > 0:
+        gen = torch.Generator().manual_seed(args.seed + 1)
+        with torch.no_grad():
+            for _, p in model.named_parameters():
+                if p.ndim < 2:
+                    p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * args.perturb_std)
+    model.train()
+    assert model.config._attn_implementation == "eager"
+    assert model.lm_head.weight is not model.model.embed_tokens.weight, "lm_head must be untied"
+    return model
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(torch.float32)
+
+    import safetensors
+    import transformers
+    from transformers import LlamaForCausalLM
+
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    for name in os.listdir(out):
+        (out / name).unlink()
+
+    model = build_model(args)
+    param_names = [n for n, _ in model.named_parameters()]
+    model.save_pretrained(out, safe_serialization=True)
+    for extra in sorted(set(os.listdir(out)) - {"config.json", "model.safetensors"}):
+        (out / extra).unlink()
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        if set(f.keys()) != set(param_names):
+            sys.exit(f"model.safetensors keys differ from the parameters: {sorted(set(f.keys()) ^ set(param_names))}")
+
+    tokens, targets = make_batch(args.batch, args.seq, args.vocab, args.data_seed)
+    reloaded = LlamaForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=torch.float32)
+    meta = {"source": f"tools/make_llama_fixtures.py torch={torch.__version__} "
+                      f"transformers={transformers.__version__} seed={args.seed} data_seed={args.data_seed} "
+                      f"perturb_std={args.perturb_std}"}
+    save_file({"tokens": tokens.to(torch.int32).contiguous(), "targets": targets.to(torch.int32).contiguous()},
+              str(out / "batch.safetensors"), metadata=meta)
+
+    model.zero_grad(set_to_none=True)
+    logits, loss = loss_of(model, tokens, targets)
+    loss.backward()
+    with torch.no_grad():
+        if not torch.equal(reloaded(input_ids=tokens).logits, logits.detach()):
+            sys.exit("reloaded model gives different logits")
+    del reloaded
+
+    expected = {"logits": logits.detach().contiguous(), "loss": loss.detach().reshape(())}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            sys.exit(f"no gradient for {name}")
+        expected["grad." + name] = p.grad.detach().clone().contiguous()
+    losses = adamw_losses(model, tokens, targets, args.adamw_steps)
+    if abs(losses[0].item() - loss.item()) > 1e-6:
+        sys.exit(f"AdamW start loss {losses[0].item()} != loss {loss.item()}")
+    if not all(losses[i + 1] < losses[i] for i in range(len(losses) - 1)):
+        sys.exit(f"loss does not decrease over AdamW steps: {losses.tolist()}")
+    expected["losses_adamw"] = losses
+    save_file(expected, str(out / "expected.safetensors"), metadata=meta)
+
+    B, T, V = args.batch, args.seq, args.vocab
+    (out / "README.md").write_text(f"""# llama_tiny_torch
+
+Reference values from PyTorch {torch.__version__} + transformers {transformers.__version__} (safetensors {safetensors.__version__}), float32, CPU, 1 thread, deterministic algorithms, made by `tools/make_llama_fixtures.py`.
+`config.json` + `model.safetensors`: HF `LlamaForCausalLM` (layers={args.layers}, heads={args.heads}, kv_heads={args.kv_heads}, hidden={args.hidden}, intermediate={args.intermediate}, positions={args.positions}, vocab={V}, rope_theta={args.rope_theta}, rms_norm_eps={args.eps}, untied lm_head, eager attention), seed {args.seed}, HF init plus N(0, {args.perturb_std}) noise on the RMSNorm weights.
+`batch.safetensors`: `tokens`, `targets` int32 [{B}, {T}], from one flat random sequence of B*T+1 tokens (seed {args.data_seed}).
+`expected.safetensors`: `logits` [{B}, {T}, {V}], `loss` [] (mean cross-entropy over all B*T tokens), `grad.<param name>` for every parameter, `losses_adamw` [{args.adamw_steps + 1}] (AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0.1 on ndim>=2 params else 0: loss before each step, then after the last).
+Regenerate from the repository root: `/opt/torchenv/bin/python tools/make_llama_fixtures.py`.
+""")
+    print(f"loss = {loss.item():.6f}   losses_adamw = {[round(x, 6) for x in losses.tolist()]}")
+    total = sum((out / n).stat().st_size for n in os.listdir(out))
+    print(f"{total:,d} bytes in {out}")
+
+
+if __name__ == "__main__":
+    main()
