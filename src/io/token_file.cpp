@@ -12,10 +12,12 @@ namespace memfit {
 namespace {
 
 constexpr std::string_view kPiece = "data";
-// llm.c: 256 little-endian int32 (magic, version, token count, unused), then the tokens.
+// llm.c: 256 little-endian int32 (magic, version, token count, unused), then the tokens:
+// uint16 in GPT-2 files, uint32 in Llama 3 files (llm.c's dev/data/data_common.py).
 constexpr int32_t kLlmcMagic = 20240520;
 constexpr int32_t kLlmcVersionUint16 = 1;
-constexpr int32_t kLlmcVersionUint32 = 2;  // LLaMA 3 tokenizer files
+constexpr int32_t kLlmcMagicLlama3 = 20240801;
+constexpr int32_t kLlmcVersionLlama3 = 7;
 constexpr uint64_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
 constexpr int64_t kMinTokens = 2;  // one input and its target
 
@@ -26,7 +28,9 @@ int32_t read_le_i32(const std::byte* p) {
 }
 
 bool starts_with_llmc_magic(const MappedFile& file) {
-  return file.size() >= 4 && read_le_i32(file.data()) == kLlmcMagic;
+  if (file.size() < 4) return false;
+  const int32_t magic = read_le_i32(file.data());
+  return magic == kLlmcMagic || magic == kLlmcMagicLlama3;
 }
 
 TokenFormat detect_format(const MappedFile& file) {
@@ -69,17 +73,21 @@ TokenData TokenData::open(const std::string& path, TokenFormat format) {
       const int32_t magic = read_le_i32(file.data());
       const int32_t version = read_le_i32(file.data() + 4);
       const int32_t count = read_le_i32(file.data() + 8);
-      MEMFIT_CHECK(magic == kLlmcMagic, kPiece, "{}: bad llm.c magic {} (expected {})", path, magic, kLlmcMagic);
-      MEMFIT_CHECK(version != kLlmcVersionUint32, kPiece,
-                   "{}: llm.c version 2 (uint32 tokens, LLaMA 3) is not supported yet", path);
-      MEMFIT_CHECK(version == kLlmcVersionUint16, kPiece, "{}: unknown llm.c version {} (expected {})", path,
-                   version, kLlmcVersionUint16);
+      MEMFIT_CHECK(magic == kLlmcMagic || magic == kLlmcMagicLlama3, kPiece,
+                   "{}: bad llm.c magic {} (expected {} for GPT-2 files or {} for Llama 3 files)", path, magic,
+                   kLlmcMagic, kLlmcMagicLlama3);
+      const bool llama3 = magic == kLlmcMagicLlama3;
+      const int32_t want = llama3 ? kLlmcVersionLlama3 : kLlmcVersionUint16;
+      MEMFIT_CHECK(version == want, kPiece, "{}: unknown llm.c version {} for magic {} (expected {})", path, version,
+                   magic, want);
       MEMFIT_CHECK(count >= 0, kPiece, "{}: negative token count {} in the llm.c header", path, count);
-      const uint64_t expected = kLlmcHeaderBytes + 2 * uint64_t(count);
+      const uint64_t width = llama3 ? 4 : 2;
+      const uint64_t expected = kLlmcHeaderBytes + width * uint64_t(count);
       MEMFIT_CHECK(file.size() == expected, kPiece,
                    "{}: header says {} tokens, so the file should be {} bytes, but it is {} bytes ({})", path, count,
                    expected, file.size(), file.size() < expected ? "truncated" : "trailing bytes");
-      data.words_ = reinterpret_cast<const uint16_t*>(file.data() + kLlmcHeaderBytes);  // page + 1024: aligned
+      if (llama3) data.dwords_ = reinterpret_cast<const uint32_t*>(file.data() + kLlmcHeaderBytes);  // page + 1024
+      else data.words_ = reinterpret_cast<const uint16_t*>(file.data() + kLlmcHeaderBytes);
       data.size_ = count;
       break;
     }
@@ -121,6 +129,7 @@ TokenData::TokenData(TokenData&& other) noexcept
       owned_(std::move(other.owned_)),  // a moved vector keeps its buffer, so words_ stays valid
       bytes_(std::exchange(other.bytes_, nullptr)),
       words_(std::exchange(other.words_, nullptr)),
+      dwords_(std::exchange(other.dwords_, nullptr)),
       size_(std::exchange(other.size_, 0)),
       format_(other.format_),
       description_(std::move(other.description_)) {}
@@ -131,6 +140,7 @@ TokenData& TokenData::operator=(TokenData&& other) noexcept {
     owned_ = std::move(other.owned_);
     bytes_ = std::exchange(other.bytes_, nullptr);
     words_ = std::exchange(other.words_, nullptr);
+    dwords_ = std::exchange(other.dwords_, nullptr);
     size_ = std::exchange(other.size_, 0);
     format_ = other.format_;
     description_ = std::move(other.description_);
@@ -140,7 +150,8 @@ TokenData& TokenData::operator=(TokenData&& other) noexcept {
 
 int32_t TokenData::at(int64_t i) const {
   MEMFIT_ASSERT(i >= 0 && i < size_, "token {} out of range [0, {}) in {}", i, size_, description_);
-  return bytes_ ? int32_t(bytes_[i]) : int32_t(words_[i]);
+  // A uint32 token past INT32_MAX comes out negative, which the data loader refuses by name.
+  return bytes_ ? int32_t(bytes_[i]) : dwords_ ? int32_t(dwords_[i]) : int32_t(words_[i]);
 }
 
 void TokenData::copy(int64_t start, int64_t count, int32_t* dst) const {
@@ -148,6 +159,8 @@ void TokenData::copy(int64_t start, int64_t count, int32_t* dst) const {
                 start, start + count, size_, description_);
   if (bytes_) {
     for (int64_t i = 0; i < count; ++i) dst[i] = int32_t(bytes_[start + i]);
+  } else if (dwords_) {
+    for (int64_t i = 0; i < count; ++i) dst[i] = int32_t(dwords_[start + i]);
   } else {
     for (int64_t i = 0; i < count; ++i) dst[i] = int32_t(words_[start + i]);
   }

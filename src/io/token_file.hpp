@@ -1,5 +1,6 @@
 // Token sequences for training and evaluation: llm.c .bin files (a 1024-byte header, then
-// uint16 tokens), nanoGPT .bin files (raw uint16 tokens) and plain text (one token per byte).
+// uint16 tokens, or uint32 tokens in Llama 3 files), nanoGPT .bin files (raw uint16 tokens) and
+// plain text (one token per byte).
 //
 // Invariant: a TokenData holds at least 2 tokens (one input/target pair), and every token it
 // returns is below vocab_hint(). Files are mapped read-only and never copied; the mapping
@@ -34,7 +35,7 @@ class TokenData {
   void copy(int64_t start, int64_t count, int32_t* dst) const;  // [start, start + count) must be in range
   TokenFormat format() const { return format_; }
   const std::string& description() const { return description_; }
-  int64_t vocab_hint() const { return format_ == TokenFormat::text ? 256 : 65536; }
+  int64_t vocab_hint() const { return format_ == TokenFormat::text ? 256 : dwords_ ? int64_t(1) << 31 : 65536; }
 
   TokenData(TokenData&& other) noexcept;
   TokenData& operator=(TokenData&& other) noexcept;  // the moved-from object is left empty
@@ -49,6 +50,7 @@ class TokenData {
   std::vector<uint16_t> owned_;   // from_tokens only
   const uint8_t* bytes_ = nullptr;   // text: one token per byte
   const uint16_t* words_ = nullptr;  // llmc / nanogpt / owned: one token per uint16
+  const uint32_t* dwords_ = nullptr; // llmc Llama 3 files: one token per uint32
   int64_t size_ = 0;
   TokenFormat format_ = TokenFormat::text;
   std::string description_;

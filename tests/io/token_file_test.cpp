@@ -75,9 +75,12 @@ TEST(TokenFile, RefusesMalformedLlmcFiles) {
     std::string bytes;
     std::vector<std::string_view> expected;
   } cases[] = {
-      {"bad magic", llmc_header(20240521, 1, 4) + four_tokens, {"magic 20240521", "20240520"}},
-      {"llama 3 version", llmc_header(20240520, 2, 4) + four_tokens, {"version 2", "uint32"}},
+      {"bad magic", llmc_header(20240521, 1, 4) + four_tokens, {"magic 20240521", "20240520", "20240801"}},
+      {"gpt-2 magic, version 2", llmc_header(20240520, 2, 4) + four_tokens, {"version 2", "expected 1"}},
       {"unknown version", llmc_header(20240520, 7, 4) + four_tokens, {"version 7"}},
+      {"llama 3 magic, gpt-2 version", llmc_header(20240801, 1, 2) + four_tokens, {"version 1", "expected 7"}},
+      {"llama 3 tokens cut short", llmc_header(20240801, 7, 4) + four_tokens,
+       {"1040 bytes", "1032 bytes", "truncated"}},
       {"negative count", llmc_header(20240520, 1, -4) + four_tokens, {"negative token count -4"}},
       {"truncated", llmc_header(20240520, 1, 4) + four_tokens.substr(0, 6), {"1032 bytes", "1030 bytes", "truncated"}},
       {"padded", llmc_header(20240520, 1, 4) + four_tokens + "xy", {"1032 bytes", "1034 bytes", "trailing"}},
@@ -91,6 +94,21 @@ TEST(TokenFile, RefusesMalformedLlmcFiles) {
     const std::string message = expect_error([&] { (void)TokenData::open(path, TokenFormat::llmc); }, "data", {path});
     for (std::string_view part : c.expected) EXPECT_NE(message.find(part), std::string::npos) << part << " / " << message;
   }
+}
+
+// llm.c's Llama 3 files (magic 20240801, version 7): uint32 tokens past 65535, detected by
+// their magic (not taken for a nanoGPT file because of the .bin name).
+TEST(TokenFile, ReadsLlama3LlmcFilesWithUint32Tokens) {
+  ScratchDir dir;
+  const std::string path = dir.file("llama3.bin");
+  const std::vector<uint32_t> tokens = {128000, 9906, 11, 65536, 128255, 0};
+  test::write_bytes(path, llmc_header(20240801, 7, 6) + bytes_of<uint32_t>({128000, 9906, 11, 65536, 128255, 0}));
+  const TokenData data = TokenData::open(path);
+  EXPECT_EQ(data.format(), TokenFormat::llmc);
+  ASSERT_EQ(data.size(), 6);
+  EXPECT_EQ(all_tokens(data), std::vector<int32_t>(tokens.begin(), tokens.end()));
+  EXPECT_EQ(data.at(4), 128255);
+  EXPECT_GT(data.vocab_hint(), 128255);
 }
 
 TEST(TokenFile, ReadsNanogptRawTokens) {
