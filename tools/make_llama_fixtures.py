@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Regenerate the PyTorch reference fixtures in tests/fixtures/llama_tiny_torch/.
+"""Regenerate the PyTorch reference fixtures in tests/fixtures/llama_tiny_torch/ (and, with
+--family qwen2, tests/fixtures/qwen2_tiny_torch/: biases on q, k and v, tied embeddings).
 
 What it writes (all float32 / int32, CPU, deterministic):
   config.json, model.safetensors  tiny LlamaForCausalLM (HF names; grouped-query attention with
@@ -13,6 +14,7 @@ What it writes (all float32 / int32, CPU, deterministic):
 
 Run from the repository root (uses the tools venv, not the repo):
   /opt/torchenv/bin/python tools/make_llama_fixtures.py
+  /opt/torchenv/bin/python tools/make_llama_fixtures.py --family qwen2
 
 vocab_size is 250 (memfit pads tables to 256 rows: padding must never leak), intermediate_size
 172 (not a multiple of 16: ragged vector tails), and the RMSNorm weights get seeded noise (HF
@@ -34,7 +36,8 @@ from fixture_common import adamw_losses, loss_of, make_batch
 def parse_args():
     repo_root = Path(__file__).resolve().parent.parent
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=repo_root / "tests" / "fixtures" / "llama_tiny_torch")
+    p.add_argument("--family", choices=("llama", "qwen2"), default="llama")
+    p.add_argument("--out", type=Path, default=None, help="default tests/fixtures/<family>_tiny_torch")
     p.add_argument("--seed", type=int, default=1234, help="seed for the model weights")
     p.add_argument("--data-seed", type=int, default=4321, help="seed for the token batch")
     p.add_argument("--batch", type=int, default=2)
@@ -42,28 +45,38 @@ def parse_args():
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--intermediate", type=int, default=172)
+    p.add_argument("--hidden", type=int, default=None, help="default 64 (llama), 32 (qwen2)")
+    p.add_argument("--intermediate", type=int, default=None, help="default 172 (llama), 72 (qwen2)")
     p.add_argument("--positions", type=int, default=64)
     p.add_argument("--vocab", type=int, default=250)
     p.add_argument("--rope-theta", type=float, default=10000.0)
     p.add_argument("--eps", type=float, default=1e-6)
     p.add_argument("--adamw-steps", type=int, default=3)
-    p.add_argument("--perturb-std", type=float, default=0.1, help="std of seeded noise on the RMSNorm weights")
-    return p.parse_args()
+    p.add_argument("--perturb-std", type=float, default=0.1,
+                   help="std of seeded noise on the RMSNorm weights and q/k/v biases (HF starts them at 1 and 0)")
+    args = p.parse_args()
+    qwen2 = args.family == "qwen2"
+    args.hidden = args.hidden or (32 if qwen2 else 64)
+    args.intermediate = args.intermediate or (72 if qwen2 else 172)
+    args.out = args.out or repo_root / "tests" / "fixtures" / f"{args.family}_tiny_torch"
+    return args
 
 
 def build_model(args):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    config = LlamaConfig(
+    common = dict(
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         hidden_size=args.hidden, intermediate_size=args.intermediate, max_position_embeddings=args.positions,
         vocab_size=args.vocab, rms_norm_eps=args.eps, rope_theta=args.rope_theta, hidden_act="silu",
-        attention_bias=False, mlp_bias=False, tie_word_embeddings=False, attention_dropout=0.0, use_cache=False,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        attention_dropout=0.0, use_cache=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if args.family == "qwen2":
+        config, cls = Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common), Qwen2ForCausalLM
+    else:
+        config = LlamaConfig(attention_bias=False, mlp_bias=False, tie_word_embeddings=False, **common)
+        cls = LlamaForCausalLM
     torch.manual_seed(args.seed)
-    model = LlamaForCausalLM._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
     if args.perturb_std > 0:
         gen = torch.Generator().manual_seed(args.seed + 1)
         with torch.no_grad():
@@ -72,7 +85,8 @@ def build_model(args):
                     p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * args.perturb_std)
     model.train()
     assert model.config._attn_implementation == "eager"
-    assert model.lm_head.weight is not model.model.embed_tokens.weight, "lm_head must be untied"
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    assert tied == (args.family == "qwen2"), "llama: untied lm_head; qwen2: tied"
     return model
 
 
@@ -84,7 +98,7 @@ def main():
 
     import safetensors
     import transformers
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -101,7 +115,7 @@ def main():
             sys.exit(f"model.safetensors keys differ from the parameters: {sorted(set(f.keys()) ^ set(param_names))}")
 
     tokens, targets = make_batch(args.batch, args.seq, args.vocab, args.data_seed)
-    reloaded = LlamaForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=torch.float32)
+    reloaded = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=torch.float32)
     meta = {"source": f"tools/make_llama_fixtures.py torch={torch.__version__} "
                       f"transformers={transformers.__version__} seed={args.seed} data_seed={args.data_seed} "
                       f"perturb_std={args.perturb_std}"}
@@ -130,13 +144,13 @@ def main():
     save_file(expected, str(out / "expected.safetensors"), metadata=meta)
 
     B, T, V = args.batch, args.seq, args.vocab
-    (out / "README.md").write_text(f"""# llama_tiny_torch
+    (out / "README.md").write_text(f"""# {out.name}
 
 Reference values from PyTorch {torch.__version__} + transformers {transformers.__version__} (safetensors {safetensors.__version__}), float32, CPU, 1 thread, deterministic algorithms, made by `tools/make_llama_fixtures.py`.
-`config.json` + `model.safetensors`: HF `LlamaForCausalLM` (layers={args.layers}, heads={args.heads}, kv_heads={args.kv_heads}, hidden={args.hidden}, intermediate={args.intermediate}, positions={args.positions}, vocab={V}, rope_theta={args.rope_theta}, rms_norm_eps={args.eps}, untied lm_head, eager attention), seed {args.seed}, HF init plus N(0, {args.perturb_std}) noise on the RMSNorm weights.
+`config.json` + `model.safetensors`: HF `{type(model).__name__}` (layers={args.layers}, heads={args.heads}, kv_heads={args.kv_heads}, hidden={args.hidden}, intermediate={args.intermediate}, positions={args.positions}, vocab={V}, rope_theta={args.rope_theta}, rms_norm_eps={args.eps}, {"tied embeddings and q/k/v biases" if args.family == "qwen2" else "untied lm_head"}, eager attention), seed {args.seed}, HF init plus N(0, {args.perturb_std}) noise on the RMSNorm weights{" and biases" if args.family == "qwen2" else ""}.
 `batch.safetensors`: `tokens`, `targets` int32 [{B}, {T}], from one flat random sequence of B*T+1 tokens (seed {args.data_seed}).
 `expected.safetensors`: `logits` [{B}, {T}, {V}], `loss` [] (mean cross-entropy over all B*T tokens), `grad.<param name>` for every parameter, `losses_adamw` [{args.adamw_steps + 1}] (AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0.1 on ndim>=2 params else 0: loss before each step, then after the last).
-Regenerate from the repository root: `/opt/torchenv/bin/python tools/make_llama_fixtures.py`.
+Regenerate from the repository root: `/opt/torchenv/bin/python tools/make_llama_fixtures.py --family {args.family}`.
 """)
     print(f"loss = {loss.item():.6f}   losses_adamw = {[round(x, 6) for x in losses.tolist()]}")
     total = sum((out / n).stat().st_size for n in os.listdir(out))
