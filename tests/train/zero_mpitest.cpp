@@ -1,4 +1,4 @@
-// ZeRO stages 0..3 under mpirun (CTest runs this with 2 and 4 ranks): a 20-step gpt2-tiny run
+// ZeRO stages 0..3 under mpirun (CTest runs this with 2 and 4 ranks): a 20-step gpt2-tiny run (and llama-tiny)
 // with micro-batch B per rank against the world-size-1 run of the same global batch (W*B
 // rows), computed in process by rank 0 with a single-process communicator and broadcast.
 // Oracles: the loss trajectory and the final validation loss (the global ones) within a
@@ -53,11 +53,12 @@ class AllocWatch final : public RunHooks {
 };
 
 double initial_loss_scale = 65536;  // fp16 runs
+std::string model = "gpt2-tiny";
 
 RunConfig config(const Policy& policy, int world) {
   RunConfig c;
   c.loss_scale.initial_scale = initial_loss_scale;
-  c.model = "gpt2-tiny";
+  c.model = model;
   c.policy = policy;
   c.policy.seq = 32;
   c.policy.batch = kRowsPerRank * (world == 1 ? comm().size() : 1);
@@ -145,6 +146,16 @@ void expect_matches_single_rank(const Policy& base, std::initializer_list<int> s
 
 TEST(Zero, Fp32AdamWEveryStageMatchesOneRank) {
   expect_matches_single_rank(Policy{}, {0, 1, 2, 3}, 1e-5);
+}
+
+// The llama family through the same pass: an untied lm_head, grouped-query qkv, RMSNorm
+// weights (flash attention, so bf16 would run too).
+TEST(Zero, LlamaEveryStageMatchesOneRank) {
+  model = "llama-tiny";
+  Policy p;
+  p.attention = AttentionKind::flash;
+  expect_matches_single_rank(p, {0, 1, 2, 3}, 1e-5);
+  model = "gpt2-tiny";
 }
 
 TEST(Zero, Bf16WithGlobalNormClippingMatchesOneRank) {
