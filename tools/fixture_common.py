@@ -38,3 +38,24 @@ def adamw_losses(model, tokens, targets, steps):
     with torch.no_grad():
         losses.append(loss_of(model, tokens, targets)[1].item())
     return torch.tensor(losses, dtype=torch.float32)
+
+
+def reference_values(model, tokens, targets, adamw_steps):
+    """The fixture's expected tensors: logits, loss, grad.<name> of every parameter, then
+    losses_adamw (the AdamW steps update the model). Exits when a sanity check fails."""
+    import sys
+    model.zero_grad(set_to_none=True)
+    logits, loss = loss_of(model, tokens, targets)
+    loss.backward()
+    expected = {"logits": logits.detach().contiguous(), "loss": loss.detach().reshape(())}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            sys.exit(f"no gradient for {name}")
+        expected["grad." + name] = p.grad.detach().clone().contiguous()
+    losses = adamw_losses(model, tokens, targets, adamw_steps)
+    if abs(losses[0].item() - loss.item()) > 1e-6:
+        sys.exit(f"AdamW start loss {losses[0].item()} != loss {loss.item()}")
+    if not all(losses[i + 1] < losses[i] for i in range(len(losses) - 1)):
+        sys.exit(f"loss does not decrease over AdamW steps: {losses.tolist()}")
+    expected["losses_adamw"] = losses
+    return expected

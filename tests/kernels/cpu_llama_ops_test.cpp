@@ -54,22 +54,7 @@ Vec widened(const std::vector<T>& v) {
   return out;
 }
 
-// Runs fn with 1, 2 and 3 OpenMP threads and checks that the buffers it fills are bitwise
-// equal each time.
-void expect_thread_count_independent(const std::function<std::vector<Vec>()>& fn) {
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const std::vector<Vec> one = fn();
-  for (int threads : {2, 3}) {
-    omp_set_num_threads(threads);
-    const std::vector<Vec> many = fn();
-    ASSERT_EQ(one.size(), many.size());
-    for (size_t i = 0; i < one.size(); ++i)
-      EXPECT_EQ(0, std::memcmp(one[i].data(), many[i].data(), one[i].size() * sizeof(float)))
-          << "buffer " << i << " differs with " << threads << " threads";
-  }
-  omp_set_num_threads(saved);
-}
+using test::expect_thread_count_independent;
 
 // ---------------------------------------------------------------------------------------
 // RMSNorm

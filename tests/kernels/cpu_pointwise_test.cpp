@@ -28,22 +28,7 @@ using test::random_ints;
 using test::random_vector;
 using Vec = std::vector<float>;
 
-// Runs fn with 1, 2 and 3 OpenMP threads and checks that the float buffers it fills are
-// bitwise equal each time.
-void expect_thread_count_independent(const std::function<std::vector<Vec>()>& fn) {
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const std::vector<Vec> one = fn();
-  for (int threads : {2, 3}) {
-    omp_set_num_threads(threads);
-    const std::vector<Vec> many = fn();
-    ASSERT_EQ(one.size(), many.size());
-    for (size_t i = 0; i < one.size(); ++i)
-      EXPECT_EQ(0, std::memcmp(one[i].data(), many[i].data(), one[i].size() * sizeof(float)))
-          << "buffer " << i << " differs with " << threads << " threads";
-  }
-  omp_set_num_threads(saved);
-}
+using test::expect_thread_count_independent;
 
 // Single float additions of values in [-1, 1], rounded once in float instead of once in
 // double: at most a couple of ulp of the largest value.

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
@@ -77,6 +79,23 @@ inline std::vector<double> numeric_grad(std::vector<double>& x, const std::funct
     g[i] = (up - down) / (2 * kGradStep);
   }
   return g;
+}
+
+// Runs fn with 1, 2 and 3 OpenMP threads and checks that the float buffers it fills are
+// bitwise equal each time.
+inline void expect_thread_count_independent(const std::function<std::vector<std::vector<float>>()>& fn) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<std::vector<float>> one = fn();
+  for (int threads : {2, 3}) {
+    omp_set_num_threads(threads);
+    const std::vector<std::vector<float>> many = fn();
+    ASSERT_EQ(one.size(), many.size());
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(one[i].data(), many[i].data(), one[i].size() * sizeof(float)))
+          << "buffer " << i << " differs with " << threads << " threads";
+  }
+  omp_set_num_threads(saved);
 }
 
 }  // namespace memfit::test
