@@ -21,6 +21,9 @@ bool is_conv1d_weight(const std::string& name) {
 
 namespace {
 
+constexpr std::string_view kGpt2Prefix = "transformer.";
+constexpr std::string_view kFusedQkv = "self_attn.qkv_proj.";
+
 bool is_vocab_table(const ModelSpec& spec, const std::string& param) {
   return spec.arch == Arch::gpt2 ? param == "wte.weight" : param == "embed_tokens.weight" || param == "lm_head.weight";
 }
@@ -31,9 +34,10 @@ std::vector<HfPiece> hf_pieces(const ModelSpec& spec, const std::string& param, 
   const int64_t rows = is_vocab_table(spec, param) ? spec.vocab_size : shape[0];
   if (spec.arch == Arch::gpt2) return {{param, rows}};
   if (param == "lm_head.weight") return {{param, rows}};
-  const auto fused = param.find("self_attn.qkv_proj.");
+  const auto fused = param.find(kFusedQkv);
   if (fused == std::string::npos) return {{"model." + param, rows}};
-  const std::string head = "model." + param.substr(0, fused) + "self_attn.", tail = param.substr(fused + 19);
+  const std::string head = "model." + param.substr(0, fused) + "self_attn.";
+  const std::string tail = param.substr(fused + kFusedQkv.size());  // "weight" or "bias"
   const int64_t q = spec.n_head * spec.head_dim(), kv = spec.n_kv_head * spec.head_dim();
   return {{head + "q_proj." + tail, q}, {head + "k_proj." + tail, kv}, {head + "v_proj." + tail, kv}};
 }
@@ -43,7 +47,7 @@ namespace {
 // A checkpoint's name in canonical form: the hub's gpt2 has no "transformer." prefix, and a
 // bare LlamaModel's tensors have no "model." prefix.
 std::string canonical_name(const ModelSpec& spec, const std::string& name) {
-  if (spec.arch == Arch::gpt2) return name.starts_with("transformer.") ? name.substr(12) : name;
+  if (spec.arch == Arch::gpt2) return name.starts_with(kGpt2Prefix) ? name.substr(kGpt2Prefix.size()) : name;
   return name.starts_with("model.") || name == "lm_head.weight" ? name : "model." + name;
 }
 
@@ -61,7 +65,7 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec) 
   if (fs::is_directory(file)) file /= "model.safetensors";
   const SafetensorsReader reader(file.string());
   const Program& p = ex.program();
-  const char* prefix = spec.arch == Arch::gpt2 ? "transformer." : "model.";
+  const std::string_view prefix = spec.arch == Arch::gpt2 ? kGpt2Prefix : "model.";
 
   std::map<std::string, const SafetensorsEntry*> by_name;
   for (const SafetensorsEntry& e : reader.entries()) {
@@ -122,13 +126,13 @@ void save_weights(const std::string& path, const Executor& ex, const ModelSpec& 
       std::vector<float>& buf = copies.emplace_back(size_t(rows * cols));
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) buf[size_t(c * rows + r)] = src[r * cols + c];
-      tensors.push_back({"transformer." + param.name, DType::f32, Shape{cols, rows}, buf.data()});
+      tensors.push_back({std::string(kGpt2Prefix) + param.name, DType::f32, Shape{cols, rows}, buf.data()});
       continue;
     }
     const int64_t row_size = t.numel() / t.shape[0];
     int64_t row = 0;
     for (const HfPiece& piece : hf_pieces(spec, param.name, t.shape)) {
-      const std::string name = spec.arch == Arch::gpt2 ? "transformer." + piece.name : piece.name;
+      const std::string name = spec.arch == Arch::gpt2 ? std::string(kGpt2Prefix) + piece.name : piece.name;
       const Shape shape = t.shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
       tensors.push_back({name, DType::f32, shape, src + row * row_size});
       row += piece.rows;
