@@ -45,6 +45,10 @@ struct AttentionShape {
   int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t group() const { return heads / kv(); }  // query heads per kv head
   int64_t qkv_channels() const { return (heads + 2 * kv()) * head_dim; }  // row of qkv, dqkv
+  // Columns within a row of qkv (and dqkv) of query head h, and of key and value head j.
+  int64_t q_col(int64_t h) const { return h * head_dim; }
+  int64_t k_col(int64_t j) const { return (heads + j) * head_dim; }
+  int64_t v_col(int64_t j) const { return (heads + kv() + j) * head_dim; }
   // The causal products are split into this many blocks of sequence positions, so that the
   // blocks above the diagonal (entirely masked) are never computed.
   int64_t blocks() const;

@@ -153,15 +153,6 @@ void softmax_backward_rows(const float* p, float* d, int64_t r0, int64_t r1, int
   }
 }
 
-// Offsets within a row of qkv (or dqkv) of query head h, and of key and value head j.
-struct Parts {
-  int64_t W, HS, NH, KV;
-  explicit Parts(const AttentionShape& s) : W(s.qkv_channels()), HS(s.head_dim), NH(s.heads), KV(s.kv()) {}
-  int64_t q(int64_t h) const { return h * HS; }
-  int64_t k(int64_t j) const { return (NH + j) * HS; }
-  int64_t v(int64_t j) const { return (NH + KV + j) * HS; }
-};
-
 }  // namespace
 
 uint64_t attention_tiles_scratch_bytes(const AttentionShape& shape, int threads) {
@@ -171,15 +162,14 @@ uint64_t attention_tiles_scratch_bytes(const AttentionShape& shape, int threads)
 void attention_forward_tiles(const AttentionShape& s, const float* qkv, float* y, float* probs, bool acc_y,
                              void* scratch, int threads) {
   const int64_t T = s.seq, HS = s.head_dim, C = s.channels(), G = s.group();
-  const Parts at(s);
-  const int64_t ld = at.W;
+  const int64_t ld = s.qkv_channels();
   parallel_for(s.batch * s.heads, 0, [&](int64_t first, int64_t last) {
     float* kt = thread_slice(scratch, s, threads);
     float* vp = kt + operand_floats(s);
     for (int64_t i = first; i < last; ++i) {
       const int64_t b = i / s.heads, h = i % s.heads;
       const float* row0 = qkv + b * T * ld;
-      const float *q = row0 + at.q(h), *k = row0 + at.k(h / G), *v = row0 + at.v(h / G);
+      const float *q = row0 + s.q_col(h), *k = row0 + s.k_col(h / G), *v = row0 + s.v_col(h / G);
       float* p = probs + i * T * T;
       float* yh = y ? y + b * T * C + h * HS : nullptr;
       transpose_serial(kt, T, k, ld, T, HS);
@@ -197,8 +187,7 @@ void attention_forward_tiles(const AttentionShape& s, const float* qkv, float* y
 void attention_backward_tiles(const AttentionShape& s, const float* dy, const float* qkv, const float* probs,
                               float* dqkv, float* dprobs, bool acc, void* scratch, int threads) {
   const int64_t T = s.seq, HS = s.head_dim, C = s.channels(), G = s.group();
-  const Parts at(s);
-  const int64_t ld = at.W;
+  const int64_t ld = s.qkv_channels();
   parallel_for(s.batch * s.kv(), 0, [&](int64_t first, int64_t last) {
     float* vt = thread_slice(scratch, s, threads);
     float *dyp = vt + operand_floats(s), *kp = dyp + operand_floats(s), *qp = kp + operand_floats(s);
@@ -206,19 +195,19 @@ void attention_backward_tiles(const AttentionShape& s, const float* dy, const fl
       const int64_t b = task / s.kv(), j = task % s.kv();
       const float* row0 = qkv + b * T * ld;
       float* drow0 = dqkv + b * T * ld;
-      float *dk = drow0 + at.k(j), *dv = drow0 + at.v(j);
+      float *dk = drow0 + s.k_col(j), *dv = drow0 + s.v_col(j);
       // k and v^T serve the whole group.
-      pack_rows(kp, row0 + at.k(j), T, HS, ld);
-      transpose_serial(vt, T, row0 + at.v(j), ld, T, HS);
+      pack_rows(kp, row0 + s.k_col(j), T, HS, ld);
+      transpose_serial(vt, T, row0 + s.v_col(j), ld, T, HS);
       for (int64_t h = j * G; h < (j + 1) * G; ++h) {
         const int64_t i = b * s.heads + h;
         const float* p = probs + i * T * T;
         float* d = dprobs + i * T * T;
-        float* dq = drow0 + at.q(h);
+        float* dq = drow0 + s.q_col(h);
         // The group's first query head writes dk, dv as the mode says; the others add to them.
         const bool acc_kv = acc || h > j * G;
         pack_rows(dyp, dy + b * T * C + h * HS, T, HS, C);
-        pack_rows(qp, row0 + at.q(h), T, HS, ld);
+        pack_rows(qp, row0 + s.q_col(h), T, HS, ld);
         // dV rows [j0, j1) = sum over queries t >= j0 of P[t][j] dy[t].
         for (int64_t j0 = 0; j0 < T; j0 += kQB) {
           const int64_t j1 = std::min(T, j0 + kQB);

@@ -112,19 +112,16 @@ void transpose_into(const T* src, int64_t ld_src, int64_t rows, int64_t cols, fl
   }
 }
 
-// C: the channels of y and dy. W: the row of qkv and dqkv, (NH + 2KV) HS; query head h at
-// h HS, key head j at (NH + j) HS, value head j at (NH + KV + j) HS (3C, C + h HS and
-// 2C + h HS without grouping).
+// C: the channels of y and dy. W: the row of qkv and dqkv, (NH + 2KV) HS; the columns of the
+// heads within it come from the shape (AttentionShape::q_col, k_col, v_col).
 struct Geometry {
+  AttentionShape shape;
   int64_t B, T, NH, KV, G, HS, C, W, blocks;
   float scale;
   explicit Geometry(const AttentionShape& s)
-      : B(s.batch), T(s.seq), NH(s.heads), KV(s.kv()), G(s.group()), HS(s.head_dim), C(s.channels()),
+      : shape(s), B(s.batch), T(s.seq), NH(s.heads), KV(s.kv()), G(s.group()), HS(s.head_dim), C(s.channels()),
         W(s.qkv_channels()), blocks((s.seq + kB - 1) / kB), scale(s.scale) {}
   int64_t size(int64_t block) const { return std::min(kB, T - block * kB); }
-  int64_t q_col(int64_t h) const { return h * HS; }
-  int64_t k_col(int64_t j) const { return (NH + j) * HS; }
-  int64_t v_col(int64_t j) const { return (NH + KV + j) * HS; }
 };
 
 // One query block of one head. The scores are computed transposed, s^T = K_j Q_i^T (keys in
@@ -136,7 +133,8 @@ void forward_task(const Geometry& g, const T* qkv, T* y, float* lse, int64_t bh,
   const int64_t b = bh / g.NH, h = bh % g.NH, HS = g.HS, ld = g.W;
   const int64_t q0 = qi * kB, br = g.size(qi);
   const T* row0 = qkv + b * g.T * ld;
-  const T *base = row0 + g.q_col(h), *kbase = row0 + g.k_col(h / g.G), *vbase = row0 + g.v_col(h / g.G);
+  const T* base = row0 + g.shape.q_col(h);
+  const T *kbase = row0 + g.shape.k_col(h / g.G), *vbase = row0 + g.shape.v_col(h / g.G);
   Carver carve(ws);
   float* qt = carve.take(HS * kB);
   float* st = carve.take(kB * kB);
@@ -209,7 +207,7 @@ void backward_task(const Geometry& g, const T* dy, const T* qkv, const T* y, con
                    bool accumulate, int64_t bkv, float* ws) {
   const int64_t b = bkv / g.KV, j = bkv % g.KV, HS = g.HS, ld = g.W, T_ = g.T, G = g.G;
   const T* row0 = qkv + b * T_ * ld;
-  const T *kbase = row0 + g.k_col(j), *vbase = row0 + g.v_col(j);
+  const T *kbase = row0 + g.shape.k_col(j), *vbase = row0 + g.shape.v_col(j);
   // Query head j G + i of the group: its rows of dy, y, lse, and its own D and dq.
   auto dy_of = [&](int64_t i) { return dy + b * T_ * g.C + (j * G + i) * HS; };
   auto lse_of = [&](int64_t i) { return lse + (b * g.NH + j * G + i) * T_; };
@@ -251,7 +249,7 @@ void backward_task(const Geometry& g, const T* dy, const T* qkv, const T* y, con
     transpose_into(vbase + k0 * ld, ld, bc, HS, vt, kB);
     const RowsF32 k = rows_f32(kbase + k0 * ld, ld, bc, HS, kbuf);
     for (int64_t i = 0; i < G; ++i) {
-      const T* base = row0 + g.q_col(j * G + i);
+      const T* base = row0 + g.shape.q_col(j * G + i);
       const T* dyb = dy_of(i);
       const float* lb = lse_of(i);
       const float* D = D_all + i * d_stride;
@@ -283,15 +281,15 @@ void backward_task(const Geometry& g, const T* dy, const T* qkv, const T* y, con
         tile_gemm(bc, HS, br, ds, 1, kB, q.p, q.ld, dk, HS, !first);
       }
     }
-    T* dkb = dqkv + (b * T_ + k0) * ld + g.k_col(j);
-    T* dvb = dqkv + (b * T_ + k0) * ld + g.v_col(j);
+    T* dkb = dqkv + (b * T_ + k0) * ld + g.shape.k_col(j);
+    T* dvb = dqkv + (b * T_ + k0) * ld + g.shape.v_col(j);
     for (int64_t r = 0; r < bc; ++r) {
       store_row(dkb + r * ld, dk + r * HS, HS, 1.0f, accumulate);
       store_row(dvb + r * ld, dv + r * HS, HS, 1.0f, accumulate);
     }
   }
   for (int64_t i = 0; i < G; ++i) {
-    T* dqb = dqkv + b * T_ * ld + g.q_col(j * G + i);
+    T* dqb = dqkv + b * T_ * ld + g.shape.q_col(j * G + i);
     const float* dq = dq_all + i * dq_stride;
     for (int64_t t = 0; t < T_; ++t) store_row(dqb + t * ld, dq + t * HS, HS, 1.0f, accumulate);
   }
