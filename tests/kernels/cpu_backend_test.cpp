@@ -242,6 +242,10 @@ TEST(CpuBackend, UnsupportedOpsFailAtPrepareNamingTheOp) {
   const TensorId rstd = f.tensor("rstd", {4});
   const std::string rms = message(f.op(OpKind::rmsnorm_forward, {a, w}, {a16, rstd}));
   EXPECT_NE(rms.find("no CPU kernel for rmsnorm_forward (bf16) yet"), std::string::npos) << rms;
+  // A weight gradient of the wrong size is refused before the kernel could write past it.
+  const TensorId w5 = f.tensor("w5", {5});
+  const std::string dw = message(f.op(OpKind::rmsnorm_backward, {a, a, w, rstd}, {a, w5}));
+  EXPECT_NE(dw.find("dw 'w5' has 5 elements, expected 8"), std::string::npos) << dw;
   const TensorId a8 = f.tensor("a8", {4, 8}, DType::i8);
   EXPECT_NE(message(f.op(OpKind::cast, {a}, {a8})).find("no CPU kernel for cast (int8)"), std::string::npos);
   // fp16 products: oneDNN 2.6 has none on CPUs (the precision pass makes them fp32 islands).

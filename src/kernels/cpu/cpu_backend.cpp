@@ -312,7 +312,10 @@ std::unique_ptr<PreparedOp> prepare_rmsnorm_backward(const Program& p, const Op&
   const TensorDesc& x = p.tensor(op.inputs[1]);
   const int64_t C = x.shape.last(), N = x.numel() / C;
   check_numel(p, op, op.inputs[0], N * C, "dy");
+  check_numel(p, op, op.inputs[2], C, "w");
   check_numel(p, op, op.inputs[3], N, "rstd");
+  check_numel(p, op, op.outputs[0], N * C, "dx");
+  check_numel(p, op, op.outputs[1], C, "dw");
   require_dtype(p, op, op.inputs[0], x.dtype);
   require_dtype(p, op, op.inputs[2], x.dtype);
   require_dtype(p, op, op.inputs[3], DType::f32);
@@ -336,9 +339,14 @@ std::unique_ptr<PreparedOp> prepare_swiglu(const Program& p, const Op& op, const
   const TensorId gate_id = op.inputs[fwd ? 0 : 1];
   const TensorDesc& gate = p.tensor(gate_id);
   const int64_t n = gate.numel();
-  for (TensorId id : op.inputs) check_numel(p, op, id, n, "operand"), require_dtype(p, op, id, gate.dtype);
-  for (TensorId id : op.outputs)
-    if (id != kNoTensor) check_numel(p, op, id, n, "result"), require_dtype(p, op, id, gate.dtype);
+  for (TensorId id : op.inputs) {
+    check_numel(p, op, id, n, "operand");
+    require_dtype(p, op, id, gate.dtype);
+  }
+  for (TensorId id : op.outputs) {
+    check_numel(p, op, id, n, "result");
+    require_dtype(p, op, id, gate.dtype);
+  }
   if (fwd) require_overwrite(op, 0);
   std::unique_ptr<PreparedOp> out;
   dispatch_t(op, gate.dtype, [&](auto t) {
