@@ -3,10 +3,10 @@
 # trains the same model and shape for a few steps and reports the planned device peak, the
 # activations and temporaries at the peak, the measured arena high-water mark and ms/step.
 # Rounds run every config in turn (so all see the same machine load); the summary gives
-# medians over rounds and step time relative to the first config (naive:none by default).
+# medians over rounds and step time relative to the first config (plain:none by default).
 #
 #   bench/activation_policies.sh [--model gpt2] [--batch 4] [--seq 1024] [--steps 2] [--rounds 2]
-#                                [--configs "naive:none naive:full flash:none ..."]
+#                                [--configs "plain:none plain:full flash:none ..."]
 #
 # Long sequences need a model with more positions than GPT-2's 1024, e.g.
 #   bench/activation_policies.sh --model bench/configs/gpt2-8k.json --batch 1 --seq 4096
@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=gpt2 batch=4 seq=1024 steps=2 rounds=2 threads=2
-configs="naive:none naive:full naive:every:sqrt naive:selective naive:selective:attention,mlp_activation,norms flash:none flash:selective flash:full"
+configs="plain:none plain:full plain:every:sqrt plain:selective plain:selective:attention,mlp_activation,norms flash:none flash:selective flash:full"
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift 2 ;;

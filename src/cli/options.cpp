@@ -64,7 +64,7 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    });
   add<std::string>(app, "--recompute", "none | full | every:K | selective[:ops] | auto",
                    [](RunConfig& c, std::string v) { c.policy.recompute = parse_recompute(v); });
-  add<std::string>(app, "--attention", "naive | flash",
+  add<std::string>(app, "--attention", "plain | flash",
                    [](RunConfig& c, std::string v) { c.policy.attention = parse_attention(v); });
   add<std::string>(app, "--optimizer", "adamw | adamw8bit",
                    [](RunConfig& c, std::string v) { c.policy.optimizer = parse_optimizer(v); });

@@ -32,7 +32,7 @@ std::vector<StateChoice> state_choices(int world) {
 RecomputePolicy recompute_level(int level, AttentionKind attention) {
   switch (level) {
     case 0: return parse_recompute("none");
-    case 1: return parse_recompute(attention == AttentionKind::naive ? "selective:attention" : "selective:mlp_activation,norms");
+    case 1: return parse_recompute(attention == AttentionKind::plain ? "selective:attention" : "selective:mlp_activation,norms");
     default: return parse_recompute("full");
   }
 }
@@ -100,7 +100,7 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
 
   // Fastest-looking keys first, so pruning bites early.
   for (Precision prec : {Precision::bf16, Precision::fp32})
-    for (AttentionKind attn : {AttentionKind::flash, AttentionKind::naive})
+    for (AttentionKind attn : {AttentionKind::flash, AttentionKind::plain})
       for (int level = 0; level < 3; ++level)
         for (OptimizerKind opt : {OptimizerKind::adamw, OptimizerKind::adamw8bit}) {
           Policy p = base;

@@ -57,7 +57,7 @@ class GraphBuilder {
     TensorId y = kNoTensor, probs = kNoTensor, lse = kNoTensor;
   };
   AttentionOut attention(const std::string& name, TensorId qkv, const AttentionAttrs& attrs,
-                         AttentionKind kind = AttentionKind::naive);
+                         AttentionKind kind = AttentionKind::plain);
   // LLaMA vocabulary (graph/builder_llama.cpp). The token
   // embedding without a position table (inputs [tokens, wte]); RMSNorm; rotary embedding of
   // the q and k heads of a qkv tensor (y may take x's bytes); SwiGLU y = silu(gate) * up.

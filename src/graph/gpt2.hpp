@@ -29,6 +29,6 @@ Gpt2Params declare_gpt2_parameters(GraphBuilder& b, const ModelSpec& spec);
 // `prefix` keeps tensor names unique when the forward is emitted twice (training and eval);
 // `attention` picks the plain or the flash form of the attention core.
 TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& spec, const Gpt2Params& params, TensorId tokens,
-                      const std::string& prefix, AttentionKind attention = AttentionKind::naive);
+                      const std::string& prefix, AttentionKind attention = AttentionKind::plain);
 
 }  // namespace memfit

@@ -26,6 +26,6 @@ LlamaParams declare_llama_parameters(GraphBuilder& b, const ModelSpec& spec);
 
 // Emits the forward pass for tokens (B, T); returns the final normalised hidden state.
 TensorId llama_forward(GraphBuilder& b, const ModelSpec& spec, const LlamaParams& params, TensorId tokens,
-                       const std::string& prefix, AttentionKind attention = AttentionKind::naive);
+                       const std::string& prefix, AttentionKind attention = AttentionKind::plain);
 
 }  // namespace memfit

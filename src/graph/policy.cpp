@@ -22,12 +22,12 @@ Precision parse_precision(std::string_view s) {
   throw Error("policy", fmt::format("unknown precision '{}' (expected fp32, bf16 or fp16)", s));
 }
 
-std::string_view attention_name(AttentionKind a) { return a == AttentionKind::naive ? "naive" : "flash"; }
+std::string_view attention_name(AttentionKind a) { return a == AttentionKind::plain ? "plain" : "flash"; }
 
 AttentionKind parse_attention(std::string_view s) {
-  if (s == "naive") return AttentionKind::naive;
+  if (s == "plain" || s == "naive") return AttentionKind::plain;  // "naive": the name before 0.2
   if (s == "flash") return AttentionKind::flash;
-  throw Error("policy", fmt::format("unknown attention '{}' (expected naive or flash)", s));
+  throw Error("policy", fmt::format("unknown attention '{}' (expected plain or flash)", s));
 }
 
 std::string_view optimizer_name(OptimizerKind o) { return o == OptimizerKind::adamw ? "adamw" : "adamw8bit"; }

@@ -15,7 +15,7 @@
 namespace memfit {
 
 enum class Precision : uint8_t { fp32, bf16, fp16 };
-enum class AttentionKind : uint8_t { naive, flash };
+enum class AttentionKind : uint8_t { plain, flash };
 enum class OptimizerKind : uint8_t { adamw, adamw8bit };
 enum class RecomputeMode : uint8_t { none, full, every, selective, automatic };
 
@@ -61,7 +61,7 @@ struct Policy {
   std::vector<std::string> fp32_ops;      // ops computed in fp32 under bf16/fp16: kind names,
                                           // op names, or name prefixes ending in '*'
   RecomputePolicy recompute;
-  AttentionKind attention = AttentionKind::naive;
+  AttentionKind attention = AttentionKind::plain;
   OptimizerKind optimizer = OptimizerKind::adamw;
   AdamWConfig adamw;
   double grad_clip = 0;  // > 0: clip gradients to this global norm (DeepSpeed gradient_clipping)

@@ -68,13 +68,13 @@ struct KeptCase {
 TEST(Gpt2Program, ActivationsPerLayerMatchKorthikantiTensorListForEveryPolicy) {
   using A = std::array<int64_t, 4>;
   const std::vector<KeptCase> cases = {
-      {"none", AttentionKind::naive, [](int64_t, int64_t) { return A{16, 1, 0, 4}; }},
-      {"selective", AttentionKind::naive, [](int64_t, int64_t) { return A{16, 0, 0, 4}; }},
-      {"selective:attention,mlp_activation,norms", AttentionKind::naive, [](int64_t, int64_t) { return A{10, 0, 0, 4}; }},
-      {"selective:gelu", AttentionKind::naive, [](int64_t, int64_t) { return A{12, 1, 0, 4}; }},
-      {"full", AttentionKind::naive, [](int64_t, int64_t) { return A{1, 0, 0, 0}; }},
-      {"every:2", AttentionKind::naive, [](int64_t l, int64_t L) { return (l % 2 == 1 || l == L - 1) ? A{1, 0, 0, 0} : A{}; }},
-      {"every:3", AttentionKind::naive, [](int64_t l, int64_t L) { return (l % 3 == 2 || l == L - 1) ? A{1, 0, 0, 0} : A{}; }},
+      {"none", AttentionKind::plain, [](int64_t, int64_t) { return A{16, 1, 0, 4}; }},
+      {"selective", AttentionKind::plain, [](int64_t, int64_t) { return A{16, 0, 0, 4}; }},
+      {"selective:attention,mlp_activation,norms", AttentionKind::plain, [](int64_t, int64_t) { return A{10, 0, 0, 4}; }},
+      {"selective:gelu", AttentionKind::plain, [](int64_t, int64_t) { return A{12, 1, 0, 4}; }},
+      {"full", AttentionKind::plain, [](int64_t, int64_t) { return A{1, 0, 0, 0}; }},
+      {"every:2", AttentionKind::plain, [](int64_t l, int64_t L) { return (l % 2 == 1 || l == L - 1) ? A{1, 0, 0, 0} : A{}; }},
+      {"every:3", AttentionKind::plain, [](int64_t l, int64_t L) { return (l % 3 == 2 || l == L - 1) ? A{1, 0, 0, 0} : A{}; }},
       {"none", AttentionKind::flash, [](int64_t, int64_t) { return A{16, 0, 1, 4}; }},
       {"selective", AttentionKind::flash, [](int64_t, int64_t) { return A{16, 0, 1, 4}; }},
       {"full", AttentionKind::flash, [](int64_t, int64_t) { return A{1, 0, 0, 0}; }},

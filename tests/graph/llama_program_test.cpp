@@ -109,7 +109,7 @@ TEST(LlamaProgram, GroupedQueryAttentionRopeAndSwiGluHaveTheirShapes) {
 TEST(LlamaProgram, EveryRecomputeModeAndAttentionPlansWithoutOverlap) {
   const ModelSpec s = model_preset("llama-tiny");
   uint64_t none_peak = 0;
-  for (AttentionKind attn : {AttentionKind::naive, AttentionKind::flash})
+  for (AttentionKind attn : {AttentionKind::plain, AttentionKind::flash})
     for (const char* rec : {"none", "selective", "selective:mlp_activation,norms", "full", "every:2"})
       for (Precision prec : {Precision::fp32, Precision::bf16}) {
         Policy pol;
@@ -121,9 +121,9 @@ TEST(LlamaProgram, EveryRecomputeModeAndAttentionPlansWithoutOverlap) {
         const Program p = build_training_program(s, pol, {});
         const MemoryPlan plan = plan_memory(p);
         EXPECT_EQ(find_overlap(p, plan), "") << rec;
-        if (attn == AttentionKind::naive && prec == Precision::fp32 && std::string(rec) == "none")
+        if (attn == AttentionKind::plain && prec == Precision::fp32 && std::string(rec) == "none")
           none_peak = plan.tier(Tier::device).peak_bytes;
-        if (attn == AttentionKind::naive && prec == Precision::fp32 && std::string(rec) == "full") {
+        if (attn == AttentionKind::plain && prec == Precision::fp32 && std::string(rec) == "full") {
           EXPECT_LT(plan.tier(Tier::device).peak_bytes, none_peak);
           EXPECT_GT(recompute_flops(p), 0);
         }
@@ -152,9 +152,9 @@ TEST(LlamaProgram, ActivationsPerLayerMatchTheTensorList) {
     AttentionKind attention;
     int64_t elements;
   } cases[] = {
-      {"none", AttentionKind::naive, B * T * (5 * h + Q + 3 * F + 2) + a * T * T * B},
-      {"selective", AttentionKind::naive, B * T * (5 * h + Q + 3 * F + 2)},
-      {"selective:mlp_activation,norms", AttentionKind::naive, B * T * (3 * h + Q + 2 * F + 2) + a * T * T * B},
+      {"none", AttentionKind::plain, B * T * (5 * h + Q + 3 * F + 2) + a * T * T * B},
+      {"selective", AttentionKind::plain, B * T * (5 * h + Q + 3 * F + 2)},
+      {"selective:mlp_activation,norms", AttentionKind::plain, B * T * (3 * h + Q + 2 * F + 2) + a * T * T * B},
       {"none", AttentionKind::flash, B * T * (5 * h + Q + 3 * F + 2) + a * T * B},
       {"full", AttentionKind::flash, B * T * h},
   };

@@ -14,7 +14,7 @@ namespace {
 
 const ModelSpec kSpec = model_preset("gpt2-tiny");  // 4 blocks
 
-Program build(const std::string& recompute, AttentionKind attention = AttentionKind::naive) {
+Program build(const std::string& recompute, AttentionKind attention = AttentionKind::plain) {
   Policy p;
   p.batch = 2;
   p.seq = 32;

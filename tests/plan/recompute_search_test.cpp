@@ -65,7 +65,7 @@ void expect_search_matches_exhaustive(const ModelSpec& spec, AttentionKind atten
 }
 
 TEST(RecomputeSearch, MatchesExhaustiveSearchOnThreeBlocks) {
-  expect_search_matches_exhaustive(small_gpt2(3), AttentionKind::naive, 4, 64);
+  expect_search_matches_exhaustive(small_gpt2(3), AttentionKind::plain, 4, 64);
 }
 
 TEST(RecomputeSearch, MatchesExhaustiveSearchWithFlashAttention) {
@@ -73,7 +73,7 @@ TEST(RecomputeSearch, MatchesExhaustiveSearchWithFlashAttention) {
 }
 
 TEST(RecomputeSearch, MatchesExhaustiveSearchOnFourBlocks) {
-  expect_search_matches_exhaustive(small_gpt2(4), AttentionKind::naive, 2, 96);
+  expect_search_matches_exhaustive(small_gpt2(4), AttentionKind::plain, 2, 96);
 }
 
 TEST(RecomputeSearch, NoRecomputationWhenEverythingFitsAndTheMostWhenNothingDoes) {

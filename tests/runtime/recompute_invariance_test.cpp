@@ -91,7 +91,7 @@ const std::vector<std::string> kPolicies = {"full", "every:2", "every:3", "every
                                             "selective:mlp_activation,norms", "selective:attention,gelu,norms"};
 
 TEST(RecomputeInvariance, EveryPolicyGivesBitwiseEqualGradients) {
-  for (AttentionKind attention : {AttentionKind::naive, AttentionKind::flash}) {
+  for (AttentionKind attention : {AttentionKind::plain, AttentionKind::flash}) {
     const Result base = run_micro("none", attention, 1, false);
     EXPECT_EQ(base.recompute_flops, 0.0);
     for (const std::string& policy : kPolicies) {
@@ -115,14 +115,14 @@ TEST(RecomputeInvariance, EveryPolicyGivesBitwiseEqualGradients) {
 }
 
 TEST(RecomputeInvariance, SameUnderGradientAccumulation) {
-  const Result base = run_micro("none", AttentionKind::naive, 2, false);
+  const Result base = run_micro("none", AttentionKind::plain, 2, false);
   for (const std::string policy : {"full", "every:2", "selective"})
-    expect_bitwise_equal(run_micro(policy, AttentionKind::naive, 2, false), base, policy + " with accumulation 2");
+    expect_bitwise_equal(run_micro(policy, AttentionKind::plain, 2, false), base, policy + " with accumulation 2");
 }
 
 TEST(RecomputeInvariance, StepsAllocateNothingAndMatchThePlan) {
   for (const std::string policy : {"full", "every:2"})
-    for (AttentionKind attention : {AttentionKind::naive, AttentionKind::flash}) {
+    for (AttentionKind attention : {AttentionKind::plain, AttentionKind::flash}) {
       const Result r = run_micro(policy, attention, 1, true);
       EXPECT_EQ(r.allocations, 0) << policy;
       EXPECT_EQ(r.measured, r.planned) << policy;
@@ -133,7 +133,7 @@ TEST(RecomputeInvariance, StepsAllocateNothingAndMatchThePlan) {
 // ops they replay, so the promise is the same: bitwise equal to `none` in that precision.
 TEST(RecomputeInvariance, SameUnderBf16AndFp16) {
   for (Precision precision : {Precision::bf16, Precision::fp16})
-    for (AttentionKind attention : {AttentionKind::naive, AttentionKind::flash}) {
+    for (AttentionKind attention : {AttentionKind::plain, AttentionKind::flash}) {
       const Result base = run_micro("none", attention, 1, false, precision);
       for (const std::string policy : {"full", "every:2", "selective"}) {
         const std::string what =
@@ -150,9 +150,9 @@ TEST(RecomputeInvariance, SameUnderBf16AndFp16) {
 // the plain form rounds the probabilities too. Both are a few 16-bit roundings away from the
 // fp32 result; the bound is the fp32-vs-16-bit difference itself, so flash is no worse.
 TEST(FlashAttentionProgram, In16BitsAsCloseToFp32AsThePlainForm) {
-  const Result exact = run_micro("none", AttentionKind::naive, 1, false);
+  const Result exact = run_micro("none", AttentionKind::plain, 1, false);
   for (Precision precision : {Precision::bf16, Precision::fp16}) {
-    const Result plain = run_micro("none", AttentionKind::naive, 1, false, precision);
+    const Result plain = run_micro("none", AttentionKind::plain, 1, false, precision);
     const Result flash = run_micro("none", AttentionKind::flash, 1, false, precision);
     double plain_err = 0, flash_err = 0;
     for (size_t i = 0; i < exact.grads.size(); ++i) {
@@ -175,7 +175,7 @@ TEST(FlashAttentionProgram, In16BitsAsCloseToFp32AsThePlainForm) {
 }
 
 TEST(FlashAttentionProgram, LossAndGradientsWithinOneMillionthOfThePlainForm) {
-  const Result plain = run_micro("none", AttentionKind::naive, 1, false);
+  const Result plain = run_micro("none", AttentionKind::plain, 1, false);
   const Result flash = run_micro("none", AttentionKind::flash, 1, false);
   EXPECT_NEAR(flash.loss, plain.loss, 1e-5 * std::fabs(plain.loss));
   double worst = 0;

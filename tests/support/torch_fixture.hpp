@@ -13,7 +13,7 @@
 namespace memfit::test {
 
 struct TorchFixtureRun {
-  explicit TorchFixtureRun(const std::string& fixture, AttentionKind attention = AttentionKind::naive);
+  explicit TorchFixtureRun(const std::string& fixture, AttentionKind attention = AttentionKind::plain);
   std::string dir;
   ModelSpec spec;
   std::unique_ptr<Backend> backend;

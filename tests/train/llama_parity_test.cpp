@@ -32,9 +32,9 @@ TEST_P(LlamaParity, LossesAndEveryGradientMatch) {
 TEST_P(LlamaParity, ThreeAdamWStepsFollowTheSameLosses) { test::expect_adamw_losses_match(run); }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaParity,
-                         ::testing::Values(std::tuple{"llama_tiny_torch", AttentionKind::naive},
+                         ::testing::Values(std::tuple{"llama_tiny_torch", AttentionKind::plain},
                                            std::tuple{"llama_tiny_torch", AttentionKind::flash},
-                                           std::tuple{"qwen2_tiny_torch", AttentionKind::naive}),
+                                           std::tuple{"qwen2_tiny_torch", AttentionKind::plain}),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)).substr(0, 5) +
                                   (std::get<1>(info.param) == AttentionKind::flash ? "_flash" : "_plain");
