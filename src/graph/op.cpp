@@ -56,8 +56,8 @@ std::string_view op_kind_name(OpKind k) {
     MEMFIT_KIND(reduce_scatter)
     MEMFIT_KIND(all_gather)
     MEMFIT_KIND(broadcast)
-    MEMFIT_KIND(collective_wait)
     MEMFIT_KIND(transfer)
+    MEMFIT_KIND(wait)
 #undef MEMFIT_KIND
   }
   MEMFIT_ASSERT(false, "unknown op kind {}", int(k));
@@ -65,6 +65,48 @@ std::string_view op_kind_name(OpKind k) {
 
 bool is_collective_kind(OpKind k) {
   return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather || k == OpKind::broadcast;
+}
+
+std::string_view engine_name(Engine e) {
+  switch (e) {
+    case Engine::compute: return "compute";
+    case Engine::communicator: return "communicator";
+    case Engine::transfer: return "transfer";
+  }
+  MEMFIT_ASSERT(false, "unknown engine {}", int(e));
+}
+
+std::string_view queue_name(Queue q) {
+  switch (q) {
+    case Queue::compute: return "compute";
+    case Queue::comm_reduce: return "comm.reduce";
+    case Queue::comm_gather: return "comm.gather";
+    case Queue::transfer_out: return "transfer.out";
+    case Queue::transfer_in: return "transfer.in";
+  }
+  MEMFIT_ASSERT(false, "unknown queue {}", int(q));
+}
+
+Engine queue_engine(Queue q) {
+  switch (q) {
+    case Queue::compute: return Engine::compute;
+    case Queue::comm_reduce:
+    case Queue::comm_gather: return Engine::communicator;
+    case Queue::transfer_out:
+    case Queue::transfer_in: return Engine::transfer;
+  }
+  MEMFIT_ASSERT(false, "unknown queue {}", int(q));
+}
+
+Queue default_queue(OpKind kind, bool outward) {
+  switch (kind) {
+    case OpKind::all_reduce:
+    case OpKind::reduce_scatter: return Queue::comm_reduce;
+    case OpKind::all_gather:
+    case OpKind::broadcast: return Queue::comm_gather;
+    case OpKind::transfer: return outward ? Queue::transfer_out : Queue::transfer_in;
+    default: return Queue::compute;
+  }
 }
 
 bool write_mode_reads(WriteMode m) { return m != WriteMode::overwrite; }

@@ -84,23 +84,44 @@ enum class OpKind : uint16_t {
                        //   m absmax... (n), v absmax... (n)]: codes uint8 (numel), absmax fp32
                        //   (ceil(numel / block)); m in the signed dynamic map, v in the unsigned one
                        //   (kernels/quant_map.hpp); AdamWAttrs (block)
-  // --- communication (collectives over the data-parallel group) ---
-  //   Run by the executor through its Communicator (runtime/collective_op.hpp), not by a
-  //   backend; CollectiveAttrs. Counts are elements of the shard (the out of reduce_scatter,
-  //   the in of all_gather); full = world_size * shard.
+  // --- communication (collectives over a group of ranks) ---
+  //   Run by the communicator engine (runtime/collective_op.hpp), not by a backend;
+  //   CollectiveAttrs. Counts are elements of the shard (the out of reduce_scatter, the in of
+  //   all_gather); full = world_size * shard.
   all_reduce,          // out [x] (in place)
   reduce_scatter,      // in [full] out [shard]; shard may be full's own block (rank * shard)
   all_gather,          // in [shard] out [full]; shard may be full's own block (in place)
   broadcast,           // out [x] (in place)
-  collective_wait,     // in [the started collective's inputs] out [its outputs] (update): completes
-                       //   the collective started by the op with the same CollectiveAttrs::async_id;
-                       //   between the two, no op may touch those bytes (graph/overlap_collectives.hpp)
   // --- transfers between tiers ---
+  //   Run by the transfer engine; src and dst have the same bytes and live on different tiers.
   transfer,            // in [src] out [dst] on another tier
+  // --- asynchronous work ---
+  wait,                // in [the started op's inputs] out [its outputs] (update): completes the op
+                       //   with the same Op::async_id on the same queue; between the two, no op may
+                       //   touch those bytes (graph/overlap_collectives.hpp)
 };
 std::string_view op_kind_name(OpKind k);
-// The four collectives (all_reduce, reduce_scatter, all_gather, broadcast); not collective_wait.
+// The four collectives (all_reduce, reduce_scatter, all_gather, broadcast); not wait.
 bool is_collective_kind(OpKind k);
+
+// Who runs an op: the backend's kernels, the communicator (collectives), or the transfer
+// engine (moves between tiers). The executor dispatches by engine.
+enum class Engine : uint8_t { compute, communicator, transfer };
+inline constexpr int kNumEngines = 3;
+std::string_view engine_name(Engine e);
+
+// Queues: FIFO streams of work, each run by one engine. `compute` is the step's own sequence;
+// an op on another queue may run asynchronously: with Op::async_id >= 0 the op only starts
+// its work, and the `wait` op with the same id completes it. Each queue has its own scratch
+// (runtime/compile.hpp), since work on different queues can run at the same time.
+enum class Queue : uint8_t { compute, comm_reduce, comm_gather, transfer_out, transfer_in };
+inline constexpr int kNumQueues = 5;
+std::string_view queue_name(Queue q);  // "compute", "comm.reduce", "comm.gather", "transfer.out", "transfer.in"
+Engine queue_engine(Queue q);
+// The queue an op of this kind runs on by default: reductions and gathers are separate
+// streams (a gradient reduction may stay in flight while the next block is gathered);
+// transfers go out to a slower tier or in to a faster one (`outward`).
+Queue default_queue(OpKind kind, bool outward = true);
 
 // How an op writes each output.
 enum class WriteMode : uint8_t {
@@ -158,7 +179,6 @@ struct FillAttrs {
 struct CollectiveAttrs {
   int world_size = 1;
   bool max = false;  // all_reduce: maximum instead of sum (overflow flags)
-  int async_id = -1;  // >= 0: the op only starts the collective; the collective_wait with this id completes it
 };
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
                              ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs>;
@@ -176,6 +196,8 @@ struct Op {
   // planner uses it when the input dies at this op.
   std::vector<std::pair<int, int>> inplace;
   OpAttrs attrs;
+  Queue queue = Queue::compute;  // Program::add_op sets default_queue(kind) for collectives and transfers
+  int async_id = -1;    // >= 0: the op only starts its work on `queue`; the wait with this id completes it
   int replays = -1;     // a recomputed op: index of the forward op it re-emits
   double flops = 0;     // arithmetic work of one execution
   double comm_bytes = 0;  // bytes a collective sends per rank

@@ -11,10 +11,6 @@ namespace memfit {
 
 namespace {
 
-// Gathers and reductions are separate streams: a gradient reduction may stay in flight while
-// the next block's parameters are gathered.
-bool reduces(OpKind k) { return k == OpKind::all_reduce || k == OpKind::reduce_scatter; }
-
 struct ByteRange {
   TensorId root;
   uint64_t begin, end;
@@ -38,8 +34,8 @@ bool touches(const Program& p, const std::vector<TensorId>& ids, const std::vect
 }
 
 // The index before which the collective at `i` must complete: the first op after it that
-// reads or writes its outputs, writes its inputs, or starts a collective of its class; at the
-// latest the end of its section.
+// reads or writes its outputs, writes its inputs, or starts work on the same queue (one op in
+// flight per queue); at the latest the end of its section.
 int wait_position(const Program& p, int i, int section_end) {
   const Op& c = p.op(i);
   std::vector<ByteRange> in, out;
@@ -47,7 +43,7 @@ int wait_position(const Program& p, int i, int section_end) {
   for (TensorId id : c.outputs) out.push_back(range_of(p, id));
   for (int j = i + 1; j < section_end; ++j) {
     const Op& op = p.op(j);
-    if (is_collective_kind(op.kind) && reduces(op.kind) == reduces(c.kind)) return j;
+    if (op.queue == c.queue && op.kind != OpKind::wait) return j;
     if (touches(p, op.inputs, out) || touches(p, op.outputs, out) || touches(p, op.workspace, out)) return j;
     if (touches(p, op.outputs, in) || touches(p, op.workspace, in)) return j;
   }
@@ -64,7 +60,7 @@ void overlap_collectives(Program& p) {
   int next_id = 0;
   for (int i = 0; i < n; ++i) {
     const Op& op = old[size_t(i)];
-    if (!is_collective_kind(op.kind) || std::get<CollectiveAttrs>(op.attrs).async_id >= 0) continue;
+    if (!is_collective_kind(op.kind) || op.async_id >= 0) continue;
     const int s = p.section_of_op(i);
     MEMFIT_ASSERT(s >= 0, "collective '{}' outside every section", op.name);
     const int w = wait_position(p, i, p.sections()[size_t(s)].end);
@@ -80,16 +76,16 @@ void overlap_collectives(Program& p) {
     for (int i : waits_before[size_t(position)]) {
       const Op& start = old[size_t(i)];
       Op wait;
-      wait.kind = OpKind::collective_wait;
+      wait.kind = OpKind::wait;
       wait.phase = Phase::communication;
+      wait.queue = start.queue;
       wait.layer = start.layer;
       wait.name = start.name + ".wait";
       wait.inputs = start.inputs;
       wait.outputs = start.outputs;
       wait.modes.assign(wait.outputs.size(), WriteMode::update);
-      CollectiveAttrs a = std::get<CollectiveAttrs>(start.attrs);
-      a.async_id = async_id[size_t(i)];
-      wait.attrs = a;
+      wait.attrs = start.attrs;
+      wait.async_id = async_id[size_t(i)];
       ops.push_back(std::move(wait));
       section_of.push_back(section);
     }
@@ -100,7 +96,7 @@ void overlap_collectives(Program& p) {
     // after the section's last op, before the next section's first.
     if (i > 0) emit_waits(i, p.section_of_op(i - 1));
     Op op = old[size_t(i)];
-    if (async_id[size_t(i)] >= 0) std::get<CollectiveAttrs>(op.attrs).async_id = async_id[size_t(i)];
+    if (async_id[size_t(i)] >= 0) op.async_id = async_id[size_t(i)];
     new_index[size_t(i)] = int(ops.size());
     ops.push_back(std::move(op));
     section_of.push_back(s);
@@ -115,10 +111,9 @@ std::vector<AsyncCollective> async_collectives(const Program& p) {
   std::map<int, AsyncCollective> by_id;
   for (int i = 0; i < int(p.ops().size()); ++i) {
     const Op& op = p.op(i);
-    const auto* a = std::get_if<CollectiveAttrs>(&op.attrs);
-    if (!a || a->async_id < 0) continue;
-    AsyncCollective& c = by_id[a->async_id];
-    (op.kind == OpKind::collective_wait ? c.wait : c.start) = i;
+    if (op.async_id < 0) continue;
+    AsyncCollective& c = by_id[op.async_id];
+    (op.kind == OpKind::wait ? c.wait : c.start) = i;
   }
   std::vector<AsyncCollective> out;
   for (const auto& [id, c] : by_id) out.push_back(c);

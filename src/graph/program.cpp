@@ -31,6 +31,7 @@ int Program::add_op(Op op) {
   if (op.modes.empty()) op.modes.assign(op.outputs.size(), WriteMode::overwrite);
   MEMFIT_ASSERT(op.modes.size() == op.outputs.size(), "op {}: {} modes for {} outputs", op.name,
                 op.modes.size(), op.outputs.size());
+  assign_queue(op);
   ops_.push_back(std::move(op));
   return int(ops_.size() - 1);
 }
@@ -66,7 +67,16 @@ void Program::replace_ops(std::vector<Op> ops, const std::vector<int>& section_o
     if (s.begin < 0) s.begin = s.end = at;
     at = s.end;
   }
+  for (Op& op : ops) assign_queue(op);
   ops_ = std::move(ops);
+}
+
+void Program::assign_queue(Op& op) const {
+  if (op.queue != Queue::compute || op.kind == OpKind::wait) return;
+  // A transfer goes outward when its destination is a slower tier (device < host < disk).
+  const bool outward = op.kind != OpKind::transfer || op.inputs.empty() || op.outputs.empty() ||
+                       tensor(op.outputs[0]).tier > tensor(op.inputs[0]).tier;
+  op.queue = default_queue(op.kind, outward);
 }
 
 const TensorDesc& Program::tensor(TensorId id) const {

@@ -46,7 +46,7 @@ class Program {
   TensorId add_tensor(TensorDesc desc);
   // A view of bytes [offset, offset + bytes(shape, dtype)) of `base` (resolved to its root).
   TensorId add_view(TensorId base, std::string name, Shape shape, DType dtype, uint64_t offset);
-  int add_op(Op op);  // returns the op's index
+  int add_op(Op op);  // returns the op's index; sets the op's default queue (graph/op.hpp)
 
   void begin_section(std::string name, int repeat = 1);
   void end_section();
@@ -77,6 +77,10 @@ class Program {
   void validate() const;
 
  private:
+  // Ops of the communicator and transfer engines go on their kind's default queue unless the
+  // emitter chose one (graph/op.hpp).
+  void assign_queue(Op& op) const;
+
   std::vector<TensorDesc> tensors_;
   std::vector<Op> ops_;
   std::vector<Section> sections_;

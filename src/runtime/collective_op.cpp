@@ -10,7 +10,7 @@ namespace {
 
 // A collective as two closures: start() returns the communicator's ticket, finish() runs
 // after the wait (the in-place reduce-scatter's move into the rank's block). Blocking: both in
-// one op. Asynchronous: the start op keeps the ticket for its collective_wait op.
+// one op. Asynchronous: the start op keeps the ticket for its wait op.
 template <class Start, class Finish>
 class CollectiveRun final : public StartedCollective {
  public:
@@ -50,27 +50,23 @@ class WaitOp final : public PreparedOp {
 
 }  // namespace
 
-bool is_collective(OpKind kind) {
-  return is_collective_kind(kind) || kind == OpKind::collective_wait;
-}
-
 std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, const OpBinding& b, Communicator& comm,
                                                StartedCollectives& started) {
   const CollectiveAttrs* attrs = std::get_if<CollectiveAttrs>(&op.attrs);
   MEMFIT_CHECK(attrs != nullptr, "runtime", "collective op '{}' has no CollectiveAttrs", op.name);
-  if (op.kind == OpKind::collective_wait) {
-    auto it = started.find(attrs->async_id);
+  if (op.kind == OpKind::wait) {
+    auto it = started.find(op.async_id);
     MEMFIT_CHECK(it != started.end(), "runtime", "op '{}' waits for collective {}, which no earlier op starts", op.name,
-                 attrs->async_id);
+                 op.async_id);
     StartedCollective* s = it->second;
     started.erase(it);
     return std::make_unique<WaitOp>(s);
   }
-  const bool async = attrs->async_id >= 0;
+  const bool async = op.async_id >= 0;
   auto remember = [&](std::unique_ptr<StartedCollective> run) -> std::unique_ptr<PreparedOp> {
     if (async) {
-      MEMFIT_CHECK(started.emplace(attrs->async_id, run.get()).second, "runtime",
-                   "collective {} is started by two ops ('{}' is the second)", attrs->async_id, op.name);
+      MEMFIT_CHECK(started.emplace(op.async_id, run.get()).second, "runtime",
+                   "collective {} is started by two ops ('{}' is the second)", op.async_id, op.name);
     }
     return run;
   };

@@ -3,8 +3,8 @@
 // so every backend shares them. The subtle point: a reduce_scatter whose shard is the full
 // buffer's own block (ZeRO-1 keeps full-size gradients and reduces them in place) runs as
 // MPI's in-place form, which leaves the result at the *start* of the buffer; the op then
-// moves it to the rank's block. A collective with an async_id only starts in its op; the
-// collective_wait op with the same id completes it (and does that move).
+// moves it to the rank's block. A collective with an Op::async_id only starts in its op; the
+// wait op with the same id completes it (and does that move).
 #pragma once
 
 #include <map>
@@ -15,14 +15,12 @@
 
 namespace memfit {
 
-bool is_collective(OpKind kind);  // the four collectives and collective_wait
-
-// A prepared collective that its collective_wait op completes (graph/overlap_collectives.hpp).
+// A prepared collective that its wait op completes (graph/overlap_collectives.hpp).
 class StartedCollective : public PreparedOp {
  public:
   virtual void complete() = 0;
 };
-// Started collectives whose wait op is not prepared yet, by CollectiveAttrs::async_id
+// Started collectives whose wait op is not prepared yet, by Op::async_id
 // (prepare time only).
 using StartedCollectives = std::map<int, StartedCollective*>;
 

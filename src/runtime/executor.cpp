@@ -42,8 +42,12 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend, Communicat
     for (TensorId id : op.inputs) b.inputs.push_back(ptr(id));
     for (TensorId id : op.outputs) b.outputs.push_back(ptr(id));
     for (TensorId id : op.workspace) b.workspace.push_back(ptr(id));
-    prepared_[i] =
-        is_collective(op.kind) ? prepare_collective(program_, op, b, *comm, started) : backend.prepare(program_, op, b);
+    switch (queue_engine(op.queue)) {
+      case Engine::compute: prepared_[i] = backend.prepare(program_, op, b); break;
+      case Engine::communicator: prepared_[i] = prepare_collective(program_, op, b, *comm, started); break;
+      case Engine::transfer:
+        throw Error("runtime", fmt::format("op '{}' moves bytes between tiers, which this build cannot run yet", op.name));
+    }
   }
   MEMFIT_CHECK(started.empty(), "runtime", "the program starts {} collective(s) it never waits for", started.size());
   const Section* micro = program_.find_section("micro");

@@ -51,10 +51,10 @@ TEST(OverlapCollectives, EveryStartHasOneLaterWaitAndNothingTouchesItsBytesInBet
         const Program p = zero_program(stage, world, accum);
         std::map<int, int> start_of, wait_of;  // async id -> op index
         for (int i = 0; i < int(p.ops().size()); ++i) {
-          const auto* a = std::get_if<CollectiveAttrs>(&p.op(i).attrs);
-          if (!a || a->async_id < 0) continue;
-          auto& slot = p.op(i).kind == OpKind::collective_wait ? wait_of : start_of;
-          EXPECT_TRUE(slot.emplace(a->async_id, i).second) << "id " << a->async_id << " used twice";
+          const int id = p.op(i).async_id;
+          if (id < 0) continue;
+          auto& slot = p.op(i).kind == OpKind::wait ? wait_of : start_of;
+          EXPECT_TRUE(slot.emplace(id, i).second) << "id " << id << " used twice";
         }
         ASSERT_EQ(start_of.size(), wait_of.size());
         int overlapped_ops = 0;
@@ -69,7 +69,7 @@ TEST(OverlapCollectives, EveryStartHasOneLaterWaitAndNothingTouchesItsBytesInBet
           const bool reduces = start.kind == OpKind::all_reduce || start.kind == OpKind::reduce_scatter;
           for (int j = s + 1; j < w; ++j) {
             const Op& op = p.op(j);
-            if (op.kind == OpKind::collective_wait) continue;
+            if (op.kind == OpKind::wait) continue;
             ++overlapped_ops;
             SCOPED_TRACE(start.name + " in flight across " + op.name);
             EXPECT_FALSE(any_overlap(p, op.inputs, start.outputs));
@@ -85,10 +85,9 @@ TEST(OverlapCollectives, EveryStartHasOneLaterWaitAndNothingTouchesItsBytesInBet
         // stage 2 reduce-scatters a bucket while the next block's backward runs (k = 1).
         int gathers = 0, async_gathers = 0, scatters = 0, async_scatters = 0;
         for (const Op& op : p.ops()) {
-          const auto* a = std::get_if<CollectiveAttrs>(&op.attrs);
-          if (op.kind == OpKind::all_gather && op.name.ends_with(".forward")) ++gathers, async_gathers += a->async_id >= 0;
+          if (op.kind == OpKind::all_gather && op.name.ends_with(".forward")) ++gathers, async_gathers += op.async_id >= 0;
           if (op.kind == OpKind::reduce_scatter && op.phase == Phase::communication && op.name.starts_with("zero.reduce_scatter.h"))
-            ++scatters, async_scatters += a->async_id >= 0;
+            ++scatters, async_scatters += op.async_id >= 0;
         }
         if (stage == 3) {
           EXPECT_GT(gathers, 1);
@@ -118,8 +117,8 @@ TEST(OverlapCollectives, ThePlanKeepsInFlightBuffersAliveAndTheBlockingFormHasNo
     EXPECT_EQ(find_overlap(p, plan), "");
     const Program blocking = zero_program(stage, 2, 1, false);
     for (const Op& op : blocking.ops()) {
-      EXPECT_NE(op.kind, OpKind::collective_wait);
-      if (const auto* a = std::get_if<CollectiveAttrs>(&op.attrs)) { EXPECT_LT(a->async_id, 0); }
+      EXPECT_NE(op.kind, OpKind::wait);
+      EXPECT_LT(op.async_id, 0);
     }
     EXPECT_EQ(blocking.ops().size() + async_collectives(p).size(), p.ops().size());
   }
