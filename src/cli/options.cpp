@@ -120,11 +120,15 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.load = v; });
   add<std::string>(app, "--save", "write weights: directory (model.safetensors + config.json) or .safetensors file",
                    [](RunConfig& c, std::string v) { c.save = v; });
-  add<std::string>(app, "--checkpoint-dir", "write sharded training checkpoints (one file per rank + manifest) here",
+  add<std::string>(app, "--checkpoint-dir", "write sharded training checkpoints here (one step-NNNNNN directory per save, `latest` names the newest)",
                    [](RunConfig& c, std::string v) { c.checkpoint_dir = v; });
   add<int64_t>(app, "--checkpoint-every", "steps between checkpoints (0: after the last step)",
                [](RunConfig& c, int64_t v) { c.checkpoint_every = v; });
-  add<std::string>(app, "--resume", "continue from a checkpoint directory (same world size and ZeRO stage)",
+  add<int>(app, "--keep-checkpoints", "complete checkpoints kept in --checkpoint-dir (default 2)",
+           [](RunConfig& c, int v) { c.keep_checkpoints = v; });
+  add<std::string>(app, "--resume",
+                   "continue from a checkpoint directory: its newest valid checkpoint, or one step-NNNNNN directory "
+                   "(same world size and ZeRO stage)",
                    [](RunConfig& c, std::string v) { c.resume = v; });
   add<std::string>(app, "--report-json", "write the run report to this file",
                    [](RunConfig& c, std::string v) { c.report_json = v; });

@@ -80,6 +80,7 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     else if (key == "lr_schedule") c.lr_schedule = parse_lr_schedule(get_as<std::string>(v, key));
     else if (key == "min_lr") c.min_lr = get_as<double>(v, key);
     else if (key == "decay_steps") c.decay_steps = get_as<int64_t>(v, key);
+    else if (key == "keep_checkpoints") c.keep_checkpoints = get_as<int>(v, key);
     else if (key == "precision") p.precision = parse_precision(get_as<std::string>(v, key));
     else if (key == "grad_dtype") p.grad_dtype = parse_dtype(get_as<std::string>(v, key));
     else if (key == "fp32_ops") p.fp32_ops = get_as<std::vector<std::string>>(v, key);

@@ -38,7 +38,8 @@ struct RunConfig {
   std::string report_json;
   std::string checkpoint_dir;    // sharded training checkpoints (train/checkpoint.hpp) go here
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only after the last step (when a dir is set)
-  std::string resume;            // a checkpoint directory to continue from (same world size)
+  std::string resume;            // a checkpoint root (its newest valid one) or one step directory to continue from
+  int keep_checkpoints = 2;      // complete checkpoints kept in checkpoint_dir (older ones removed after a save)
   uint64_t memory_budget = 0;  // bytes; 0: the memory available on this machine
   LossScaleConfig loss_scale;  // fp16 runs (DeepSpeed's fp16 block selects its convention)
   int64_t log_every = 1;

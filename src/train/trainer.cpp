@@ -126,7 +126,8 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   MEMFIT_CHECK(c.val_fraction >= 0 && c.val_fraction < 1, "train", "the validation fraction must be in [0, 1) (got {})",
                c.val_fraction);
   MEMFIT_CHECK(c.eval_every >= 0 && c.eval_batches >= 1, "train", "--eval-every must be >= 0 and --eval-batches >= 1");
-  const LrSchedule schedule = lr_schedule_of(c);
+  MEMFIT_CHECK(c.keep_checkpoints >= 1, "train", "--keep-checkpoints must be at least 1 (got {})", c.keep_checkpoints);
+  LrSchedule schedule = lr_schedule_of(c);  // a resume keeps the checkpoint's horizon
   {
     const ModelSpec spec = resolve_model(c.model);
     MEMFIT_CHECK(spec.rope_type == "default", "train",
@@ -210,22 +211,40 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   // (AdamW's bias correction and the learning-rate schedule see only applied steps, as in
   // PyTorch's GradScaler and DeepSpeed).
   int64_t applied = 0, first_step = 1;
+  // Checkpoints record what the run is; a resume must match it (train/checkpoint.hpp).
+  CheckpointRun checkpoint_run{c.model, model_json(spec, prog.parameter_count()), W, pol.zero_stage, pol.precision,
+                               pol.optimizer, train_loader.batches_per_epoch(), k, runner.scaler() != nullptr,
+                               schedule, c.steps};
+  std::optional<ResumedCheckpoint> resumed;
   if (!c.resume.empty()) {
     MEMFIT_CHECK(c.load.empty(), "train", "--resume and --load both give the weights; use one");
-    const TrainingPosition at = load_checkpoint(c.resume, ex, c.model, pol, *comm);
-    MEMFIT_CHECK(at.step < c.steps, "train", "the checkpoint in '{}' is at step {}, not before --steps {}", c.resume,
+    resumed = resume_checkpoint(c.resume, ex, checkpoint_run, *comm);
+    const TrainingPosition& at = resumed->at;
+    for (const std::string& note : resumed->notes) log << "resume: " << note << "\n";
+    for (const std::string& skipped : resumed->skipped) log << "resume: skipped " << skipped << "\n";
+    MEMFIT_CHECK(at.step < c.steps, "train", "the checkpoint {} is at step {}, not before --steps {}", resumed->dir,
                  at.step, c.steps);
     first_step = at.step + 1;
     applied = at.applied;
     train_loader.seek(at.loader_epoch, at.loader_cursor);
-    if (at.scaler && runner.scaler()) runner.scaler()->restore(*at.scaler);
-    log << fmt::format("resumed from {} at step {}\n", c.resume, at.step);
+    if (at.scaler) runner.scaler()->restore(*at.scaler);
+    std::string schedule_note;
+    schedule = resumed_lr_schedule(schedule, c.decay_steps > 0, c.steps, resumed->manifest, schedule_note);
+    checkpoint_run.schedule = schedule;
+    log << fmt::format("resumed from {} at step {}\n", resumed->dir, at.step);
+    if (!schedule_note.empty()) log << "resume: " << schedule_note << "\n";
   }
+  if (!c.checkpoint_dir.empty())
+    for (const std::string& note : prepare_checkpoint_root(c.checkpoint_dir, resumed ? &*resumed : nullptr, *comm))
+      log << "checkpoints: " << note << "\n";
   auto checkpoint = [&](int64_t step) {
     TrainingPosition at{step, applied, train_loader.epoch(), train_loader.cursor(), std::nullopt};
     if (runner.scaler()) at.scaler = runner.scaler()->state();
-    save_checkpoint(c.checkpoint_dir, ex, c.model, pol, at, *comm);
-    log << fmt::format("step {:>5}/{} | checkpoint written to {}\n", step, c.steps, c.checkpoint_dir);
+    const SavedCheckpoint saved = save_checkpoint(c.checkpoint_dir, ex, checkpoint_run, at, c.keep_checkpoints, *comm);
+    log << fmt::format("step {:>5}/{} | checkpoint written to {}{}\n", step, c.steps, saved.dir,
+                       saved.removed.empty() ? "" : fmt::format(" (removed {})", fmt::join(saved.removed, ", ")));
+    if (!saved.warning.empty()) log << "warning: " << saved.warning << "\n";
+    log.flush();  // a run killed later still shows which checkpoints are complete
   };
   nlohmann::json scale_history = nlohmann::json::array(), skipped_at = nlohmann::json::array();
   for (int64_t step = first_step; step <= c.steps; ++step) {
