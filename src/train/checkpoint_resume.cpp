@@ -29,7 +29,8 @@ struct Candidates {
 
 Candidates find_candidates(const std::string& path) {
   Candidates c;
-  const fs::path p(path);
+  fs::path p = fs::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "ckpt/" names ckpt
   if (fs::exists(p / kManifestFile) || parse_step_dir_name(p.filename().string())) {
     c.named = true;
     c.root = (p.has_parent_path() ? p.parent_path() : fs::path(".")).string();
@@ -37,13 +38,14 @@ Candidates find_candidates(const std::string& path) {
     return c;
   }
   MEMFIT_CHECK(fs::is_directory(p), "checkpoint", "'{}' is neither a checkpoint nor a directory of checkpoints", path);
-  c.root = path;
+  c.root = p.string();
   for (const StepDir& d : list_step_dirs(p)) c.dirs.push_back(d.path.string());
   MEMFIT_CHECK(!c.dirs.empty(), "checkpoint", "'{}' holds no checkpoint (no step-NNNNNN directory)", path);
+  // `latest` is for tools and people; the scan finds the same directory, and also a save that
+  // finished its manifest but died before moving the pointer.
   std::string problem;
-  const std::optional<std::string> latest = read_latest(p, problem);
+  read_latest(p, problem);
   if (!problem.empty()) c.notes.push_back(problem + "; resuming from the newest valid directory instead");
-  (void)latest;
   return c;
 }
 
