@@ -26,6 +26,12 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+// Checkpoints of gpt2-tiny are ~10 MB each: the process's temporary directory goes at exit.
+class RemoveTemporaries : public ::testing::Environment {
+  void TearDown() override { fs::remove_all(test::temp_dir()); }
+};
+const ::testing::Environment* const remove_temporaries = ::testing::AddGlobalTestEnvironment(new RemoveTemporaries);
+
 RunConfig tiny(int64_t steps) {
   RunConfig c;
   c.steps = steps;
@@ -264,6 +270,12 @@ TEST(Checkpoint, RetentionKeepsTheNewestAndLatestNamesThem) {
   EXPECT_EQ(test::read_bytes(root + "/latest"), "step-000005\n");
   c.keep_checkpoints = 0;
   EXPECT_THROW(train(c), Error);
+  // The config file key sets it too.
+  const std::string config = test::temp_dir() + "/keep.json";
+  test::write_bytes(config, R"({"keep_checkpoints": 3})");
+  RunConfig from_file;
+  apply_config_file(config, from_file);
+  EXPECT_EQ(from_file.keep_checkpoints, 3);
 }
 
 TEST(Checkpoint, AFreshRunNeverOverwritesCheckpoints) {
