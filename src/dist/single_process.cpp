@@ -1,4 +1,5 @@
-// The communicator of a world of one: reductions are identities and gathers are copies.
+// The communicator of a world of one: reductions are identities and gathers are copies; every
+// split of it is a world of one again.
 #include <cstring>
 
 #include "core/error.hpp"
@@ -27,6 +28,7 @@ class SingleProcessCommunicator final : public Communicator {
   }
   void wait(CommTicket) override {}
   void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleProcessCommunicator>(); }
 };
 
 }  // namespace

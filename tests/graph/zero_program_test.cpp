@@ -112,7 +112,7 @@ TEST(ZeroProgram, PerRankModelStateFollowsTheZeroFormulas) {
                                  world, stage));
         int64_t total_pieces = 0;
         for (int rank = 0; rank < world; ++rank) {
-          const Program p = build_training_program(spec, policy(stage, c.precision, c.grad), Topology{world, rank});
+          const Program p = build_training_program(spec, policy(stage, c.precision, c.grad), Topology{.data = world, .rank = rank});
           const int64_t psi = p.parameter_count();
           const ModelState m = model_state(p, stage, world);
           const int64_t s = piece_elements(p);
@@ -154,7 +154,7 @@ TEST(ZeroProgram, PiecesPartitionEveryParameterAndEightBitBlocksStayWhole) {
     const int world = 4;
     std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> pieces;
     for (int rank = 0; rank < world; ++rank) {
-      const Program p = build_training_program(spec, policy(1, Precision::fp32, DType::f32, opt), Topology{world, rank});
+      const Program p = build_training_program(spec, policy(1, Precision::fp32, DType::f32, opt), Topology{.data = world, .rank = rank});
       for (const ParamEntry& e : p.params()) {
         if (e.shard_numel > 0) pieces[e.name].push_back({e.shard_offset, e.shard_numel});
         const bool q8 = e.state.size() == 4;
@@ -187,7 +187,7 @@ TEST(ZeroProgram, StagesCommunicateTwoTwoTwoThreePsiElements) {
   const ModelSpec spec = model_preset("gpt2-tiny");
   const int world = 4;
   for (int stage : {0, 1, 2, 3}) {
-    const Program p = build_training_program(spec, policy(stage), Topology{world, 1});
+    const Program p = build_training_program(spec, policy(stage), Topology{.data = world, .rank = 1});
     const ModelState m = model_state(p, stage, world);
     const double passes = stage == 3 ? 3.0 : 2.0;
     const double expected = passes * 4.0 * double(m.padded) * (world - 1) / world + 2.0 * 4 * (world - 1) / world;
@@ -204,7 +204,7 @@ int first_op(const Program& p, const std::string& name) {
 TEST(ZeroProgram, StageThreeGathersEachBlockBeforeUseAndPrefetchesTheNext) {
   const ModelSpec spec = model_preset("gpt2-tiny");
   ASSERT_GE(spec.n_layer, 3);
-  const Program p = build_training_program(spec, policy(3), Topology{2, 0});
+  const Program p = build_training_program(spec, policy(3), Topology{.data = 2, .rank = 0});
   for (int l = 0; l + 1 < spec.n_layer; ++l) {
     const int ln = first_op(p, fmt::format("h.{}.ln_1", l));
     const int back = first_op(p, fmt::format("h.{}.mlp.c_proj.bwd_weight", l));
@@ -243,7 +243,7 @@ TEST(ZeroProgram, ShardingMoreNeverRaisesThePeakUpToStageTwo) {
       SCOPED_TRACE(fmt::format("{}, N = {}", precision_name(precision), world));
       uint64_t previous = UINT64_MAX;
       for (int stage : {0, 1, 2}) {
-        const Program p = build_training_program(model_preset("gpt2-tiny"), policy(stage, precision), {world, 0});
+        const Program p = build_training_program(model_preset("gpt2-tiny"), policy(stage, precision), Topology{.data = world, .rank = 0});
         const uint64_t peak = plan_memory(p).tier(Tier::device).peak_bytes;
         EXPECT_LE(peak, previous) << "stage " << stage;
         previous = peak;
@@ -251,7 +251,7 @@ TEST(ZeroProgram, ShardingMoreNeverRaisesThePeakUpToStageTwo) {
       for (int accum : {1, 2}) {
         Policy pol = policy(2, precision);
         pol.grad_accum = accum;
-        const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {world, 0});
+        const Program p = build_training_program(model_preset("gpt2-tiny"), pol, Topology{.data = world, .rank = 0});
         int shards = 0;
         for (const TensorDesc& t : p.tensors())
           if (t.name.starts_with("zero.grad_shard.")) {
@@ -272,10 +272,10 @@ TEST(ZeroProgram, WorldOfOneAtStageZeroIsUntouched) {
 
 TEST(ZeroProgram, RefusesWhatItCannotBuild) {
   const ModelSpec spec = model_preset("gpt2-tiny");
-  EXPECT_THROW(build_training_program(spec, policy(4), Topology{2, 0}), Error);
-  EXPECT_THROW(build_training_program(spec, policy(5), Topology{2, 0}), Error);
-  EXPECT_THROW(build_training_program(spec, policy(1), Topology{0, 0}), Error);
-  EXPECT_THROW(build_training_program(spec, policy(1), Topology{2, 2}), Error);
+  EXPECT_THROW(build_training_program(spec, policy(4), Topology{.data = 2, .rank = 0}), Error);
+  EXPECT_THROW(build_training_program(spec, policy(5), Topology{.data = 2, .rank = 0}), Error);
+  EXPECT_THROW(build_training_program(spec, policy(1), Topology{.data = 0, .rank = 0}), Error);
+  EXPECT_THROW(build_training_program(spec, policy(1), Topology{.data = 2, .rank = 2}), Error);
 }
 
 TEST(ZeroProgram, PlanWorldSizeFromTheCommandLine) {

@@ -9,7 +9,7 @@
 
 #include <map>
 
-#include "graph/overlap_collectives.hpp"
+#include "graph/schedule_async.hpp"
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
 
@@ -40,7 +40,7 @@ Program zero_program(int stage, int world, int accum, bool overlap_comm = true) 
   pol.grad_accum = accum;
   pol.zero_stage = stage;
   pol.overlap_comm = overlap_comm;
-  return build_training_program(model_preset("gpt2-tiny"), pol, Topology{world, 0});
+  return build_training_program(model_preset("gpt2-tiny"), pol, Topology{.data = world, .rank = 0});
 }
 
 TEST(OverlapCollectives, EveryStartHasOneLaterWaitAndNothingTouchesItsBytesInBetween) {
@@ -103,7 +103,7 @@ TEST(OverlapCollectives, ThePlanKeepsInFlightBuffersAliveAndTheBlockingFormHasNo
   for (int stage : {2, 3}) {
     const Program p = zero_program(stage, 2, 1);
     const MemoryPlan plan = plan_memory(p);
-    for (const AsyncCollective& c : async_collectives(p)) {
+    for (const AsyncSpan& c : async_spans(p)) {
       std::vector<TensorId> ids = p.op(c.start).outputs;
       ids.insert(ids.end(), p.op(c.start).inputs.begin(), p.op(c.start).inputs.end());
       for (TensorId id : ids) {
@@ -120,7 +120,7 @@ TEST(OverlapCollectives, ThePlanKeepsInFlightBuffersAliveAndTheBlockingFormHasNo
       EXPECT_NE(op.kind, OpKind::wait);
       EXPECT_LT(op.async_id, 0);
     }
-    EXPECT_EQ(blocking.ops().size() + async_collectives(p).size(), p.ops().size());
+    EXPECT_EQ(blocking.ops().size() + async_spans(p).size(), p.ops().size());
   }
 }
 
