@@ -7,8 +7,9 @@
 // In every case mpirun must exit non-zero within 5 s of the fault (timed from the line the
 // fault prints, or the error line, to the end of mpirun's output), no rank of the job may be
 // left running, and the error line must name the rank (and, for the stall, the collective and
-// the rank that did not arrive). A control run exits 0. Each mpirun runs under `timeout -s
-// KILL`, so a hang fails the test instead of hanging CI.
+// the rank that did not arrive). A control run exits 0. Each mpirun runs under `timeout`
+// (SIGTERM, which mpirun passes on to its ranks, then SIGKILL), so a hang fails the test
+// instead of hanging CI.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -72,7 +73,7 @@ Job launch(const std::string& marker, const std::string& env, const std::string&
   Job job;
   job.marker = marker;
   const std::string cmd =
-      fmt::format("{} timeout -s KILL {} {} --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 {} {} 2>&1", env,
+      fmt::format("{} timeout -k 10 {} {} --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 {} {} 2>&1", env,
                   kHardLimitSeconds, test::mpiexec(), env.empty() ? "" : "-x MEMFIT_TEST_FAULT", app_contexts);
   const Clock::time_point start = Clock::now();
   FILE* out = popen(cmd.c_str(), "r");
