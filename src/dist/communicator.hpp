@@ -85,7 +85,8 @@ class Communicator {
   std::string name_ = "world";
 };
 
-std::unique_ptr<Communicator> make_single_process_communicator();
+// A group of one rank; `world_rank` is its rank in the world around it (reports name it).
+std::unique_ptr<Communicator> make_single_process_communicator(int world_rank = 0);
 
 // MPI_COMM_WORLD; initialises MPI on first use (finalised at exit). Throws [dist] when MPI
 // cannot start.

@@ -63,22 +63,21 @@ CommGroups::CommGroups(Communicator& world, const Topology& topology) {
                "the topology is rank {} of {} x {} ranks (data x tensor), but this is rank {} of {}", topology.rank,
                topology.data, topology.tensor, world.rank(), world.size());
   groups_[size_t(CommGroup::world)] = &world;
-  // Every rank splits twice, in this order (splitting is collective over the world).
-  if (topology.data == world.size()) {
-    groups_[size_t(CommGroup::data)] = &world;
-  } else {
-    data_ = world.split(topology.tensor_rank(), topology.data_rank());
-    data_->set_name("data");
-    groups_[size_t(CommGroup::data)] = data_.get();
-  }
-  if (topology.tensor == world.size()) {
-    groups_[size_t(CommGroup::tensor)] = &world;
-  } else {
-    tensor_ = world.split(topology.data_rank(), topology.tensor_rank());
-    tensor_->set_name("tensor");
-    groups_[size_t(CommGroup::tensor)] = tensor_.get();
-  }
+  groups_[size_t(CommGroup::data)] = group(world, topology.data, "data", topology.tensor_rank(), topology.data_rank(), data_);
+  groups_[size_t(CommGroup::tensor)] =
+      group(world, topology.tensor, "tensor", topology.data_rank(), topology.tensor_rank(), tensor_);
   for (Communicator* c : groups_) add_distinct(c);
+}
+
+// Every rank takes the same branches (they depend on the topology only), so the splits, which
+// are collective over the world, match; a group of one or of the whole world needs none, so a
+// data-parallel run splits nothing.
+Communicator* CommGroups::group(Communicator& world, int size, const char* name, int color, int key,
+                                std::unique_ptr<Communicator>& own) {
+  if (size == world.size()) return &world;
+  own = size == 1 ? make_single_process_communicator(world.world_rank(world.rank())) : world.split(color, key);
+  own->set_name(name);
+  return own.get();
 }
 
 void CommGroups::add_distinct(Communicator* c) {

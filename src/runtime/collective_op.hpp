@@ -21,7 +21,8 @@ namespace memfit {
 // The communicators of one rank's groups, built once from the world communicator and the
 // topology: the data group of rank r is the ranks with r's tensor rank (ordered by data rank),
 // its tensor group the ranks of r's replica (adjacent ranks, ordered by tensor rank). A group
-// that spans the whole world is the world communicator itself.
+// that spans the whole world is the world communicator itself, a group of one a single-process
+// communicator: only groups in between are split (collectively) from the world.
 class CommGroups {
  public:
   // A world of one: every group is one single-process communicator.
@@ -35,6 +36,8 @@ class CommGroups {
   int distinct_count() const { return distinct_count_; }
 
  private:
+  static Communicator* group(Communicator& world, int size, const char* name, int color, int key,
+                             std::unique_ptr<Communicator>& own);
   void add_distinct(Communicator* c);
 
   std::unique_ptr<Communicator> own_world_, data_, tensor_;

@@ -3,7 +3,8 @@
 //   - one rank refuses its configuration before step 1 (mpirun's MPMD form gives rank 1 a bad
 //     flag);
 //   - one rank throws mid-run (MEMFIT_TEST_FAULT=1:3:throw, train/test_fault.hpp);
-//   - one rank stalls past a short --comm-timeout (MEMFIT_TEST_FAULT=1:3:stall).
+//   - one rank stalls past a short --comm-timeout (MEMFIT_TEST_FAULT=1:3:stall; the flag at 2
+//     ranks, the config key comm_timeout at 4).
 // In every case mpirun must exit non-zero within 5 s of the fault (timed from the line the
 // fault prints, or the error line, to the end of mpirun's output), no rank of the job may be
 // left running, and the error line must name the rank (and, for the stall, the collective and
@@ -134,9 +135,12 @@ TEST(FatalError, ARankThatThrowsMidRunEndsEveryRank) {
 }
 
 TEST(FatalError, ARankThatStallsPastTheTimeoutEndsEveryRankNamingIt) {
+  const std::string config = test::temp_dir() + "/comm_timeout.json";
+  test::write_file(config, R"({"comm_timeout": 1})");
   for (int ranks : {2, 4}) {
-    const Job job =
-        launch_ranks(ranks, fmt::format("fatal-stall-{}", ranks), "MEMFIT_TEST_FAULT=1:3:stall", "--comm-timeout 1");
+    // The flag at 2 ranks, the config key at 4.
+    const std::string timeout = ranks == 2 ? "--comm-timeout 1" : "--config " + config;
+    const Job job = launch_ranks(ranks, fmt::format("fatal-stall-{}", ranks), "MEMFIT_TEST_FAULT=1:3:stall", timeout);
     expect_job_ended(job, "memfit: test fault: rank 1 stalls before step 3", "rank 1 stalls at step 3, timeout 1 s",
                      ranks);
     const std::string out = job.output();
