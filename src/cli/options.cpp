@@ -130,6 +130,12 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    "continue from a checkpoint directory: its newest valid checkpoint, or one step-NNNNNN directory "
                    "(same world size and ZeRO stage)",
                    [](RunConfig& c, std::string v) { c.resume = v; });
+  add<double>(app, "--comm-timeout", "seconds a collective may wait for the other ranks before the job ends (0: no "
+              "limit; default 300)",
+              [](RunConfig& c, double v) {
+                MEMFIT_CHECK(v >= 0, "cli", "--comm-timeout takes seconds >= 0, not {}", v);
+                c.comm_timeout = v;
+              });
   add<std::string>(app, "--report-json", "write the run report to this file",
                    [](RunConfig& c, std::string v) { c.report_json = v; });
   add<int64_t>(app, "--log-every", "progress line every N steps", [](RunConfig& c, int64_t v) { c.log_every = v; });
@@ -147,7 +153,7 @@ RunConfig RunOptions::resolve() const {
   RunConfig c;
   // Under mpirun the world is the launcher's (DeepSpeed's train_batch_size counts it); `plan
   // --world-size` (cli/hardware_plan.cpp) sets it for planning.
-  c.topology.world_size = launched_world_size();
+  c.topology.data = launched_world_size();
   if (!config_file_.empty()) apply_config_file(config_file_, c);
   for (const auto& apply : given_) apply(c);
   return c;

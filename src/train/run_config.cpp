@@ -155,15 +155,19 @@ void apply_config_file(const std::string& path, RunConfig& c) {
       }
     } else if (key == "optimizer_in_backward") {
       p.update_in_backward = get_as<bool>(v, key);
+    } else if (key == "comm_timeout") {
+      c.comm_timeout = get_as<double>(v, key);
+      refuse_unless(c.comm_timeout >= 0, key, "seconds must be >= 0 (0: no limit)");
     } else if (key == "gradient_clipping" || key == "grad_clip") {
       p.grad_clip = get_as<double>(v, key);
     } else if (key == "train_batch_size") {
       // DeepSpeed's global batch: must agree with micro-batch x accumulation x world size.
       const int64_t global = get_as<int64_t>(v, key);
       const int64_t implied = j.value("train_micro_batch_size_per_gpu", p.batch) *
-                              j.value("gradient_accumulation_steps", p.grad_accum) * c.topology.world_size;
+                              j.value("gradient_accumulation_steps", p.grad_accum) * c.topology.data;
       refuse_unless(global == implied, key,
-                    fmt::format("{} does not equal micro-batch x accumulation x world size = {}", global, implied));
+                    fmt::format("{} does not equal micro-batch x accumulation x data-parallel ranks = {}", global,
+                                implied));
     } else {
       throw Error("config", fmt::format("unknown key '{}' in '{}'", key, path));
     }

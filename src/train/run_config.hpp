@@ -43,6 +43,7 @@ struct RunConfig {
   uint64_t memory_budget = 0;  // bytes; 0: the memory available on this machine
   LossScaleConfig loss_scale;  // fp16 runs (DeepSpeed's fp16 block selects its convention)
   int64_t log_every = 1;
+  double comm_timeout = 300;  // seconds a collective may wait for the other ranks; 0: no limit
 };
 
 ModelSpec resolve_model(const std::string& model);  // throws [model] / [config]

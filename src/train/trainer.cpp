@@ -23,6 +23,7 @@
 #include "train/init.hpp"
 #include "train/step_runner.hpp"
 #include "train/synthetic_corpus.hpp"
+#include "train/test_fault.hpp"
 #include "train/weights.hpp"
 #include "train/whole_weights.hpp"
 
@@ -115,11 +116,15 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
     own_comm = launched_with_several_ranks() ? make_mpi_communicator() : make_single_process_communicator();
     comm = own_comm.get();
   }
-  const int W = comm->size(), rank = comm->rank();
-  MEMFIT_CHECK(config.topology.world_size == 1 || config.topology.world_size == W, "train",
-               "--world-size {} but the run was launched with {} ranks", config.topology.world_size, W);
+  const int W = comm->size(), rank = comm->rank(), tensor = config.topology.tensor;
+  MEMFIT_CHECK(config.topology.world() == 1 || config.topology.world() == W, "train",
+               "--world-size {} but the run was launched with {} ranks", config.topology.world(), W);
+  MEMFIT_CHECK(tensor >= 1 && W % tensor == 0, "train", "a tensor-parallel degree of {} does not divide {} ranks",
+               tensor, W);
   RunConfig c = config;
-  c.topology = Topology{W, rank};
+  c.topology = Topology{.data = W / tensor, .tensor = tensor, .rank = rank};
+  comm->set_timeout(c.comm_timeout);
+  const TestFault fault = TestFault::from_environment(rank);
   std::ostringstream quiet;  // ranks other than 0 keep their lines to themselves
   std::ostream& log = rank == 0 ? rank_log : quiet;
   MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);
@@ -141,7 +146,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   const Policy& pol = run.policy;
   const Program& prog = run.compiled.program;
   const int64_t B = pol.batch, T = pol.seq, k = pol.grad_accum;
-  const int64_t GB = B * W;  // the global batch: rank r reads its rows [r*B, (r+1)*B)
+  const int64_t GB = B * c.topology.data;  // the global batch: data-parallel rank d reads rows [d*B, (d+1)*B)
 
   // Validation split from the end of the data; it must hold at least one batch.
   const int64_t n = data.size();
@@ -163,7 +168,8 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   log << format_memory_table(prog, run.compiled.plan);
   enforce_memory_budget(c, run, budget, *backend, log);
 
-  Executor ex(run.compiled, *backend, comm);
+  const CommGroups groups(*comm, c.topology);
+  Executor ex(run.compiled, *backend, &groups);
   ex.set_timing(true);  // two clock reads per op: the report's time per phase
   if (c.load.empty()) {
     initialize_parameters(ex, spec, c.seed);
@@ -176,9 +182,9 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   const TensorId tokens = prog.find_tensor(kTokens), targets = prog.find_tensor(kTargets);
   const TensorId eval_tokens = prog.find_tensor(kEvalTokens), eval_targets = prog.find_tensor(kEvalTargets);
   StepRunner runner(ex, [&](const Op& op, const StepContext&) {
-    if (op.outputs[0] == tokens)
-      train_loader.next_rows(ex.data_as<int32_t>(tokens), ex.data_as<int32_t>(targets), rank * B, B);
-    else val_loader->next_rows(ex.data_as<int32_t>(eval_tokens), ex.data_as<int32_t>(eval_targets), rank * B, B);
+    const int d = c.topology.data_rank(), D = c.topology.data;
+    if (op.outputs[0] == tokens) train_loader.next_for_rank(ex.data_as<int32_t>(tokens), ex.data_as<int32_t>(targets), d, D);
+    else val_loader->next_for_rank(ex.data_as<int32_t>(eval_tokens), ex.data_as<int32_t>(eval_targets), d, D);
   }, c.loss_scale);
   if (runner.loss_scaling())
     log << fmt::format("loss scaling: {} convention, initial scale {}\n",
@@ -252,6 +258,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
     ctx.step = applied + 1;
     ctx.lr = schedule.at(applied + 1);
     if (hooks) hooks->before_step(step);
+    fault.before_step(step);
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
     const StepRunner::Result r = runner.run(ctx);
