@@ -150,9 +150,15 @@ TEST(FatalError, ARankThatStallsPastTheTimeoutEndsEveryRankNamingIt) {
                                    ranks)),
               std::string::npos)
         << out;
+    // Rank 0 always reports; on a loaded machine another waiting rank may pass its grace period
+    // before MPI_Abort reaches it and report the same timeout, but never another error.
     int error_lines = 0;
-    for (const Line& l : job.lines) error_lines += l.text.starts_with("memfit: error:");
-    EXPECT_EQ(error_lines, 1) << out;
+    for (const Line& l : job.lines)
+      if (l.text.starts_with("memfit: error:")) {
+        ++error_lines;
+        EXPECT_NE(l.text.find("did not complete within 1 s: rank 1 did not arrive"), std::string::npos) << l.text;
+      }
+    EXPECT_GE(error_lines, 1) << out;
   }
 }
 
