@@ -16,7 +16,9 @@ void LeakCheckHooks::after_run(Executor&, nlohmann::json& report, std::ostream& 
                           {"rss_growth_bytes", r.rss_growth},
                           {"rss_growth_in_steps_bytes", r.rss_growth_in_steps},
                           {"rss_bound_bytes", r.rss_bound},
-                          {"poisoned_bytes", r.poisoned_bytes}};
+                          {"poisoned_bytes", r.poisoned_bytes},
+                          {"skipped_steps", r.skipped_steps},
+                          {"unfinished_bytes", r.unfinished_bytes}};
 }
 
 }  // namespace memfit

@@ -1,0 +1,150 @@
+#include "train/run_report.hpp"
+
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "core/bytes.hpp"
+#include "core/error.hpp"
+#include "graph/zero.hpp"
+#include "plan/plan_report.hpp"
+#include "train/run_checks.hpp"
+#include "train/weights.hpp"
+#include "train/whole_weights.hpp"
+
+namespace memfit {
+
+namespace {
+
+uint64_t max_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return uint64_t(u.ru_maxrss) * 1024;
+}
+
+// Time per step by phase, over the training sections (validation excluded). Communication is
+// the time the step spends in collective ops: starting them, and waiting for those that
+// have not finished when their result is needed.
+std::map<std::string, double> phase_milliseconds(const RunState& s, const LoopRecord& rec) {
+  std::map<std::string, double> phase_ms;
+  const Program& prog = s.program();
+  if (rec.timed_steps == 0) return phase_ms;
+  for (int i = 0; i < int(prog.ops().size()); ++i) {
+    const int sec = prog.section_of_op(i);
+    if (sec < 0 || prog.sections()[size_t(sec)].name == "eval") continue;
+    phase_ms[std::string(phase_name(prog.op(i).phase))] +=
+        1e3 * s.executor->op_seconds()[size_t(i)] / double(rec.timed_steps);
+  }
+  return phase_ms;
+}
+
+double flops_per_step(const Program& prog) {
+  double flops = 0;
+  for (int i = 0; i < int(prog.ops().size()); ++i) {
+    const Section& sec = prog.sections()[size_t(prog.section_of_op(i))];
+    if (sec.name == "micro") flops += prog.op(i).flops * double(sec.repeat);
+    else if (sec.name == "optimizer") flops += prog.op(i).flops;
+  }
+  return flops;
+}
+
+void save_if_asked(RunState& s) {
+  const RunConfig& c = s.config;
+  if (c.save.empty()) return;
+  // The ZeRO pass shards masters (and at stage 3 parameters) at any world size, one rank
+  // included: then every rank takes part in the gathers. Rank 0 writes.
+  std::vector<std::vector<float>> whole;
+  if (s.run.policy.zero_stage >= 1) whole = gather_whole_parameters(s.ex(), *s.comm);
+  if (s.rank == 0) {
+    save_weights(c.save, s.ex(), s.run.spec, whole.empty() ? nullptr : &whole);
+    s.out() << fmt::format("saved weights to {}\n", c.save);
+  }
+}
+
+void write_report(const std::string& path, const nlohmann::json& report) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << report.dump(2) << "\n";
+    MEMFIT_CHECK(out.good(), "train", "cannot write the report to '{}'", path);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw Error("train", fmt::format("--report-json '{}' cannot be written: {}", path, std::strerror(err)));
+  }
+}
+
+}  // namespace
+
+nlohmann::json finish_run(RunState& s, const LoopRecord& rec, RunHooks* hooks) {
+  const RunConfig& c = s.config;
+  const Program& prog = s.program();
+  const Policy& pol = s.run.policy;
+  Executor& ex = s.ex();
+  std::ostream& log = s.out();
+  const uint64_t planned = s.run.compiled.plan.tier(Tier::device).peak_bytes;
+  TierBytes measured{};
+  for (Tier t : kAllTiers) measured[size_t(t)] = ex.arena(t).measured_high_water();
+  const uint64_t rss = max_rss_bytes();
+  // Every rank checks its own arena; the report says whether all of them matched their plans.
+  int32_t mismatched = planned == measured[0] ? 0 : 1;
+  s.comm->all_reduce(&mismatched, 1, DType::i32, ReduceOp::max);
+  log << fmt::format("memory: device planned peak {} ({} bytes), measured high-water {} ({} bytes){}; max RSS {}\n",
+                     format_bytes(planned), planned, format_bytes(measured[0]), measured[0],
+                     planned == measured[0] ? ", equal" : ", DIFFERENT", format_bytes(rss));
+  const double tokens_per_step = double(s.global_batch() * pol.seq * pol.grad_accum);
+  const double seconds = rec.timed_seconds, steps = double(rec.timed_steps);
+  const double tps = rec.timed_steps ? tokens_per_step * steps / seconds : 0.0;
+  if (rec.timed_steps)
+    log << fmt::format("speed: {:.0f} tokens/s, {:.1f} ms/step over steps 2..{}\n", tps, 1e3 * seconds / steps, c.steps);
+  const std::map<std::string, double> phase_ms = phase_milliseconds(s, rec);
+  // Once per run, after the last update: no weight file or report comes from a diverged state.
+  require_finite_state(ex, c, c.steps, c.save.empty() ? "the run's report" : fmt::format("--save '{}'", c.save));
+  save_if_asked(s);
+
+  const double flops = flops_per_step(prog);
+  nlohmann::json report;
+  report["steps"] = c.steps;
+  report["tokens_per_step"] = tokens_per_step;
+  report["tokens_per_second"] = tps;
+  report["ms_per_step_by_phase"] = phase_ms;
+  report["ms_per_step"] = rec.timed_steps ? 1e3 * seconds / steps : 0.0;
+  // CPU time of all threads: on a shared machine it varies far less than wall time, so
+  // benchmarks compare it too (with one thread it is the step's work alone).
+  report["cpu_ms_per_step"] = rec.timed_steps ? 1e3 * rec.timed_cpu_seconds / steps : 0.0;
+  report["flops_per_step"] = flops;
+  report["gflops_per_second"] = rec.timed_steps ? flops * steps / seconds / 1e9 : 0.0;
+  report["loss"] = {{"first", rec.first_loss}, {"last", rec.last_loss}, {"history", rec.history}};
+  report["validation"] = {{"history", rec.val_history},
+                          {"last", rec.final_val ? nlohmann::json(*rec.final_val) : nlohmann::json()}};
+  report["model"] = model_json(s.run.spec, prog.parameter_count());
+  report["policy"] = policy_json(pol);
+  report["data"] = {{"source", s.data->description()}, {"tokens", s.data->size()}, {"validation_tokens", s.val_tokens}};
+  report["memory"] = memory_json(prog, s.run.compiled.plan, measured);
+  report["memory"]["max_rss_bytes"] = rss;
+  report["memory"]["budget_bytes"] = s.budget;
+  report["memory"]["all_ranks_equal"] = mismatched == 0;
+  report["distributed"] = {{"world_size", s.world}, {"rank", s.rank}, {"zero_stage", pol.zero_stage},
+                           {"comm_bytes_per_step", communication_bytes_per_step(prog)}};
+  report["optimizer_steps_applied"] = s.applied;
+  if (s.runner->loss_scaling())
+    report["loss_scaling"] = {
+        {"convention", c.loss_scale.fixed_scale > 0 ? "fixed" : loss_scale_convention_name(c.loss_scale.convention)},
+        {"final_scale", s.runner->loss_scale()},
+        {"skipped_steps", s.runner->skipped_steps()},
+        {"skipped_at", rec.skipped_at},
+        {"history", rec.scale_history}};
+  report["seed"] = c.seed;
+  report["lr"] = c.lr;
+  report["lr_schedule"] = s.schedule.to_json();
+  report["lr_history"] = rec.lr_history;
+  if (rec.has_grad_norm) report["grad_norm_history"] = rec.norm_history;
+  if (hooks) hooks->after_run(ex, report, log);
+  if (!c.report_json.empty() && s.rank == 0) write_report(c.report_json, report);
+  return report;
+}
+
+}  // namespace memfit

@@ -1,0 +1,173 @@
+#include "train/run_setup.hpp"
+
+#include "core/error.hpp"
+#include "graph/training_program.hpp"
+#include "plan/plan_report.hpp"
+#include "train/budget.hpp"
+#include "train/init.hpp"
+#include "train/run_checks.hpp"
+#include "train/synthetic_corpus.hpp"
+#include "train/weights.hpp"
+
+namespace memfit {
+
+namespace {
+
+constexpr size_t kSyntheticBytes = 2 << 20;
+
+TokenData open_data(const RunConfig& c) {
+  if (!c.data.empty()) return TokenData::open(c.data, c.data_format);
+  const std::string text = synthetic_corpus(c.seed, kSyntheticBytes);
+  std::vector<uint16_t> tokens(text.size());
+  for (size_t i = 0; i < text.size(); ++i) tokens[i] = uint8_t(text[i]);
+  return TokenData::from_tokens(std::move(tokens), fmt::format("the synthetic corpus (seed {})", c.seed));
+}
+
+// The world, this rank's topology and log, and the checks of the configuration itself.
+void settle_ranks(RunState& s, const RunConfig& config, std::ostream& rank_log, Communicator* comm) {
+  if (!comm) {
+    s.own_comm = launched_with_several_ranks() ? make_mpi_communicator() : make_single_process_communicator();
+    comm = s.own_comm.get();
+  }
+  s.comm = comm;
+  const int W = comm->size(), rank = comm->rank(), tensor = config.topology.tensor;
+  s.world = W, s.rank = rank;
+  MEMFIT_CHECK(config.topology.world() == 1 || config.topology.world() == W, "train",
+               "--world-size {} but the run was launched with {} ranks", config.topology.world(), W);
+  MEMFIT_CHECK(tensor >= 1 && W % tensor == 0, "train", "a tensor-parallel degree of {} does not divide {} ranks",
+               tensor, W);
+  s.config = config;
+  RunConfig& c = s.config;
+  c.topology = Topology{.data = W / tensor, .tensor = tensor, .rank = rank};
+  comm->set_timeout(c.comm_timeout);
+  s.fault = TestFault::from_environment(rank);
+  s.log = rank == 0 ? &rank_log : &s.quiet;
+  MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);
+  MEMFIT_CHECK(c.val_fraction >= 0 && c.val_fraction < 1, "train", "the validation fraction must be in [0, 1) (got {})",
+               c.val_fraction);
+  MEMFIT_CHECK(c.eval_every >= 0 && c.eval_batches >= 1, "train", "--eval-every must be >= 0 and --eval-batches >= 1");
+  MEMFIT_CHECK(c.keep_checkpoints >= 1, "train", "--keep-checkpoints must be at least 1 (got {})", c.keep_checkpoints);
+  s.schedule = lr_schedule_of(c);  // a resume keeps the checkpoint's horizon
+  const ModelSpec spec = resolve_model(c.model);
+  MEMFIT_CHECK(spec.rope_type == "default", "train",
+               "model '{}' scales its rotary embedding ('{}'); memfit's rope kernel rotates with the plain "
+               "rope_theta frequencies only (memfit plan works for it)", spec.name, spec.rope_type);
+  MEMFIT_CHECK(c.resume.empty() || c.load.empty(), "train", "--resume and --load both give the weights; use one");
+  check_output_paths(c, rank);
+}
+
+// The data, its split and the loaders; the validation split's tokens are checked here, before
+// any step, since the first evaluation may come only after hours of training.
+void open_splits(RunState& s) {
+  const RunConfig& c = s.config;
+  const TokenData& data = *s.data;
+  const int64_t GB = s.global_batch(), T = s.run.policy.seq, vocab = s.run.spec.vocab_size;
+  // Validation split from the end of the data; it must hold at least one batch.
+  const int64_t n = data.size();
+  if (s.run.policy.with_eval) s.val_tokens = std::max<int64_t>(int64_t(double(n) * c.val_fraction), GB * T + 1);
+  MEMFIT_CHECK(s.val_tokens < n, "data", "{} holds {} tokens, too few for a validation split of {}",
+               data.description(), n, s.val_tokens);
+  s.train_loader.emplace(data, 0, n - s.val_tokens, GB, T, vocab, c.shuffle, c.seed, "training");
+  if (s.run.policy.with_eval) {
+    check_split_tokens(data, n - s.val_tokens, n, vocab, "validation");
+    s.val_loader.emplace(data, n - s.val_tokens, n, GB, T, vocab, false, c.seed, "validation");
+  }
+}
+
+// The executor with its weights (initialised or loaded) and the step runner feeding it.
+void build_executor(RunState& s, RunHooks* hooks) {
+  const RunConfig& c = s.config;
+  const Program& prog = s.program();
+  std::ostream& log = s.out();
+  s.groups.emplace(*s.comm, c.topology);
+  s.executor.emplace(s.run.compiled, *s.backend, &*s.groups);
+  Executor& ex = s.ex();
+  ex.set_timing(true);  // two clock reads per op: the report's time per phase
+  if (c.load.empty()) {
+    initialize_parameters(ex, s.run.spec, c.seed);
+  } else {
+    load_weights(c.load, ex, s.run.spec);
+    log << fmt::format("loaded weights from {}\n", c.load);
+  }
+  zero_persistent_state(ex);
+  const TensorId tokens = prog.find_tensor(kTokens), targets = prog.find_tensor(kTargets);
+  const TensorId eval_tokens = prog.find_tensor(kEvalTokens), eval_targets = prog.find_tensor(kEvalTargets);
+  RunState* state = &s;
+  s.runner.emplace(ex, [state, tokens, targets, eval_tokens, eval_targets](const Op& op, const StepContext&) {
+    Executor& e = state->ex();
+    const int d = state->config.topology.data_rank(), D = state->config.topology.data;
+    if (op.outputs[0] == tokens)
+      state->train_loader->next_for_rank(e.data_as<int32_t>(tokens), e.data_as<int32_t>(targets), d, D);
+    else
+      state->val_loader->next_for_rank(e.data_as<int32_t>(eval_tokens), e.data_as<int32_t>(eval_targets), d, D);
+  }, c.loss_scale);
+  if (s.runner->loss_scaling())
+    log << fmt::format("loss scaling: {} convention, initial scale {}\n",
+                       c.loss_scale.fixed_scale > 0 ? "fixed" : loss_scale_convention_name(c.loss_scale.convention),
+                       s.runner->loss_scale());
+  if (hooks) hooks->before_steps(ex, s.run);
+}
+
+// Where the steps start: step 1, or the step after a resumed checkpoint.
+void resume_if_asked(RunState& s) {
+  const RunConfig& c = s.config;
+  std::ostream& log = s.out();
+  const Policy& pol = s.run.policy;
+  // Checkpoints record what the run is; a resume must match it (train/checkpoint.hpp).
+  s.checkpoint_run = CheckpointRun{c.model, model_json(s.run.spec, s.program().parameter_count()), s.world,
+                                   pol.zero_stage, pol.precision, pol.optimizer, s.train_loader->batches_per_epoch(),
+                                   pol.grad_accum, s.runner->scaler() != nullptr, s.schedule, c.steps};
+  if (!c.resume.empty()) {
+    s.resumed = resume_checkpoint(c.resume, s.ex(), s.checkpoint_run, *s.comm);
+    const TrainingPosition& at = s.resumed->at;
+    for (const std::string& note : s.resumed->notes) log << "resume: " << note << "\n";
+    for (const std::string& skipped : s.resumed->skipped) log << "resume: skipped " << skipped << "\n";
+    MEMFIT_CHECK(at.step < c.steps, "train", "the checkpoint {} is at step {}, not before --steps {}", s.resumed->dir,
+                 at.step, c.steps);
+    s.first_step = at.step + 1;
+    s.applied = at.applied;
+    s.train_loader->seek(at.loader_epoch, at.loader_cursor);
+    if (at.scaler) s.runner->scaler()->restore(*at.scaler);
+    std::string schedule_note;
+    s.schedule = resumed_lr_schedule(s.schedule, c.decay_steps > 0, c.steps, s.resumed->manifest, schedule_note);
+    s.checkpoint_run.schedule = s.schedule;
+    log << fmt::format("resumed from {} at step {}\n", s.resumed->dir, at.step);
+    if (!schedule_note.empty()) log << "resume: " << schedule_note << "\n";
+  }
+  if (!c.checkpoint_dir.empty())
+    for (const std::string& note : prepare_checkpoint_root(c.checkpoint_dir, s.resumed ? &*s.resumed : nullptr, *s.comm))
+      log << "checkpoints: " << note << "\n";
+}
+
+}  // namespace
+
+std::unique_ptr<RunState> setup_run(const RunConfig& config, std::ostream& rank_log, RunHooks* hooks,
+                                    Communicator* comm) {
+  auto state = std::make_unique<RunState>();
+  RunState& s = *state;
+  settle_ranks(s, config, rank_log, comm);
+  const RunConfig& c = s.config;
+  s.backend = make_cpu_backend();
+  s.data.emplace(open_data(c));
+  s.run = prepare_run(c, *s.backend);
+  const ModelSpec& spec = s.run.spec;
+  const Policy& pol = s.run.policy;
+  const Program& prog = s.program();
+  open_splits(s);
+  std::ostream& log = s.out();
+  const int64_t n = s.data->size();
+  log << fmt::format("memfit train: model {} ({} parameters), batch {} x {} tokens, accumulation {}, {}, {}, lr {} ({})\n",
+                     spec.name, prog.parameter_count(), pol.batch, pol.seq, pol.grad_accum,
+                     precision_name(pol.precision), optimizer_name(pol.optimizer), c.lr, s.schedule.to_json().dump());
+  log << fmt::format("data: {}: {} tokens ({} training, {} validation)\n", s.data->description(), n,
+                     n - s.val_tokens, s.val_tokens);
+  s.budget = run_budget(c);
+  log << describe_recompute_choice(s.run, s.budget);
+  log << format_memory_table(prog, s.run.compiled.plan);
+  enforce_memory_budget(c, s.run, s.budget, *s.backend, log);
+  build_executor(s, hooks);
+  resume_if_asked(s);
+  return state;
+}
+
+}  // namespace memfit
