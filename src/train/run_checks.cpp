@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/half.hpp"
 #include "graph/policy.hpp"
+#include "graph/training_program.hpp"
 
 namespace memfit {
 
@@ -141,21 +142,42 @@ void require_finite_state(const Executor& ex, const RunConfig& c, int64_t step, 
   throw Error("train", fmt::format("after step {}: {}; {} not written", step, cause_after_updates(scan, c), what));
 }
 
-std::string explain_non_finite_loss(const Executor& ex, const RunConfig& c, int64_t step, int64_t updates_before) {
+void require_finite_start(const Executor& ex, const RunConfig& c) {
   const StateScan scan = scan_training_state(ex);
-  if (updates_before == 0) {
-    const std::string source = !c.resume.empty() ? "the resumed checkpoint"
-                               : !c.load.empty() ? fmt::format("--load '{}'", c.load)
-                                                 : "the initialisation";
-    if (scan.weight || scan.optimizer_state)
-      return fmt::format("before any update of this run, {} from {} is not finite: the weights are at fault, not "
-                         "the learning rate",
-                         (scan.weight ? scan.weight : scan.optimizer_state)->describe(), source);
-    return fmt::format("before any update of this run, with every weight from {} finite: the input or the "
-                       "weights' magnitudes overflow the forward in {}, not the learning rate",
-                       source, precision_name(c.policy.precision));
+  if (scan.finite()) return;
+  const std::string source = !c.resume.empty() ? fmt::format("the checkpoint resumed from '{}'", c.resume)
+                             : !c.load.empty() ? fmt::format("--load '{}'", c.load)
+                                               : "the initialisation";
+  throw Error("train", fmt::format("before step 1, {} from {} is not finite: nothing trained",
+                                   (scan.weight ? scan.weight : scan.optimizer_state)->describe(), source));
+}
+
+UpdateWatch::UpdateWatch(const Executor& ex) : ex_(ex) {
+  const Program& p = ex.program();
+  if (const Section* opt = p.find_section("optimizer"); opt && opt->end > opt->begin) optimizer_begin_ = opt->begin;
+  if (const TensorId loss = p.find_tensor(kLoss); loss != kNoTensor)
+    loss_ = reinterpret_cast<const float*>(ex.data(loss));
+}
+
+void UpdateWatch::before_op(int op, const StepContext&) {
+  if (op != optimizer_begin_ || !loss_ || std::isfinite(*loss_) || scan_) return;
+  scan_ = scan_training_state(ex_);  // the error path: the run stops after this step
+}
+
+std::string explain_non_finite_loss(const Executor& ex, const RunConfig& c, int64_t updates_before,
+                                    const std::optional<StateScan>& before_update) {
+  if (updates_before == 0)
+    return fmt::format("before any update of this run, with every weight and optimizer state finite (checked "
+                       "before step 1): the input or the weights' magnitudes overflow the forward in {}; the "
+                       "learning rate is not the cause",
+                       precision_name(c.policy.precision));
+  if (!before_update) {  // no optimizer section to watch (--optimizer-in-backward)
+    const StateScan now = scan_training_state(ex);
+    if (now.finite()) return fmt::format("after {} update(s); every weight is finite", updates_before);
+    return fmt::format("after {} update(s); after this step's update {} is not finite", updates_before,
+                       (now.weight ? now.weight : now.optimizer_state)->describe());
   }
-  if (!scan.finite()) return cause_after_updates(scan, c);
+  if (!before_update->finite()) return cause_after_updates(*before_update, c);
   return fmt::format("after {} update(s), with every weight and optimizer state finite: the weights grew until the "
                      "forward overflowed; lower --lr (now {})",
                      updates_before, c.lr);

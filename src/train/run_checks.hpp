@@ -48,12 +48,36 @@ StateScan scan_training_state(const Executor& executor);
 // checkpoint of step 7") is written: names the tensor and the cause as far as it is known.
 void require_finite_state(const Executor& executor, const RunConfig& config, int64_t step, const std::string& what);
 
-// Why the loss of `step` is not finite, as the end of a [train] message. `updates_before` is
-// the number of optimizer updates this invocation applied before the step: with none, the
-// learning rate cannot be the cause (the weights or the input are); after updates, it names
-// what became non-finite and blames --lr only when the weights did while the optimizer's
-// state stayed finite (or when everything is finite and the forward overflowed).
-std::string explain_non_finite_loss(const Executor& executor, const RunConfig& config, int64_t step,
-                                    int64_t updates_before);
+// Throws [train] before step 1 when the weights or optimizer state just initialised, loaded
+// (--load) or resumed hold inf or NaN, naming the tensor and where it came from.
+void require_finite_start(const Executor& executor, const RunConfig& config);
+
+// Watches the first op of the optimizer section: when the loss is already non-finite there,
+// it scans the state as it was before this step's update (the only moment the state still
+// tells which update broke it; after the update, NaN gradients have spread everywhere). Costs
+// one float read per step; scans (and allocates) only on the error path.
+class UpdateWatch : public OpObserver {
+ public:
+  explicit UpdateWatch(const Executor& executor);
+  void before_op(int op, const StepContext& ctx) override;
+  void after_op(int, const StepContext&) override {}
+  // The scan taken before the update of the step whose loss was non-finite, if any.
+  const std::optional<StateScan>& before_update() const { return scan_; }
+
+ private:
+  const Executor& ex_;
+  int optimizer_begin_ = -1;
+  const float* loss_ = nullptr;
+  std::optional<StateScan> scan_;
+};
+
+// Why the loss of a step is not finite, as the end of a [train] message. `updates_before` is
+// the number of optimizer updates this invocation applied before the step: with none (the
+// starting state was checked finite), the learning rate cannot be the cause; after updates,
+// it names what became non-finite and blames --lr only when a weight did while the
+// optimizer's state stayed finite, or when everything stayed finite and the forward
+// overflowed (the weights grew).
+std::string explain_non_finite_loss(const Executor& executor, const RunConfig& config, int64_t updates_before,
+                                    const std::optional<StateScan>& before_update);
 
 }  // namespace memfit

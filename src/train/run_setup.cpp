@@ -167,6 +167,9 @@ std::unique_ptr<RunState> setup_run(const RunConfig& config, std::ostream& rank_
   enforce_memory_budget(c, s.run, s.budget, *s.backend, log);
   build_executor(s, hooks);
   resume_if_asked(s);
+  require_finite_start(s.ex(), c);
+  s.update_watch.emplace(s.ex());
+  s.ex().add_observer(&*s.update_watch);
   return state;
 }
 

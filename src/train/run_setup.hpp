@@ -20,6 +20,7 @@
 #include "train/checkpoint.hpp"
 #include "train/data_loader.hpp"
 #include "train/lr_schedule.hpp"
+#include "train/run_checks.hpp"
 #include "train/run_hooks.hpp"
 #include "train/step_runner.hpp"
 #include "train/test_fault.hpp"
@@ -48,6 +49,7 @@ struct RunState {
   std::optional<CommGroups> groups;
   std::optional<Executor> executor;
   std::optional<StepRunner> runner;
+  std::optional<UpdateWatch> update_watch;  // what a non-finite loss's message names
   LrSchedule schedule;
   CheckpointRun checkpoint_run;
   std::optional<ResumedCheckpoint> resumed;

@@ -83,7 +83,7 @@ LoopRecord run_train_loop(RunState& s, RunHooks* hooks) {
     if (step == s.first_step) rec.first_loss = rec.last_loss;
     if (!std::isfinite(rec.last_loss) && r.applied)
       throw Error("train", fmt::format("the loss became {} at step {}: {}", rec.last_loss, step,
-                                       explain_non_finite_loss(ex, c, step, updates_before)));
+                                       explain_non_finite_loss(ex, c, updates_before, s.update_watch->before_update())));
     rec.history.push_back(rec.last_loss);
     rec.lr_history.push_back(ctx.lr);
     if (grad_norm) rec.norm_history.push_back(*grad_norm);
