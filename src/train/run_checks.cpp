@@ -129,6 +129,11 @@ std::string cause_after_updates(const StateScan& scan, const RunConfig& c) {
     return fmt::format("{} became non-finite: the gradients were not finite (their source is upstream of the "
                        "optimizer: the loss, the data or the precision)",
                        scan.optimizer_state->describe());
+  const AdamWConfig& a = c.policy.adamw;
+  if (!(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1 && a.eps > 0))  // bias correction 1 - beta^t = 0
+    return fmt::format("{} became non-finite while every optimizer state stayed finite: AdamW's settings (beta1 {}, "
+                       "beta2 {}, eps {}) divide by zero; betas must lie in [0, 1) and eps above 0",
+                       scan.weight->describe(), a.beta1, a.beta2, a.eps);
   return fmt::format("{} became non-finite while every optimizer state stayed finite: the update step, --lr {} "
                      "times AdamW's normalised direction, overflowed; lower --lr",
                      scan.weight->describe(), c.lr);

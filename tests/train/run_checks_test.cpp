@@ -112,6 +112,18 @@ TEST(RunChecks, ANonFiniteLossAfterAnOverflowingUpdateNamesTheParameterAndTheLea
   EXPECT_NE(r.err.find("lower --lr"), std::string::npos) << r.err;
 }
 
+// beta2 = 1 makes AdamW's bias correction 1 - beta2^t zero: the weights turn NaN with the
+// optimizer state finite, as an overflowing learning rate would, but the learning rate is not
+// the cause. (Config checking may refuse beta2 = 1 before step 1; either way the message names
+// beta2 and does not blame --lr.)
+TEST(RunChecks, BadAdamWSettingsAreNotBlamedOnTheLearningRate) {
+  const auto r = test::run_memfit(kTiny + "--steps 3 --beta2 1.0");
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("beta2"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("lower --lr"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
 TEST(RunChecks, NonFiniteLoadedWeightsAreRefusedBeforeStep1WithoutBlamingTheLearningRate) {
   const std::string d = fresh_dir("nan-load");
   const auto saved = test::run_memfit(kTiny + "--steps 1 --save " + d + "/w.safetensors");
