@@ -57,6 +57,29 @@ TEST(LeakCheck, NoFalseLeakOnAnyTrainedConfiguration) {
   EXPECT_EQ(runs, 24);
 }
 
+// The other shapes of step the suite trains: accumulation (buffers filled only after the last
+// micro-step) and recomputation with flash attention, each with skipped fp16 steps, and Llama.
+TEST(LeakCheck, NoFalseLeakWithAccumulationRecomputationAndLlama) {
+  const std::string d = test::temp_dir();
+  const std::string base = "train --threads 1 --batch 2 --seq 16 --log-every 0 --steps 3 --val-fraction 0.1 "
+                           "--eval-every 1 --eval-batches 1 ";
+  int index = 0;
+  for (const std::string extra : {"--precision fp16 --grad-accum 2 --initial-loss-scale 5e6 --grad-clip 1",
+                                  "--precision fp16 --recompute full --attention flash --initial-loss-scale 5e6",
+                                  "--model llama-tiny --precision bf16 --attention flash --optimizer adamw8bit"}) {
+    SCOPED_TRACE(extra);
+    const std::string report = d + "/extra" + std::to_string(index++);
+    const auto guarded = test::run_memfit(base + extra + " --check-leaks --report-json " + report + ".json");
+    ASSERT_EQ(guarded.status, 0) << guarded.out << guarded.err;
+    const auto plain = test::run_memfit(base + extra + " --report-json " + report + "-plain.json");
+    ASSERT_EQ(plain.status, 0) << plain.err;
+    const auto g = read_json(report + ".json"), p = read_json(report + "-plain.json");
+    EXPECT_EQ(g["leak_check"]["steps_checked"], 3);
+    EXPECT_EQ(g["loss"]["history"], p["loss"]["history"]);
+    EXPECT_EQ(g["validation"]["history"], p["validation"]["history"]);
+  }
+}
+
 TEST(LeakCheck, AStrayByteInTheArenaIsReported) {
   setenv("MEMFIT_TEST_FAULT", "0:2:stray", 1);
   const auto guarded = test::run_memfit(kTiny + "--steps 3 --val-fraction 0 --check-leaks");
