@@ -98,7 +98,11 @@ void freeze_parameter(Program& p, ParamEntry& e) {
 }
 
 bool parameter_name_matches(const std::string& pattern, const std::string& name) {
-  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+  // memfit's names drop HF's module prefix ("transformer." for GPT-2, "model." for the llama
+  // family); a pattern may be written with or without it.
+  for (const char* prefix : {"", "transformer.", "model."})
+    if (fnmatch(pattern.c_str(), (prefix + name).c_str(), 0) == 0) return true;
+  return false;
 }
 
 FrozenSummary summarize_frozen(const Program& p, const Policy& policy) {

@@ -52,7 +52,8 @@ void rewrite_forward(GraphBuilder& b, int begin, const ForwardRewrites& passes);
 // gradient. Only in the declare stage.
 void freeze_parameter(Program& p, ParamEntry& e);
 
-// Glob match (fnmatch, '*' crosses dots): "h.*.attn.*" matches "h.0.attn.c_attn.weight".
+// Glob match (fnmatch, '*' crosses dots): "h.*.attn.*" matches "h.0.attn.c_attn.weight", as
+// do "transformer.h.*.attn.*" and, for llama names, "model.layers.*" (HF's full names).
 bool parameter_name_matches(const std::string& pattern, const std::string& name);
 
 // What freezing saves: the frozen parameters' gradients, masters and optimizer state, in the

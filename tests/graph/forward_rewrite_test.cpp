@@ -165,6 +165,15 @@ void expect_refused(const Policy& pol, const Topology& topo, const std::vector<s
   }
 }
 
+TEST(ForwardRewrite, PatternsMatchNamesWithOrWithoutTheHfPrefix) {
+  EXPECT_TRUE(parameter_name_matches("h.*.attn.*", "h.0.attn.c_attn.weight"));
+  EXPECT_TRUE(parameter_name_matches("transformer.h.*.attn.*", "h.11.attn.c_proj.bias"));
+  EXPECT_TRUE(parameter_name_matches("model.embed_tokens.weight", "embed_tokens.weight"));
+  EXPECT_FALSE(parameter_name_matches("h.*.attn.*", "h.0.mlp.c_fc.weight"));
+  EXPECT_FALSE(parameter_name_matches("wte.weight", "wpe.weight"));
+  EXPECT_FALSE(parameter_name_matches("h.1*", "h.0.ln_1.weight"));
+}
+
 TEST(ForwardRewrite, RefusalsNameTheProblem) {
   Policy pol = tiny_policy();
   pol.freeze = {"h.*.atn.*"};
