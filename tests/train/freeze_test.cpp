@@ -19,6 +19,8 @@
 #include <map>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "graph/training_program.hpp"
 #include "io/safetensors.hpp"
 #include "support/alloc_counter.hpp"
@@ -26,6 +28,7 @@
 #include "support/run_cli.hpp"
 #include "support/tiny_run.hpp"
 #include "train/master_weights.hpp"
+#include "train/run_config.hpp"
 #include "train/trainer.hpp"
 
 namespace memfit {
@@ -33,6 +36,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<char>;
+
+// Checkpoints and saved weights go to the process's temporary directory, removed at exit.
+class RemoveTemporaries : public ::testing::Environment {
+  void TearDown() override { fs::remove_all(test::temp_dir()); }
+};
+const ::testing::Environment* const remove_temporaries = ::testing::AddGlobalTestEnvironment(new RemoveTemporaries);
 
 Policy tiny_policy() {
   Policy p;
@@ -165,6 +174,31 @@ TEST(Freeze, PlanDropsByTheClosedFormAndMatchesTheMeasurement) {
     run.step(2);
     EXPECT_EQ(part.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
     EXPECT_LT(part.plan.tier(Tier::device).peak_bytes, full.plan.tier(Tier::device).peak_bytes);
+  }
+}
+
+TEST(Freeze, PlanCommandAndConfigKeyAndRefusal) {
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  const int64_t C = spec.n_embd;
+  const int64_t frozen = spec.n_layer * (3 * C * C + 3 * C + C * C + C) + spec.padded_vocab * C;
+  const test::CliResult plan = test::run_memfit("plan --model gpt2-tiny --batch 2 --seq 32 --freeze 'h.*.attn.*,wte.weight'");
+  EXPECT_EQ(plan.status, 0) << plan.err;
+  EXPECT_NE(plan.out.find(fmt::format("frozen: {} parameters ({} elements)", 1 + 4 * spec.n_layer, frozen)),
+            std::string::npos)
+      << plan.out;
+  const test::CliResult json = test::run_memfit("plan --json --model gpt2-tiny --batch 2 --seq 32 --freeze 'h.*'");
+  ASSERT_EQ(json.status, 0) << json.err;
+  EXPECT_GT(nlohmann::json::parse(json.out)["frozen"]["bytes_saved"].get<int64_t>(), 0);
+  const test::CliResult refused = test::run_memfit("train --model gpt2-tiny --steps 1 --freeze 'h.0.*' --zero 2");
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.err.find("freezing parameters with data parallelism"), std::string::npos) << refused.err;
+
+  const std::string dir = test::temp_dir();
+  for (const char* value : {"\"h.0.*,wte.weight\"", "[\"h.0.*\", \"wte.weight\"]"}) {
+    test::write_file(dir + "/freeze.json", std::string("{\"freeze\": ") + value + "}");
+    RunConfig c;
+    apply_config_file(dir + "/freeze.json", c);
+    EXPECT_EQ(c.policy.freeze, (std::vector<std::string>{"h.0.*", "wte.weight"})) << value;
   }
 }
 
@@ -351,7 +385,6 @@ TEST(FreezeFiles, CheckpointsResumeBitForBitAndSavedWeightsRoundTrip) {
     }
     EXPECT_FALSE(same("h.1.attn.c_attn.weight") || same("transformer.h.1.attn.c_attn.weight")) << "h.1 did not train";
   }
-  fs::remove_all(test::temp_dir());
 }
 
 }  // namespace
