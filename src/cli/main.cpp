@@ -21,6 +21,7 @@
 #include "dist/communicator.hpp"
 #include "kernels/backend.hpp"
 #include "core/bytes.hpp"
+#include "graph/forward_rewrite.hpp"
 #include "graph/zero.hpp"
 #include "plan/plan_compare.hpp"
 #include "plan/plan_report.hpp"
@@ -62,6 +63,10 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
     j["distributed"] = {{"world_size", config.topology.world()}, {"rank", 0},
                         {"zero_stage", run.policy.zero_stage},
                         {"comm_bytes_per_step", communication_bytes_per_step(p)}};
+    if (const FrozenSummary f = summarize_frozen(p, run.policy); f.params > 0)
+      j["frozen"] = {{"parameters", f.params}, {"elements", f.elements}, {"gradient_bytes_saved", f.gradient_bytes},
+                     {"master_bytes_saved", f.master_bytes}, {"optimizer_state_bytes_saved", f.optimizer_bytes},
+                     {"bytes_saved", f.total_bytes()}};
     if (fp32) j["compared_to_fp32"] = plan_comparison_json("fp32", fp32->compiled.plan, precision_name(run.policy.precision),
                                                            run.compiled.plan);
     std::cout << j.dump(2) << "\n";
@@ -74,6 +79,12 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
       std::cout << fmt::format("data parallel: rank 0 of {}, ZeRO stage {}, {} sent per rank per step\n",
                                config.topology.world(), run.policy.zero_stage,
                                format_bytes(uint64_t(communication_bytes_per_step(p))));
+    if (const FrozenSummary f = summarize_frozen(p, run.policy); f.params > 0)
+      std::cout << fmt::format("frozen: {} parameters ({} elements) have no gradient, master or optimizer state: saves "
+                               "{} (gradients {}, masters {}, optimizer state {})\n",
+                               f.params, f.elements, format_bytes(uint64_t(f.total_bytes())),
+                               format_bytes(uint64_t(f.gradient_bytes)), format_bytes(uint64_t(f.master_bytes)),
+                               format_bytes(uint64_t(f.optimizer_bytes)));
     std::cout << format_memory_table(p, run.compiled.plan);
     if (fp32)
       std::cout << format_plan_comparison("fp32", fp32->compiled.plan, precision_name(run.policy.precision),

@@ -62,6 +62,8 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                        at = comma + 1;
                      }
                    });
+  add<std::string>(app, "--freeze", "parameters to freeze (no gradient, master or optimizer state): comma-separated globs over HF names, e.g. h.*.attn.*,wte.weight",
+                   [](RunConfig& c, std::string v) { c.policy.freeze = split_freeze_patterns(v); });
   add<std::string>(app, "--recompute", "none | full | every:K | selective[:ops] | auto",
                    [](RunConfig& c, std::string v) { c.policy.recompute = parse_recompute(v); });
   add<std::string>(app, "--attention", "plain | flash",

@@ -12,7 +12,7 @@ StateElements model_state_elements(const Program& p) {
     e[{t.category, t.dtype}] += t.numel();
   };
   for (const ParamEntry& entry : p.params()) {
-    add(entry.value);
+    for (const StoredTensor& stored : entry.storage) add(stored.id);  // value, or codes + scales
     add(entry.grad);
     add(entry.master);
     for (TensorId s : entry.state) add(s);

@@ -4,7 +4,9 @@
 // the first contribution overwrites, later ones accumulate, so no gradient buffer is ever
 // zero-filled. Parameter gradients either live only through one step (transient, created on
 // first contribution) or are persistent accumulation buffers when gradient accumulation
-// spans several micro-steps.
+// spans several micro-steps. Only tensors that require gradients receive them: a frozen
+// parameter (graph/forward_rewrite.hpp) gets no weight-gradient product, and its op keeps
+// only the input-gradient path.
 #pragma once
 
 #include <unordered_map>

@@ -16,6 +16,7 @@ TensorId GraphBuilder::parameter(std::string name, Shape shape, ParamInit init, 
   ParamEntry e;
   e.name = std::move(name);
   e.value = id;
+  e.storage = {{ParamRole::value, id}};
   e.init = init;
   e.init_std = init_std;
   e.decay = decay;

@@ -23,6 +23,7 @@ class GraphBuilder {
   Phase phase() const { return phase_; }
   // Off while emitting forward passes that are never differentiated (validation).
   void set_grad_enabled(bool on) { grad_enabled_ = on; }
+  bool grad_enabled() const { return grad_enabled_; }
 
   // A persistent, trainable parameter (registered in program().params()).
   TensorId parameter(std::string name, Shape shape, ParamInit init, float init_std, bool decay);

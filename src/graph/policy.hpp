@@ -61,6 +61,7 @@ struct Policy {
   std::vector<std::string> fp32_ops;      // ops computed in fp32 under bf16/fp16: kind names,
                                           // op names, or name prefixes ending in '*'
   RecomputePolicy recompute;
+  std::vector<std::string> freeze;  // glob patterns (fnmatch) over parameter names: frozen parameters
   AttentionKind attention = AttentionKind::plain;
   OptimizerKind optimizer = OptimizerKind::adamw;
   AdamWConfig adamw;

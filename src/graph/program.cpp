@@ -1,5 +1,7 @@
 #include "graph/program.hpp"
 
+#include <iterator>
+
 #include <unordered_set>
 
 #include "core/error.hpp"
@@ -47,6 +49,14 @@ void Program::end_section() {
   MEMFIT_ASSERT(section_open_, "end_section without begin_section");
   sections_.back().end = int(ops_.size());
   section_open_ = false;
+}
+
+std::vector<Op> Program::take_ops_from(int begin) {
+  MEMFIT_ASSERT(section_open_ && begin >= sections_.back().begin && begin <= int(ops_.size()),
+                "take_ops_from({}) outside the open section", begin);
+  std::vector<Op> taken(std::make_move_iterator(ops_.begin() + begin), std::make_move_iterator(ops_.end()));
+  ops_.resize(size_t(begin));
+  return taken;
 }
 
 void Program::replace_ops(std::vector<Op> ops, const std::vector<int>& section_of) {
@@ -112,13 +122,60 @@ int Program::section_of_op(int op_index) const {
   return -1;
 }
 
+std::string_view param_role_name(ParamRole role) {
+  switch (role) {
+    case ParamRole::value: return "value";
+    case ParamRole::codes: return "codes";
+    case ParamRole::scales: return "scales";
+    case ParamRole::scales2: return "scales2";
+    case ParamRole::offset: return "offset";
+  }
+  return "?";
+}
+
+TensorId ParamEntry::stored(ParamRole role) const {
+  for (const StoredTensor& s : storage)
+    if (s.role == role) return s.id;
+  return kNoTensor;
+}
+
+int64_t Program::param_numel(const ParamEntry& e) const {
+  // Quantised codes keep the parameter's logical shape (nf4 and int8 alike).
+  const TensorId id = e.value != kNoTensor ? e.value : e.stored(ParamRole::codes);
+  return id == kNoTensor ? 0 : tensor(id).numel();
+}
+
 int64_t Program::parameter_count() const {
   int64_t n = 0;
-  for (const ParamEntry& p : params_) n += tensor(p.value).numel();
+  for (const ParamEntry& p : params_) n += param_numel(p);
   return n;
 }
 
+int64_t Program::trainable_parameter_count() const {
+  int64_t n = 0;
+  for (const ParamEntry& p : params_)
+    if (p.trainable) n += param_numel(p);
+  return n;
+}
+
+void Program::validate_params() const {
+  for (const ParamEntry& e : params_) {
+    MEMFIT_CHECK(!e.storage.empty(), "graph", "parameter '{}' has no stored tensor", e.name);
+    MEMFIT_CHECK(e.stored(ParamRole::value) == e.value, "graph", "parameter '{}': its value is not its value-role tensor",
+                 e.name);
+    for (const StoredTensor& s : e.storage)
+      MEMFIT_CHECK(s.id >= 0 && size_t(s.id) < tensors_.size(), "graph", "parameter '{}' stores its {} as tensor id {}",
+                   e.name, param_role_name(s.role), s.id);
+    MEMFIT_CHECK(e.value != kNoTensor || e.frozen(), "graph",
+                 "parameter '{}' is trainable but has no value tensor (quantised parameters must be frozen)", e.name);
+    if (e.frozen())
+      MEMFIT_CHECK(e.grad == kNoTensor && e.master == kNoTensor && e.state.empty(), "graph",
+                   "frozen parameter '{}' has a gradient, a master or optimizer state", e.name);
+  }
+}
+
 void Program::validate() const {
+  validate_params();
   auto check_id = [&](TensorId id, const Op& op) {
     MEMFIT_CHECK(id >= 0 && size_t(id) < tensors_.size(), "graph", "op '{}' names tensor id {} which does not exist",
                  op.name, id);

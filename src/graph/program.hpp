@@ -19,18 +19,36 @@ struct Section {
   int repeat = 1;          // times the trainer runs it back to back per step
 };
 
+// How a parameter is stored: one or several persistent tensors, each with a role. A plain
+// parameter is one `value` tensor; a quantised frozen weight is `codes` plus blockwise
+// `scales` and, with double quantisation, `scales2` (the scales' own scales) and `offset`.
+// Forward rewrites (graph/forward_rewrite.hpp) choose the storage; the forward reads the
+// stored tensors through the ops the rewrite emits (e.g. a dequantise before a matmul).
+enum class ParamRole : uint8_t { value, codes, scales, scales2, offset };
+std::string_view param_role_name(ParamRole role);
+struct StoredTensor {
+  ParamRole role = ParamRole::value;
+  TensorId id = kNoTensor;
+};
+
 // A trainable (or frozen) parameter and the tensors the optimizer keeps for it.
+// Invariants (checked by Program::validate): `storage` lists every persistent tensor the
+// parameter is stored as, and `value` is its value-role tensor (kNoTensor when the parameter
+// is stored only in another form, e.g. quantised codes); a parameter without a value tensor
+// is frozen. A frozen parameter has no gradient, no master and no optimizer state, and its
+// tensors do not require gradients, so autodiff emits only the input-gradient path through it.
 enum class ParamInit : uint8_t { normal, zeros, ones };
 struct ParamEntry {
   std::string name;  // HF-style name without the "transformer." prefix, e.g. "h.0.attn.c_attn.weight"
   TensorId value = kNoTensor;
+  std::vector<StoredTensor> storage;  // {value} for a plain parameter
   TensorId grad = kNoTensor;
   TensorId master = kNoTensor;  // fp32 master copy under mixed precision
   std::vector<TensorId> state;  // optimizer state (AdamW: m, v)
   ParamInit init = ParamInit::normal;
   float init_std = 0.02f;
   bool decay = true;  // weight decay applies (matrices and embeddings; not biases or norms)
-  bool trainable = true;
+  bool trainable = true;  // false: frozen (see above)
   // ZeRO stage >= 1 (graph/zero.hpp): master and state hold only this rank's piece, elements
   // [shard_offset, shard_offset + shard_numel) of the parameter; -1: the whole parameter.
   int64_t shard_offset = 0;
@@ -39,6 +57,10 @@ struct ParamEntry {
   // then a view into a transient gather buffer, valid only inside the step).
   TensorId value_shard = kNoTensor;
   bool whole_state() const { return shard_numel < 0; }
+  bool frozen() const { return !trainable; }
+  // Stored as a single value tensor (what initialisation, loading and saving handle today).
+  bool plain_storage() const { return storage.size() == 1 && storage[0].role == ParamRole::value; }
+  TensorId stored(ParamRole role) const;  // kNoTensor when the parameter has no such tensor
 };
 
 class Program {
@@ -54,6 +76,9 @@ class Program {
   // section_of[i] is the index into sections() of ops[i], and each section's ops must be
   // contiguous and in section order. Op::replays indices are the caller's to remap.
   void replace_ops(std::vector<Op> ops, const std::vector<int>& section_of);
+  // For forward rewrites (graph/forward_rewrite.hpp): removes and returns the last ops, from
+  // `begin` on, all inside the open section, so that their replacements can be emitted.
+  std::vector<Op> take_ops_from(int begin);
 
   const TensorDesc& tensor(TensorId id) const;
   TensorDesc& tensor(TensorId id);
@@ -69,9 +94,11 @@ class Program {
 
   std::vector<ParamEntry>& params() { return params_; }
   const std::vector<ParamEntry>& params() const { return params_; }
-  int64_t parameter_count() const;  // elements of all parameter tensors
+  int64_t parameter_count() const;  // elements of all parameters (trainable and frozen)
+  int64_t trainable_parameter_count() const;
+  int64_t param_numel(const ParamEntry& e) const;  // elements of the parameter, however stored
 
-  // Structural checks: tensor ids in range, one write mode per output, views inside their
+  // Structural checks: parameter storage records consistent, tensor ids in range, one write mode per output, views inside their
   // root, sections disjoint and covering every op, every transient tensor written before it
   // is read. Throws [graph] with the first problem found.
   void validate() const;
@@ -80,6 +107,7 @@ class Program {
   // Ops of the communicator and transfer engines go on their kind's default queue unless the
   // emitter chose one (graph/op.hpp).
   void assign_queue(Op& op) const;
+  void validate_params() const;
 
   std::vector<TensorDesc> tensors_;
   std::vector<Op> ops_;

@@ -6,6 +6,7 @@
 #include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "graph/autodiff.hpp"
+#include "graph/forward_rewrite.hpp"
 #include "graph/model_forward.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
@@ -37,6 +38,8 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   if (p.update_in_backward && (p.zero_stage > 0 || topo.world() > 1))
     unsupported("updating in the backward pass with data parallelism (ZeRO)");
   if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
+  if (!p.freeze.empty() && (p.zero_stage > 0 || topo.world() > 1))
+    unsupported("freezing parameters with data parallelism (ZeRO or more than one rank)");
 }
 
 }  // namespace
@@ -53,28 +56,35 @@ int64_t classifier_chunk_rows(const ModelSpec& spec, const Policy& policy) {
   return std::min(rows, ((rows + chunks - 1) / chunks + 15) / 16 * 16);
 }
 
-Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology) {
+Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
+                               const ForwardRewrites& extra_rewrites) {
   MEMFIT_CHECK(topology.tensor == 1, "policy",
                "tensor parallelism (tensor-parallel degree {}) is not supported by this build yet", topology.tensor);
-  return build_unsplit_training_program(spec, policy, topology);
+  return build_unsplit_training_program(spec, policy, topology, extra_rewrites);
 }
 
-Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology) {
+Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
+                                       const ForwardRewrites& extra_rewrites) {
   spec.validate();
   check_supported(spec, policy, topology);
+  ForwardRewrites rewrites = forward_rewrites_for(policy);
+  rewrites.insert(rewrites.end(), extra_rewrites.begin(), extra_rewrites.end());
+  if (!extra_rewrites.empty() && (policy.zero_stage > 0 || topology.world() > 1))
+    throw Error("policy", "forward rewrites with data parallelism (ZeRO or more than one rank) are not supported by this build yet");
   const std::vector<BlockRecompute> recompute = resolve_recompute(policy.recompute, spec.n_layer);
   const int64_t B = policy.batch, T = policy.seq, N = B * T, k = policy.grad_accum;
 
   Program p;
   GraphBuilder b(p);
   const ModelParams params = declare_model_parameters(b, spec);
+  declare_forward_rewrites(b, rewrites);
   declare_master_weights(b, policy);
   declare_optimizer_state(b, policy);
   for (ParamEntry& e : p.params()) {
     const TensorDesc& t = p.tensor(e.value);
     b.set_layer(t.layer);
     // Accumulation across micro-steps needs gradients that outlive one micro-step.
-    if (k > 1) e.grad = b.persistent("grad." + e.name, t.shape, Category::gradients);
+    if (k > 1 && e.trainable) e.grad = b.persistent("grad." + e.name, t.shape, Category::gradients);
   }
   b.set_layer(-1);
   const TensorId loss = b.persistent(kLoss, Shape{1}, Category::activations);
@@ -86,6 +96,7 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
     b.emit({OpKind::load_input, "load_batch", {}, {tokens, targets}});
     const int fwd_begin = int(p.ops().size());
     const TensorId hidden = model_forward(b, spec, params, tokens, "", policy.attention);
+    rewrite_forward(b, fwd_begin, rewrites);
     const int fwd_end = int(p.ops().size());
 
     Autodiff ad(b, k > 1);
@@ -97,8 +108,13 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
     c.grad_scale = 1.0f / float(N * k);
     const TensorId losses = b.transient("losses", Shape{N}, Category::activations);
     const TensorId chunk = b.transient("classifier.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
-    auto [dhidden, mode_hidden] = ad.contribute(hidden);
-    auto [dwte, mode_wte] = ad.contribute(params.classifier_weight);
+    // Frozen parameters: no gradient flows where nothing trainable waits for it, and the
+    // kernel skips the products of absent outputs.
+    auto contribute_if_needed = [&](TensorId x) {
+      return p.tensor(x).requires_grad ? ad.contribute(x) : std::pair{kNoTensor, WriteMode::overwrite};
+    };
+    auto [dhidden, mode_hidden] = contribute_if_needed(hidden);
+    auto [dwte, mode_wte] = contribute_if_needed(params.classifier_weight);
     const double flops = 6.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd) +
                          5.0 * double(N) * double(spec.vocab_size);
     b.emit({OpKind::classifier, "classifier", {hidden, params.classifier_weight, targets}, {losses, dhidden, dwte}, c, flops,
@@ -129,7 +145,9 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
     const TensorId tokens = b.transient(kEvalTokens, Shape{B, T}, Category::activations, DType::i32);
     const TensorId targets = b.transient(kEvalTargets, Shape{B, T}, Category::activations, DType::i32);
     b.emit({OpKind::load_input, "load_eval_batch", {}, {tokens, targets}});
+    const int eval_begin = int(p.ops().size());
     const TensorId hidden = model_forward(b, spec, params, tokens, "eval.", policy.attention);
+    rewrite_forward(b, eval_begin, rewrites);
     ClassifierAttrs c;
     c.rows = N;
     c.vocab = spec.vocab_size;
@@ -149,7 +167,8 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   // The updates follow the last use of each parameter, recomputed and cast ops included.
   if (policy.update_in_backward) apply_update_in_backward(p);
   // Last: ZeRO re-homes parameters and gradients with their final dtypes.
-  apply_zero(p, policy, topology);
+  // (Only with data parallelism: its layout refuses frozen parameters, which one rank allows.)
+  if (policy.zero_stage > 0 || topology.world() > 1) apply_zero(p, policy, topology);
   schedule_async(p, AsyncOptions{.overlap_comm = policy.overlap_comm});
   p.validate();
   return p;

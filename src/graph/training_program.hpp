@@ -4,10 +4,12 @@
 //   section "optimizer": the update of every parameter (graph/optimizer.hpp: fused AdamW or
 //     8-bit AdamW, after the global gradient norm when clipping);
 //   section "eval" (optional): load a validation batch, forward, loss only.
+// Between the forward and autodiff runs the forward-rewrite stage (graph/forward_rewrite.hpp).
 // Later techniques (precision, recomputation, sharding, offload) are transformations applied
 // to what this emits.
 #pragma once
 
+#include "graph/forward_rewrite.hpp"
 #include "graph/model_spec.hpp"
 #include "graph/policy.hpp"
 #include "graph/program.hpp"
@@ -17,11 +19,15 @@ namespace memfit {
 // Throws [policy] for a policy this build cannot express (naming the field), and for shapes
 // the model cannot take (a sequence longer than its context, a zero batch). A tensor-parallel
 // degree above 1 is refused: no builder splits a layer over tensor ranks yet.
-Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology);
+// The forward passes go through the forward rewrites the policy asks for (--freeze), then
+// `extra_rewrites` (passes that no option names yet, e.g. a test's), before autodiff.
+Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
+                               const ForwardRewrites& extra_rewrites = {});
 // The program a rank of `topology` would run if every tensor rank held the whole model: what
 // the data-parallel passes (ZeRO over the data group) make of a tensor-parallel topology, for
 // tests until layers are split. Nothing runs it.
-Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology);
+Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
+                                       const ForwardRewrites& extra_rewrites = {});
 
 // Rows of logits the classifier materialises at once under `policy` (never all B*T rows of a
 // large vocabulary).

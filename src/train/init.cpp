@@ -14,9 +14,8 @@ void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed) {
   constexpr int64_t kChunk = 1 << 16;
   std::vector<float> staging;  // a 16-bit parameter without an fp32 master (frozen)
   for (const ParamEntry& e : p.params()) {
-    const TensorDesc& t = p.tensor(e.value);
-    const int64_t n = t.numel();
-    float* x = fp32_values(ex, e);
+    float* x = fp32_values(ex, e);  // first: refuses storage other than one value tensor
+    const int64_t n = p.tensor(e.value).numel();
     if (!x) staging.resize(size_t(n)), x = staging.data();
     if (e.init != ParamInit::normal) {
       const float v = e.init == ParamInit::ones ? 1.0f : 0.0f;

@@ -18,9 +18,18 @@ void narrow_into(void* dst, DType dtype, const float* src, int64_t n) {
   MEMFIT_ASSERT(ok, "parameter of dtype {}", dtype_name(dtype));
 }
 
+// Values exist as floats only for parameters stored as one value tensor (graph/program.hpp);
+// quantised storage is read through the ops a forward rewrite emits.
+void require_plain_storage(const ParamEntry& e) {
+  MEMFIT_CHECK(e.plain_storage(), "train", "parameter '{}' is stored as {} tensors ({} first): its values cannot be "
+               "initialised, loaded or saved as floats yet", e.name, e.storage.size(),
+               e.storage.empty() ? "none" : param_role_name(e.storage[0].role));
+}
+
 }  // namespace
 
 float* fp32_values(const Executor& ex, const ParamEntry& e) {
+  require_plain_storage(e);
   const Program& p = ex.program();
   if (e.value_shard != kNoTensor) return nullptr;  // ZeRO-3: no whole copy of the parameter persists
   if (e.master != kNoTensor && e.whole_state()) return ex.data_as<float>(e.master);
@@ -29,6 +38,7 @@ float* fp32_values(const Executor& ex, const ParamEntry& e) {
 }
 
 void store_parameter(const Executor& ex, const ParamEntry& e, const float* values) {
+  require_plain_storage(e);
   const TensorDesc& t = ex.program().tensor(e.value);
   if (e.master != kNoTensor && ex.data_as<float>(e.master) != values) {
     if (e.whole_state()) std::memcpy(ex.data(e.master), values, size_t(t.numel()) * sizeof(float));
@@ -46,6 +56,7 @@ void store_parameter(const Executor& ex, const ParamEntry& e, const float* value
 }
 
 std::vector<float> load_parameter(const Executor& ex, const ParamEntry& e) {
+  require_plain_storage(e);
   const TensorDesc& t = ex.program().tensor(e.value);
   MEMFIT_CHECK(ex.program().tensor(ex.program().root_of(e.value)).category != Category::communication, "train",
                "parameter '{}' is sharded by ZeRO-3: whole weights cannot be read or saved yet (use --checkpoint-dir)",

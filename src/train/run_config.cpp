@@ -22,6 +22,16 @@ ModelSpec resolve_model(const std::string& model) {
   return model_preset(model);
 }
 
+std::vector<std::string> split_freeze_patterns(const std::string& text) {
+  std::vector<std::string> patterns;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    if (comma > at) patterns.push_back(text.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return patterns;
+}
+
 LrSchedule lr_schedule_of(const RunConfig& c) {
   LrSchedule s;
   s.kind = c.lr_schedule;
@@ -84,6 +94,8 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     else if (key == "precision") p.precision = parse_precision(get_as<std::string>(v, key));
     else if (key == "grad_dtype") p.grad_dtype = parse_dtype(get_as<std::string>(v, key));
     else if (key == "fp32_ops") p.fp32_ops = get_as<std::vector<std::string>>(v, key);
+    else if (key == "freeze")
+      p.freeze = v.is_string() ? split_freeze_patterns(get_as<std::string>(v, key)) : get_as<std::vector<std::string>>(v, key);
     else if (key == "loss_scaler") c.loss_scale.convention = parse_loss_scale_convention(get_as<std::string>(v, key));
     else if (key == "bf16" || key == "fp16") {
       MEMFIT_CHECK(v.is_object(), "config", "key '{}' must be an object", key);

@@ -51,6 +51,9 @@ ModelSpec resolve_model(const std::string& model);  // throws [model] / [config]
 // The learning-rate schedule of a run, defaults resolved and validated (throws [train]).
 LrSchedule lr_schedule_of(const RunConfig& config);
 
+// Freeze patterns from "h.*.attn.*,wte.weight" (--freeze, or the config key as one string).
+std::vector<std::string> split_freeze_patterns(const std::string& text);
+
 // Applies a JSON config file on top of `config` (flags given on the command line are
 // applied after it by the CLI). Throws [config] on malformed files and unknown keys.
 void apply_config_file(const std::string& path, RunConfig& config);

@@ -53,6 +53,7 @@ nlohmann::json policy_json(const Policy& p) {
           {"precision", precision_name(p.precision)},
           {"grad_dtype", dtype_name(p.grad_dtype)},
           {"fp32_ops", p.fp32_ops},
+          {"freeze", p.freeze},
           {"recompute", p.recompute.to_string()},
           {"attention", attention_name(p.attention)},
           {"optimizer", optimizer_name(p.optimizer)},

@@ -49,7 +49,7 @@ void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* x, 
 template <class T, class G>
 void embedding_backward(const T* dx, const int32_t* tokens, G* dwte, G* dwpe, int64_t N, int64_t seq, int64_t C,
                         int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe) {
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; dwte && n < N; ++n)  // no dwte (a frozen table): no rows to index
     MEMFIT_ASSERT(tokens[n] >= 0 && tokens[n] < vocab_rows, "token {} at row {} outside [0, {})", tokens[n], n,
                   vocab_rows);
   const size_t row_bytes = size_t(C) * sizeof(G);  // all-zero bits are +0 in every float type

@@ -1,0 +1,391 @@
+// Frozen parameters (--freeze) and the low-rank test rewrite, run on gpt2-tiny:
+// (a) frozen weights stay bitwise what they were after several steps while every other
+//     parameter moves, under fp32/bf16/fp16, recomputation, flash attention, accumulation and
+//     8-bit AdamW; steps allocate nothing and the measured high-water mark equals the plan;
+// (b) the trainable parameters' gradients are bitwise those of the unfrozen program;
+// (c) the persistent parameter, master, gradient and optimizer bytes of the plan fall by
+//     frozen elements x (gradient + master + state bytes), counted from the model's shapes;
+// (d) checkpoints resume bit for bit and --save / --load round-trips a frozen run's weights;
+// (e) a low-rank branch y = x W^T + s (x A^T) B^T with B = 0 on frozen W starts at the
+//     unrewritten loss, its A and B gradients equal the merged-weight reference
+//     dA = s B^T dW', dB = s dW' A^T (W' = W + s B A), and a step moves only A and B.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "graph/training_program.hpp"
+#include "io/safetensors.hpp"
+#include "support/alloc_counter.hpp"
+#include "support/low_rank_branch.hpp"
+#include "support/run_cli.hpp"
+#include "support/tiny_run.hpp"
+#include "train/master_weights.hpp"
+#include "train/run_config.hpp"
+#include "train/trainer.hpp"
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<char>;
+
+// Checkpoints and saved weights go to the process's temporary directory, removed at exit.
+class RemoveTemporaries : public ::testing::Environment {
+  void TearDown() override { fs::remove_all(test::temp_dir()); }
+};
+const ::testing::Environment* const remove_temporaries = ::testing::AddGlobalTestEnvironment(new RemoveTemporaries);
+
+Policy tiny_policy() {
+  Policy p;
+  p.batch = 2;
+  p.seq = 32;
+  p.with_eval = false;
+  return p;
+}
+
+Bytes bytes_of(const Executor& ex, TensorId id) {
+  const char* d = reinterpret_cast<const char*>(ex.data(id));
+  return Bytes(d, d + ex.program().tensor(id).bytes());
+}
+
+std::map<std::string, Bytes> values(const Executor& ex) {
+  std::map<std::string, Bytes> out;
+  for (const ParamEntry& e : ex.program().params()) out[e.name] = bytes_of(ex, e.value);
+  return out;
+}
+
+TEST(Freeze, FrozenWeightsStayBitwiseWhileTheRestTrains) {
+  struct Case {
+    Precision precision;
+    const char* recompute;
+    AttentionKind attention;
+    int grad_accum;
+    OptimizerKind optimizer;
+  };
+  for (const Case& k : {Case{Precision::fp32, "none", AttentionKind::plain, 1, OptimizerKind::adamw},
+                        Case{Precision::bf16, "full", AttentionKind::flash, 1, OptimizerKind::adamw},
+                        Case{Precision::fp16, "selective", AttentionKind::plain, 2, OptimizerKind::adamw},
+                        Case{Precision::bf16, "every:2", AttentionKind::flash, 3, OptimizerKind::adamw8bit}}) {
+    Policy pol = tiny_policy();
+    pol.precision = k.precision;
+    pol.recompute = parse_recompute(k.recompute);
+    pol.attention = k.attention;
+    pol.grad_accum = k.grad_accum;
+    pol.optimizer = k.optimizer;
+    pol.freeze = {"h.*.attn.*", "wte.weight", "ln_f.*"};
+    SCOPED_TRACE(std::string(precision_name(k.precision)) + " recompute " + k.recompute);
+    test::TinyRun run(pol);
+    const std::map<std::string, Bytes> before = values(*run.ex);
+    run.step(1);
+    test::alloc_counter_start();
+    for (int64_t s = 2; s <= 3; ++s) run.step(s);
+    EXPECT_EQ(test::alloc_counter_stop().memfit_allocations, 0);
+    EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
+    EXPECT_TRUE(std::isfinite(run.loss()));
+    const std::map<std::string, Bytes> after = values(*run.ex);
+    int frozen = 0;
+    for (const ParamEntry& e : run.compiled.program.params()) {
+      if (e.frozen()) {
+        ++frozen;
+        EXPECT_EQ(after.at(e.name), before.at(e.name)) << e.name << " moved";
+      } else {
+        EXPECT_NE(after.at(e.name), before.at(e.name)) << e.name << " did not train";
+      }
+    }
+    EXPECT_EQ(frozen, 1 + 2 + 4 * int(model_preset("gpt2-tiny").n_layer));
+  }
+}
+
+// Runs micro-step 0 of a step with persistent (accumulation) gradients, and returns the run.
+std::unique_ptr<test::TinyRun> one_micro_step(const Policy& pol, const ForwardRewrites& extra = {},
+                                              const std::function<void(test::TinyRun&)>& before = {}) {
+  auto run = std::make_unique<test::TinyRun>(
+      compile_program(build_training_program(model_preset("gpt2-tiny"), pol, {}, extra), *make_cpu_backend()));
+  if (before) before(*run);
+  StepContext ctx;
+  ctx.micro_count = pol.grad_accum;
+  run->ex->run_section("micro", ctx);
+  return run;
+}
+
+TEST(Freeze, TrainableGradientsAreThoseOfTheUnfrozenProgram) {
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    Policy pol = tiny_policy();
+    pol.grad_accum = 2;  // persistent gradients, readable after the micro-step
+    pol.precision = precision;
+    const auto full = one_micro_step(pol);
+    pol.freeze = {"h.0.*", "h.1.mlp.c_fc.*", "wpe.weight"};
+    const auto part = one_micro_step(pol);
+    SCOPED_TRACE(precision_name(precision));
+    EXPECT_EQ(bytes_of(*full->ex, full->compiled.program.find_tensor(kLoss)),
+              bytes_of(*part->ex, part->compiled.program.find_tensor(kLoss)));
+    const auto& fp = full->compiled.program.params();
+    const auto& pp = part->compiled.program.params();
+    ASSERT_EQ(fp.size(), pp.size());
+    int compared = 0;
+    for (size_t i = 0; i < fp.size(); ++i) {
+      ASSERT_EQ(fp[i].name, pp[i].name);
+      if (pp[i].frozen()) {
+        EXPECT_EQ(pp[i].grad, kNoTensor);
+        continue;
+      }
+      EXPECT_EQ(bytes_of(*full->ex, fp[i].grad), bytes_of(*part->ex, pp[i].grad)) << fp[i].name;
+      ++compared;
+    }
+    EXPECT_GT(compared, 10);
+  }
+}
+
+TEST(Freeze, PlanDropsByTheClosedFormAndMatchesTheMeasurement) {
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  const int64_t C = spec.n_embd;
+  // h.*.attn.* (c_attn 3C x C + 3C, c_proj C x C + C) and the tied embedding.
+  const int64_t frozen = spec.n_layer * (3 * C * C + 3 * C + C * C + C) + spec.padded_vocab * C;
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    Policy pol = tiny_policy();
+    pol.grad_accum = 2;  // every model state persistent, so all live at op 0
+    pol.precision = precision;
+    const CompiledProgram full = test::compile_tiny(pol);
+    pol.freeze = {"h.*.attn.*", "wte.weight"};
+    test::TinyRun run(pol);
+    const CompiledProgram& part = run.compiled;
+    SCOPED_TRACE(precision_name(precision));
+    const bool mixed = precision != Precision::fp32;
+    auto drop = [&](Category c) {
+      return int64_t(full.plan.tier(Tier::device).live_by_category[0][size_t(c)]) -
+             int64_t(part.plan.tier(Tier::device).live_by_category[0][size_t(c)]);
+    };
+    EXPECT_EQ(drop(Category::parameters), 0);
+    EXPECT_EQ(drop(Category::gradients), frozen * 4);  // fp32 gradients
+    EXPECT_EQ(drop(Category::master_weights), mixed ? frozen * 4 : 0);
+    EXPECT_EQ(drop(Category::optimizer_state), frozen * 8);
+    const FrozenSummary s = summarize_frozen(part.program, pol);
+    EXPECT_EQ(s.elements, frozen);
+    EXPECT_EQ(s.total_bytes(), frozen * (mixed ? 16 : 12));
+    run.step(1);
+    run.step(2);
+    EXPECT_EQ(part.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
+    EXPECT_LT(part.plan.tier(Tier::device).peak_bytes, full.plan.tier(Tier::device).peak_bytes);
+  }
+}
+
+TEST(Freeze, PlanCommandAndConfigKeyAndRefusal) {
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  const int64_t C = spec.n_embd;
+  const int64_t frozen = spec.n_layer * (3 * C * C + 3 * C + C * C + C) + spec.padded_vocab * C;
+  const test::CliResult plan = test::run_memfit("plan --model gpt2-tiny --batch 2 --seq 32 --freeze 'h.*.attn.*,wte.weight'");
+  EXPECT_EQ(plan.status, 0) << plan.err;
+  EXPECT_NE(plan.out.find(fmt::format("frozen: {} parameters ({} elements)", 1 + 4 * spec.n_layer, frozen)),
+            std::string::npos)
+      << plan.out;
+  const test::CliResult json = test::run_memfit("plan --json --model gpt2-tiny --batch 2 --seq 32 --freeze 'h.*'");
+  ASSERT_EQ(json.status, 0) << json.err;
+  EXPECT_GT(nlohmann::json::parse(json.out)["frozen"]["bytes_saved"].get<int64_t>(), 0);
+  const test::CliResult refused = test::run_memfit("train --model gpt2-tiny --steps 1 --freeze 'h.0.*' --zero 2");
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.err.find("freezing parameters with data parallelism"), std::string::npos) << refused.err;
+
+  const std::string dir = test::temp_dir();
+  for (const char* value : {"\"h.0.*,wte.weight\"", "[\"h.0.*\", \"wte.weight\"]"}) {
+    test::write_file(dir + "/freeze.json", std::string("{\"freeze\": ") + value + "}");
+    RunConfig c;
+    apply_config_file(dir + "/freeze.json", c);
+    EXPECT_EQ(c.policy.freeze, (std::vector<std::string>{"h.0.*", "wte.weight"})) << value;
+  }
+}
+
+TEST(LowRankBranch, StartsAtTheBaseLossAndMatchesTheMergedWeightGradients) {
+  const std::vector<std::string> targets = {"h.*.attn.c_attn.weight", "h.*.mlp.c_fc.weight"};
+  const int64_t rank = 4;
+  const float s = 2.0f;
+  Policy pol = tiny_policy();
+  pol.grad_accum = 2;
+  const auto base = one_micro_step(pol);
+  Policy frozen = pol;
+  frozen.freeze = {"*"};
+  auto pass = std::make_shared<test::LowRankBranch>(targets, rank, s);
+  // B = 0: the same loss, bit for bit (the branch adds exact zeros).
+  const auto start = one_micro_step(frozen, {pass});
+  EXPECT_EQ(bytes_of(*base->ex, base->compiled.program.find_tensor(kLoss)),
+            bytes_of(*start->ex, start->compiled.program.find_tensor(kLoss)));
+
+  // B != 0: against the unrewritten program whose weights are merged, W' = W + s B A.
+  auto fill = [](float* x, int64_t n, int salt) {
+    for (int64_t i = 0; i < n; ++i) x[i] = 0.02f * float(std::sin(double(i * 7 + salt) * 0.37));
+  };
+  const auto lora = one_micro_step(frozen, {pass}, [&](test::TinyRun& r) {
+    int salt = 0;
+    for (const ParamEntry& e : r.compiled.program.params())
+      if (e.name.find(".lora_") != std::string::npos) fill(r.ex->data_as<float>(e.value), r.compiled.program.tensor(e.value).numel(), ++salt);
+  });
+  const Program& lp = lora->compiled.program;
+  auto find_param = [](const Program& p, const std::string& name) -> const ParamEntry& {
+    for (const ParamEntry& e : p.params())
+      if (e.name == name) return e;
+    throw std::runtime_error("no parameter " + name);
+  };
+  auto floats = [](const test::TinyRun& r, TensorId id) {
+    const float* d = r.ex->data_as<float>(id);
+    return std::vector<double>(d, d + r.compiled.program.tensor(id).numel());
+  };
+  const auto merged = one_micro_step(pol, {}, [&](test::TinyRun& r) {
+    for (const ParamEntry& e : r.compiled.program.params()) {
+      if (!parameter_name_matches(targets[0], e.name) && !parameter_name_matches(targets[1], e.name)) continue;
+      const std::vector<double> A = floats(*lora, find_param(lp, test::LowRankBranch::a_name(e.name)).value);
+      const std::vector<double> B = floats(*lora, find_param(lp, test::LowRankBranch::b_name(e.name)).value);
+      const Shape ws = r.compiled.program.tensor(e.value).shape;
+      float* w = r.ex->data_as<float>(e.value);
+      for (int64_t o = 0; o < ws[0]; ++o)
+        for (int64_t i = 0; i < ws[1]; ++i) {
+          double acc = 0;
+          for (int64_t j = 0; j < rank; ++j) acc += B[size_t(o * rank + j)] * A[size_t(j * ws[1] + i)];
+          w[o * ws[1] + i] += float(double(s) * acc);
+        }
+    }
+  });
+  const float lora_loss = *lora->ex->data_as<float>(lp.find_tensor(kLoss));
+  const float merged_loss = *merged->ex->data_as<float>(merged->compiled.program.find_tensor(kLoss));
+  EXPECT_NEAR(lora_loss, merged_loss, 1e-5 * std::abs(merged_loss));
+  EXPECT_NE(lora_loss, *base->ex->data_as<float>(base->compiled.program.find_tensor(kLoss)));  // the branch counts
+  int checked = 0;
+  for (const ParamEntry& e : merged->compiled.program.params()) {
+    if (!parameter_name_matches(targets[0], e.name) && !parameter_name_matches(targets[1], e.name)) continue;
+    const ParamEntry& pa = find_param(lp, test::LowRankBranch::a_name(e.name));
+    const ParamEntry& pb = find_param(lp, test::LowRankBranch::b_name(e.name));
+    const std::vector<double> A = floats(*lora, pa.value), B = floats(*lora, pb.value);
+    const std::vector<double> dW = floats(*merged, e.grad), dA = floats(*lora, pa.grad), dB = floats(*lora, pb.grad);
+    const Shape ws = merged->compiled.program.tensor(e.value).shape;
+    const int64_t out = ws[0], in = ws[1];
+    double max_ref = 0, max_err = 0;
+    for (int64_t j = 0; j < rank; ++j)
+      for (int64_t i = 0; i < in; ++i) {  // dA[j,i] = s sum_o B[o,j] dW[o,i]
+        double ref = 0;
+        for (int64_t o = 0; o < out; ++o) ref += B[size_t(o * rank + j)] * dW[size_t(o * in + i)];
+        ref *= s;
+        max_ref = std::max(max_ref, std::abs(ref));
+        max_err = std::max(max_err, std::abs(ref - dA[size_t(j * in + i)]));
+      }
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t j = 0; j < rank; ++j) {  // dB[o,j] = s sum_i dW[o,i] A[j,i]
+        double ref = 0;
+        for (int64_t i = 0; i < in; ++i) ref += dW[size_t(o * in + i)] * A[size_t(j * in + i)];
+        ref *= s;
+        max_ref = std::max(max_ref, std::abs(ref));
+        max_err = std::max(max_err, std::abs(ref - dB[size_t(o * rank + j)]));
+      }
+    EXPECT_GT(max_ref, 0) << e.name;
+    EXPECT_LT(max_err, 2e-3 * max_ref) << e.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2 * int(model_preset("gpt2-tiny").n_layer));
+}
+
+TEST(LowRankBranch, AStepMovesOnlyTheAdapters) {
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    Policy pol = tiny_policy();
+    pol.precision = precision;
+    pol.freeze = {"*"};
+    if (precision == Precision::bf16) {
+      pol.recompute = parse_recompute("full");
+      pol.attention = AttentionKind::flash;
+    }
+    auto pass = std::make_shared<test::LowRankBranch>(std::vector<std::string>{"h.*.attn.c_attn.weight"}, 4, 2.0f);
+    test::TinyRun run(compile_program(build_training_program(model_preset("gpt2-tiny"), pol, {}, {pass}), *make_cpu_backend()));
+    SCOPED_TRACE(precision_name(precision));
+    const std::map<std::string, Bytes> before = values(*run.ex);
+    for (int64_t step = 1; step <= 2; ++step) run.step(step);
+    EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
+    const std::map<std::string, Bytes> after = values(*run.ex);
+    for (const ParamEntry& e : run.compiled.program.params()) {
+      if (e.name.find(".lora_") == std::string::npos) EXPECT_EQ(after.at(e.name), before.at(e.name)) << e.name;
+      else EXPECT_NE(after.at(e.name), before.at(e.name)) << e.name;
+    }
+  }
+}
+
+// --- (d) checkpoints and whole-weight files ---
+
+struct Finished {
+  nlohmann::json report;
+};
+
+Finished train(const RunConfig& c) {
+  std::ostringstream log;
+  return {run_training(c, log)};
+}
+
+RunConfig tiny_run(int64_t steps, Precision precision) {
+  RunConfig c;
+  c.steps = steps;
+  c.policy.batch = 2;
+  c.policy.seq = 16;
+  c.policy.precision = precision;
+  c.policy.freeze = {"h.0.*", "wte.weight"};
+  c.val_fraction = 0;
+  return c;
+}
+
+std::vector<float> history(const Finished& f, size_t from = 0) {
+  std::vector<float> v;
+  for (size_t i = from; i < f.report["loss"]["history"].size(); ++i) v.push_back(f.report["loss"]["history"][i].get<float>());
+  return v;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(FreezeFiles, CheckpointsResumeBitForBitAndSavedWeightsRoundTrip) {
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    const std::string root = test::temp_dir() + "/freeze-" + std::string(precision_name(precision));
+    fs::remove_all(root);
+    const Finished whole = train(tiny_run(6, precision));
+    RunConfig saving = tiny_run(6, precision);
+    saving.checkpoint_dir = root + "/ckpt";
+    saving.checkpoint_every = 3;
+    saving.save = root + "/saved";
+    const Finished saved = train(saving);
+    EXPECT_EQ(history(saved), history(whole));
+    RunConfig resumed = tiny_run(6, precision);
+    resumed.resume = root + "/ckpt/step-000003";
+    EXPECT_EQ(history(train(resumed)), history(whole, 3));
+
+    // Load the saved weights and save them again after a step at learning rate 0 (AdamW then
+    // leaves every weight as it is): the same file, bit for bit; and the frozen tensors are
+    // those of a run that never moved.
+    RunConfig again = tiny_run(1, precision);
+    again.lr = 0;
+    again.load = root + "/saved";
+    again.save = root + "/again";
+    train(again);
+    EXPECT_EQ(read_file(root + "/saved/model.safetensors"), read_file(root + "/again/model.safetensors"));
+    RunConfig untrained = tiny_run(1, precision);
+    untrained.lr = 0;
+    untrained.save = root + "/untrained";
+    train(untrained);
+    const SafetensorsReader a(root + "/saved/model.safetensors"), b(root + "/untrained/model.safetensors");
+    auto same = [&](const std::string& name) {
+      const SafetensorsEntry *ea = a.find(name), *eb = b.find(name);
+      if (!ea || !eb || ea->bytes() != eb->bytes()) return false;
+      return std::memcmp(a.data(*ea), b.data(*eb), ea->bytes()) == 0;
+    };
+    for (const std::string name : {"wte.weight", "h.0.attn.c_attn.weight", "h.0.ln_1.bias"}) {
+      ASSERT_TRUE(a.find(name) || a.find("transformer." + name)) << name;
+      EXPECT_TRUE(same(name) || same("transformer." + name)) << name << " moved";
+    }
+    EXPECT_FALSE(same("h.1.attn.c_attn.weight") || same("transformer.h.1.attn.c_attn.weight")) << "h.1 did not train";
+  }
+}
+
+}  // namespace
+}  // namespace memfit
