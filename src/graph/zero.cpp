@@ -206,6 +206,26 @@ struct ZeroPass {
     return out;
   }
 
+  // Per bucket, the first and the last micro-section op that write its gradients (-1: none).
+  // The bucket's unused tail (after its last parameter) is zeroed just before the first, so
+  // reductions never read stale bytes and the arena's measured high-water mark sees the whole
+  // bucket written; reductions go right after the last.
+  struct GradWriters {
+    std::vector<int> first, last;
+  };
+  GradWriters grad_writers(const std::vector<Op>& old, const Section& micro) const {
+    GradWriters w{std::vector<int>(L.buckets.size(), -1), std::vector<int>(L.buckets.size(), -1)};
+    for (int i = micro.begin; i < micro.end; ++i)
+      for (TensorId id : old[size_t(i)].outputs)
+        if (id != kNoTensor)
+          if (auto it = param_of_grad.find(id); it != param_of_grad.end()) {
+            const size_t bi = size_t(bucket_of[size_t(it->second)]);
+            if (w.first[bi] < 0) w.first[bi] = i;
+            w.last[bi] = i;
+          }
+    return w;
+  }
+
   void rebuild() {
     const std::vector<Op> old = p.ops();
     std::vector<Op> ops;
@@ -225,28 +245,14 @@ struct ZeroPass {
     MEMFIT_ASSERT(sync_index == micro_index + 1, "ZeRO needs the sync section right after the micro section");
     const int k = micro->repeat;
 
-    // The last micro-section op that writes each bucket's gradients: stage 2 and 3 reduce the
-    // bucket right after it; so do stages 0 and 1 with one micro-step (as PyTorch DDP does), so
-    // that the reduction can overlap the rest of the backward. With accumulation, stages 0 and
-    // 1 reduce once, after the last micro-step, at the start of the optimizer section.
+    // Stage 2 and 3 reduce each bucket right after its last writer; so do stages 0 and 1 with
+    // one micro-step (as PyTorch DDP does), so that the reduction can overlap the rest of the
+    // backward. With accumulation, stages 0 and 1 reduce once, after the last micro-step, at
+    // the start of the optimizer section.
     const bool sync_in_backward = stage >= 2 || k == 1;
-    std::vector<int> last_writer(L.buckets.size(), -1);
-    if (sync_in_backward)
-      for (int i = micro->begin; i < micro->end; ++i)
-        for (TensorId id : old[size_t(i)].outputs)
-          if (id != kNoTensor)
-            if (auto it = param_of_grad.find(id); it != param_of_grad.end())
-              last_writer[size_t(bucket_of[size_t(it->second)])] = i;
-
-    // The first micro-section op that writes each bucket's gradients: the bucket's unused tail
-    // (after its last parameter) is zeroed just before it, so reductions never read stale
-    // bytes and the arena's measured high-water mark sees the whole bucket written.
-    std::vector<int> first_writer(L.buckets.size(), -1);
-    for (int i = micro->end - 1; i >= micro->begin; --i)
-      for (TensorId id : old[size_t(i)].outputs)
-        if (id != kNoTensor)
-          if (auto it = param_of_grad.find(id); it != param_of_grad.end())
-            first_writer[size_t(bucket_of[size_t(it->second)])] = i;
+    const GradWriters writers = grad_writers(old, *micro);
+    const std::vector<int>& first_writer = writers.first;
+    const std::vector<int> last_writer = sync_in_backward ? writers.last : std::vector<int>(L.buckets.size(), -1);
 
     const std::vector<std::vector<size_t>> gathers_before = stage == 3 ? plan_gathers(old) : std::vector<std::vector<size_t>>();
 
