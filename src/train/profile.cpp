@@ -49,12 +49,11 @@ std::vector<double> mean_op_seconds(int n_ops, std::span<const TraceEvent> event
   return out;
 }
 
-// Times an op runs per optimizer step (micro-steps x repeats, optimizer once, eval never).
+// Times an op runs per optimizer step (Section::runs_per_step).
 int runs_per_step(const Program& p, int op) {
   const int s = p.section_of_op(op);
   if (s < 0) return 0;
-  const Section& sec = p.sections()[size_t(s)];
-  return sec.name == "micro" ? sec.repeat : sec.name == "optimizer" ? 1 : 0;
+  return p.sections()[size_t(s)].runs_per_step();
 }
 
 }  // namespace
@@ -78,7 +77,7 @@ void ProfileHooks::before_steps(Executor& ex, const PreparedRun& run) {
   size_t per_step = 0, eval_ops = 0;
   for (const Section& s : p.sections()) {
     const size_t n = size_t(s.end - s.begin);
-    if (s.name == "eval") eval_ops = n;
+    if (s.kind == SectionKind::eval) eval_ops = n;
     else per_step += n * size_t(s.repeat);
   }
   const int64_t evals = run.policy.with_eval
@@ -205,7 +204,7 @@ nlohmann::json profile_page_data(const PreparedRun& run, int64_t steps, const Pr
   for (Category c : kAllCategories) data["categories"].push_back(category_name(c));
   data["sections"] = nlohmann::json::array();
   for (const Section& s : p.sections())
-    data["sections"].push_back({{"name", s.name}, {"begin", s.begin}, {"end", s.end}, {"repeat", s.repeat}});
+    data["sections"].push_back({{"name", section_name(s.kind)}, {"begin", s.begin}, {"end", s.end}, {"repeat", s.repeat}});
   nlohmann::json ops = nlohmann::json::array(), live = nlohmann::json::array(), op_ms = nlohmann::json::array();
   for (int i = 0; i < a.n_ops; ++i) {
     const Op& op = p.op(i);

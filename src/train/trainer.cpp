@@ -200,7 +200,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
     const float* eval_loss = ex.data_as<float>(prog.find_tensor(kEvalLoss));
     double sum = 0;
     for (int64_t i = 0; i < c.eval_batches; ++i) {
-      ex.run_section("eval", StepContext{});
+      ex.run_section(SectionKind::eval, StepContext{});
       sum += *eval_loss;
     }
     return sum / double(c.eval_batches);
@@ -320,7 +320,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   if (timed_steps > 0)
     for (int i = 0; i < int(prog.ops().size()); ++i) {
       const int s = prog.section_of_op(i);
-      if (s < 0 || prog.sections()[size_t(s)].name == "eval") continue;
+      if (s < 0 || prog.sections()[size_t(s)].kind == SectionKind::eval) continue;
       phase_ms[std::string(phase_name(prog.op(i).phase))] += 1e3 * ex.op_seconds()[size_t(i)] / double(timed_steps);
     }
   if (!c.save.empty()) {
@@ -337,9 +337,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   double flops_per_step = 0;
   for (int i = 0; i < int(prog.ops().size()); ++i) {
     const int s = prog.section_of_op(i);
-    const Section& sec = prog.sections()[size_t(s)];
-    if (sec.name == "micro") flops_per_step += prog.op(i).flops * double(sec.repeat);
-    else if (sec.name == "optimizer") flops_per_step += prog.op(i).flops;
+    flops_per_step += prog.op(i).flops * double(prog.sections()[size_t(s)].runs_per_step());
   }
   nlohmann::json report;
   report["steps"] = c.steps;
