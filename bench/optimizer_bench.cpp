@@ -96,7 +96,7 @@ class OptimizerRun {
     StepContext ctx;
     ctx.lr = 1e-4;
     ex_->run_step(ctx);
-    const Section* opt = p.find_section("optimizer");
+    const Section* opt = p.find_section(SectionKind::optimizer);
     begin_ = opt->begin, end_ = opt->end;
   }
 

@@ -3,7 +3,7 @@
 // - MPI counts are int: a collective over more than 2^30 elements is split into several
 //   requests, all held by one ticket.
 // - MPI has no 16-bit float types: bf16 and fp16 travel as 2-byte types with user-defined
-//   reduction ops that add in fp32 and round once per combination (to nearest even).
+//   reduction ops that add in fp32 and round once per combination with core/half.hpp's codec.
 // - Request slots are preallocated; a ticket is a slot index, so a step allocates nothing in
 //   memfit code (MPI's own bookkeeping happens inside LibraryCallScope).
 // - Waits poll (MPI_Testall) against the timeout; starting a collective publishes this rank's
@@ -12,7 +12,6 @@
 #include <mpi.h>
 
 #include <array>
-#include <bit>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -20,13 +19,11 @@
 #include <thread>
 #include <vector>
 
-#include <immintrin.h>
-
 #include "core/error.hpp"
-#include "io/float_convert.hpp"
+#include "core/half.hpp"
+#include "core/library_scope.hpp"
 #include "dist/communicator.hpp"
 #include "dist/mpi_arrivals.hpp"
-#include "kernels/library_scope.hpp"
 
 namespace memfit {
 
@@ -36,30 +33,16 @@ constexpr int64_t kMaxChunk = int64_t(1) << 30;  // elements per MPI call
 constexpr int kSlots = 64;
 constexpr int kRequestsPerSlot = 8;
 
-float bf16_to_float(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
-uint16_t float_to_bf16(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-float f16_to_float(uint16_t h) { return f32_from_f16_bits(h); }
-uint16_t float_to_f16(float f) {
-#if defined(__F16C__)
-  return uint16_t(_cvtss_sh(f, 0));  // round to nearest even
-#else
-  (void)f;
-  throw Error("dist", "fp16 reductions need a CPU with F16C (build with MEMFIT_NATIVE=ON)");
-#endif
-}
-
-template <float (*Load)(uint16_t), uint16_t (*Store)(float), bool Max>
+// One combination of two 16-bit values: widened, combined in fp32, narrowed once by the same
+// codec the kernels use (core/half.hpp), so a reduced bf16 value rounds (and flushes fp32
+// subnormals) exactly as a kernel's output would.
+template <class T, bool Max>
 void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const uint16_t*>(in);
-  auto* b = static_cast<uint16_t*>(inout);
+  const auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(inout);
   for (int i = 0; i < *len; ++i) {
-    const float x = Load(a[i]), y = Load(b[i]);
-    b[i] = Store(Max ? (x > y ? x : y) : x + y);
+    const float x = widen(a[i]), y = widen(b[i]);
+    b[i] = narrow<T>(Max ? (x > y ? x : y) : x + y);
   }
 }
 
@@ -74,10 +57,10 @@ const MpiTypes& mpi_types() {
     MpiTypes t;
     MPI_Type_contiguous(2, MPI_BYTE, &t.half);
     MPI_Type_commit(&t.half);
-    MPI_Op_create(&reduce16<bf16_to_float, float_to_bf16, false>, 1, &t.bf16_sum);
-    MPI_Op_create(&reduce16<bf16_to_float, float_to_bf16, true>, 1, &t.bf16_max);
-    MPI_Op_create(&reduce16<f16_to_float, float_to_f16, false>, 1, &t.f16_sum);
-    MPI_Op_create(&reduce16<f16_to_float, float_to_f16, true>, 1, &t.f16_max);
+    MPI_Op_create(&reduce16<bf16_t, false>, 1, &t.bf16_sum);
+    MPI_Op_create(&reduce16<bf16_t, true>, 1, &t.bf16_max);
+    MPI_Op_create(&reduce16<fp16_t, false>, 1, &t.f16_sum);
+    MPI_Op_create(&reduce16<fp16_t, true>, 1, &t.f16_max);
     return t;
   }();
   return types;

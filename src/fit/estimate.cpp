@@ -75,7 +75,7 @@ ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan,
   }
   s.largest_layer_parameters = largest_single;
   for (const auto& [layer, n] : per_layer) s.largest_layer_parameters = std::max(s.largest_layer_parameters, n);
-  const Section* opt = program.find_section("optimizer");
+  const Section* opt = program.find_section(SectionKind::optimizer);
   for (int i = 0; i < s.ops; ++i) {
     const Op& op = program.op(i);
     s.phase.push_back(op.phase);

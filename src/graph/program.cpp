@@ -1,5 +1,6 @@
 #include "graph/program.hpp"
 
+#include <array>
 #include <iterator>
 
 #include <unordered_set>
@@ -38,10 +39,30 @@ int Program::add_op(Op op) {
   return int(ops_.size() - 1);
 }
 
-void Program::begin_section(std::string name, int repeat) {
-  MEMFIT_ASSERT(!section_open_, "section {} opened inside another", name);
-  MEMFIT_ASSERT(repeat >= 1, "section {} repeats {} times", name, repeat);
-  sections_.push_back(Section{std::move(name), int(ops_.size()), int(ops_.size()), repeat});
+std::string_view section_name(SectionKind kind) {
+  switch (kind) {
+    case SectionKind::micro: return "micro";
+    case SectionKind::sync: return "sync";
+    case SectionKind::optimizer: return "optimizer";
+    case SectionKind::eval: return "eval";
+  }
+  return "?";
+}
+
+int Section::runs_per_step() const {
+  switch (kind) {
+    case SectionKind::micro: return repeat;
+    case SectionKind::sync:
+    case SectionKind::optimizer: return 1;
+    case SectionKind::eval: return 0;
+  }
+  return 0;
+}
+
+void Program::begin_section(SectionKind kind, int repeat) {
+  MEMFIT_ASSERT(!section_open_, "section {} opened inside another", section_name(kind));
+  MEMFIT_ASSERT(repeat >= 1, "section {} repeats {} times", section_name(kind), repeat);
+  sections_.push_back(Section{kind, int(ops_.size()), int(ops_.size()), repeat});
   section_open_ = true;
 }
 
@@ -110,9 +131,9 @@ TensorId Program::find_tensor(std::string_view name) const {
   return kNoTensor;
 }
 
-const Section* Program::find_section(std::string_view name) const {
+const Section* Program::find_section(SectionKind kind) const {
   for (const Section& s : sections_)
-    if (s.name == name) return &s;
+    if (s.kind == kind) return &s;
   return nullptr;
 }
 
@@ -180,11 +201,14 @@ void Program::validate() const {
     MEMFIT_CHECK(id >= 0 && size_t(id) < tensors_.size(), "graph", "op '{}' names tensor id {} which does not exist",
                  op.name, id);
   };
-  MEMFIT_CHECK(!section_open_, "graph", "section '{}' was never closed", sections_.back().name);
+  MEMFIT_CHECK(!section_open_, "graph", "section '{}' was never closed", section_name(sections_.back().kind));
   int covered = 0;
+  std::array<bool, kNumSectionKinds> seen{};
   for (const Section& s : sections_) {
     MEMFIT_CHECK(s.begin == covered && s.end >= s.begin, "graph", "section '{}' [{}, {}) leaves a gap or overlaps",
-                 s.name, s.begin, s.end);
+                 section_name(s.kind), s.begin, s.end);
+    MEMFIT_CHECK(!seen[size_t(s.kind)], "graph", "the program has two '{}' sections", section_name(s.kind));
+    seen[size_t(s.kind)] = true;
     covered = s.end;
   }
   MEMFIT_CHECK(covered == int(ops_.size()), "graph", "ops [{}, {}) belong to no section", covered, ops_.size());

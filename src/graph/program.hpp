@@ -1,7 +1,8 @@
 // StepProgram: the tensors and ops of one training step, in execution order, grouped into
-// sections. The trainer runs section "micro" `repeat` times (gradient accumulation), then
-// "optimizer"; "eval" runs on its own for validation. Persistent tensors (parameters,
-// optimizer state) are shared by every section, so one memory plan covers them all.
+// sections of a SectionKind (each kind at most once). A step runs the micro section `repeat`
+// times (gradient accumulation), then sync, then optimizer (runtime/executor.hpp's run_step is
+// the one place that sequences them); eval runs on its own for validation. Persistent tensors
+// (parameters, optimizer state) are shared by every section, so one memory plan covers them all.
 #pragma once
 
 #include <string>
@@ -13,10 +14,23 @@
 
 namespace memfit {
 
+// The sections of a step, in the order a training program holds them.
+enum class SectionKind : uint8_t {
+  micro,      // load a batch, forward, loss, backward: run `repeat` times per step
+  sync,       // data-parallel programs: the global loss and overflow flag, once per step
+  optimizer,  // the update, once per step (skipped when fp16 gradients overflowed)
+  eval,       // validation: a batch, forward, loss; never part of a step
+};
+constexpr int kNumSectionKinds = 4;
+std::string_view section_name(SectionKind kind);  // for output: "micro", "sync", ...
+
 struct Section {
-  std::string name;
+  SectionKind kind = SectionKind::micro;
   int begin = 0, end = 0;  // ops [begin, end)
   int repeat = 1;          // times the trainer runs it back to back per step
+  // Times the section's ops run in one optimizer step: micro `repeat` times, sync and
+  // optimizer once, eval never (validation runs apart from steps).
+  int runs_per_step() const;
 };
 
 // How a parameter is stored: one or several persistent tensors, each with a role. A plain
@@ -70,7 +84,7 @@ class Program {
   TensorId add_view(TensorId base, std::string name, Shape shape, DType dtype, uint64_t offset);
   int add_op(Op op);  // returns the op's index; sets the op's default queue (graph/op.hpp)
 
-  void begin_section(std::string name, int repeat = 1);
+  void begin_section(SectionKind kind, int repeat = 1);
   void end_section();
   // For transformations that insert ops (graph/precision.cpp): replaces the op list;
   // section_of[i] is the index into sections() of ops[i], and each section's ops must be
@@ -89,7 +103,7 @@ class Program {
   std::vector<Op>& ops() { return ops_; }
   const Op& op(int index) const { return ops_[size_t(index)]; }
   const std::vector<Section>& sections() const { return sections_; }
-  const Section* find_section(std::string_view name) const;
+  const Section* find_section(SectionKind kind) const;  // null when the program has none
   int section_of_op(int op_index) const;  // -1 when outside every section
 
   std::vector<ParamEntry>& params() { return params_; }
@@ -98,8 +112,9 @@ class Program {
   int64_t trainable_parameter_count() const;
   int64_t param_numel(const ParamEntry& e) const;  // elements of the parameter, however stored
 
-  // Structural checks: parameter storage records consistent, tensor ids in range, one write mode per output, views inside their
-  // root, sections disjoint and covering every op, every transient tensor written before it
+  // Structural checks: parameter storage records consistent, tensor ids in range, one write
+  // mode per output, views inside their root, sections disjoint, each kind at most once,
+  // covering every op, every transient tensor written before it
   // is read. Throws [graph] with the first problem found.
   void validate() const;
 

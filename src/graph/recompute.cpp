@@ -68,7 +68,7 @@ class Recomputer {
       q_.tensor(id) = t;
     }
     q_.params() = p_.params();
-    const Section* micro = p_.find_section("micro");
+    const Section* micro = p_.find_section(SectionKind::micro);
     std::vector<int> first_backward(blocks_.size(), -1);
     if (micro) {
       index_forward(*micro);
@@ -79,7 +79,7 @@ class Recomputer {
       }
     }
     for (const Section& s : p_.sections()) {
-      q_.begin_section(s.name, s.repeat);
+      q_.begin_section(s.kind, s.repeat);
       const bool is_micro = micro && s.begin == micro->begin && s.end == micro->end;
       for (int i = s.begin; i < s.end; ++i) {
         Op op = p_.op(i);

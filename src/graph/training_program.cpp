@@ -89,7 +89,7 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   b.set_layer(-1);
   const TensorId loss = b.persistent(kLoss, Shape{1}, Category::activations);
 
-  p.begin_section("micro", int(k));
+  p.begin_section(SectionKind::micro, int(k));
   {
     const TensorId tokens = b.transient(kTokens, Shape{B, T}, Category::activations, DType::i32);
     const TensorId targets = b.transient(kTargets, Shape{B, T}, Category::activations, DType::i32);
@@ -128,16 +128,16 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   // Data parallelism: the collectives that must run once per step whether or not the
   // optimizer does (the global loss, fp16's overflow flag); filled by graph/zero.cpp.
   if (policy.zero_stage > 0 || topology.world() > 1) {
-    p.begin_section("sync");
+    p.begin_section(SectionKind::sync);
     p.end_section();
   }
 
-  p.begin_section("optimizer");
+  p.begin_section(SectionKind::optimizer);
   emit_optimizer_step(b, policy);
   p.end_section();
 
   if (policy.with_eval) {
-    p.begin_section("eval");
+    p.begin_section(SectionKind::eval);
     b.set_grad_enabled(false);
     b.set_phase(Phase::forward);
     b.set_layer(-1);

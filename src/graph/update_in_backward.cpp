@@ -48,8 +48,8 @@ Op single_update(const Program& p, const Op& group, size_t i, double group_eleme
 }  // namespace
 
 void apply_update_in_backward(Program& p) {
-  const Section* micro = p.find_section("micro");
-  const Section* opt = p.find_section("optimizer");
+  const Section* micro = p.find_section(SectionKind::micro);
+  const Section* opt = p.find_section(SectionKind::optimizer);
   MEMFIT_ASSERT(micro && opt && micro->repeat == 1, "optimizer in backward needs one micro-step and an optimizer section");
   const int micro_index = int(micro - p.sections().data()), opt_index = int(opt - p.sections().data());
 

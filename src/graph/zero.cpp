@@ -102,7 +102,7 @@ struct ZeroPass {
                                       Lifetime::transient, b.layer));
         gather_bwd.push_back(add_root("zero.gather." + b.tag + ".backward", b.elements, pdt, Category::communication,
                                       Lifetime::transient, b.layer));
-        if (p.find_section("eval"))
+        if (p.find_section(SectionKind::eval))
           gather_eval.push_back(add_root("zero.gather." + b.tag + ".eval", b.elements, pdt, Category::communication,
                                          Lifetime::transient, b.layer));
       } else {
@@ -206,6 +206,26 @@ struct ZeroPass {
     return out;
   }
 
+  // Per bucket, the first and the last micro-section op that write its gradients (-1: none).
+  // The bucket's unused tail (after its last parameter) is zeroed just before the first, so
+  // reductions never read stale bytes and the arena's measured high-water mark sees the whole
+  // bucket written; reductions go right after the last.
+  struct GradWriters {
+    std::vector<int> first, last;
+  };
+  GradWriters grad_writers(const std::vector<Op>& old, const Section& micro) const {
+    GradWriters w{std::vector<int>(L.buckets.size(), -1), std::vector<int>(L.buckets.size(), -1)};
+    for (int i = micro.begin; i < micro.end; ++i)
+      for (TensorId id : old[size_t(i)].outputs)
+        if (id != kNoTensor)
+          if (auto it = param_of_grad.find(id); it != param_of_grad.end()) {
+            const size_t bi = size_t(bucket_of[size_t(it->second)]);
+            if (w.first[bi] < 0) w.first[bi] = i;
+            w.last[bi] = i;
+          }
+    return w;
+  }
+
   void rebuild() {
     const std::vector<Op> old = p.ops();
     std::vector<Op> ops;
@@ -216,37 +236,22 @@ struct ZeroPass {
     };
     const TensorId loss = p.find_tensor(kLoss), eval_loss = p.find_tensor(kEvalLoss);
     const TensorId flag = p.find_tensor(kOverflowFlag);
-    const Section* micro = p.find_section("micro");
+    const Section* micro = p.find_section(SectionKind::micro);
     MEMFIT_ASSERT(micro != nullptr, "ZeRO on a program without a micro section");
     const int micro_index = p.section_of_op(micro->begin);
-    int sync_index = -1;
-    for (size_t si = 0; si < p.sections().size(); ++si)
-      if (p.sections()[si].name == "sync") sync_index = int(si);
+    const Section* sync = p.find_section(SectionKind::sync);
+    const int sync_index = sync ? int(sync - p.sections().data()) : -1;
     MEMFIT_ASSERT(sync_index == micro_index + 1, "ZeRO needs the sync section right after the micro section");
     const int k = micro->repeat;
 
-    // The last micro-section op that writes each bucket's gradients: stage 2 and 3 reduce the
-    // bucket right after it; so do stages 0 and 1 with one micro-step (as PyTorch DDP does), so
-    // that the reduction can overlap the rest of the backward. With accumulation, stages 0 and
-    // 1 reduce once, after the last micro-step, at the start of the optimizer section.
+    // Stage 2 and 3 reduce each bucket right after its last writer; so do stages 0 and 1 with
+    // one micro-step (as PyTorch DDP does), so that the reduction can overlap the rest of the
+    // backward. With accumulation, stages 0 and 1 reduce once, after the last micro-step, at
+    // the start of the optimizer section.
     const bool sync_in_backward = stage >= 2 || k == 1;
-    std::vector<int> last_writer(L.buckets.size(), -1);
-    if (sync_in_backward)
-      for (int i = micro->begin; i < micro->end; ++i)
-        for (TensorId id : old[size_t(i)].outputs)
-          if (id != kNoTensor)
-            if (auto it = param_of_grad.find(id); it != param_of_grad.end())
-              last_writer[size_t(bucket_of[size_t(it->second)])] = i;
-
-    // The first micro-section op that writes each bucket's gradients: the bucket's unused tail
-    // (after its last parameter) is zeroed just before it, so reductions never read stale
-    // bytes and the arena's measured high-water mark sees the whole bucket written.
-    std::vector<int> first_writer(L.buckets.size(), -1);
-    for (int i = micro->end - 1; i >= micro->begin; --i)
-      for (TensorId id : old[size_t(i)].outputs)
-        if (id != kNoTensor)
-          if (auto it = param_of_grad.find(id); it != param_of_grad.end())
-            first_writer[size_t(bucket_of[size_t(it->second)])] = i;
+    const GradWriters writers = grad_writers(old, *micro);
+    const std::vector<int>& first_writer = writers.first;
+    const std::vector<int> last_writer = sync_in_backward ? writers.last : std::vector<int>(L.buckets.size(), -1);
 
     const std::vector<std::vector<size_t>> gathers_before = stage == 3 ? plan_gathers(old) : std::vector<std::vector<size_t>>();
 
@@ -256,9 +261,9 @@ struct ZeroPass {
       if (stage == 3)
         for (size_t g : gathers_before[i]) push(gather_op(g), p.section_of_op(int(i)));
       Op op = old[i];
-      if (stage == 3) retarget_parameters(op, p.sections()[size_t(p.section_of_op(int(i)))].name);
       const int s = p.section_of_op(int(i));
-      const std::string& sname = p.sections()[size_t(s)].name;
+      const SectionKind sk = p.sections()[size_t(s)].kind;
+      if (stage == 3) retarget_parameters(op, sk);
       // Each data-parallel rank sees 1/world of the global batch: scales divide by the data degree.
       if (op.kind == OpKind::classifier) {
         auto& c = std::get<ClassifierAttrs>(op.attrs);
@@ -266,12 +271,12 @@ struct ZeroPass {
       }
       if (op.kind == OpKind::loss_mean) {
         const int64_t rows = p.tensor(op.inputs[0]).numel();
-        std::get<ScaleAttrs>(op.attrs).scale = 1.0f / float(rows * (sname == "micro" ? int64_t(k) : 1) * world);
+        std::get<ScaleAttrs>(op.attrs).scale = 1.0f / float(rows * (sk == SectionKind::micro ? int64_t(k) : 1) * world);
       }
-      if (sname == "optimizer" && int(i) == p.sections()[size_t(s)].begin && !sync_in_backward)
+      if (sk == SectionKind::optimizer && int(i) == p.sections()[size_t(s)].begin && !sync_in_backward)
         for (size_t bi = 0; bi < L.buckets.size(); ++bi) emit_bucket_sync(bi, push, s);
       bool replaced = false;  // the op was re-emitted in sharded form (or dropped)
-      if (sname == "optimizer" && stage >= 1) {
+      if (sk == SectionKind::optimizer && stage >= 1) {
         replaced = true;
         if (op.kind == OpKind::grad_norm) {
           emit_sharded_norm(op, push, s);
@@ -312,7 +317,7 @@ struct ZeroPass {
                           true),
                sync_index);
       }
-      if (section_end && sname == "optimizer" && (stage == 1 || stage == 2))
+      if (section_end && sk == SectionKind::optimizer && (stage == 1 || stage == 2))
         for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
           const ZeroBucket& b = L.buckets[bi];
           const TensorId mine = p.add_view(param_root[bi], "zero.params." + b.tag + ".shard", Shape{L.shard(b)},
@@ -322,7 +327,7 @@ struct ZeroPass {
                           Phase::communication, b.layer),
                s);
         }
-      if (section_end && sname == "eval" && eval_loss != kNoTensor)
+      if (section_end && sk == SectionKind::eval && eval_loss != kNoTensor)
         push(collective(OpKind::all_reduce, "zero.all_reduce.eval_loss", {}, {eval_loss}, Phase::communication, -1), s);
     }
     p.replace_ops(std::move(ops), section_of);
@@ -339,10 +344,10 @@ struct ZeroPass {
 
   // Stage 3: backward and recompute ops read the backward gather's copy of a parameter,
   // validation ops the eval gather's (the forward's is the parameter tensor itself).
-  void retarget_parameters(Op& op, const std::string& section) {
+  void retarget_parameters(Op& op, SectionKind section) {
     const std::map<TensorId, TensorId>* to = nullptr;
-    if (section == "micro" && (op.phase == Phase::backward || op.phase == Phase::recompute)) to = &bwd_view;
-    if (section == "eval") to = &eval_view;
+    if (section == SectionKind::micro && (op.phase == Phase::backward || op.phase == Phase::recompute)) to = &bwd_view;
+    if (section == SectionKind::eval) to = &eval_view;
     if (!to) return;
     for (TensorId& id : op.inputs)
       if (auto it = to->find(id); it != to->end()) id = it->second;
@@ -372,9 +377,9 @@ struct ZeroPass {
       std::vector<int> first(nb, -1);
       for (size_t i = 0; i < old.size(); ++i) {
         const Op& op = old[i];
-        const std::string& sec = p.sections()[size_t(p.section_of_op(int(i)))].name;
+        const SectionKind sec = p.sections()[size_t(p.section_of_op(int(i)))].kind;
         const bool bwd = op.phase == Phase::backward || op.phase == Phase::recompute;
-        const bool in_pass = pass == 2 ? sec == "eval" : sec == "micro" && (pass == 1) == bwd;
+        const bool in_pass = pass == 2 ? sec == SectionKind::eval : sec == SectionKind::micro && (pass == 1) == bwd;
         if (!in_pass) continue;
         for (TensorId id : op.inputs)
           if (auto it = bucket_of_value.find(id); it != bucket_of_value.end() && first[it->second] < 0)

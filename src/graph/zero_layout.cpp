@@ -56,9 +56,7 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
 double communication_bytes_per_step(const Program& p) {
   double bytes = 0;
   for (int i = 0; i < int(p.ops().size()); ++i) {
-    const Section& s = p.sections()[size_t(p.section_of_op(i))];
-    if (s.name == "micro") bytes += p.op(i).comm_bytes * double(s.repeat);
-    else if (s.name == "optimizer" || s.name == "sync") bytes += p.op(i).comm_bytes;
+    bytes += p.op(i).comm_bytes * double(p.sections()[size_t(p.section_of_op(i))].runs_per_step());
   }
   return bytes;
 }

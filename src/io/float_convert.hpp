@@ -1,7 +1,7 @@
-// Exact widening of the 16-bit float formats found in checkpoint files to fp32: every bf16 and
-// fp16 value (subnormals, infinities and NaNs included) has an fp32 value that equals it.
-// bf16 keeps every bit (a shift); fp16 NaNs come out quiet with their payload kept, bit for
-// bit what x86 F16C (vcvtph2ps) gives, so either may be used without changing results.
+// Widening of the float formats found in weight and checkpoint files to fp32, straight from
+// the file's bytes. The conversion itself is core/half.hpp's, the one 16-bit codec of memfit
+// (exact: every bf16 and fp16 value, subnormals, infinities and NaNs included, has an fp32
+// value that equals it); this file only reads little-endian elements at any alignment.
 #pragma once
 
 #include <cstddef>
@@ -10,9 +10,6 @@
 #include "core/dtype.hpp"
 
 namespace memfit {
-
-float f32_from_bf16_bits(uint16_t bits);
-float f32_from_f16_bits(uint16_t bits);
 
 // Widens n little-endian elements of type `from` (f32, bf16 or f16) at src into dst.
 // src needs no alignment (it may point into a mapped file at any offset).

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "io/float_convert.hpp"
 #include "io/json_errors.hpp"
 
@@ -144,9 +145,9 @@ float load_f32(const std::byte* src, int64_t i) {
     std::memcpy(&v, src + 4 * i, 4);
     return v;
   } else {
-    uint16_t bits;
-    std::memcpy(&bits, src + 2 * i, 2);
-    return From == DType::bf16 ? f32_from_bf16_bits(bits) : f32_from_f16_bits(bits);
+    typename StorageOf<From>::type x;
+    std::memcpy(&x, src + 2 * i, 2);
+    return widen(x);
   }
 }
 

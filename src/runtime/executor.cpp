@@ -49,11 +49,14 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend, const Comm
     }
   }
   MEMFIT_CHECK(started.empty(), "runtime", "the program starts {} collective(s) it never waits for", started.size());
-  const Section* micro = program_.find_section("micro");
-  const Section* opt = program_.find_section("optimizer");
-  if (micro) micro_begin_ = micro->begin, micro_end_ = micro->end, micro_repeat_ = micro->repeat;
-  if (opt) opt_begin_ = opt->begin, opt_end_ = opt->end;
-  if (const Section* sync = program_.find_section("sync")) sync_begin_ = sync->begin, sync_end_ = sync->end;
+  auto range_of = [&](SectionKind kind) {
+    const Section* s = program_.find_section(kind);
+    return s ? OpRange{s->begin, s->end} : OpRange{};
+  };
+  micro_ = range_of(SectionKind::micro);
+  sync_ = range_of(SectionKind::sync);
+  optimizer_ = range_of(SectionKind::optimizer);
+  if (const Section* micro = program_.find_section(SectionKind::micro)) micro_repeat_ = micro->repeat;
 }
 
 void Executor::run_range(int begin, int end, const StepContext& ctx) {
@@ -75,20 +78,22 @@ void Executor::run_range(int begin, int end, const StepContext& ctx) {
   }
 }
 
-void Executor::run_section(std::string_view name, const StepContext& ctx) {
-  const Section* s = program_.find_section(name);
-  MEMFIT_CHECK(s != nullptr, "runtime", "the program has no section '{}'", name);
+void Executor::run_section(SectionKind kind, const StepContext& ctx) {
+  const Section* s = program_.find_section(kind);
+  MEMFIT_CHECK(s != nullptr, "runtime", "the program has no section '{}'", section_name(kind));
   run_range(s->begin, s->end, ctx);
 }
 
-void Executor::run_step(StepContext ctx) {
+bool Executor::run_step(StepContext ctx, UpdateGate* gate) {
   ctx.micro_count = micro_repeat_;
   for (int m = 0; m < micro_repeat_; ++m) {
     ctx.micro = m;
-    run_range(micro_begin_, micro_end_, ctx);
+    run_range(micro_.begin, micro_.end, ctx);
   }
-  run_range(sync_begin_, sync_end_, ctx);
-  run_range(opt_begin_, opt_end_, ctx);
+  run_range(sync_.begin, sync_.end, ctx);  // the global loss and overflow flag
+  if (gate && !gate->apply_update(ctx)) return false;
+  run_range(optimizer_.begin, optimizer_.end, ctx);
+  return true;
 }
 
 }  // namespace memfit

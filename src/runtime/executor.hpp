@@ -2,7 +2,8 @@
 // planned size, binds every tensor to its planned address and asks the backend to prepare
 // every op; after that, running a section is a loop over prepared ops with no allocation.
 // Ops of kind load_input are served by the InputHandler the trainer installs (the data
-// loader writes a batch straight into the planned tensors).
+// loader writes a batch straight into the planned tensors). run_step is the one place that
+// says what a step is (graph/program.hpp's SectionKind): every caller steps through it.
 #pragma once
 
 #include <array>
@@ -31,6 +32,15 @@ class OpObserver {
   virtual void after_op(int op, const StepContext& ctx) = 0;
 };
 
+// Decides, once a step's gradients exist (after its micro-steps and sync section), whether its
+// optimizer section runs: fp16 loss scaling skips a step whose gradients overflowed
+// (train/step_runner.hpp). Called inside steps, so implementations must not allocate.
+class UpdateGate {
+ public:
+  virtual ~UpdateGate() = default;
+  virtual bool apply_update(const StepContext& ctx) = 0;
+};
+
 class Executor {
  public:
   // Throws [runtime] when a tier other than device is planned (the CPU backend has no host
@@ -42,11 +52,12 @@ class Executor {
   const MemoryPlan& plan() const { return plan_; }
 
   void set_input_handler(InputHandler handler) { input_ = std::move(handler); }
-  // Runs the ops of a section once.
-  void run_section(std::string_view name, const StepContext& ctx);
-  // One optimizer step: the "micro" section micro_count times, then "sync" (data-parallel
-  // programs), then "optimizer".
-  void run_step(StepContext ctx);
+  // Runs the ops of a section once. Throws [runtime] when the program has no such section.
+  void run_section(SectionKind kind, const StepContext& ctx);
+  // One optimizer step: the micro section `repeat` times (ctx.micro = 0, 1, ...; micro_count
+  // = repeat), then the sync section (data-parallel programs), then the optimizer section
+  // unless `gate` says otherwise. Returns whether the optimizer section ran.
+  bool run_step(StepContext ctx, UpdateGate* gate = nullptr);
   // Ops [begin, end) in program order (tests use it to stop mid-section and inspect).
   void run_ops(int begin, int end, const StepContext& ctx) { run_range(begin, end, ctx); }
 
@@ -82,7 +93,12 @@ class Executor {
   bool timing_ = false;
   std::vector<double> op_seconds_;
   std::vector<OpObserver*> observers_;
-  int micro_begin_ = 0, micro_end_ = 0, micro_repeat_ = 1, opt_begin_ = 0, opt_end_ = 0, sync_begin_ = 0, sync_end_ = 0;
+  // Ops of the step's sections, [begin, end) each (empty when the program has none).
+  struct OpRange {
+    int begin = 0, end = 0;
+  };
+  OpRange micro_, sync_, optimizer_;
+  int micro_repeat_ = 1;
 };
 
 }  // namespace memfit

@@ -18,7 +18,7 @@ LeakGuard::LeakGuard(Executor& ex, int64_t warmup_steps, uint64_t rss_bound_byte
   for (const PlannedBuffer& b : planned_buffers(p, ex.plan()))
     if (!b.persistent && b.bytes > 0) transients_.push_back({b.tier, b.offset, b.bytes, b.live.first, b.live.last});
   ran_before_.resize(p.ops().size() + 1);
-  if (const Section* opt = p.find_section("optimizer"); opt && opt->end > opt->begin) optimizer_begin_ = opt->begin;
+  if (const Section* opt = p.find_section(SectionKind::optimizer); opt && opt->end > opt->begin) optimizer_begin_ = opt->begin;
   ex.add_observer(&poison_);
   ex.add_observer(&ran_);
 }

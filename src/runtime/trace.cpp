@@ -107,11 +107,13 @@ nlohmann::json chrome_trace(const Program& p, const MemoryPlan& plan, std::span<
   out.push_back(metadata("process_name", 0, "memfit"));
   out.push_back(metadata("thread_name", kOpsTid, "ops"));
   out.push_back(metadata("thread_name", kStepsTid, "steps"));
-  // Step slices: consecutive records of one optimizer step, or of one validation pass.
+  // Step slices: consecutive records of one optimizer step (its micro, sync and optimizer
+  // sections), or of one validation pass.
   auto group_of = [&](const TraceEvent& e) {
     const int s = p.section_of_op(e.op);
-    const std::string& section = s >= 0 ? p.sections()[size_t(s)].name : std::string("other");
-    return section == "micro" || section == "optimizer" ? "step " + std::to_string(e.step) : section;
+    if (s < 0) return std::string("other");
+    const SectionKind kind = p.sections()[size_t(s)].kind;
+    return kind == SectionKind::eval ? std::string(section_name(kind)) : "step " + std::to_string(e.step);
   };
   for (size_t i = 0; i < events.size();) {
     const std::string g = group_of(events[i]);
@@ -130,7 +132,7 @@ nlohmann::json chrome_trace(const Program& p, const MemoryPlan& plan, std::span<
                            {"kind", op_kind_name(op.kind)},
                            {"phase", phase_name(op.phase)},
                            {"layer", op.layer},
-                           {"section", s >= 0 ? p.sections()[size_t(s)].name : ""},
+                           {"section", s >= 0 ? section_name(p.sections()[size_t(s)].kind) : ""},
                            {"step", e.step},
                            {"micro", e.micro},
                            {"planned_live_bytes", plan.tier(Tier::device).live_bytes[size_t(e.op)]}};

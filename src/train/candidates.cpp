@@ -11,9 +11,7 @@ double flops_per_token(const Program& p, const Policy& pol) {
   for (int i = 0; i < int(p.ops().size()); ++i) {
     const int s = p.section_of_op(i);
     if (s < 0) continue;
-    const Section& sec = p.sections()[size_t(s)];
-    if (sec.name == "micro") flops += p.op(i).flops * double(sec.repeat);
-    else if (sec.name == "optimizer") flops += p.op(i).flops;
+    flops += p.op(i).flops * double(p.sections()[size_t(s)].runs_per_step());
   }
   return flops / double(pol.batch * pol.seq * pol.grad_accum);
 }

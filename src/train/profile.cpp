@@ -49,12 +49,11 @@ std::vector<double> mean_op_seconds(int n_ops, std::span<const TraceEvent> event
   return out;
 }
 
-// Times an op runs per optimizer step (micro-steps x repeats, optimizer once, eval never).
+// Times an op runs per optimizer step (Section::runs_per_step).
 int runs_per_step(const Program& p, int op) {
   const int s = p.section_of_op(op);
   if (s < 0) return 0;
-  const Section& sec = p.sections()[size_t(s)];
-  return sec.name == "micro" ? sec.repeat : sec.name == "optimizer" ? 1 : 0;
+  return p.sections()[size_t(s)].runs_per_step();
 }
 
 }  // namespace
@@ -78,7 +77,7 @@ void ProfileHooks::before_steps(Executor& ex, const PreparedRun& run) {
   size_t per_step = 0, eval_ops = 0;
   for (const Section& s : p.sections()) {
     const size_t n = size_t(s.end - s.begin);
-    if (s.name == "eval") eval_ops = n;
+    if (s.kind == SectionKind::eval) eval_ops = n;
     else per_step += n * size_t(s.repeat);
   }
   const int64_t evals = run.policy.with_eval
@@ -92,90 +91,139 @@ void ProfileHooks::before_steps(Executor& ex, const PreparedRun& run) {
   ex.add_observer(fill_.get());
 }
 
-void ProfileHooks::after_run(Executor& ex, nlohmann::json& report, std::ostream& log) {
-  MEMFIT_ASSERT(run_ && recorder_, "profile hooks used before the steps");
-  const Program& p = run_->compiled.program;
-  const MemoryPlan& plan = run_->compiled.plan;
-  const TierPlan& dev = plan.tier(Tier::device);
-  const int n_ops = int(p.ops().size());
-  const std::span<const TraceEvent> events = recorder_->events();
-  const std::vector<PlannedBuffer> buffers = planned_buffers(p, plan);
-  const std::vector<uint64_t> planned_top = planned_arena_top(buffers, Tier::device, n_ops);
-  const std::vector<double> op_seconds = mean_op_seconds(n_ops, events);
+namespace {
 
-  // Measured arena top and live bytes per op: its latest execution (steady state); and at how
-  // many executions the live bytes per category equal the plan.
-  std::vector<int64_t> measured_top(size_t(n_ops), -1), measured_live(size_t(n_ops), -1);
-  size_t live_equal = 0;
+// What a profiled run showed, computed once from the plan and the recorder's events; the
+// page's data object, the text summary and the report's "profile" entry are views of it.
+struct ProfileAnalysis {
+  int n_ops = 0;
+  size_t executions = 0;
+  std::vector<uint64_t> planned_top;
+  std::vector<double> op_seconds;  // mean per execution, -1 never ran
+  // Per op at its latest execution (steady state), -1 when it never ran.
+  std::vector<int64_t> measured_top, measured_live;
+  size_t live_equal = 0;  // executions whose live bytes per category equal the plan
+  int ran = 0, top_equal = 0, worst_op = -1;
+  uint64_t worst_gap = 0, measured_peak = 0, max_rss = 0;
+  double step_seconds = 0;
+  std::map<std::string, double> phase_seconds;
+  std::map<int, double> layer_seconds;
+  std::vector<LiveTensor> live;  // at the planned peak, largest first
+  std::vector<LayerBytes> layers;
+};
+
+ProfileAnalysis analyse_profile(const Program& p, const MemoryPlan& plan, std::span<const TraceEvent> events,
+                                uint64_t measured_peak) {
+  const TierPlan& dev = plan.tier(Tier::device);
+  ProfileAnalysis a;
+  a.n_ops = int(p.ops().size());
+  a.executions = events.size();
+  const std::vector<PlannedBuffer> buffers = planned_buffers(p, plan);
+  a.planned_top = planned_arena_top(buffers, Tier::device, a.n_ops);
+  a.op_seconds = mean_op_seconds(a.n_ops, events);
+  a.measured_top.assign(size_t(a.n_ops), -1);
+  a.measured_live.assign(size_t(a.n_ops), -1);
   for (const TraceEvent& e : events) {
-    measured_top[size_t(e.op)] = int64_t(e.measured_top[size_t(Tier::device)]);
+    a.measured_top[size_t(e.op)] = int64_t(e.measured_top[size_t(Tier::device)]);
     uint64_t total = 0;
     for (uint64_t b : e.measured_live) total += b;
-    measured_live[size_t(e.op)] = int64_t(total);
-    live_equal += e.measured_live == dev.live_by_category[size_t(e.op)];
+    a.measured_live[size_t(e.op)] = int64_t(total);
+    a.live_equal += e.measured_live == dev.live_by_category[size_t(e.op)];
   }
-  int ran = 0, equal = 0, worst_op = -1;
-  uint64_t worst_gap = 0;
-  for (int i = 0; i < n_ops; ++i) {
-    if (measured_top[size_t(i)] < 0) continue;
-    ++ran;
-    const uint64_t m = uint64_t(measured_top[size_t(i)]), pl = planned_top[size_t(i)];
-    if (m == pl) ++equal;
+  for (int i = 0; i < a.n_ops; ++i) {
+    if (a.measured_top[size_t(i)] < 0) continue;
+    ++a.ran;
+    const uint64_t m = uint64_t(a.measured_top[size_t(i)]), pl = a.planned_top[size_t(i)];
+    if (m == pl) ++a.top_equal;
     const uint64_t gap = m > pl ? m - pl : pl - m;
-    if (gap > worst_gap) worst_gap = gap, worst_op = i;
+    if (gap > a.worst_gap) a.worst_gap = gap, a.worst_op = i;
   }
-  const uint64_t measured_peak = ex.arena(Tier::device).measured_high_water();
-
-  // Time per step, by phase and by layer.
-  double step_seconds = 0;
-  std::map<std::string, double> by_phase;
-  std::map<int, double> layer_seconds;
-  for (int i = 0; i < n_ops; ++i) {
-    const double s = std::max(0.0, op_seconds[size_t(i)]) * runs_per_step(p, i);
-    step_seconds += s;
-    by_phase[std::string(phase_name(p.op(i).phase))] += s;
-    layer_seconds[p.op(i).layer] += s;
+  a.measured_peak = measured_peak;
+  for (int i = 0; i < a.n_ops; ++i) {  // time per step, by phase and by layer
+    const double s = std::max(0.0, a.op_seconds[size_t(i)]) * runs_per_step(p, i);
+    a.step_seconds += s;
+    a.phase_seconds[std::string(phase_name(p.op(i).phase))] += s;
+    a.layer_seconds[p.op(i).layer] += s;
   }
-
-  const std::vector<LiveTensor> live = live_tensors_at(p, plan, buffers, Tier::device, dev.peak_op);
-  const std::vector<LayerBytes> layers = bytes_by_layer(live);
+  a.live = live_tensors_at(p, plan, buffers, Tier::device, dev.peak_op);
+  a.layers = bytes_by_layer(a.live);
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  const uint64_t max_rss = uint64_t(u.ru_maxrss) * 1024;
+  a.max_rss = uint64_t(u.ru_maxrss) * 1024;
+  return a;
+}
 
+std::string top_words(const Program& p, const ProfileAnalysis& a) {
+  return a.worst_gap == 0 ? fmt::format("equal at all {} ops", a.ran)
+                          : fmt::format("equal at {} of {} ops; largest gap {} at op {} '{}'", a.top_equal, a.ran,
+                                        format_bytes(a.worst_gap), a.worst_op, p.op(a.worst_op).name);
+}
+
+double seconds_of_layer(const ProfileAnalysis& a, int layer) {
+  const auto it = a.layer_seconds.find(layer);
+  return it == a.layer_seconds.end() ? 0.0 : it->second;
+}
+
+nlohmann::json nullable(int64_t v) { return v < 0 ? nlohmann::json() : nlohmann::json(v); }
+
+nlohmann::json plan_vs_measured_json(const Program& p, const TierPlan& dev, const ProfileAnalysis& a) {
+  return nlohmann::json::array(
+      {{{"what", "device peak (arena high-water)"},
+        {"planned", fmt::format("{} ({} bytes)", format_bytes(dev.peak_bytes), dev.peak_bytes)},
+        {"measured", fmt::format("{} ({} bytes)", format_bytes(a.measured_peak), a.measured_peak)},
+        {"agree", a.measured_peak == dev.peak_bytes}},
+       {{"what", "device arena top at each op"},
+        {"planned", fmt::format("{} ops", a.n_ops)},
+        {"measured", top_words(p, a)},
+        {"agree", a.worst_gap == 0}},
+       {{"what", "device live bytes per category at each op"},
+        {"planned", fmt::format("{} op executions", a.executions)},
+        {"measured", fmt::format("equal at {} of {}", a.live_equal, a.executions)},
+        {"agree", a.live_equal == a.executions}},
+       {{"what", "time per step"},
+        {"planned", "(no time model yet)"},
+        {"measured", fmt::format("{:.2f} ms (mean over steps after the first)", a.step_seconds * 1e3)},
+        {"agree", nullptr}},
+       {{"what", "process memory"},
+        {"planned", fmt::format("arenas {}", format_bytes(dev.peak_bytes))},
+        {"measured", fmt::format("max RSS {}", format_bytes(a.max_rss))},
+        {"agree", nullptr}}});
+}
+
+// The data object of report.html (profile_html draws it).
+nlohmann::json profile_page_data(const PreparedRun& run, int64_t steps, const ProfileAnalysis& a) {
+  const Program& p = run.compiled.program;
+  const TierPlan& dev = run.compiled.plan.tier(Tier::device);
   nlohmann::json data;
-  data["title"] = fmt::format("{}, batch {} x {}, accumulation {}, {}", run_->spec.name, run_->policy.batch,
-                              run_->policy.seq, run_->policy.grad_accum, precision_name(run_->policy.precision));
-  data["model"] = model_json(run_->spec, p.parameter_count());
-  data["policy"] = policy_json(run_->policy);
-  data["steps"] = config_.steps;
+  data["title"] = fmt::format("{}, batch {} x {}, accumulation {}, {}", run.spec.name, run.policy.batch,
+                              run.policy.seq, run.policy.grad_accum, precision_name(run.policy.precision));
+  data["model"] = model_json(run.spec, p.parameter_count());
+  data["policy"] = policy_json(run.policy);
+  data["steps"] = steps;
   data["categories"] = nlohmann::json::array();
   for (Category c : kAllCategories) data["categories"].push_back(category_name(c));
   data["sections"] = nlohmann::json::array();
   for (const Section& s : p.sections())
-    data["sections"].push_back({{"name", s.name}, {"begin", s.begin}, {"end", s.end}, {"repeat", s.repeat}});
-  nlohmann::json ops = nlohmann::json::array(), live_json = nlohmann::json::array(), op_ms = nlohmann::json::array();
-  for (int i = 0; i < n_ops; ++i) {
+    data["sections"].push_back({{"name", section_name(s.kind)}, {"begin", s.begin}, {"end", s.end}, {"repeat", s.repeat}});
+  nlohmann::json ops = nlohmann::json::array(), live = nlohmann::json::array(), op_ms = nlohmann::json::array();
+  for (int i = 0; i < a.n_ops; ++i) {
     const Op& op = p.op(i);
     ops.push_back({op.name, op_kind_name(op.kind), phase_name(op.phase), op.layer});
-    live_json.push_back(dev.live_by_category[size_t(i)]);
-    op_ms.push_back(op_seconds[size_t(i)] < 0 ? nlohmann::json() : nlohmann::json(op_seconds[size_t(i)] * 1e3));
+    live.push_back(dev.live_by_category[size_t(i)]);
+    op_ms.push_back(a.op_seconds[size_t(i)] < 0 ? nlohmann::json() : nlohmann::json(a.op_seconds[size_t(i)] * 1e3));
   }
   data["ops"] = std::move(ops);
   data["op_ms"] = std::move(op_ms);
   nlohmann::json mtop = nlohmann::json::array(), mlive = nlohmann::json::array();
-  for (int64_t m : measured_top) mtop.push_back(m < 0 ? nlohmann::json() : nlohmann::json(m));
-  for (int64_t m : measured_live) mlive.push_back(m < 0 ? nlohmann::json() : nlohmann::json(m));
-  data["device"] = {{"live", std::move(live_json)},
-                    {"planned_top", planned_top},
-                    {"measured_top", std::move(mtop)},
-                    {"measured_live", std::move(mlive)},
-                    {"peak_bytes", dev.peak_bytes},
-                    {"peak_op", dev.peak_op},
-                    {"measured_high_water", measured_peak}};
+  for (int64_t m : a.measured_top) mtop.push_back(nullable(m));
+  for (int64_t m : a.measured_live) mlive.push_back(nullable(m));
+  data["device"] = {{"live", std::move(live)},          {"planned_top", a.planned_top},
+                    {"measured_top", std::move(mtop)},  {"measured_live", std::move(mlive)},
+                    {"peak_bytes", dev.peak_bytes},     {"peak_op", dev.peak_op},
+                    {"measured_high_water", a.measured_peak}};
   data["top_tensors"] = nlohmann::json::array();
-  for (size_t i = 0; i < std::min(kTopTensors, live.size()); ++i) {
-    const LiveTensor& t = live[i];
+  for (size_t i = 0; i < std::min(kTopTensors, a.live.size()); ++i) {
+    const LiveTensor& t = a.live[i];
     data["top_tensors"].push_back({{"name", p.tensor(t.tensor).name},
                                    {"category", category_name(t.category)},
                                    {"bytes", t.bytes},
@@ -183,83 +231,73 @@ void ProfileHooks::after_run(Executor& ex, nlohmann::json& report, std::ostream&
                                    {"made_by", t.persistent ? "(persistent)" : p.op(t.born).name},
                                    {"last_used_by", t.persistent ? "(persistent)" : p.op(t.dies).name}});
   }
-  data["live_at_peak"] = {{"tensors", live.size()}, {"bytes", dev.peak_op >= 0 ? dev.live_bytes[size_t(dev.peak_op)] : 0}};
+  data["live_at_peak"] = {{"tensors", a.live.size()},
+                          {"bytes", dev.peak_op >= 0 ? dev.live_bytes[size_t(dev.peak_op)] : 0}};
   data["layers"] = nlohmann::json::array();
-  for (const LayerBytes& l : layers)
+  for (const LayerBytes& l : a.layers)
     data["layers"].push_back({{"layer", l.layer}, {"by_category", l.by_category}, {"total", l.total},
-                              {"ms_per_step", layer_seconds[l.layer] * 1e3}});
-  const std::string top_words =
-      worst_gap == 0 ? fmt::format("equal at all {} ops", ran)
-                     : fmt::format("equal at {} of {} ops; largest gap {} at op {} '{}'", equal, ran, format_bytes(worst_gap),
-                                   worst_op, p.op(worst_op).name);
-  data["plan_vs_measured"] = nlohmann::json::array(
-      {{{"what", "device peak (arena high-water)"},
-        {"planned", fmt::format("{} ({} bytes)", format_bytes(dev.peak_bytes), dev.peak_bytes)},
-        {"measured", fmt::format("{} ({} bytes)", format_bytes(measured_peak), measured_peak)},
-        {"agree", measured_peak == dev.peak_bytes}},
-       {{"what", "device arena top at each op"},
-        {"planned", fmt::format("{} ops", n_ops)},
-        {"measured", top_words},
-        {"agree", worst_gap == 0}},
-       {{"what", "device live bytes per category at each op"},
-        {"planned", fmt::format("{} op executions", events.size())},
-        {"measured", fmt::format("equal at {} of {}", live_equal, events.size())},
-        {"agree", live_equal == events.size()}},
-       {{"what", "time per step"},
-        {"planned", "(no time model yet)"},
-        {"measured", fmt::format("{:.2f} ms (mean over steps after the first)", step_seconds * 1e3)},
-        {"agree", nullptr}},
-       {{"what", "process memory"},
-        {"planned", fmt::format("arenas {}", format_bytes(dev.peak_bytes))},
-        {"measured", fmt::format("max RSS {}", format_bytes(max_rss))},
-        {"agree", nullptr}}});
+                              {"ms_per_step", seconds_of_layer(a, l.layer) * 1e3}});
+  data["plan_vs_measured"] = plan_vs_measured_json(p, dev, a);
   data["phase_ms_per_step"] = nlohmann::json::object();
-  for (const auto& [phase, s] : by_phase)
+  for (const auto& [phase, s] : a.phase_seconds)
     if (s > 0) data["phase_ms_per_step"][phase] = s * 1e3;
+  return data;
+}
 
-  nlohmann::json other = {{"model", data["model"]}, {"policy", data["policy"]}, {"steps", config_.steps}};
-  const nlohmann::json trace = chrome_trace(p, plan, events, true, other);
-  write_text(trace_path_, trace.dump() + "\n");
-  write_text(html_path_, profile_html(data));
-
-  // The same summary as text.
-  log << fmt::format("profile: {} op executions recorded ({} dropped); trace {}; report {}\n", events.size(),
-                     recorder_->dropped(), trace_path_, html_path_);
+void print_profile_summary(const Program& p, const TierPlan& dev, const ProfileAnalysis& a, std::ostream& log) {
   std::string phases;
-  for (const auto& [phase, s] : by_phase)
+  for (const auto& [phase, s] : a.phase_seconds)
     if (s > 0) phases += fmt::format(" {} {:.2f} ms,", phase, s * 1e3);
   if (!phases.empty()) phases.pop_back();
-  log << fmt::format("  time per step {:.2f} ms:{}\n", step_seconds * 1e3, phases);
+  log << fmt::format("  time per step {:.2f} ms:{}\n", a.step_seconds * 1e3, phases);
   if (dev.peak_op >= 0) {
     const Op& op = p.op(dev.peak_op);
     log << fmt::format("  device peak {} at op {} '{}' ({}, {}); measured high-water {}{}\n", format_bytes(dev.peak_bytes),
-                       dev.peak_op, op.name, op_kind_name(op.kind), phase_name(op.phase), format_bytes(measured_peak),
-                       measured_peak == dev.peak_bytes ? " (equal)" : " (DIFFERENT)");
+                       dev.peak_op, op.name, op_kind_name(op.kind), phase_name(op.phase), format_bytes(a.measured_peak),
+                       a.measured_peak == dev.peak_bytes ? " (equal)" : " (DIFFERENT)");
   }
-  log << fmt::format("  measured arena top vs planned: {}\n", top_words);
-  log << fmt::format("  measured live bytes per category vs planned: equal at {} of {} op executions\n", live_equal,
-                     events.size());
+  log << fmt::format("  measured arena top vs planned: {}\n", top_words(p, a));
+  log << fmt::format("  measured live bytes per category vs planned: equal at {} of {} op executions\n", a.live_equal,
+                     a.executions);
   log << "  largest tensors live at the peak:\n";
-  for (size_t i = 0; i < std::min(kTopTensorsText, live.size()); ++i)
-    log << fmt::format("    {:>12}  {}\n", format_bytes(live[i].bytes), describe_live_tensor(p, live[i]));
+  for (size_t i = 0; i < std::min(kTopTensorsText, a.live.size()); ++i)
+    log << fmt::format("    {:>12}  {}\n", format_bytes(a.live[i].bytes), describe_live_tensor(p, a.live[i]));
   log << "  per layer at the peak:\n";
-  for (const LayerBytes& l : layers) {
+  for (const LayerBytes& l : a.layers) {
     std::string cats;
     for (Category c : kAllCategories)
       if (l.by_category[size_t(c)] > 0) cats += fmt::format(" {} {},", category_name(c), format_bytes(l.by_category[size_t(c)]));
     if (!cats.empty()) cats.pop_back();
     log << fmt::format("    {:<15} {:>12}  {:7.2f} ms/step |{}\n", layer_name(l.layer), format_bytes(l.total),
-                       layer_seconds[l.layer] * 1e3, cats);
+                       seconds_of_layer(a, l.layer) * 1e3, cats);
   }
+}
 
+}  // namespace
+
+void ProfileHooks::after_run(Executor& ex, nlohmann::json& report, std::ostream& log) {
+  MEMFIT_ASSERT(run_ && recorder_, "profile hooks used before the steps");
+  const Program& p = run_->compiled.program;
+  const MemoryPlan& plan = run_->compiled.plan;
+  const std::span<const TraceEvent> events = recorder_->events();
+  const ProfileAnalysis a = analyse_profile(p, plan, events, ex.arena(Tier::device).measured_high_water());
+
+  const nlohmann::json data = profile_page_data(*run_, config_.steps, a);
+  const nlohmann::json other = {{"model", data["model"]}, {"policy", data["policy"]}, {"steps", config_.steps}};
+  write_text(trace_path_, chrome_trace(p, plan, events, true, other).dump() + "\n");
+  write_text(html_path_, profile_html(data));
+
+  log << fmt::format("profile: {} op executions recorded ({} dropped); trace {}; report {}\n", a.executions,
+                     recorder_->dropped(), trace_path_, html_path_);
+  print_profile_summary(p, plan.tier(Tier::device), a, log);
   report["profile"] = {{"trace", trace_path_},
                        {"html", html_path_},
-                       {"op_executions", events.size()},
+                       {"op_executions", a.executions},
                        {"dropped", recorder_->dropped()},
-                       {"measured_top_equal_ops", equal},
-                       {"measured_top_ops", ran},
-                       {"measured_top_largest_gap_bytes", worst_gap},
-                       {"measured_live_equal_executions", live_equal}};
+                       {"measured_top_equal_ops", a.top_equal},
+                       {"measured_top_ops", a.ran},
+                       {"measured_top_largest_gap_bytes", a.worst_gap},
+                       {"measured_live_equal_executions", a.live_equal}};
 }
 
 }  // namespace memfit

@@ -159,7 +159,7 @@ void require_finite_start(const Executor& ex, const RunConfig& c) {
 
 UpdateWatch::UpdateWatch(const Executor& ex) : ex_(ex) {
   const Program& p = ex.program();
-  if (const Section* opt = p.find_section("optimizer"); opt && opt->end > opt->begin) optimizer_begin_ = opt->begin;
+  if (const Section* opt = p.find_section(SectionKind::optimizer); opt && opt->end > opt->begin) optimizer_begin_ = opt->begin;
   if (const TensorId loss = p.find_tensor(kLoss); loss != kNoTensor)
     loss_ = reinterpret_cast<const float*>(ex.data(loss));
 }

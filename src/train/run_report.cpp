@@ -33,7 +33,7 @@ std::map<std::string, double> phase_milliseconds(const RunState& s, const LoopRe
   if (rec.timed_steps == 0) return phase_ms;
   for (int i = 0; i < int(prog.ops().size()); ++i) {
     const int sec = prog.section_of_op(i);
-    if (sec < 0 || prog.sections()[size_t(sec)].name == "eval") continue;
+    if (sec < 0 || prog.sections()[size_t(sec)].kind == SectionKind::eval) continue;
     phase_ms[std::string(phase_name(prog.op(i).phase))] +=
         1e3 * s.executor->op_seconds()[size_t(i)] / double(rec.timed_steps);
   }
@@ -43,9 +43,8 @@ std::map<std::string, double> phase_milliseconds(const RunState& s, const LoopRe
 double flops_per_step(const Program& prog) {
   double flops = 0;
   for (int i = 0; i < int(prog.ops().size()); ++i) {
-    const Section& sec = prog.sections()[size_t(prog.section_of_op(i))];
-    if (sec.name == "micro") flops += prog.op(i).flops * double(sec.repeat);
-    else if (sec.name == "optimizer") flops += prog.op(i).flops;
+    const int s = prog.section_of_op(i);
+    if (s >= 0) flops += prog.op(i).flops * double(prog.sections()[size_t(s)].runs_per_step());
   }
   return flops;
 }

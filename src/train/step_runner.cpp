@@ -25,10 +25,9 @@ bool holds_non_finite(const std::byte* data, DType dtype, int64_t n) {
 StepRunner::StepRunner(Executor& ex, InputHandler input, const LossScaleConfig& scaling)
     : ex_(ex), input_(std::move(input)) {
   const Program& p = ex.program();
-  const Section* micro = p.find_section("micro");
+  const Section* micro = p.find_section(SectionKind::micro);
   MEMFIT_ASSERT(micro != nullptr, "the program has no micro section");
   micro_begin_ = micro->begin, micro_end_ = micro->end, micro_repeat_ = micro->repeat;
-  has_sync_ = p.find_section("sync") != nullptr;
   if (const TensorId flag = p.find_tensor(kOverflowFlag); flag != kNoTensor) {
     flag_ = ex.data_as<const float>(flag);
     scaler_.emplace(scaling);
@@ -62,22 +61,20 @@ void StepRunner::on_input(const Op& op, const StepContext& ctx) {
   }
 }
 
+bool StepRunner::apply_update(const StepContext&) {
+  outcome_ = scaler_->update(*flag_ != 0.0f);
+  return outcome_ == LossScaler::Outcome::applied;
+}
+
 StepRunner::Result StepRunner::run(StepContext ctx) {
   if (!scaler_) {
     ex_.run_step(ctx);
     return Result{};
   }
   ctx.loss_scale = scaler_->scale();
-  ctx.micro_count = micro_repeat_;
-  for (int m = 0; m < micro_repeat_; ++m) {
-    ctx.micro = m;
-    ex_.run_section("micro", ctx);
-  }
-  if (has_sync_) ex_.run_section("sync", ctx);  // the global loss and overflow flag
-  const bool overflow = *flag_ != 0.0f;
-  const LossScaler::Outcome outcome = scaler_->update(overflow);
-  if (outcome == LossScaler::Outcome::applied) ex_.run_section("optimizer", ctx);
-  if (outcome == LossScaler::Outcome::exhausted) {
+  ex_.run_step(ctx, this);
+  if (outcome_ == LossScaler::Outcome::exhausted) {
+    ctx.micro_count = micro_repeat_;
     const std::string culprit = find_first_non_finite(ctx);
     throw Error("train", fmt::format("gradients overflowed at the minimum loss scale {} in optimizer step {}: {}; "
                                      "fp16 cannot hold this run's values (largest finite fp16 is 65504): "
@@ -86,7 +83,7 @@ StepRunner::Result StepRunner::run(StepContext ctx) {
                                      culprit.empty() ? "no op output held inf/NaN when the step was re-run"
                                                      : "the first op whose output held inf/NaN is " + culprit));
   }
-  return Result{outcome == LossScaler::Outcome::applied, ctx.loss_scale};
+  return Result{outcome_ == LossScaler::Outcome::applied, ctx.loss_scale};
 }
 
 std::string StepRunner::find_first_non_finite(StepContext ctx) {

@@ -1,8 +1,8 @@
 // One optimizer step, with loss scaling when the program has an overflow check (fp16; see
-// graph/precision.hpp). The micro section runs grad_accum times; then the trainer reads the
-// flag that the program's check_finite op wrote at the end of the last micro-step and runs
-// the optimizer section only when every gradient is finite. The program has no
-// conditionals: skipping is the trainer not running a section.
+// graph/precision.hpp). The executor's run_step sequences the step; this runner is its update
+// gate: after the micro-steps and the sync section it reads the flag that the program's
+// check_finite op wrote and lets the optimizer section run only when every gradient is
+// finite. The program has no conditionals: skipping is the step not running a section.
 //
 // Forensics. When an overflow comes at the minimum loss scale, the step is re-run op by op
 // on the same batches (recorded as they were loaded), with the same scale, checking each op's
@@ -21,7 +21,7 @@
 
 namespace memfit {
 
-class StepRunner {
+class StepRunner : private UpdateGate {
  public:
   // Installs its own input handler on `ex`, which calls `input` and records what it loaded.
   // `scaling` is used when the program has an overflow flag (and required then).
@@ -46,13 +46,14 @@ class StepRunner {
 
  private:
   void on_input(const Op& op, const StepContext& ctx);
+  bool apply_update(const StepContext& ctx) override;  // reads the flag, updates the scaler
 
   Executor& ex_;
   InputHandler input_;
   std::optional<LossScaler> scaler_;
   const float* flag_ = nullptr;
+  LossScaler::Outcome outcome_ = LossScaler::Outcome::applied;  // of the last step
   int micro_begin_ = 0, micro_end_ = 0, micro_repeat_ = 1;
-  bool has_sync_ = false;
   // Bytes each micro-step's load_input ops wrote, for replays.
   std::vector<const Op*> load_ops_;
   std::vector<std::vector<std::byte>> recorded_;  // [micro * load_ops + i]

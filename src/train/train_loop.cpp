@@ -28,7 +28,7 @@ double evaluate(RunState& s) {
   const float* eval_loss = s.ex().data_as<float>(s.program().find_tensor(kEvalLoss));
   double sum = 0;
   for (int64_t i = 0; i < s.config.eval_batches; ++i) {
-    s.ex().run_section("eval", StepContext{});
+    s.ex().run_section(SectionKind::eval, StepContext{});
     sum += *eval_loss;
   }
   return sum / double(s.config.eval_batches);

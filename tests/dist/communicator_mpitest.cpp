@@ -47,6 +47,27 @@ TEST(MpiCommunicator, AllReduceSumsAndMaxes) {
   for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(from_bf16(h[i]), float(n * (n - 1) / 2) + float(n) * float(i)) << i;
 }
 
+// 16-bit reductions round like the kernels (core/half.hpp): bf16 results that fall below the
+// smallest normal (2^-126) are flushed to a signed zero, as vcvtneps2bf16 and oneDNN do;
+// rounding is to nearest even; fp16 keeps its subnormals (F16C's rule). The expected bit
+// patterns come from the formats' definitions, not from the codec.
+TEST(MpiCommunicator, SixteenBitReductionsRoundLikeTheKernels) {
+  const int n = comm().size();
+  // n x 2^-133 (bf16 0x0001, an fp32 subnormal) stays below 2^-126 for n < 128: flushed.
+  std::vector<uint16_t> b = {0x0001, 0x8001, uint16_t(0x3F80)};  // 2^-133, -2^-133, 1.0
+  comm().all_reduce(b.data(), int64_t(b.size()), DType::bf16, ReduceOp::sum);
+  EXPECT_EQ(b[0], 0x0000u);
+  EXPECT_EQ(b[1], 0x8000u);
+  EXPECT_EQ(from_bf16(b[2]), float(n));
+  std::vector<uint16_t> m = {0x0002};
+  comm().all_reduce(m.data(), 1, DType::bf16, ReduceOp::max);
+  EXPECT_EQ(m[0], 0x0000u);  // the max of subnormals is subnormal: flushed too
+  // fp16: n x 2^-24 (0x0001) is the subnormal n x 2^-24, exactly.
+  std::vector<uint16_t> h = {0x0001};
+  comm().all_reduce(h.data(), 1, DType::f16, ReduceOp::sum);
+  EXPECT_EQ(h[0], uint16_t(n));
+}
+
 TEST(MpiCommunicator, ReduceScatterAndAllGatherAreInverseShapes) {
   const int r = comm().rank(), n = comm().size();
   const int64_t block = 37;

@@ -142,8 +142,8 @@ TEST(Gpt2Program, AccumulationMakesGradientsPersistentAndRepeatsTheMicroSection)
   Policy pol = small_policy(2, 16);
   pol.grad_accum = 4;
   const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {});
-  ASSERT_NE(p.find_section("micro"), nullptr);
-  EXPECT_EQ(p.find_section("micro")->repeat, 4);
+  ASSERT_NE(p.find_section(SectionKind::micro), nullptr);
+  EXPECT_EQ(p.find_section(SectionKind::micro)->repeat, 4);
   for (const ParamEntry& e : p.params()) {
     EXPECT_EQ(p.tensor(e.grad).lifetime, Lifetime::persistent);
     for (const Op& op : p.ops())

@@ -63,7 +63,7 @@ TEST(OptimizerProgram, PlannedStateBytesMatchTheClosedForm) {
 TEST(OptimizerProgram, EveryParameterIsUpdatedOnceByTheOpOfItsStateLayout) {
   for (double clip : {0.0, 1.0}) {
     const Program p = build_training_program(model_preset("gpt2-tiny"), policy_with(OptimizerKind::adamw8bit, clip), {});
-    const Section* opt = p.find_section("optimizer");
+    const Section* opt = p.find_section(SectionKind::optimizer);
     ASSERT_NE(opt, nullptr);
     std::map<TensorId, int> updates;
     int norm_op = -1;

@@ -53,13 +53,13 @@ TEST(PrecisionProgram, Bf16DtypesMastersAndOptimizerCasts) {
     EXPECT_EQ(t.dtype, is_fp32_slot(p, id) ? DType::f32 : DType::bf16) << t.name;
   }
   // No casts in the micro section (every bf16 kind is native) and no overflow check.
-  const Section* micro = p.find_section("micro");
+  const Section* micro = p.find_section(SectionKind::micro);
   for (int i = micro->begin; i < micro->end; ++i) {
     EXPECT_NE(p.op(i).kind, OpKind::cast) << p.op(i).name;
     EXPECT_NE(p.op(i).kind, OpKind::check_finite);
   }
   // The optimizer updates the masters, then one cast per parameter narrows each into place.
-  const Section* opt = p.find_section("optimizer");
+  const Section* opt = p.find_section(SectionKind::optimizer);
   const Op& adamw = p.op(opt->begin);
   ASSERT_EQ(adamw.kind, OpKind::adamw);
   const size_t n = p.params().size();
@@ -75,7 +75,7 @@ TEST(PrecisionProgram, Bf16DtypesMastersAndOptimizerCasts) {
 
 TEST(PrecisionProgram, Fp16ProductsAreFp32IslandsAndGradientsAreChecked) {
   const Program p = build(policy(Precision::fp16, DType::f16));
-  const Section* micro = p.find_section("micro");
+  const Section* micro = p.find_section(SectionKind::micro);
   // The micro section ends with the overflow check over every parameter gradient.
   const Op& check = p.op(micro->end - 1);
   ASSERT_EQ(check.kind, OpKind::check_finite);

@@ -24,7 +24,7 @@ TEST(ProgramExpressiveness, MixedPrecisionShardsRecomputeAndTransfersArePlannedP
   const TensorId v_disk = b.persistent("adam.v.shard", Shape{n / world}, Category::optimizer_state, DType::f32);
   p.tensor(v_disk).tier = Tier::disk;
 
-  p.begin_section("micro");
+  p.begin_section(SectionKind::micro);
   b.set_phase(Phase::forward);
   const TensorId x16 = b.transient("x", Shape{64, 64}, Category::activations, DType::bf16);
   b.emit({OpKind::fill, "x.init", {}, {x16}});
@@ -43,7 +43,7 @@ TEST(ProgramExpressiveness, MixedPrecisionShardsRecomputeAndTransfersArePlannedP
   b.emit({OpKind::reduce_scatter, "grads.reduce_scatter", {grads}, {shard}, CollectiveAttrs{CommGroup::data, world}});
   p.end_section();
 
-  p.begin_section("optimizer");
+  p.begin_section(SectionKind::optimizer);
   b.set_phase(Phase::transfer);
   const TensorId staging = b.transient("adam.m.staging", Shape{n / world}, Category::offload_staging, DType::f32);
   b.emit({OpKind::transfer, "m.to_device", {m}, {staging}});

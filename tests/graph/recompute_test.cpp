@@ -32,7 +32,7 @@ int first_backward_of(const Program& p, int layer) {
 // Forward ops of the micro section in layer `layer`.
 std::vector<int> forward_ops_of(const Program& p, int layer) {
   std::vector<int> ops;
-  const Section* micro = p.find_section("micro");
+  const Section* micro = p.find_section(SectionKind::micro);
   for (int i = micro->begin; i < micro->end; ++i)
     if (p.op(i).phase == Phase::forward && p.op(i).layer == layer) ops.push_back(i);
   return ops;

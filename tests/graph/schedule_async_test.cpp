@@ -160,7 +160,7 @@ struct TransferProgram {
     const TensorId a = tensor("a", Tier::device, Lifetime::persistent), b = tensor("b", Tier::device);
     const TensorId c = tensor("c", Tier::device), e = tensor("e", Tier::device);
     const TensorId g = tensor("g", Tier::device, Lifetime::persistent), h = tensor("h", Tier::device);
-    p.begin_section("micro");
+    p.begin_section(SectionKind::micro);
     op(OpKind::fill, "fill_x", {}, {x});
     op(OpKind::transfer, "w.in", {w_host}, {w});  // read 3 ops later: prefetched
     op(OpKind::fill, "fill_y", {}, {y});
@@ -175,7 +175,7 @@ struct TransferProgram {
     op(OpKind::transfer, "v.in", {v_host}, {v});   // read at once: blocking
     op(OpKind::add, "e=v+v", {v, v}, {e});
     p.end_section();
-    p.begin_section("optimizer");
+    p.begin_section(SectionKind::optimizer);
     op(OpKind::all_reduce, "g.all_reduce", {}, {g});  // read 2 ops later
     op(OpKind::fill, "fill_h", {}, {h});
     op(OpKind::add, "h=g+h", {g, h}, {h});
@@ -213,7 +213,7 @@ TEST(ScheduleAsync, TransfersStartEarlyAndWaitWhereTheRulesSay) {
         EXPECT_EQ(op.phase, queue_engine(op.queue) == Engine::transfer ? Phase::transfer : Phase::communication) << op.name;
       }
     // Each section keeps its ops: the micro section's last op is its last wait.
-    EXPECT_EQ(t.p.op(t.p.find_section("micro")->end - 1).name, "c.out.wait");
+    EXPECT_EQ(t.p.op(t.p.find_section(SectionKind::micro)->end - 1).name, "c.out.wait");
     // In-flight buffers stay alive until their waits, and nothing shares their bytes meanwhile.
     const MemoryPlan plan = plan_memory(t.p);
     EXPECT_EQ(find_overlap(t.p, plan), "");

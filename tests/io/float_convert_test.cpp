@@ -1,6 +1,7 @@
-// bf16/fp16 -> fp32 widening, checked against published bit patterns, against the IEEE
-// formula evaluated with ldexp for all 65,536 fp16 patterns, and against the CPU's own F16C
-// conversion where the build has it.
+// bf16/fp16 -> fp32 widening of file bytes (io/float_convert.hpp, through core/half.hpp's
+// codec), checked against published bit patterns, against the IEEE formula evaluated with
+// ldexp for all 65,536 fp16 patterns, and against the CPU's own F16C conversion where the
+// build has it; and reads of unaligned runs.
 #include "io/float_convert.hpp"
 
 #include <gtest/gtest.h>
@@ -18,6 +19,15 @@ namespace memfit {
 namespace {
 
 uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
+
+// One element through the file reader.
+float widen_one(DType from, uint16_t bits) {
+  float out = 0;
+  widen_to_f32(from, reinterpret_cast<const std::byte*>(&bits), &out, 1);
+  return out;
+}
+float f32_from_f16_bits(uint16_t bits) { return widen_one(DType::f16, bits); }
+float f32_from_bf16_bits(uint16_t bits) { return widen_one(DType::bf16, bits); }
 
 TEST(Float16, KnownPatterns) {
   EXPECT_EQ(f32_from_f16_bits(0x3C00), 1.0f);

@@ -64,12 +64,12 @@ Program random_program(std::mt19937& rng) {
   std::vector<TensorId> persistent, live;
   const int n_persistent = pick(0, 6);
   for (int i = 0; i < n_persistent; ++i)
-    persistent.push_back(p.add_tensor(make("p" + std::to_string(i), pick(1, 5000), Lifetime::persistent,
+    persistent.push_back(p.add_tensor(make(fmt::format("p{}", i), pick(1, 5000), Lifetime::persistent,
                                            pick(0, 3) == 0 ? Tier::host : Tier::device, Category::parameters)));
   const int n_sections = pick(1, 3);
   int counter = 0;
   for (int s = 0; s < n_sections; ++s) {
-    p.begin_section("s" + std::to_string(s), pick(0, 2) == 0 ? 3 : 1);
+    p.begin_section(SectionKind(s), pick(0, 2) == 0 ? 3 : 1);  // kinds mean nothing to the planner
     const int n_ops = pick(1, 40);
     for (int o = 0; o < n_ops; ++o) {
       std::vector<TensorId> in;
@@ -101,7 +101,7 @@ Program random_program(std::mt19937& rng) {
   }
   // Persistent tensors must be touched to matter; give them a final reader.
   if (!persistent.empty()) {
-    p.begin_section("tail");
+    p.begin_section(SectionKind::eval);
     TensorId t = p.add_tensor(make("tail", 8));
     p.add_op(make_op(persistent, {t}));
     p.end_section();
@@ -146,10 +146,10 @@ TEST(MemoryPlan, RandomProgramsNeverOverlapAndPeakBoundsLiveTotal) {
 TEST(Liveness, ValueCrossingARepeatedSectionLivesThroughTheWholeSection) {
   Program p;
   const TensorId before = p.add_tensor(make("before", 10));
-  p.begin_section("pre");
+  p.begin_section(SectionKind::eval);
   p.add_op(make_op({}, {before}));
   p.end_section();
-  p.begin_section("loop", 4);
+  p.begin_section(SectionKind::micro, 4);
   const TensorId a = p.add_tensor(make("a", 10));
   const TensorId carried = p.add_tensor(make("carried", 10));
   p.add_op(make_op({}, {a}));                 // 1
@@ -158,7 +158,7 @@ TEST(Liveness, ValueCrossingARepeatedSectionLivesThroughTheWholeSection) {
   p.add_op(make_op({before}, {c}));           // 3: produced before, read inside
   p.add_op(make_op({c}, {}));                 // 4
   p.end_section();
-  p.begin_section("post");
+  p.begin_section(SectionKind::optimizer);
   p.add_op(make_op({carried}, {}));           // 5
   p.end_section();
   const auto live = compute_liveness(p);
@@ -173,7 +173,7 @@ TEST(Liveness, ValueCrossingARepeatedSectionLivesThroughTheWholeSection) {
 TEST(MemoryPlan, InPlaceOutputReusesDyingInputAndPersistentComesFirst) {
   Program p;
   const TensorId w = p.add_tensor(make("w", 100, Lifetime::persistent, Tier::device, Category::parameters));
-  p.begin_section("s");
+  p.begin_section(SectionKind::micro);
   const TensorId x = p.add_tensor(make("x", 1000));
   const TensorId y = p.add_tensor(make("y", 1000));
   const TensorId z = p.add_tensor(make("z", 1000));
@@ -199,7 +199,7 @@ TEST(MemoryPlan, InPlaceOutputReusesDyingInputAndPersistentComesFirst) {
 
 TEST(MemoryPlan, FreedSpaceIsReusedBestFit) {
   Program p;
-  p.begin_section("s");
+  p.begin_section(SectionKind::micro);
   const TensorId x = p.add_tensor(make("x", 1024));  // 4 KiB at 0
   const TensorId y = p.add_tensor(make("y", 512));   // 2 KiB at 4096, stays live
   const TensorId b = p.add_tensor(make("b", 256));   // 1 KiB at 6144
@@ -221,7 +221,7 @@ TEST(MemoryPlan, FreedSpaceIsReusedBestFit) {
 TEST(MemoryPlan, UnusedTransientTensorIsAnError) {
   Program p;
   p.add_tensor(make("orphan", 10));
-  p.begin_section("s");
+  p.begin_section(SectionKind::micro);
   p.add_op(make_op({}, {}));
   p.end_section();
   EXPECT_THROW(plan_memory(p), Error);

@@ -21,11 +21,11 @@ void expect_steps_allocate_nothing(Policy pol) {
   ctx.lr = 1e-3f;
   ctx.step = 1;
   run.ex->run_step(ctx);  // step 1 warms up OpenMP and oneDNN
-  run.ex->run_section("eval", ctx);
+  run.ex->run_section(SectionKind::eval, ctx);
   test::alloc_counter_start();
   for (ctx.step = 2; ctx.step <= 5; ++ctx.step) {
     run.ex->run_step(ctx);
-    run.ex->run_section("eval", ctx);
+    run.ex->run_section(SectionKind::eval, ctx);
   }
   const test::AllocCounts counts = test::alloc_counter_stop();
   EXPECT_EQ(counts.memfit_allocations, 0);
@@ -93,7 +93,7 @@ TEST(Executor, RefusesTiersTheBackendCannotRun) {
   d.tier = Tier::host;
   d.lifetime = Lifetime::persistent;
   const TensorId id = p.add_tensor(d);
-  p.begin_section("micro");
+  p.begin_section(SectionKind::micro);
   Op fill;
   fill.kind = OpKind::fill;
   fill.name = "host.fill";

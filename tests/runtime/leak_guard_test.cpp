@@ -149,7 +149,7 @@ TEST(LeakGuard, KeepsBuffersThatEnterALoopUntilItsLastIteration) {
   y.name = "y";
   y.lifetime = Lifetime::persistent;
   const TensorId yid = p.add_tensor(y);
-  p.begin_section("pre");
+  p.begin_section(SectionKind::eval);  // kinds mean nothing to the planner
   Op fill;
   fill.kind = OpKind::fill;
   fill.name = "fill_x";
@@ -158,7 +158,7 @@ TEST(LeakGuard, KeepsBuffersThatEnterALoopUntilItsLastIteration) {
   fill.attrs = FillAttrs{1.5f};
   p.add_op(fill);
   p.end_section();
-  p.begin_section("micro", 3);
+  p.begin_section(SectionKind::micro, 3);
   Op acc;
   acc.kind = OpKind::accumulate;
   acc.name = "y_plus_x";
@@ -179,8 +179,8 @@ TEST(LeakGuard, KeepsBuffersThatEnterALoopUntilItsLastIteration) {
   ex.add_observer(&poison);
   StepContext ctx;
   ctx.micro_count = 3;
-  ex.run_section("pre", ctx);
-  for (ctx.micro = 0; ctx.micro < 3; ++ctx.micro) ex.run_section("micro", ctx);
+  ex.run_section(SectionKind::eval, ctx);
+  for (ctx.micro = 0; ctx.micro < 3; ++ctx.micro) ex.run_section(SectionKind::micro, ctx);
   const float* out = ex.data_as<float>(yid);
   for (int i = 0; i < 64; ++i) ASSERT_EQ(out[i], 1.5f * 6) << i;  // x + x, then 2x more per micro-step
   EXPECT_EQ(poison.filled_bytes(), 64u * 4);                      // x, once, after the last iteration

@@ -51,7 +51,7 @@ Program queues_program() {
     if (kind == OpKind::all_reduce) o.attrs = CollectiveAttrs{CommGroup::data, 2};
     p.add_op(std::move(o));
   };
-  p.begin_section("micro");
+  p.begin_section(SectionKind::micro);
   op(OpKind::fill, "small", {}, {dev});
   op(OpKind::transfer, "in.1", {host}, {dev});
   op(OpKind::fill, "large", {}, {g});

@@ -59,7 +59,7 @@ Result run_micro(const std::string& recompute, AttentionKind attention, int accu
   StepContext ctx;
   ctx.micro_count = accumulation;
   auto micro_steps = [&] {
-    for (ctx.micro = 0; ctx.micro < accumulation; ++ctx.micro) ex.run_section("micro", ctx);
+    for (ctx.micro = 0; ctx.micro < accumulation; ++ctx.micro) ex.run_section(SectionKind::micro, ctx);
   };
   micro_steps();  // warm-up (OpenMP team, oneDNN JIT), then the measured repetition
   if (count_allocations) test::alloc_counter_start();

@@ -24,7 +24,7 @@ using test::TinyRun;
 size_t ops_per_step(const Program& p) {
   size_t n = 0;
   for (const Section& s : p.sections())
-    if (s.name != "eval") n += size_t(s.end - s.begin) * size_t(s.repeat);
+    if (s.kind != SectionKind::eval) n += size_t(s.end - s.begin) * size_t(s.repeat);
   return n;
 }
 
@@ -34,7 +34,7 @@ void expect_trace_matches_plan(const Policy& pol) {
   TinyRun plain(pol);
   const Program& p = run.compiled.program;
   const size_t per_step = ops_per_step(p);
-  const Section* eval = p.find_section("eval");
+  const Section* eval = p.find_section(SectionKind::eval);
   TraceRecorder rec(per_step * kSteps + size_t(eval->end - eval->begin), run.ex.get());
   DeadBufferFill fill(*run.ex, Arena::kSentinel);
   run.ex->add_observer(&rec);

@@ -97,10 +97,10 @@ TEST(UpdateInBackward, UpdatesFollowTheLastUseAndThePeakFalls) {
   const Program grouped = build_training_program(model_preset("gpt2-tiny"), pol, {});
   pol.update_in_backward = true;
   const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {});
-  const Section* opt = p.find_section("optimizer");
+  const Section* opt = p.find_section(SectionKind::optimizer);
   ASSERT_NE(opt, nullptr);
   EXPECT_EQ(opt->begin, opt->end);
-  const Section* micro = p.find_section("micro");
+  const Section* micro = p.find_section(SectionKind::micro);
   std::map<TensorId, int> last_use;
   int updates = 0;
   for (int i = micro->begin; i < micro->end; ++i) {

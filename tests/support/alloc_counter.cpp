@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <cstddef>
 
-#include "kernels/library_scope.hpp"
+#include "core/library_scope.hpp"
 
 extern "C" {
 void* __libc_malloc(size_t);

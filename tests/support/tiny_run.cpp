@@ -39,7 +39,7 @@ void TinyRun::step(int64_t step) {
   ex->run_step(ctx);
 }
 
-void TinyRun::eval() { ex->run_section("eval", StepContext{}); }
+void TinyRun::eval() { ex->run_section(SectionKind::eval, StepContext{}); }
 
 float TinyRun::loss() const { return *ex->data_as<float>(compiled.program.find_tensor(kLoss)); }
 

@@ -52,7 +52,7 @@ TorchFixtureRun::TorchFixtureRun(const std::string& fixture, AttentionKind atten
 
 void expect_loss_and_gradients_match(TorchFixtureRun& run) {
   const Program& p = run.compiled.program;
-  const Section* micro = p.find_section("micro");
+  const Section* micro = p.find_section(SectionKind::micro);
   int loss_op = -1;
   for (int i = micro->begin; i < micro->end; ++i)
     if (p.op(i).kind == OpKind::loss_mean) loss_op = i;
@@ -127,7 +127,7 @@ void expect_adamw_losses_match(TorchFixtureRun& run) {
     run.ex->run_step(ctx);
     EXPECT_NEAR(*loss, ref[size_t(step - 1)], 1e-4 * ref[size_t(step - 1)]) << "before update " << step;
   }
-  run.ex->run_section("micro", ctx);
+  run.ex->run_section(SectionKind::micro, ctx);
   EXPECT_NEAR(*loss, ref[3], 1e-4 * ref[3]) << "after three updates";
   std::printf("after 3 updates: memfit %.7f, PyTorch %.7f\n", *loss, ref[3]);
 }

@@ -83,17 +83,17 @@ double max_abs_difference(const std::vector<float>& a, const std::vector<float>&
 
 TEST(GradientAccumulation, KMicroBatchesEqualOneBatchOfAllRows) {
   TinyTraining big(kRows * kMicro, 1), acc(kRows, int(kMicro));
-  ASSERT_EQ(acc.program().find_section("micro")->repeat, kMicro);
+  ASSERT_EQ(acc.program().find_section(SectionKind::micro)->repeat, kMicro);
   StepContext ctx;
   ctx.lr = 1e-3;
 
   // The micro-steps alone: loss and accumulated gradients.
   ctx.micro_count = 1;
-  big.ex->run_section("micro", ctx);
+  big.ex->run_section(SectionKind::micro, ctx);
   ctx.micro_count = int(kMicro);
   for (int m = 0; m < kMicro; ++m) {
     ctx.micro = m;
-    acc.ex->run_section("micro", ctx);
+    acc.ex->run_section(SectionKind::micro, ctx);
   }
   EXPECT_NEAR(acc.scalar(kLoss), big.scalar(kLoss), 1e-6 * big.scalar(kLoss));
   std::printf("loss: one batch %.7f, %ld micro-batches %.7f\n", big.scalar(kLoss), long(kMicro), acc.scalar(kLoss));
@@ -111,8 +111,8 @@ TEST(GradientAccumulation, KMicroBatchesEqualOneBatchOfAllRows) {
   // The optimizer step, then a whole second step through run_step.
   ctx.micro = 0;
   ctx.step = 1;
-  big.ex->run_section("optimizer", ctx);
-  acc.ex->run_section("optimizer", ctx);
+  big.ex->run_section(SectionKind::optimizer, ctx);
+  acc.ex->run_section(SectionKind::optimizer, ctx);
   EXPECT_NEAR(acc.scalar(kGradNorm), big.scalar(kGradNorm), 1e-6 * big.scalar(kGradNorm));
   EXPECT_GT(big.scalar(kGradNorm), 0.5f) << "the test means the clip to be active";
   ctx.step = 2;

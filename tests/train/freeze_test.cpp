@@ -112,7 +112,7 @@ std::unique_ptr<test::TinyRun> one_micro_step(const Policy& pol, const ForwardRe
   if (before) before(*run);
   StepContext ctx;
   ctx.micro_count = pol.grad_accum;
-  run->ex->run_section("micro", ctx);
+  run->ex->run_section(SectionKind::micro, ctx);
   return run;
 }
 

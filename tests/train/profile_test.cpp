@@ -103,7 +103,7 @@ TEST_F(Profile, SummaryTraceAndSelfContainedReport) {
   }
   // One slice per op execution: 2 steps of the micro and optimizer sections, 4 validation batches.
   size_t expected = 0;
-  for (const Section& s : p.sections()) expected += size_t(s.end - s.begin) * (s.name == "eval" ? 4 : 2 * s.repeat);
+  for (const Section& s : p.sections()) expected += size_t(s.end - s.begin) * (s.kind == SectionKind::eval ? 4 : 2 * s.repeat);
   ASSERT_EQ(slices.size(), expected);
 
   uint64_t measured_max = 0;

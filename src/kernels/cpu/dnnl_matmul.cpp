@@ -4,7 +4,7 @@
 #include "kernels/cpu/dnnl_matmul.hpp"
 
 #include "core/error.hpp"
-#include "kernels/library_scope.hpp"
+#include "core/library_scope.hpp"
 
 namespace memfit {
 namespace {
