@@ -8,6 +8,7 @@
 // to what this emits.
 #pragma once
 
+#include "graph/capabilities.hpp"
 #include "graph/model_spec.hpp"
 #include "graph/policy.hpp"
 #include "graph/program.hpp"
@@ -16,12 +17,16 @@ namespace memfit {
 
 // Throws [policy] for a policy this build cannot express (naming the field), and for shapes
 // the model cannot take (a sequence longer than its context, a zero batch). A tensor-parallel
-// degree above 1 is refused: no builder splits a layer over tensor ranks yet.
-Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology);
+// degree above 1 is refused: no builder splits a layer over tensor ranks yet. `backend` is what
+// the backend that will run the program computes natively (Backend::capabilities(), or a planned
+// device's table): the precision pass makes fp32 islands of the rest.
+Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
+                               const OpCapabilities& backend);
 // The program a rank of `topology` would run if every tensor rank held the whole model: what
 // the data-parallel passes (ZeRO over the data group) make of a tensor-parallel topology, for
 // tests until layers are split. Nothing runs it.
-Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology);
+Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
+                                       const OpCapabilities& backend);
 
 // Rows of logits the classifier materialises at once under `policy` (never all B*T rows of a
 // large vocabulary).

@@ -14,7 +14,7 @@
 
 namespace memfit::ref {
 
-// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows.
+// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows; wpe may be nullptr (rotary models).
 template <class F>
 void embedding_forward(const int32_t* tokens, const F* wte, const F* wpe, F* x, int64_t N, int64_t seq, int64_t C,
                        bool acc);
@@ -53,7 +53,7 @@ void fill(F* x, int64_t n, double value, bool acc);
 template <class F>
 void loss_mean(const F* losses, F* loss, int64_t n, double scale, bool acc);
 
-// Causal attention over qkv (B, T, 3C) laid out [q | k | v], head h at columns h*HS. With KV
+// Causal attention over qkv (B, T, 3C) (y may be nullptr: probabilities only) laid out [q | k | v], head h at columns h*HS. With KV
 // grouped kv heads (0: KV = NH) qkv is (B, T, (NH + 2KV) HS), NH query heads then KV key heads
 // then KV value heads per token; query head h reads kv head h / (NH / KV); dqkv has qkv's
 // layout, dk and dv of a kv head summed over its query heads.
@@ -87,9 +87,10 @@ void classifier(const F* x, const F* wte, const int32_t* targets, F* losses, F* 
 uint16_t round_to_bf16_bits(double x);
 uint16_t round_to_fp16_bits(double x);
 
-// PyTorch's AdamW on one tensor; step is 1-based.
+// PyTorch's AdamW on one tensor; step is 1-based. The gradient used is grad * grad_scale
+// (clipping coefficient over the loss scale, as the update ops of graph/op.hpp apply it).
 template <class F>
 void adamw(F* param, const F* grad, F* m, F* v, int64_t n, double lr, double beta1, double beta2, double eps,
-           double weight_decay, int64_t step);
+           double weight_decay, int64_t step, double grad_scale = 1.0);
 
 }  // namespace memfit::ref
