@@ -51,8 +51,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
-  // The kinds and dtypes this backend has kernels for; programs are built for it
-  // (build_training_program), and prepare() refuses what it does not declare.
+  // The kinds and dtypes this backend computes natively; the precision pass builds programs for
+  // it (build_training_program). prepare() checks the op contract (kernels/op_contract.hpp) and
+  // refuses, naming the op, a dtype combination it has no kernel for.
   virtual const OpCapabilities& capabilities() const = 0;
   bool supports(OpKind kind, DType dtype) const { return capabilities().supports(kind, dtype); }
   // Bytes of library scratch the op's kernel needs beyond the op's own workspace tensors

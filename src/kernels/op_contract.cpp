@@ -28,7 +28,8 @@ void check_slot_dtypes(const Program& p, const Op& op) {
   };
   for (size_t i = 0; i < op.inputs.size(); ++i) {
     const DType t = p.tensor(op.inputs[i]).dtype;
-    if (int_input(i) ? t != DType::i32 : !is_float(t)) wrong_dtype(p, op, op.inputs[i], int_input(i) ? "int32" : "a float type");
+    if (int_input(i) ? t != DType::i32 : !is_float(t))
+      wrong_dtype(p, op, op.inputs[i], int_input(i) ? "int32" : "a float type");
   }
   // adamw8bit's outputs [targets, m codes, v codes, m absmax, v absmax]: the codes are uint8.
   auto code_output = [&](size_t j) {
@@ -38,7 +39,8 @@ void check_slot_dtypes(const Program& p, const Op& op) {
     const TensorId id = op.outputs[j];
     if (id == kNoTensor) continue;
     const DType t = p.tensor(id).dtype;
-    if (code_output(j) ? t != DType::u8 : !is_float(t)) wrong_dtype(p, op, id, code_output(j) ? "uint8" : "a float type");
+    if (code_output(j) ? t != DType::u8 : !is_float(t))
+      wrong_dtype(p, op, id, code_output(j) ? "uint8" : "a float type");
   }
   for (TensorId id : op.workspace)
     if (p.tensor(id).dtype != DType::f32 && p.tensor(id).dtype != DType::u8) wrong_dtype(p, op, id, "fp32 or uint8");
@@ -66,8 +68,8 @@ void check_embedding(const Program& p, const Op& op) {
   const int64_t N = tokens.numel(), seq = tokens.shape.last(), C = p.tensor(op.inputs[0]).shape.last();
   check_numel(p, op, op.inputs[0], N * C, "dx");
   const TensorId dwpe = has_wpe ? op.outputs[1] : kNoTensor;
-  MEMFIT_CHECK(dwpe == kNoTensor || p.tensor(dwpe).shape.rows() >= seq, "kernels", "op '{}': dwpe has fewer rows than T={}",
-               op.name, seq);
+  MEMFIT_CHECK(dwpe == kNoTensor || p.tensor(dwpe).shape.rows() >= seq, "kernels",
+               "op '{}': dwpe has fewer rows than T={}", op.name, seq);
   MEMFIT_CHECK(op.outputs[0] != kNoTensor || dwpe != kNoTensor, "kernels", "op '{}' has no output", op.name);
   const DType g = op.outputs[0] != kNoTensor ? dtype_of(p, op.outputs[0]) : dtype_of(p, dwpe);
   for (TensorId id : op.outputs) require_dtype(p, op, id, g);
@@ -81,7 +83,8 @@ void check_norm(const Program& p, const Op& op) {
   const size_t stats = layer ? 2 : 1, weights = layer ? 2 : 1;
   if (fwd) {
     check_arity(op, 1 + weights, 1 + stats);
-    MEMFIT_CHECK(op.outputs[0] != kNoTensor, "kernels", "op '{}': {} needs its output y", op.name, op_kind_name(op.kind));
+    MEMFIT_CHECK(op.outputs[0] != kNoTensor, "kernels", "op '{}': {} needs its output y", op.name,
+                 op_kind_name(op.kind));
     const TensorDesc& x = p.tensor(op.inputs[0]);
     const int64_t C = x.shape.last(), N = x.numel() / C;
     for (size_t i = 1; i <= weights; ++i) check_numel(p, op, op.inputs[i], C, i == 1 ? "w" : "b");
@@ -234,8 +237,9 @@ void check_update(const Program& p, const Op& op) {
   const bool eight = op.kind == OpKind::adamw8bit;
   const AdamWAttrs& a = attrs_of<AdamWAttrs>(op);
   const size_t n = update_op_tensors(op, a, eight ? 5 : 3);
-  MEMFIT_CHECK(a.weight_decay.empty() || a.weight_decay.size() == n, "kernels", "op '{}' ({}): {} weight decays for {} tensors",
-               op.name, op_kind_name(op.kind), a.weight_decay.size(), n);
+  MEMFIT_CHECK(a.weight_decay.empty() || a.weight_decay.size() == n, "kernels",
+               "op '{}' ({}): {} weight decays for {} tensors", op.name, op_kind_name(op.kind),
+               a.weight_decay.size(), n);
   MEMFIT_CHECK(!eight || a.block >= 1, "kernels", "op '{}' (adamw8bit): block size {}", op.name, a.block);
   for (TensorId id : op.outputs)
     MEMFIT_CHECK(id != kNoTensor, "kernels", "op '{}' ({}): every parameter and state tensor must be present", op.name,
@@ -245,8 +249,9 @@ void check_update(const Program& p, const Op& op) {
     for (size_t k = 0; k < 3; ++k) check_numel(p, op, op.outputs[i + k * n], numel, "param/m/v");
     if (!eight)
       for (size_t k = 0; k < 3; ++k) require_dtype(p, op, op.outputs[i + k * n], DType::f32);
+    const int64_t blocks = eight ? (numel + a.block - 1) / a.block : 0;
     if (eight)
-      for (size_t k = 3; k < 5; ++k) check_numel(p, op, op.outputs[i + k * n], (numel + a.block - 1) / a.block, "absmax");
+      for (size_t k = 3; k < 5; ++k) check_numel(p, op, op.outputs[i + k * n], blocks, "absmax");
   }
   if (a.max_grad_norm > 0) check_numel(p, op, op.inputs.back(), 1, "norm");
 }
@@ -322,14 +327,14 @@ bool writes_nothing(const Op& op) {
 void check_binding(const Op& op, const OpBinding& binding) {
   MEMFIT_CHECK(binding.inputs.size() == op.inputs.size() && binding.outputs.size() == op.outputs.size() &&
                    binding.workspace.size() == op.workspace.size(),
-               "kernels", "op '{}': the binding has {} inputs, {} outputs and {} workspace entries for {}, {} and {} tensors",
+               "kernels", "op '{}': the binding has {}/{}/{} inputs/outputs/workspace entries for {}/{}/{} tensors",
                op.name, binding.inputs.size(), binding.outputs.size(), binding.workspace.size(), op.inputs.size(),
                op.outputs.size(), op.workspace.size());
 }
 
 void check_op_contract(const Program& program, const Op& op) {
-  MEMFIT_CHECK(op.kind != OpKind::load_input, "kernels", "op '{}' (load_input) is run by the executor, not by a backend",
-               op.name);
+  MEMFIT_CHECK(op.kind != OpKind::load_input, "kernels",
+               "op '{}' (load_input) is run by the executor, not by a backend", op.name);
   check_slot_dtypes(program, op);
   if (writes_nothing(op)) return;
   switch (op.kind) {

@@ -69,7 +69,8 @@ PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
                                             [&](Program& p) { attach_backend_scratch(p, backend); });
     run.policy.recompute.blocks = run.recompute_choice->blocks;
   }
-  run.compiled = compile_program(build_training_program(run.spec, run.policy, c.topology, backend.capabilities()), backend);
+  run.compiled =
+      compile_program(build_training_program(run.spec, run.policy, c.topology, backend.capabilities()), backend);
   return run;
 }
 

@@ -94,8 +94,8 @@ Prepared prepare_gelu(const Program& p, const Op& op, const OpBinding& b) {
         gelu_forward(x, y, n, accumulates(mode, ctx));
       });
     else
-      out = make_op([=, dy = in_t<T>(b, 0), x = in_t<T>(b, 1), dx = out_t<T>(b, 0),
-                     mode = op.modes[0]](const StepContext& ctx) { gelu_backward(dy, x, dx, n, accumulates(mode, ctx)); });
+      out = make_op([=, dy = in_t<T>(b, 0), x = in_t<T>(b, 1), dx = out_t<T>(b, 0), mode = op.modes[0]](
+                        const StepContext& ctx) { gelu_backward(dy, x, dx, n, accumulates(mode, ctx)); });
   });
   return out;
 }
@@ -128,7 +128,8 @@ Prepared prepare_elementwise(const Program& p, const Op& op, const OpBinding& b)
 }  // namespace
 
 Prepared prepare_embedding(const Program& p, const Op& op, const OpBinding& b) {
-  return op.kind == OpKind::embedding_forward ? prepare_embedding_forward(p, op, b) : prepare_embedding_backward(p, op, b);
+  if (op.kind == OpKind::embedding_forward) return prepare_embedding_forward(p, op, b);
+  return prepare_embedding_backward(p, op, b);
 }
 
 uint64_t matmul_scratch_bytes(const DnnlEnv& env, const Program& p, const Op& op) {

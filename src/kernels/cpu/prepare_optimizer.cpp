@@ -77,7 +77,8 @@ Prepared prepare_grad_norm(const Program& p, const Op& op, const OpBinding& b) {
                p.tensor(op.workspace[0]).name, p.tensor(op.workspace[0]).numel(), set.chunks());
   return make_op([set = std::move(set), partials = static_cast<float*>(b.workspace[0]), norm = out_f(b, 0),
                   squares = form == GradNormAttrs::Form::sum_of_squares](const StepContext& ctx) {
-    *norm = squares ? set.run_sum_of_squares(partials, 1.0f / ctx.loss_scale) : set.run(partials, 1.0f / ctx.loss_scale);
+    const float inv_scale = 1.0f / ctx.loss_scale;
+    *norm = squares ? set.run_sum_of_squares(partials, inv_scale) : set.run(partials, inv_scale);
   });
 }
 

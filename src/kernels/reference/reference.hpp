@@ -1,4 +1,5 @@
-// Naive reference kernels: the oracle that the CPU kernels are tested against. Plain loops,
+// Naive reference kernels: the oracle that the CPU kernels are tested against, and the kernels
+// of the reference backend (reference_backend.cpp, make_reference_backend()). Plain loops,
 // one element at a time, double accumulation, no OpenMP and no oneDNN, written to be read
 // rather than to be fast. Each is a template over the element type and is instantiated for
 // float (to compare with the CPU kernels) and double (so that the backward kernels can be
@@ -53,10 +54,11 @@ void fill(F* x, int64_t n, double value, bool acc);
 template <class F>
 void loss_mean(const F* losses, F* loss, int64_t n, double scale, bool acc);
 
-// Causal attention over qkv (B, T, 3C) (y may be nullptr: probabilities only) laid out [q | k | v], head h at columns h*HS. With KV
+// Causal attention over qkv (B, T, 3C) laid out [q | k | v], head h at columns h*HS. With KV
 // grouped kv heads (0: KV = NH) qkv is (B, T, (NH + 2KV) HS), NH query heads then KV key heads
 // then KV value heads per token; query head h reads kv head h / (NH / KV); dqkv has qkv's
-// layout, dk and dv of a kv head summed over its query heads.
+// layout, dk and dv of a kv head summed over its query heads. The forward's y may be nullptr
+// (probabilities only, as a recomputation asks).
 template <class F>
 void attention_forward(const F* qkv, F* y, F* probs, int64_t B, int64_t T, int64_t NH, int64_t HS, double scale,
                        bool acc_y, int64_t KV = 0);

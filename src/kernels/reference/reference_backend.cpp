@@ -103,7 +103,8 @@ Prepared prepare_dense(const Program& p, const Op& op, const OpBinding& b) {
       });
     }
     case OpKind::add:
-      return make_op([=](const StepContext& ctx) { ref::add(in(b, 0), in(b, 1), out(b, 0), n0, accumulates(m0, ctx)); });
+      return make_op(
+          [=](const StepContext& ctx) { ref::add(in(b, 0), in(b, 1), out(b, 0), n0, accumulates(m0, ctx)); });
     case OpKind::accumulate:
     case OpKind::cast:  // fp32 to fp32: a copy
       return make_op([=](const StepContext& ctx) { ref::accumulate(in(b, 0), out(b, 0), n0, accumulates(m0, ctx)); });
@@ -145,7 +146,8 @@ Prepared prepare_norm(const Program& p, const Op& op, const OpBinding& b) {
       });
     case OpKind::rmsnorm_forward: {
       const double eps = attrs_of<NormAttrs>(op).eps;
-      return make_op([=](const StepContext&) { ref::rmsnorm_forward(in(b, 0), in(b, 1), out(b, 0), out(b, 1), N, C, eps); });
+      return make_op(
+          [=](const StepContext&) { ref::rmsnorm_forward(in(b, 0), in(b, 1), out(b, 0), out(b, 1), N, C, eps); });
     }
     default:
       return make_op([=](const StepContext& ctx) {
@@ -188,7 +190,8 @@ Prepared prepare_loss(const Program& p, const Op& op, const OpBinding& b) {
     const int64_t n = p.tensor(op.inputs[0]).numel();
     const double scale = attrs_of<ScaleAttrs>(op).scale;
     const WriteMode m0 = op.modes[0];
-    return make_op([=](const StepContext& ctx) { ref::loss_mean(in(b, 0), out(b, 0), n, scale, accumulates(m0, ctx)); });
+    return make_op(
+        [=](const StepContext& ctx) { ref::loss_mean(in(b, 0), out(b, 0), n, scale, accumulates(m0, ctx)); });
   }
   const ClassifierAttrs a = attrs_of<ClassifierAttrs>(op);
   const TensorDesc& wte = p.tensor(op.inputs[1]);
@@ -208,7 +211,10 @@ Prepared prepare_optimizer(const Program& p, const Op& op, const OpBinding& b) {
       return make_op([=](const StepContext&) { *out(b, 0) = float(std::sqrt(double(*in(b, 0)))); });
     std::vector<const float*> grads;
     std::vector<int64_t> numel;
-    for (size_t i = 0; i < op.inputs.size(); ++i) grads.push_back(in(b, i)), numel.push_back(p.tensor(op.inputs[i]).numel());
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      grads.push_back(in(b, i));
+      numel.push_back(p.tensor(op.inputs[i]).numel());
+    }
     return make_op([=](const StepContext& ctx) {
       const double norm = ref::global_norm(grads, numel) / double(ctx.loss_scale);
       *out(b, 0) = float(form == GradNormAttrs::Form::sum_of_squares ? norm * norm : norm);
