@@ -22,6 +22,7 @@
 #include "kernels/cpu/parallel.hpp"
 #include "runtime/executor.hpp"
 #include "train/init.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -78,7 +79,7 @@ class OptimizerRun {
     pol.optimizer = kind;
     pol.grad_clip = 1.0;
     pol.with_eval = false;
-    compiled_ = compile_program(build_training_program(spec, pol, {}), *backend_);
+    compiled_ = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend_);
     const Program& p = compiled_.program;
     ex_ = std::make_unique<Executor>(compiled_, *backend_);
     initialize_parameters(*ex_, spec, 1);

@@ -115,7 +115,11 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     apply_hardware_json(nlohmann::json{{key, v}}, hw, "--hardware-set");
     given.insert(key);
   }
-  if (hw.executes_here) measure_this_machine(hw, given);
+  auto backend = make_backend(config.backend);
+  if (hw.executes_here) {
+    measure_this_machine(hw, given);
+    hw.capabilities = backend->capabilities();  // this machine plans what its backend runs
+  }
   if (!device_memory_.empty()) hw.memory_bytes = parse_bytes(device_memory_);
   hw.validate();
   const Cluster cluster = make_cluster(hw, gpus_per_node_, nodes_, world_size_);
@@ -127,7 +131,6 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
                emit_.empty() ? "" : emit_[0]);
 
   const ModelSpec spec = resolve_model(config.model);
-  auto backend = make_cpu_backend();
   EstimateOptions eo;
   eo.efficiency = efficiency_ > 0 ? efficiency_ : hw.default_efficiency;
   eo.comm_overlap = comm_overlap_;

@@ -35,7 +35,7 @@ namespace {
 
 int plan_command(const memfit::RunConfig& config, bool as_json) {
   using namespace memfit;
-  auto backend = make_cpu_backend();
+  auto backend = make_backend(config.backend);
   const PreparedRun run = prepare_run(config, *backend);
   const Program& p = run.compiled.program;
   // Under bf16 / fp16, the same run in fp32 for comparison: what each category saves.

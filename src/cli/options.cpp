@@ -33,6 +33,8 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    "llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b) or HF config.json path (gpt2, llama, mistral, "
                    "qwen2)",
                    [](RunConfig& c, std::string v) { c.model = v; });
+  add<std::string>(app, "--backend", "cpu | reference (the naive kernels: slow, fp32, an oracle)",
+                   [](RunConfig& c, std::string v) { c.backend = v; });
   add<int64_t>(app, "--batch", "micro-batch size B", [](RunConfig& c, int64_t v) { c.policy.batch = v; });
   app.add_option_function<std::string>(
       "--seq",

@@ -101,7 +101,7 @@ ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan,
 
 ProgramSummary plan_summary(const ModelSpec& spec, const Policy& policy, const Hardware& hw,
                             const EstimateOptions& options) {
-  Program p = build_training_program(spec, planning_policy(policy), Topology{});
+  Program p = build_training_program(spec, planning_policy(policy), Topology{}, hw.capabilities);
   if (options.prepare) options.prepare(p);
   const MemoryPlan plan = plan_memory(p);
   return summarize_program(p, plan, hw, options);

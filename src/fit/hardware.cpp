@@ -30,6 +30,8 @@ Hardware gpu(std::string name, uint64_t mem, double bf16, double fp32, double bw
   h.framework_bytes = 1 * GiB;
   h.gemm_workspace_bytes = 32 * MiB;      // cuBLAS on Hopper (4 MiB x 8); smaller elsewhere
   h.collective_buffer_bytes = 512 * MiB;  // NCCL channels' buffers and its own workspace
+  // Tensor cores multiply fp16 and bf16 natively: no fp32 islands for products under fp16.
+  h.capabilities = tensor_core_gpu_capabilities(h.name);
   return h;
 }
 
@@ -77,6 +79,8 @@ Hardware hardware_preset(std::string_view name) {
     h.disk_bytes = 100 * GiB;
     h.executes_here = true;
     h.default_efficiency = 1.0;
+    // capabilities stay unknown: they are the backend's that runs here, which the caller
+    // (cli/hardware_plan.cpp) fills in; fit/ cannot name a backend.
     return h;
   }
   std::string known;

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.hpp"
+#include "graph/capabilities.hpp"
 
 namespace memfit {
 
@@ -41,6 +42,10 @@ struct Hardware {
   // replaces with the backend's own measured product rates (kernels/cpu/speed_probe.hpp).
   double default_efficiency = 0.45;
   bool speeds_measured = false;     // peaks and bandwidths timed on this machine, not a datasheet's
+  // What the device computes natively; the precision pass builds the planned program for it.
+  // GPU presets: tensor_core_gpu_capabilities; "cpu": unknown until the caller sets the
+  // capabilities of the backend that runs here (plan_summary refuses a 16-bit plan without).
+  OpCapabilities capabilities;
 
   double peak_flops(DType compute) const { return compute == DType::f32 ? peak_fp32_flops : peak_bf16_flops; }
   void validate() const;  // throws [hardware] naming the field

@@ -141,43 +141,6 @@ DType compute_dtype(Precision p) {
   return DType::f32;
 }
 
-bool has_native_kernel(OpKind kind, DType dtype) {
-  switch (kind) {
-    case OpKind::load_input:
-    case OpKind::embedding_forward:
-    case OpKind::embedding_backward:
-    case OpKind::layernorm_forward:
-    case OpKind::layernorm_backward:
-    case OpKind::bias_grad:
-    case OpKind::gelu_forward:
-    case OpKind::gelu_backward:
-    case OpKind::add:
-    case OpKind::accumulate:
-    case OpKind::loss_mean:
-    case OpKind::cast:
-    case OpKind::check_finite:
-    case OpKind::flash_attention_forward:   // tiles in fp32; storage converted per tile
-    case OpKind::flash_attention_backward:
-    case OpKind::grad_norm:                 // gradients of any float type, widened on load
-    case OpKind::adamw8bit:
-    case OpKind::adamw: return true;
-    // llama kinds: fp32 statistics and math inside, storage converted per element.
-    case OpKind::rmsnorm_forward:
-    case OpKind::rmsnorm_backward:
-    case OpKind::rope_forward:
-    case OpKind::rope_backward:
-    case OpKind::swiglu_forward:
-    case OpKind::swiglu_backward: return true;
-    // GEMM kinds: oneDNN 2.6 offers bf16 matmuls on CPUs (AMX / AVX512-BF16), no f16 ones.
-    case OpKind::matmul:
-    case OpKind::attention_forward:
-    case OpKind::attention_backward:
-    case OpKind::classifier:
-    case OpKind::classifier_eval: return dtype == DType::bf16 || dtype == DType::f32;
-    default: return dtype == DType::f32;
-  }
-}
-
 void check_precision_policy(const Policy& p) {
   const DType cdt = compute_dtype(p.precision);
   MEMFIT_CHECK(p.grad_dtype == DType::f32 || p.grad_dtype == cdt, "policy",
@@ -220,9 +183,12 @@ void emit_overflow_check(GraphBuilder& b, const Policy& policy) {
   b.set_phase(saved);
 }
 
-void apply_precision(Program& p, const Policy& policy) {
+void apply_precision(Program& p, const Policy& policy, const OpCapabilities& backend) {
   const DType cdt = compute_dtype(policy.precision);
   if (cdt == DType::f32) return;
+  MEMFIT_CHECK(backend.known(), "policy",
+               "{} precision needs the op capabilities of the backend that will run the program (none given)",
+               precision_name(policy.precision));
 
   // 1. Dtypes.
   std::vector<char> fp32(p.tensors().size(), 0);
@@ -253,7 +219,7 @@ void apply_precision(Program& p, const Policy& policy) {
     for (const auto* list : {&op.inputs, &op.outputs})
       for (TensorId id : *list)
         if (id != kNoTensor && dtype_bits(p.tensor(id).dtype) == 16) touches16 = true;
-    const bool island = touches16 && !dtype_agnostic(op.kind) && (pinned || !has_native_kernel(op.kind, cdt));
+    const bool island = touches16 && !dtype_agnostic(op.kind) && (pinned || !backend.supports(op.kind, cdt));
     // A pinned op keeps its index for Op::replays; its casts come around it.
     islands.add(op, p.section_of_op(int(i)), island);
     size_t at = islands.ops.size() - 1;

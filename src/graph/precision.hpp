@@ -12,9 +12,11 @@
 //                           compute in fp32 becomes an *fp32 island*: cast ops widen its
 //                           16-bit inputs into fp32 temporaries before it, and narrow its
 //                           outputs (with the output's write mode) after it.
-// An op computes in fp32 when the policy pins it (Policy::fp32_ops) or when the CPU backend
-// has no 16-bit kernel for its kind: oneDNN 2.6 has bf16 matmuls on this CPU but no fp16 ones,
-// so under fp16 every product (matmul, attention, classifier) is an island.
+// An op computes in fp32 when the policy pins it (Policy::fp32_ops) or when the backend that
+// will run the program has no kernel for its kind in the compute dtype (its OpCapabilities,
+// graph/capabilities.hpp). The CPU backend, for one: oneDNN 2.6 has bf16 matmuls but no fp16
+// ones, so under fp16 on the CPU every product (matmul, attention, classifier) is an island,
+// where a GPU preset of `memfit plan` runs them natively.
 //
 // Subtle point: islands change no tensor's dtype. A pinned op's outputs are still stored in
 // 16 bits; what the pin buys is fp32 arithmetic inside the op, and the plan counts the fp32
@@ -22,6 +24,7 @@
 #pragma once
 
 #include "graph/builder.hpp"
+#include "graph/capabilities.hpp"
 #include "graph/policy.hpp"
 
 namespace memfit {
@@ -31,16 +34,14 @@ inline constexpr const char* kOverflowFlag = "overflow_flag";
 // bf16 or f16 for a 16-bit policy, f32 for fp32.
 DType compute_dtype(Precision p);
 
-// Whether the CPU kernels compute `kind` natively with 16-bit (`dtype`) tensors.
-bool has_native_kernel(OpKind kind, DType dtype);
-
 // Throws [policy] for combinations the precision pass cannot express (a gradient dtype that
 // is neither fp32 nor the compute dtype, fp32_ops without a 16-bit precision).
 void check_precision_policy(const Policy& policy);
 
 void declare_master_weights(GraphBuilder& b, const Policy& policy);
 void emit_overflow_check(GraphBuilder& b, const Policy& policy);
-// Throws [policy] when an fp32_ops entry matches no op (a typo would otherwise pin nothing).
-void apply_precision(Program& program, const Policy& policy);
+// Throws [policy] when an fp32_ops entry matches no op (a typo would otherwise pin nothing), and
+// for a 16-bit policy without capabilities (`backend.known()` false).
+void apply_precision(Program& program, const Policy& policy, const OpCapabilities& backend);
 
 }  // namespace memfit

@@ -57,14 +57,14 @@ int64_t classifier_chunk_rows(const ModelSpec& spec, const Policy& policy) {
 }
 
 Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
-                               const ForwardRewrites& extra_rewrites) {
+                               const OpCapabilities& backend, const ForwardRewrites& extra_rewrites) {
   MEMFIT_CHECK(topology.tensor == 1, "policy",
                "tensor parallelism (tensor-parallel degree {}) is not supported by this build yet", topology.tensor);
-  return build_unsplit_training_program(spec, policy, topology, extra_rewrites);
+  return build_unsplit_training_program(spec, policy, topology, backend, extra_rewrites);
 }
 
 Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
-                                       const ForwardRewrites& extra_rewrites) {
+                                       const OpCapabilities& backend, const ForwardRewrites& extra_rewrites) {
   spec.validate();
   check_supported(spec, policy, topology);
   ForwardRewrites rewrites = forward_rewrites_for(policy);
@@ -163,7 +163,7 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   if (policy.recompute.mode != RecomputeMode::none) p = apply_recompute(p, recompute);
   // After recompute: recomputed ops get the same dtypes and fp32 islands as the forward ops
   // they replay (so they compute the same bits), and their replays indices are remapped.
-  apply_precision(p, policy);
+  apply_precision(p, policy, backend);
   // The updates follow the last use of each parameter, recomputed and cast ops included.
   if (policy.update_in_backward) apply_update_in_backward(p);
   // Last: ZeRO re-homes parameters and gradients with their final dtypes.

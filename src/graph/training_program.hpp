@@ -10,6 +10,7 @@
 #pragma once
 
 #include "graph/forward_rewrite.hpp"
+#include "graph/capabilities.hpp"
 #include "graph/model_spec.hpp"
 #include "graph/policy.hpp"
 #include "graph/program.hpp"
@@ -18,16 +19,18 @@ namespace memfit {
 
 // Throws [policy] for a policy this build cannot express (naming the field), and for shapes
 // the model cannot take (a sequence longer than its context, a zero batch). A tensor-parallel
-// degree above 1 is refused: no builder splits a layer over tensor ranks yet.
+// degree above 1 is refused: no builder splits a layer over tensor ranks yet. `backend` is what
+// the backend that will run the program computes natively (Backend::capabilities(), or a planned
+// device's table): the precision pass makes fp32 islands of the rest.
 // The forward passes go through the forward rewrites the policy asks for (--freeze), then
 // `extra_rewrites` (passes that no option names yet, e.g. a test's), before autodiff.
 Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
-                               const ForwardRewrites& extra_rewrites = {});
+                               const OpCapabilities& backend, const ForwardRewrites& extra_rewrites = {});
 // The program a rank of `topology` would run if every tensor rank held the whole model: what
 // the data-parallel passes (ZeRO over the data group) make of a tensor-parallel topology, for
 // tests until layers are split. Nothing runs it.
 Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
-                                       const ForwardRewrites& extra_rewrites = {});
+                                       const OpCapabilities& backend, const ForwardRewrites& extra_rewrites = {});
 
 // Rows of logits the classifier materialises at once under `policy` (never all B*T rows of a
 // large vocabulary).

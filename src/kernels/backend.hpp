@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "graph/capabilities.hpp"
 #include "graph/program.hpp"
 
 namespace memfit {
@@ -50,6 +51,11 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // The kinds and dtypes this backend computes natively; the precision pass builds programs for
+  // it (build_training_program). prepare() checks the op contract (kernels/op_contract.hpp) and
+  // refuses, naming the op, a dtype combination it has no kernel for.
+  virtual const OpCapabilities& capabilities() const = 0;
+  bool supports(OpKind kind, DType dtype) const { return capabilities().supports(kind, dtype); }
   // Bytes of library scratch the op's kernel needs beyond the op's own workspace tensors
   // (oneDNN's user scratchpad on the CPU). Before planning, the op gets a uint8 workspace
   // tensor of at least this size as its last workspace entry (runtime/compile.hpp), so the
@@ -61,5 +67,13 @@ class Backend {
 
 // The CPU backend: oneDNN for matrix products, OpenMP loops for the rest.
 std::unique_ptr<Backend> make_cpu_backend();
+const OpCapabilities& cpu_capabilities();
+// The reference backend: the naive kernels of kernels/reference (fp32, double accumulation),
+// a second implementation of the op contract (kernels/op_contract.hpp) to test backends against.
+std::unique_ptr<Backend> make_reference_backend();
+const OpCapabilities& reference_capabilities();
+// The one place a backend is chosen by name: "cpu" or "reference"; throws [kernels] listing them.
+std::unique_ptr<Backend> make_backend(std::string_view name);
+inline constexpr std::string_view kBackendNames[] = {"cpu", "reference"};
 
 }  // namespace memfit

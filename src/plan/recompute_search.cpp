@@ -28,8 +28,9 @@ namespace {
 // Builds and plans the program of one assignment (a level per block).
 class Evaluator {
  public:
-  Evaluator(const ModelSpec& spec, const Policy& policy, const Topology& topology, const ProgramPrepare& prepare)
-      : spec_(spec), policy_(policy), topology_(topology), prepare_(prepare),
+  Evaluator(const ModelSpec& spec, const Policy& policy, const Topology& topology, const OpCapabilities& backend,
+            const ProgramPrepare& prepare)
+      : spec_(spec), policy_(policy), topology_(topology), backend_(backend), prepare_(prepare),
         levels_(recompute_levels(policy.attention)) {
     policy_.recompute = RecomputePolicy{};
     policy_.recompute.mode = RecomputeMode::automatic;
@@ -52,7 +53,7 @@ class Evaluator {
   Program build(const std::vector<int>& assignment) const {
     Policy p = policy_;
     p.recompute.blocks = blocks(assignment);
-    return build_training_program(spec_, p, topology_);
+    return build_training_program(spec_, p, topology_, backend_);
   }
 
   Result evaluate(const std::vector<int>& assignment) {
@@ -69,6 +70,7 @@ class Evaluator {
   const ModelSpec& spec_;
   Policy policy_;
   const Topology& topology_;
+  const OpCapabilities& backend_;
   const ProgramPrepare& prepare_;
   std::vector<BlockRecompute> levels_;
   int planned_ = 0;
@@ -123,8 +125,8 @@ RecomputeChoice make_choice(const Evaluator& ev, const std::vector<int>& assignm
 }  // namespace
 
 RecomputeChoice choose_recompute(const ModelSpec& spec, const Policy& policy, const Topology& topology,
-                                 uint64_t budget, const ProgramPrepare& prepare) {
-  Evaluator ev(spec, policy, topology, prepare);
+                                 const OpCapabilities& backend, uint64_t budget, const ProgramPrepare& prepare) {
+  Evaluator ev(spec, policy, topology, backend, prepare);
   const int L = int(spec.n_layer), K = int(ev.levels().size());
   MEMFIT_ASSERT(K <= int(Counts{}.size()), "{} recompute levels", K);
   // No recomputation first; then the most, whose live total bounds every candidate's from below.
@@ -194,8 +196,9 @@ RecomputeChoice choose_recompute(const ModelSpec& spec, const Policy& policy, co
 }
 
 std::vector<RecomputeCandidate> plan_every_assignment(const ModelSpec& spec, const Policy& policy,
-                                                      const Topology& topology, const ProgramPrepare& prepare) {
-  Evaluator ev(spec, policy, topology, prepare);
+                                                      const Topology& topology, const OpCapabilities& backend,
+                                                      const ProgramPrepare& prepare) {
+  Evaluator ev(spec, policy, topology, backend, prepare);
   const int L = int(spec.n_layer), K = int(ev.levels().size());
   std::vector<RecomputeCandidate> out;
   std::vector<int> a(size_t(L), 0);

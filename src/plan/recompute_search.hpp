@@ -19,6 +19,7 @@
 #include <functional>
 #include <vector>
 
+#include "graph/capabilities.hpp"
 #include "graph/model_spec.hpp"
 #include "graph/policy.hpp"
 #include "graph/program.hpp"
@@ -41,8 +42,9 @@ struct RecomputeChoice {
 std::vector<BlockRecompute> recompute_levels(AttentionKind attention);
 
 // `policy.recompute` is ignored; everything else of the policy is the run's.
+// `backend`: the capabilities candidates are built for (build_training_program).
 RecomputeChoice choose_recompute(const ModelSpec& spec, const Policy& policy, const Topology& topology,
-                                 uint64_t budget, const ProgramPrepare& prepare = {});
+                                 const OpCapabilities& backend, uint64_t budget, const ProgramPrepare& prepare = {});
 
 // The reference the search is tested against: every assignment of every level to every block
 // (levels^layers programs, each built and planned), and the best of them for a budget (the
@@ -53,7 +55,8 @@ struct RecomputeCandidate {
   double recompute_flops = 0;
 };
 std::vector<RecomputeCandidate> plan_every_assignment(const ModelSpec& spec, const Policy& policy,
-                                                      const Topology& topology, const ProgramPrepare& prepare = {});
+                                                      const Topology& topology, const OpCapabilities& backend,
+                                                      const ProgramPrepare& prepare = {});
 RecomputeChoice choose_recompute_exhaustive(const std::vector<RecomputeCandidate>& all, uint64_t budget);
 
 }  // namespace memfit

@@ -78,7 +78,7 @@ StepCheck run_one_step(RunConfig c, uint64_t budget) {
 }
 
 void max_batch_command(const RunConfig& config, bool seq_auto, bool verify, bool as_json, std::ostream& out) {
-  auto backend = make_cpu_backend();
+  auto backend = make_backend(config.backend);
   const uint64_t budget = config.memory_budget ? config.memory_budget : available_memory_bytes();
   const MaxBatchAnswer a = search_max_batch(config, seq_auto, budget, *backend);
   RunConfig at = config;

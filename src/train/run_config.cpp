@@ -75,6 +75,7 @@ void apply_config_file(const std::string& path, RunConfig& c) {
   Policy& p = c.policy;
   for (const auto& [key, v] : j.items()) {
     if (key == "model") c.model = get_as<std::string>(v, key);
+    else if (key == "backend") c.backend = get_as<std::string>(v, key);
     else if (key == "data") c.data = get_as<std::string>(v, key);
     else if (key == "steps" || key == "train_iters") c.steps = get_as<int64_t>(v, key);
     else if (key == "batch" || key == "train_micro_batch_size_per_gpu") p.batch = get_as<int64_t>(v, key);

@@ -17,6 +17,7 @@ namespace memfit {
 
 struct RunConfig {
   std::string model = "gpt2-tiny";  // preset name or path of an HF config.json
+  std::string backend = "cpu";      // kernels/backend.hpp make_backend: cpu | reference
   Policy policy;
   Topology topology;
 

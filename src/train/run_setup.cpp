@@ -147,7 +147,7 @@ std::unique_ptr<RunState> setup_run(const RunConfig& config, std::ostream& rank_
   RunState& s = *state;
   settle_ranks(s, config, rank_log, comm);
   const RunConfig& c = s.config;
-  s.backend = make_cpu_backend();
+  s.backend = make_backend(s.config.backend);
   s.data.emplace(open_data(c));
   s.run = prepare_run(c, *s.backend);
   const ModelSpec& spec = s.run.spec;

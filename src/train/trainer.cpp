@@ -22,11 +22,12 @@ PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
   run.policy = c.policy;
   run.policy.with_eval = c.val_fraction > 0;
   if (run.policy.recompute.mode == RecomputeMode::automatic && run.policy.recompute.blocks.empty()) {
-    run.recompute_choice = choose_recompute(run.spec, run.policy, c.topology, run_budget(c),
+    run.recompute_choice = choose_recompute(run.spec, run.policy, c.topology, backend.capabilities(), run_budget(c),
                                             [&](Program& p) { attach_backend_scratch(p, backend); });
     run.policy.recompute.blocks = run.recompute_choice->blocks;
   }
-  run.compiled = compile_program(build_training_program(run.spec, run.policy, c.topology), backend);
+  run.compiled =
+      compile_program(build_training_program(run.spec, run.policy, c.topology, backend.capabilities()), backend);
   return run;
 }
 

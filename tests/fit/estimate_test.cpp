@@ -17,6 +17,7 @@ namespace {
 Cluster one(const std::string& hw) {
   Cluster c;
   c.hw = hardware_preset(hw);
+  if (c.hw.executes_here) c.hw.capabilities = cpu_capabilities();  // the backend that runs here
   return c;
 }
 
@@ -33,7 +34,7 @@ TEST(Estimate, OneRankEqualsThePlanAndTheExecutedPeak) {
       EstimateOptions eo;
       eo.prepare = [&](Program& p) { attach_backend_scratch(p, *backend); };
       const RankEstimate e = estimate_run(spec, pol, one("cpu"), eo);
-      test::TinyRun run(compile_program(build_training_program(spec, planning_policy(pol), {}), *backend));
+      test::TinyRun run(compile_program(build_training_program(spec, planning_policy(pol), {}, cpu_capabilities()), *backend));
       EXPECT_EQ(e.device_bytes, run.compiled.plan.tier(Tier::device).peak_bytes) << rec;
       run.step(0);
       run.step(1);

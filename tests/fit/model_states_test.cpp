@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "fit/model_states.hpp"
 #include "graph/training_program.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -51,7 +52,7 @@ TEST(ModelStates, Llama2SevenBillionBf16OnEightRanksFromTheProgram) {
   pol.precision = Precision::bf16;
   pol.grad_dtype = DType::bf16;
   pol.with_eval = false;
-  const Program p = build_training_program(model_preset("llama-2-7b"), pol, {});
+  const Program p = build_training_program(model_preset("llama-2-7b"), pol, {}, cpu_capabilities());
   const StateElements e = model_state_elements(p);
   EXPECT_EQ((e.at({Category::parameters, DType::bf16})), 6'738'415'616);
   const auto gib = per_stage(e, 8, GiB);

@@ -11,6 +11,7 @@
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
 #include "support/plan_queries.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -26,12 +27,12 @@ TEST(Gpt2Program, ParameterCountMatchesPublishedGpt2) {
   ModelSpec s = model_preset("gpt2");
   s.padded_vocab = s.vocab_size;  // HF's count has no padding rows
   EXPECT_EQ(s.parameter_count(), 124439808);
-  const Program p = build_training_program(s, small_policy(1, 8), {});
+  const Program p = build_training_program(s, small_policy(1, 8), {}, cpu_capabilities());
   EXPECT_EQ(p.parameter_count(), 124439808);
   // Padding to a multiple of 64 adds 47 rows of 768.
   const ModelSpec padded = model_preset("gpt2");
   EXPECT_EQ(padded.padded_vocab, 50304);
-  EXPECT_EQ(build_training_program(padded, small_policy(1, 8), {}).parameter_count(), 124439808 + 47 * 768);
+  EXPECT_EQ(build_training_program(padded, small_policy(1, 8), {}, cpu_capabilities()).parameter_count(), 124439808 + 47 * 768);
 }
 
 TEST(Gpt2Program, PresetSizesMatchPublishedCounts) {
@@ -86,7 +87,7 @@ TEST(Gpt2Program, ActivationsPerLayerMatchKorthikantiTensorListForEveryPolicy) {
       Policy pol = small_policy(B, T);
       pol.recompute = parse_recompute(c.recompute);
       pol.attention = c.attention;
-      const Program p = build_training_program(s, pol, {});
+      const Program p = build_training_program(s, pol, {}, cpu_capabilities());
       const MemoryPlan plan = plan_memory(p);
       const int classifier = test::last_op_of_kind(p, OpKind::classifier);
       ASSERT_GE(classifier, 0);
@@ -104,7 +105,7 @@ TEST(Gpt2Program, ActivationsPerLayerMatchKorthikantiTensorListForEveryPolicy) {
 TEST(Gpt2Program, FlashAttentionKeepsNoSquareTensor) {
   Policy pol = small_policy(2, 256);
   pol.attention = AttentionKind::flash;
-  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {});
+  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {}, cpu_capabilities());
   int flash_ops = 0;
   for (const Op& op : p.ops()) {
     EXPECT_NE(op.kind, OpKind::attention_forward);
@@ -119,7 +120,7 @@ TEST(Gpt2Program, FlashAttentionKeepsNoSquareTensor) {
 }
 
 TEST(Gpt2Program, EveryParameterGetsOneGradientWrittenFirstThenAccumulated) {
-  const Program p = build_training_program(model_preset("gpt2-tiny"), small_policy(2, 16), {});
+  const Program p = build_training_program(model_preset("gpt2-tiny"), small_policy(2, 16), {}, cpu_capabilities());
   for (const ParamEntry& e : p.params()) {
     ASSERT_NE(e.grad, kNoTensor) << e.name;
     EXPECT_EQ(p.tensor(e.grad).category, Category::gradients);
@@ -141,7 +142,7 @@ TEST(Gpt2Program, EveryParameterGetsOneGradientWrittenFirstThenAccumulated) {
 TEST(Gpt2Program, AccumulationMakesGradientsPersistentAndRepeatsTheMicroSection) {
   Policy pol = small_policy(2, 16);
   pol.grad_accum = 4;
-  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {});
+  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {}, cpu_capabilities());
   ASSERT_NE(p.find_section(SectionKind::micro), nullptr);
   EXPECT_EQ(p.find_section(SectionKind::micro)->repeat, 4);
   for (const ParamEntry& e : p.params()) {
@@ -163,7 +164,7 @@ TEST(Gpt2Program, RefusesWhatItCannotExpressWithTheFieldNamed) {
   const ModelSpec s = model_preset("gpt2-tiny");
   auto message = [&](Policy p) {
     try {
-      build_training_program(s, p, {});
+      build_training_program(s, p, {}, cpu_capabilities());
     } catch (const Error& e) {
       return std::string(e.what());
     }

@@ -17,6 +17,7 @@
 #include "support/paths.hpp"
 #include "support/plan_queries.hpp"
 #include "support/run_cli.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -34,7 +35,7 @@ TEST(LlamaProgram, ParameterCountsMatchThePublishedTotals) {
     pol.batch = 1;
     pol.seq = 16;
     pol.with_eval = false;
-    const Program p = build_training_program(spec, pol, {});
+    const Program p = build_training_program(spec, pol, {}, cpu_capabilities());
     EXPECT_EQ(p.parameter_count(), c.params) << c.name;
   }
 }
@@ -69,7 +70,7 @@ TEST(LlamaProgram, ParametersMatchHfTransformersForEachFamily) {
     pol.batch = 1;
     pol.seq = 8;
     pol.with_eval = false;
-    const Program p = build_training_program(spec, pol, {});
+    const Program p = build_training_program(spec, pol, {}, cpu_capabilities());
     std::map<std::string, std::vector<int64_t>> built;
     for (const ParamEntry& e : p.params()) built[e.name] = p.tensor(e.value).shape.dims();
     EXPECT_EQ(built, expected) << family;
@@ -83,7 +84,7 @@ TEST(LlamaProgram, GroupedQueryAttentionRopeAndSwiGluHaveTheirShapes) {
   Policy pol;
   pol.batch = 2;
   pol.seq = 8;
-  const Program p = build_training_program(s, pol, {});
+  const Program p = build_training_program(s, pol, {}, cpu_capabilities());
   const TensorDesc& qkv_w = p.tensor(p.find_tensor("layers.0.self_attn.qkv_proj.weight"));
   EXPECT_EQ(qkv_w.shape, (Shape{(4 + 2 * 2) * 16, 64}));
   const TensorId lm_head = p.find_tensor("lm_head.weight");
@@ -118,7 +119,7 @@ TEST(LlamaProgram, EveryRecomputeModeAndAttentionPlansWithoutOverlap) {
         pol.attention = attn;
         pol.precision = prec;
         pol.recompute = parse_recompute(rec);
-        const Program p = build_training_program(s, pol, {});
+        const Program p = build_training_program(s, pol, {}, cpu_capabilities());
         const MemoryPlan plan = plan_memory(p);
         EXPECT_EQ(find_overlap(p, plan), "") << rec;
         if (attn == AttentionKind::plain && prec == Precision::fp32 && std::string(rec) == "none")
@@ -165,7 +166,7 @@ TEST(LlamaProgram, ActivationsPerLayerMatchTheTensorList) {
     pol.with_eval = false;
     pol.recompute = parse_recompute(c.recompute);
     pol.attention = c.attention;
-    const Program p = build_training_program(s, pol, {});
+    const Program p = build_training_program(s, pol, {}, cpu_capabilities());
     const MemoryPlan plan = plan_memory(p);
     const int classifier = test::last_op_of_kind(p, OpKind::classifier);
     ASSERT_GE(classifier, 0);

@@ -11,6 +11,7 @@
 #include "graph/optimizer.hpp"
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -26,7 +27,7 @@ Policy policy_with(OptimizerKind opt, double clip = 0) {
 }
 
 uint64_t closed_form_state_bytes(const ModelSpec& spec, OptimizerKind opt) {
-  const Program p = build_training_program(spec, policy_with(OptimizerKind::adamw), {});
+  const Program p = build_training_program(spec, policy_with(OptimizerKind::adamw), {}, cpu_capabilities());
   uint64_t bytes = 0;
   for (const ParamEntry& e : p.params()) {
     const uint64_t n = uint64_t(p.tensor(e.value).numel());
@@ -40,7 +41,7 @@ TEST(OptimizerProgram, PlannedStateBytesMatchTheClosedForm) {
   for (const char* name : {"gpt2-tiny", "gpt2"}) {
     const ModelSpec spec = model_preset(name);
     for (OptimizerKind opt : {OptimizerKind::adamw, OptimizerKind::adamw8bit}) {
-      const Program p = build_training_program(spec, policy_with(opt), {});
+      const Program p = build_training_program(spec, policy_with(opt), {}, cpu_capabilities());
       const MemoryPlan plan = plan_memory(p);
       const uint64_t planned = plan.tier(Tier::device).at_peak[size_t(Category::optimizer_state)];
       EXPECT_EQ(planned, closed_form_state_bytes(spec, opt)) << name << " " << optimizer_name(opt);
@@ -55,14 +56,14 @@ TEST(OptimizerProgram, PlannedStateBytesMatchTheClosedForm) {
   // GPT-2 124M: 2 + 8/256 = 2.03125 for the matrices, and the few fp32 biases and norms.
   const ModelSpec gpt2 = model_preset("gpt2");
   const double per_param = double(closed_form_state_bytes(gpt2, OptimizerKind::adamw8bit)) /
-                           double(build_training_program(gpt2, policy_with(OptimizerKind::adamw), {}).parameter_count());
+                           double(build_training_program(gpt2, policy_with(OptimizerKind::adamw), {}, cpu_capabilities()).parameter_count());
   EXPECT_GT(per_param, 2.03125);
   EXPECT_LT(per_param, 2.04);
 }
 
 TEST(OptimizerProgram, EveryParameterIsUpdatedOnceByTheOpOfItsStateLayout) {
   for (double clip : {0.0, 1.0}) {
-    const Program p = build_training_program(model_preset("gpt2-tiny"), policy_with(OptimizerKind::adamw8bit, clip), {});
+    const Program p = build_training_program(model_preset("gpt2-tiny"), policy_with(OptimizerKind::adamw8bit, clip), {}, cpu_capabilities());
     const Section* opt = p.find_section(SectionKind::optimizer);
     ASSERT_NE(opt, nullptr);
     std::map<TensorId, int> updates;
@@ -112,7 +113,7 @@ TEST(OptimizerProgram, UpdateTargetIsTheMasterCopyWhenThereIsOne) {
 
 TEST(OptimizerProgram, RefusesANegativeClippingNorm) {
   try {
-    build_training_program(model_preset("gpt2-tiny"), policy_with(OptimizerKind::adamw, -1.0), {});
+    build_training_program(model_preset("gpt2-tiny"), policy_with(OptimizerKind::adamw, -1.0), {}, cpu_capabilities());
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("gradient clipping"), std::string::npos) << e.what();

@@ -11,6 +11,7 @@
 #include "graph/precision.hpp"
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -24,7 +25,7 @@ Policy policy(Precision precision, DType grads = DType::f32) {
   return p;
 }
 
-Program build(const Policy& p) { return build_training_program(model_preset("gpt2-tiny"), p, {}); }
+Program build(const Policy& p) { return build_training_program(model_preset("gpt2-tiny"), p, {}, cpu_capabilities()); }
 
 bool is_fp32_slot(const Program& p, TensorId id) {
   const std::string& n = p.tensor(id).name;

@@ -7,6 +7,7 @@
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
 #include "support/run_cli.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -17,7 +18,7 @@ TEST(Presets, EveryPresetBuildsAndPlans) {
     Policy pol;
     pol.batch = 1;
     pol.seq = 64;
-    const Program p = build_training_program(spec, pol, {});
+    const Program p = build_training_program(spec, pol, {}, cpu_capabilities());
     EXPECT_EQ(p.parameter_count(), spec.parameter_count()) << name;
     const MemoryPlan plan = plan_memory(p);
     EXPECT_GT(plan.tier(Tier::device).peak_bytes, uint64_t(p.parameter_count()) * 12) << name;

@@ -8,6 +8,7 @@
 #include "graph/recompute.hpp"
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -20,7 +21,7 @@ Program build(const std::string& recompute, AttentionKind attention = AttentionK
   p.seq = 32;
   p.recompute = parse_recompute(recompute);
   p.attention = attention;
-  return build_training_program(kSpec, p, {});
+  return build_training_program(kSpec, p, {}, cpu_capabilities());
 }
 
 int first_backward_of(const Program& p, int layer) {

@@ -16,6 +16,7 @@
 #include "graph/schedule_async.hpp"
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -44,7 +45,7 @@ Program zero_program(int stage, int world, int accum, bool overlap_comm = true) 
   pol.grad_accum = accum;
   pol.zero_stage = stage;
   pol.overlap_comm = overlap_comm;
-  return build_training_program(model_preset("gpt2-tiny"), pol, Topology{.data = world, .rank = 0});
+  return build_training_program(model_preset("gpt2-tiny"), pol, Topology{.data = world, .rank = 0}, cpu_capabilities());
 }
 
 TEST(OverlapCollectives, EveryStartHasOneLaterWaitAndNothingTouchesItsBytesInBetween) {

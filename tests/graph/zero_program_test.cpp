@@ -31,6 +31,7 @@
 #include "graph/zero.hpp"
 #include "plan/memory_plan.hpp"
 #include "support/run_cli.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -113,7 +114,7 @@ TEST(ZeroProgram, PerRankModelStateFollowsTheZeroFormulas) {
         int64_t total_pieces = 0;
         for (int rank = 0; rank < world; ++rank) {
           const Program p =
-              build_training_program(spec, policy(stage, c.precision, c.grad), Topology{.data = world, .rank = rank});
+              build_training_program(spec, policy(stage, c.precision, c.grad), Topology{.data = world, .rank = rank}, cpu_capabilities());
           const int64_t psi = p.parameter_count();
           const ModelState m = model_state(p, stage, world);
           const int64_t s = piece_elements(p);
@@ -142,7 +143,7 @@ TEST(ZeroProgram, PerRankModelStateFollowsTheZeroFormulas) {
                         std::string(dtype_name(c.grad)).c_str(),
                         world, stage, total, formula, long(psi), long(m.padded));
         }
-        EXPECT_EQ(total_pieces, build_training_program(spec, policy(0), {}).parameter_count());
+        EXPECT_EQ(total_pieces, build_training_program(spec, policy(0), {}, cpu_capabilities()).parameter_count());
       }
     }
   }
@@ -156,7 +157,7 @@ TEST(ZeroProgram, PiecesPartitionEveryParameterAndEightBitBlocksStayWhole) {
     std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> pieces;
     for (int rank = 0; rank < world; ++rank) {
       const Program p =
-          build_training_program(spec, policy(1, Precision::fp32, DType::f32, opt), Topology{.data = world, .rank = rank});
+          build_training_program(spec, policy(1, Precision::fp32, DType::f32, opt), Topology{.data = world, .rank = rank}, cpu_capabilities());
       for (const ParamEntry& e : p.params()) {
         if (e.shard_numel > 0) pieces[e.name].push_back({e.shard_offset, e.shard_numel});
         const bool q8 = e.state.size() == 4;
@@ -168,7 +169,7 @@ TEST(ZeroProgram, PiecesPartitionEveryParameterAndEightBitBlocksStayWhole) {
         EXPECT_EQ(p.tensor(e.state[1]).numel(), e.shard_numel) << e.name;  // v
       }
     }
-    const Program whole = build_training_program(spec, policy(0), {});
+    const Program whole = build_training_program(spec, policy(0), {}, cpu_capabilities());
     for (const ParamEntry& e : whole.params()) {
       auto& list = pieces[e.name];
       std::sort(list.begin(), list.end());
@@ -189,7 +190,7 @@ TEST(ZeroProgram, StagesCommunicateTwoTwoTwoThreePsiElements) {
   const ModelSpec spec = model_preset("gpt2-tiny");
   const int world = 4;
   for (int stage : {0, 1, 2, 3}) {
-    const Program p = build_training_program(spec, policy(stage), Topology{.data = world, .rank = 1});
+    const Program p = build_training_program(spec, policy(stage), Topology{.data = world, .rank = 1}, cpu_capabilities());
     const ModelState m = model_state(p, stage, world);
     const double passes = stage == 3 ? 3.0 : 2.0;
     const double expected = passes * 4.0 * double(m.padded) * (world - 1) / world + 2.0 * 4 * (world - 1) / world;
@@ -206,7 +207,7 @@ int first_op(const Program& p, const std::string& name) {
 TEST(ZeroProgram, StageThreeGathersEachBlockBeforeUseAndPrefetchesTheNext) {
   const ModelSpec spec = model_preset("gpt2-tiny");
   ASSERT_GE(spec.n_layer, 3);
-  const Program p = build_training_program(spec, policy(3), Topology{.data = 2, .rank = 0});
+  const Program p = build_training_program(spec, policy(3), Topology{.data = 2, .rank = 0}, cpu_capabilities());
   for (int l = 0; l + 1 < spec.n_layer; ++l) {
     const int ln = first_op(p, fmt::format("h.{}.ln_1", l));
     const int back = first_op(p, fmt::format("h.{}.mlp.c_proj.bwd_weight", l));
@@ -246,7 +247,7 @@ TEST(ZeroProgram, ShardingMoreNeverRaisesThePeakUpToStageTwo) {
       uint64_t previous = UINT64_MAX;
       for (int stage : {0, 1, 2}) {
         const Program p =
-            build_training_program(model_preset("gpt2-tiny"), policy(stage, precision), Topology{.data = world, .rank = 0});
+            build_training_program(model_preset("gpt2-tiny"), policy(stage, precision), Topology{.data = world, .rank = 0}, cpu_capabilities());
         const uint64_t peak = plan_memory(p).tier(Tier::device).peak_bytes;
         EXPECT_LE(peak, previous) << "stage " << stage;
         previous = peak;
@@ -254,7 +255,7 @@ TEST(ZeroProgram, ShardingMoreNeverRaisesThePeakUpToStageTwo) {
       for (int accum : {1, 2}) {
         Policy pol = policy(2, precision);
         pol.grad_accum = accum;
-        const Program p = build_training_program(model_preset("gpt2-tiny"), pol, Topology{.data = world, .rank = 0});
+        const Program p = build_training_program(model_preset("gpt2-tiny"), pol, Topology{.data = world, .rank = 0}, cpu_capabilities());
         int shards = 0;
         for (const TensorDesc& t : p.tensors())
           if (t.name.starts_with("zero.grad_shard.")) {
@@ -268,17 +269,17 @@ TEST(ZeroProgram, ShardingMoreNeverRaisesThePeakUpToStageTwo) {
 
 TEST(ZeroProgram, WorldOfOneAtStageZeroIsUntouched) {
   const ModelSpec spec = model_preset("gpt2-tiny");
-  const Program a = build_training_program(spec, policy(0), {});
+  const Program a = build_training_program(spec, policy(0), {}, cpu_capabilities());
   for (const Op& op : a.ops()) EXPECT_NE(op.phase, Phase::communication) << op.name;
   for (const TensorDesc& t : a.tensors()) EXPECT_FALSE(t.name.starts_with("zero.")) << t.name;
 }
 
 TEST(ZeroProgram, RefusesWhatItCannotBuild) {
   const ModelSpec spec = model_preset("gpt2-tiny");
-  EXPECT_THROW(build_training_program(spec, policy(4), Topology{.data = 2, .rank = 0}), Error);
-  EXPECT_THROW(build_training_program(spec, policy(5), Topology{.data = 2, .rank = 0}), Error);
-  EXPECT_THROW(build_training_program(spec, policy(1), Topology{.data = 0, .rank = 0}), Error);
-  EXPECT_THROW(build_training_program(spec, policy(1), Topology{.data = 2, .rank = 2}), Error);
+  EXPECT_THROW(build_training_program(spec, policy(4), Topology{.data = 2, .rank = 0}, cpu_capabilities()), Error);
+  EXPECT_THROW(build_training_program(spec, policy(5), Topology{.data = 2, .rank = 0}, cpu_capabilities()), Error);
+  EXPECT_THROW(build_training_program(spec, policy(1), Topology{.data = 0, .rank = 0}, cpu_capabilities()), Error);
+  EXPECT_THROW(build_training_program(spec, policy(1), Topology{.data = 2, .rank = 2}, cpu_capabilities()), Error);
 }
 
 // ZeRO in a tensor-parallel topology (data 2 x tensor 2, each tensor rank holding the whole
@@ -296,8 +297,8 @@ TEST(ZeroProgram, CollectivesNameTheDataGroupInATensorParallelTopology) {
         ASSERT_EQ(topo.data_rank(), rank / 2);
         ASSERT_EQ(topo.tensor_rank(), rank % 2);
         const Policy pol = policy(stage, precision, DType::f32);
-        const Program p = build_unsplit_training_program(spec, pol, topo);
-        const Program data_only = build_training_program(spec, pol, Topology{.data = 2, .rank = rank / 2});
+        const Program p = build_unsplit_training_program(spec, pol, topo, cpu_capabilities());
+        const Program data_only = build_training_program(spec, pol, Topology{.data = 2, .rank = rank / 2}, cpu_capabilities());
         ASSERT_EQ(p.ops().size(), data_only.ops().size());
         int collectives = 0, flags = 0;
         for (int i = 0; i < int(p.ops().size()); ++i) {
@@ -337,7 +338,7 @@ TEST(ZeroProgram, CollectivesNameTheDataGroupInATensorParallelTopology) {
       }
   // Tensor parallelism itself is a later issue: the builder refuses a tensor degree above 1.
   try {
-    (void)build_training_program(spec, policy(1), Topology{.data = 2, .tensor = 2, .rank = 0});
+    (void)build_training_program(spec, policy(1), Topology{.data = 2, .tensor = 2, .rank = 0}, cpu_capabilities());
     ADD_FAILURE() << "a tensor-parallel degree of 2 was built";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "[policy] tensor parallelism (tensor-parallel degree 2) is not supported by this build yet");

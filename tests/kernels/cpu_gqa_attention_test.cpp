@@ -186,7 +186,8 @@ TEST(GqaReference, EqualsMhaOnRepeatedKvHeads) {
 
 // A ProgramFixture whose tensors are written from and read as fp32, whatever their dtype.
 struct Fixture : test::ProgramFixture {
-  std::unique_ptr<Backend> backend = make_cpu_backend();
+  explicit Fixture(const std::string& name) : backend(make_backend(name)) {}
+  std::unique_ptr<Backend> backend;
   TensorId make(const std::string& name, Shape shape, DType dtype, const Vec& values) {
     const TensorId id = tensor(name, std::move(shape), dtype);
     visit_float_type(dtype, [&](auto t) {
@@ -218,8 +219,8 @@ struct Run {
 // Forward then backward of `c` (GQA when c.KV < c.H) on the given inputs. The plain forward
 // writes y in `mode`; flash's forward always overwrites. Both backwards write dqkv in `mode`.
 Run run_kernel(bool flash, DType dt, const Gqa& c, const Vec& qkv, const Vec& dy, const Vec& y0, const Vec& dqkv0,
-               WriteMode mode) {
-  Fixture f;
+               WriteMode mode, const std::string& backend = "cpu") {
+  Fixture f(backend);
   const int64_t B = c.B, T = c.T, H = c.H, C = c.C(), W = c.W();
   const AttentionAttrs a = attrs(c);
   const TensorId tq = f.make("qkv", {B, T, W}, dt, qkv), ty = f.make("y", {B, T, C}, dt, y0);
@@ -242,18 +243,19 @@ Run run_kernel(bool flash, DType dt, const Gqa& c, const Vec& qkv, const Vec& dy
   return r;
 }
 
-Run run_random(bool flash, DType dt, const Gqa& c, WriteMode mode, uint32_t seed) {
+Run run_random(bool flash, DType dt, const Gqa& c, WriteMode mode, uint32_t seed, const std::string& backend = "cpu") {
   const int64_t N = c.B * c.T;
   return run_kernel(flash, dt, c, random_vector(N * c.W(), seed, -2, 2), random_vector(N * c.C(), seed + 1),
-                    random_vector(N * c.C(), seed + 2), random_vector(N * c.W(), seed + 3), mode);
+                    random_vector(N * c.C(), seed + 2), random_vector(N * c.W(), seed + 3), mode, backend);
 }
 
 // The references (double) on exactly the inputs the kernel saw.
-void expect_matches_reference(bool flash, DType dt, const Gqa& c, WriteMode mode, uint32_t seed) {
+void expect_matches_reference(bool flash, DType dt, const Gqa& c, WriteMode mode, uint32_t seed,
+                              const std::string& backend = "cpu") {
   const std::string what =
-      fmt::format("{} {} {} mode={}", flash ? "flash" : "plain", dtype_name(dt), c.str(), int(mode));
+      fmt::format("{}: {} {} {} mode={}", backend, flash ? "flash" : "plain", dtype_name(dt), c.str(), int(mode));
   SCOPED_TRACE(what);
-  const Run k = run_random(flash, dt, c, mode, seed);
+  const Run k = run_random(flash, dt, c, mode, seed, backend);
   const bool acc = mode == WriteMode::accumulate;
   const double scale = double(attrs(c).scale);
   DVec y = test::to_double(k.y0), stat, dqkv = test::to_double(k.dqkv0);
@@ -283,19 +285,29 @@ void expect_matches_reference(bool flash, DType dt, const Gqa& c, WriteMode mode
 // 48 + 48 + 4, 48 + 48 + 34). KV = 1: multi-query.
 const Gqa kShapes[] = {{2, 7, 4, 2, 8}, {1, 65, 6, 2, 16}, {1, 130, 4, 1, 8}, {2, 33, 6, 1, 5}, {1, 100, 6, 3, 12}};
 
-TEST(GqaAttentionKernel, PlainFp32MatchesReference) {
+// On every backend (kernels/backend.hpp), in every dtype it declares for the kind.
+class GqaAttentionOnBackend : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Backends, GqaAttentionOnBackend, ::testing::Values("cpu", "reference"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST_P(GqaAttentionOnBackend, PlainFp32MatchesReference) {
   uint32_t seed = 100;
   for (const Gqa& c : kShapes)
     for (WriteMode mode : {WriteMode::overwrite, WriteMode::accumulate})
-      expect_matches_reference(false, DType::f32, c, mode, seed += 10);
+      expect_matches_reference(false, DType::f32, c, mode, seed += 10, GetParam());
 }
 
-TEST(GqaAttentionKernel, FlashMatchesReferenceInEveryDtype) {
+TEST_P(GqaAttentionOnBackend, FlashMatchesReferenceInEveryDtype) {
   uint32_t seed = 200;
-  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+  int dtypes = 0;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    if (!make_backend(GetParam())->supports(OpKind::flash_attention_forward, dt)) continue;
+    ++dtypes;
     for (const Gqa& c : kShapes)
       for (WriteMode mode : {WriteMode::overwrite, WriteMode::accumulate})
-        expect_matches_reference(true, dt, c, mode, seed += 10);
+        expect_matches_reference(true, dt, c, mode, seed += 10, GetParam());
+  }
+  EXPECT_EQ(dtypes, GetParam() == "cpu" ? 3 : 1);
 }
 
 // GQA against the same kernel's MHA on repeated kv heads.
@@ -334,7 +346,7 @@ TEST(GqaAttentionKernel, EqualsMhaOnRepeatedKvHeads) {
 TEST(GqaAttentionKernel, Bf16PlainAttentionRefusesGroupsNamingFlash) {
   const Gqa c{1, 8, 4, 2, 8};
   for (OpKind kind : {OpKind::attention_forward, OpKind::attention_backward}) {
-    Fixture f;
+    Fixture f("cpu");
     const TensorId q = f.tensor("qkv", {1, 8, c.W()}, DType::bf16), y = f.tensor("y", {1, 8, c.C()}, DType::bf16);
     const TensorId p = f.tensor("probs", {1, 4, 8, 8}, DType::bf16);
     const int op = kind == OpKind::attention_forward

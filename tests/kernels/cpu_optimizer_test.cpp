@@ -322,8 +322,13 @@ TEST(GradientClipping, CoefficientIsPyTorchs) {
 
 // adamw and grad_norm as the program uses them: the norm op writes the scalar the update op
 // reads, and both see gradients carrying a loss scale of 8.
-TEST(GradientClipping, ClippedAdamWStepMatchesReferenceOnScaledGradients) {
-  auto backend = make_cpu_backend();
+// On every backend (kernels/backend.hpp).
+class ClippingOnBackend : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Backends, ClippingOnBackend, ::testing::Values("cpu", "reference"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST_P(ClippingOnBackend, ClippedAdamWStepMatchesReferenceOnScaledGradients) {
+  auto backend = make_backend(GetParam());
   test::ProgramFixture f;
   const std::vector<int64_t> sizes = {700, 33};
   std::vector<TensorId> grads, outs;

@@ -65,10 +65,11 @@ struct FlashRun {
   Vec y, lse, dqkv;
 };
 
-// Forward then backward through the CPU backend; dqkv starts at `dqkv0` (accumulate mode
-// adds to it).
-FlashRun run_flash(const AttentionAttrs& a, const Vec& qkv, const Vec& dy, const Vec& dqkv0, WriteMode mode) {
-  auto backend = make_cpu_backend();
+// Forward then backward through a backend (make_backend); dqkv starts at `dqkv0` (accumulate
+// mode adds to it).
+FlashRun run_flash(const AttentionAttrs& a, const Vec& qkv, const Vec& dy, const Vec& dqkv0, WriteMode mode,
+                   const std::string& backend_name = "cpu") {
+  auto backend = make_backend(backend_name);
   ProgramFixture f;
   const int64_t B = a.batch, T = a.seq, NH = a.heads, C = NH * a.head_dim;
   const TensorId tq = f.tensor("qkv", {B, T, 3 * C}), ty = f.tensor("y", {B, T, C}), tl = f.tensor("lse", {B, NH, T});
@@ -81,17 +82,18 @@ FlashRun run_flash(const AttentionAttrs& a, const Vec& qkv, const Vec& dy, const
   return {f.get(ty), f.get(tl), f.get(tdq)};
 }
 
-void expect_matches_reference(int64_t B, int64_t T, int64_t NH, int64_t HS, WriteMode mode, uint32_t seed) {
+void expect_matches_reference(int64_t B, int64_t T, int64_t NH, int64_t HS, WriteMode mode, uint32_t seed,
+                              const std::string& backend = "cpu") {
   const AttentionAttrs a = attrs(B, T, NH, HS);
   const int64_t C = NH * HS;
   const Vec qkv = random_vector(B * T * 3 * C, seed, -2, 2), dy = random_vector(B * T * C, seed + 1);
   const Vec dqkv0 = random_vector(B * T * 3 * C, seed + 2);
-  const FlashRun got = run_flash(a, qkv, dy, dqkv0, mode);
+  const FlashRun got = run_flash(a, qkv, dy, dqkv0, mode, backend);
   Vec y(B * T * C), lse(B * NH * T), dqkv = dqkv0;
   ref::flash_attention_forward(qkv.data(), y.data(), lse.data(), B, T, NH, HS, double(a.scale));
   ref::flash_attention_backward(dy.data(), qkv.data(), y.data(), lse.data(), dqkv.data(), B, T, NH, HS,
                                 double(a.scale), mode == WriteMode::accumulate);
-  const std::string what = fmt::format("B={} T={} NH={} HS={}", B, T, NH, HS);
+  const std::string what = fmt::format("{}: B={} T={} NH={} HS={}", backend, B, T, NH, HS);
   std::printf("%s: normalised error y %.2g, lse %.2g, dqkv %.2g\n", what.c_str(), normalized_error(got.y, y),
               normalized_error(got.lse, lse), normalized_error(got.dqkv, dqkv));
   EXPECT_LE(normalized_error(got.y, y), kTol) << what;
@@ -99,13 +101,18 @@ void expect_matches_reference(int64_t B, int64_t T, int64_t NH, int64_t HS, Writ
   EXPECT_LE(normalized_error(got.dqkv, dqkv), kTol) << what;
 }
 
-TEST(FlashAttentionKernel, MatchesReferenceOnRaggedShapes) {
-  expect_matches_reference(1, 1, 1, 8, WriteMode::overwrite, 10);      // one visible key
-  expect_matches_reference(2, 13, 3, 8, WriteMode::accumulate, 20);    // less than one tile
-  expect_matches_reference(1, 64, 2, 32, WriteMode::overwrite, 30);    // exactly one tile
-  expect_matches_reference(2, 65, 2, 20, WriteMode::overwrite, 40);    // one row into the second tile
-  expect_matches_reference(1, 200, 3, 64, WriteMode::accumulate, 50);  // ragged last tile, GPT-2's head size
-  expect_matches_reference(1, 130, 1, 80, WriteMode::overwrite, 60);   // head size above one 64-column block
+// On every backend (kernels/backend.hpp), in the manner of ggml's test-backend-ops.
+class FlashAttentionOnBackend : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Backends, FlashAttentionOnBackend, ::testing::Values("cpu", "reference"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST_P(FlashAttentionOnBackend, MatchesReferenceOnRaggedShapes) {
+  expect_matches_reference(1, 1, 1, 8, WriteMode::overwrite, 10, GetParam());      // one visible key
+  expect_matches_reference(2, 13, 3, 8, WriteMode::accumulate, 20, GetParam());    // less than one tile
+  expect_matches_reference(1, 64, 2, 32, WriteMode::overwrite, 30, GetParam());    // exactly one tile
+  expect_matches_reference(2, 65, 2, 20, WriteMode::overwrite, 40, GetParam());    // one row into the second tile
+  expect_matches_reference(1, 200, 3, 64, WriteMode::accumulate, 50, GetParam());  // ragged last tile, GPT-2's head size
+  expect_matches_reference(1, 130, 1, 80, WriteMode::overwrite, 60, GetParam());   // head size above one 64-column block
 }
 
 TEST(FlashAttentionKernel, LongSequenceMatchesReference) {

@@ -11,12 +11,13 @@
 #include "graph/training_program.hpp"
 #include "plan/breakdown.hpp"
 #include "plan/search.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
 
 void expect_views_agree(const Policy& pol) {
-  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {});
+  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {}, cpu_capabilities());
   const MemoryPlan plan = plan_memory(p);
   const std::vector<PlannedBuffer> buffers = planned_buffers(p, plan);
   const TierPlan& dev = plan.tier(Tier::device);
@@ -60,7 +61,7 @@ TEST(PlanViews, PeakTensorsNameTheirOps) {
   Policy pol;
   pol.batch = 4;
   pol.seq = 64;
-  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {});
+  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {}, cpu_capabilities());
   const MemoryPlan plan = plan_memory(p);
   const auto live = live_tensors_at(p, plan, planned_buffers(p, plan), Tier::device, plan.tier(Tier::device).peak_op);
   ASSERT_FALSE(live.empty());

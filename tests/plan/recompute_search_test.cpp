@@ -14,6 +14,7 @@
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
 #include "plan/recompute_search.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -32,13 +33,13 @@ void expect_search_matches_exhaustive(const ModelSpec& spec, AttentionKind atten
   pol.batch = B;
   pol.seq = T;
   pol.attention = attention;
-  const std::vector<RecomputeCandidate> all = plan_every_assignment(spec, pol, {});
+  const std::vector<RecomputeCandidate> all = plan_every_assignment(spec, pol, {}, cpu_capabilities());
   std::set<uint64_t> budgets;
   for (const RecomputeCandidate& c : all) budgets.insert({c.peak_bytes, c.peak_bytes - 1});
   int checked = 0, total_planned = 0, max_planned = 0;
   for (uint64_t budget : budgets) {
     const RecomputeChoice best = choose_recompute_exhaustive(all, budget);
-    const RecomputeChoice got = choose_recompute(spec, pol, {}, budget);
+    const RecomputeChoice got = choose_recompute(spec, pol, {}, cpu_capabilities(), budget);
     const std::string what = fmt::format("{} layers, {}, budget {}: search {} ({}), exhaustive {} ({})", spec.n_layer,
                                          attention_name(attention), budget, blocks_to_string(got.blocks),
                                          got.peak_bytes, blocks_to_string(best.blocks), best.peak_bytes);
@@ -53,7 +54,7 @@ void expect_search_matches_exhaustive(const ModelSpec& spec, AttentionKind atten
     // The choice is what it claims: its program, planned again, has that peak and those FLOPs.
     pol.recompute.mode = RecomputeMode::automatic;
     pol.recompute.blocks = got.blocks;
-    const Program p = build_training_program(spec, pol, {});
+    const Program p = build_training_program(spec, pol, {}, cpu_capabilities());
     EXPECT_EQ(plan_memory(p).tier(Tier::device).peak_bytes, got.peak_bytes) << what;
     EXPECT_DOUBLE_EQ(recompute_flops(p), got.recompute_flops) << what;
     pol.recompute = {};
@@ -81,12 +82,12 @@ TEST(RecomputeSearch, NoRecomputationWhenEverythingFitsAndTheMostWhenNothingDoes
   Policy pol;
   pol.batch = 2;
   pol.seq = 64;
-  const RecomputeChoice roomy = choose_recompute(spec, pol, {}, uint64_t(1) << 40);
+  const RecomputeChoice roomy = choose_recompute(spec, pol, {}, cpu_capabilities(), uint64_t(1) << 40);
   EXPECT_TRUE(roomy.fits);
   EXPECT_EQ(roomy.planned, 1);
   EXPECT_EQ(roomy.recompute_flops, 0.0);
   for (const BlockRecompute& b : roomy.blocks) EXPECT_EQ(b, BlockRecompute{});
-  const RecomputeChoice tight = choose_recompute(spec, pol, {}, 1024);
+  const RecomputeChoice tight = choose_recompute(spec, pol, {}, cpu_capabilities(), 1024);
   EXPECT_FALSE(tight.fits);
   for (const BlockRecompute& b : tight.blocks) EXPECT_TRUE(b.whole);
 }

@@ -11,6 +11,7 @@
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
 #include "runtime/compile.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -20,6 +21,7 @@ class ScratchOnlyBackend final : public Backend {
  public:
   explicit ScratchOnlyBackend(std::map<std::string, uint64_t> bytes) : bytes_(std::move(bytes)) {}
   std::string_view name() const override { return "scratch-only"; }
+  const OpCapabilities& capabilities() const override { return cpu_capabilities(); }
   uint64_t scratch_bytes(const Program&, const Op& op) const override {
     const auto it = bytes_.find(op.name);
     return it == bytes_.end() ? 0 : it->second;
@@ -110,7 +112,7 @@ TEST(QueueScratch, ProgramsWithComputeScratchOnlyPlanAsUnderOneSharedScratch) {
   pol.zero_stage = 2;
   pol.attention = AttentionKind::flash;
   for (const Topology topo : {Topology{}, Topology{.data = 2, .rank = 1}}) {
-    const Program built = build_training_program(model_preset("gpt2-tiny"), pol, topo);
+    const Program built = build_training_program(model_preset("gpt2-tiny"), pol, topo, cpu_capabilities());
     const CompiledProgram c = compile_program(built, *backend);
     // The former rule: one persistent scratch of the largest request, on every op that asks.
     Program oracle = built;

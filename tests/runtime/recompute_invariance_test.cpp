@@ -18,6 +18,7 @@
 #include "runtime/executor.hpp"
 #include "support/alloc_counter.hpp"
 #include "train/init.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -42,7 +43,7 @@ Result run_micro(const std::string& recompute, AttentionKind attention, int accu
   pol.attention = attention;
   pol.precision = precision;  // gradients stay fp32 (the default gradient dtype)
   auto backend = make_cpu_backend();
-  const CompiledProgram c = compile_program(build_training_program(spec, pol, {}), *backend);
+  const CompiledProgram c = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
   Executor ex(c, *backend);
   initialize_parameters(ex, spec, 11);
   zero_persistent_state(ex);

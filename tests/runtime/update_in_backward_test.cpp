@@ -21,6 +21,7 @@
 #include "runtime/executor.hpp"
 #include "support/alloc_counter.hpp"
 #include "support/tiny_run.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -94,9 +95,9 @@ TEST(UpdateInBackward, BitwiseEqualToTheGroupedUpdate) {
 TEST(UpdateInBackward, UpdatesFollowTheLastUseAndThePeakFalls) {
   Policy pol = tiny_policy(Precision::bf16, OptimizerKind::adamw, "full");
   pol.batch = 1;  // small activations: the gradients decide the peak
-  const Program grouped = build_training_program(model_preset("gpt2-tiny"), pol, {});
+  const Program grouped = build_training_program(model_preset("gpt2-tiny"), pol, {}, cpu_capabilities());
   pol.update_in_backward = true;
-  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {});
+  const Program p = build_training_program(model_preset("gpt2-tiny"), pol, {}, cpu_capabilities());
   const Section* opt = p.find_section(SectionKind::optimizer);
   ASSERT_NE(opt, nullptr);
   EXPECT_EQ(opt->begin, opt->end);
@@ -139,7 +140,7 @@ TEST(UpdateInBackward, RefusesWhatNeedsEveryGradientFirst) {
   auto refused = [&](Policy pol, const std::string& expect) {
     pol.update_in_backward = true;
     try {
-      (void)build_training_program(spec, pol, {});
+      (void)build_training_program(spec, pol, {}, cpu_capabilities());
       ADD_FAILURE() << "accepted; expected an error about " << expect;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();

@@ -2,11 +2,12 @@
 
 #include "graph/training_program.hpp"
 #include "train/init.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit::test {
 
 CompiledProgram compile_tiny(const Policy& policy) {
-  return compile_program(build_training_program(model_preset("gpt2-tiny"), policy, {}), *make_cpu_backend());
+  return compile_program(build_training_program(model_preset("gpt2-tiny"), policy, {}, cpu_capabilities()), *make_cpu_backend());
 }
 
 TinyRun::TinyRun(const Policy& policy, uint64_t seed) : TinyRun(compile_tiny(policy), seed) {}

@@ -11,6 +11,7 @@
 #include "support/paths.hpp"
 #include "train/init.hpp"
 #include "train/weights.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit::test {
 namespace {
@@ -39,7 +40,7 @@ TorchFixtureRun::TorchFixtureRun(const std::string& fixture, AttentionKind atten
   pol.with_eval = false;
   pol.attention = attention;
   pol.adamw = AdamWConfig{0.9f, 0.999f, 1e-8f, 0.1f};  // the fixtures' AdamW
-  compiled = compile_program(build_training_program(spec, pol, {}), *backend);
+  compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
   ex = std::make_unique<Executor>(compiled, *backend);
   load_weights(dir + "/model.safetensors", *ex, spec);
   zero_persistent_state(*ex);

@@ -20,6 +20,7 @@
 #include "graph/training_program.hpp"
 #include "runtime/executor.hpp"
 #include "train/init.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -41,7 +42,7 @@ struct TinyTraining {
     pol.adamw.eps = 1e-6;
     pol.with_eval = false;
     const ModelSpec spec = model_preset("gpt2-tiny");
-    compiled = compile_program(build_training_program(spec, pol, {}), *backend);
+    compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
     ex = std::make_unique<Executor>(compiled, *backend);
     initialize_parameters(*ex, spec, 7);
     zero_persistent_state(*ex);

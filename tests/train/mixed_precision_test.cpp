@@ -18,6 +18,7 @@
 #include "train/init.hpp"
 #include "train/step_runner.hpp"
 #include "train/trainer.hpp"
+#include "kernels/backend.hpp"
 
 namespace memfit {
 namespace {
@@ -35,7 +36,7 @@ struct Fp16Run {
     pol.grad_accum = grad_accum;
     pol.precision = Precision::fp16;
     pol.with_eval = false;
-    compiled = compile_program(build_training_program(spec, pol, {}), *backend);
+    compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
     ex = std::make_unique<Executor>(compiled, *backend);
     initialize_parameters(*ex, spec, 3);
     zero_persistent_state(*ex);

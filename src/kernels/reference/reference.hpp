@@ -1,4 +1,5 @@
-// Naive reference kernels: the oracle that the CPU kernels are tested against. Plain loops,
+// Naive reference kernels: the oracle that the CPU kernels are tested against, and the kernels
+// of the reference backend (reference_backend.cpp, make_reference_backend()). Plain loops,
 // one element at a time, double accumulation, no OpenMP and no oneDNN, written to be read
 // rather than to be fast. Each is a template over the element type and is instantiated for
 // float (to compare with the CPU kernels) and double (so that the backward kernels can be
@@ -14,7 +15,7 @@
 
 namespace memfit::ref {
 
-// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows.
+// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows; wpe may be nullptr (rotary models).
 template <class F>
 void embedding_forward(const int32_t* tokens, const F* wte, const F* wpe, F* x, int64_t N, int64_t seq, int64_t C,
                        bool acc);
@@ -56,7 +57,8 @@ void loss_mean(const F* losses, F* loss, int64_t n, double scale, bool acc);
 // Causal attention over qkv (B, T, 3C) laid out [q | k | v], head h at columns h*HS. With KV
 // grouped kv heads (0: KV = NH) qkv is (B, T, (NH + 2KV) HS), NH query heads then KV key heads
 // then KV value heads per token; query head h reads kv head h / (NH / KV); dqkv has qkv's
-// layout, dk and dv of a kv head summed over its query heads.
+// layout, dk and dv of a kv head summed over its query heads. The forward's y may be nullptr
+// (probabilities only, as a recomputation asks).
 template <class F>
 void attention_forward(const F* qkv, F* y, F* probs, int64_t B, int64_t T, int64_t NH, int64_t HS, double scale,
                        bool acc_y, int64_t KV = 0);
@@ -87,9 +89,10 @@ void classifier(const F* x, const F* wte, const int32_t* targets, F* losses, F* 
 uint16_t round_to_bf16_bits(double x);
 uint16_t round_to_fp16_bits(double x);
 
-// PyTorch's AdamW on one tensor; step is 1-based.
+// PyTorch's AdamW on one tensor; step is 1-based. The gradient used is grad * grad_scale
+// (clipping coefficient over the loss scale, as the update ops of graph/op.hpp apply it).
 template <class F>
 void adamw(F* param, const F* grad, F* m, F* v, int64_t n, double lr, double beta1, double beta2, double eps,
-           double weight_decay, int64_t step);
+           double weight_decay, int64_t step, double grad_scale = 1.0);
 
 }  // namespace memfit::ref

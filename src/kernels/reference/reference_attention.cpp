@@ -55,7 +55,7 @@ void attention_forward(const F* qkv, F* y, F* probs, int64_t B, int64_t T, int64
         }
         F* prow = probs + ((b * NH + h) * T + t) * T;
         for (int64_t s = 0; s < T; ++s) prow[s] = s <= t ? F(p[size_t(s)] / sum) : F(0);
-        for (int64_t d = 0; d < HS; ++d) {
+        for (int64_t d = 0; y && d < HS; ++d) {
           double acc = 0;
           for (int64_t s = 0; s <= t; ++s) acc += p[size_t(s)] / sum * double(qkv[(b * T + s) * W + col.v(h) + d]);
           store(&y[(b * T + t) * C + h * HS + d], acc, acc_y);

@@ -27,7 +27,7 @@ void embedding_forward(const int32_t* tokens, const F* wte, const F* wpe, F* x, 
   for (int64_t n = 0; n < N; ++n) {
     const int64_t t = n % seq;
     for (int64_t c = 0; c < C; ++c)
-      store(&x[n * C + c], double(wte[int64_t(tokens[n]) * C + c]) + double(wpe[t * C + c]), acc);
+      store(&x[n * C + c], double(wte[int64_t(tokens[n]) * C + c]) + (wpe ? double(wpe[t * C + c]) : 0.0), acc);
   }
 }
 
@@ -174,11 +174,11 @@ void loss_mean(const F* losses, F* loss, int64_t n, double scale, bool acc) {
 
 template <class F>
 void adamw(F* param, const F* grad, F* m, F* v, int64_t n, double lr, double beta1, double beta2, double eps,
-           double weight_decay, int64_t step) {
+           double weight_decay, int64_t step, double grad_scale) {
   const double bc1 = 1.0 - std::pow(beta1, double(step));
   const double bc2 = 1.0 - std::pow(beta2, double(step));
   for (int64_t i = 0; i < n; ++i) {
-    const double g = double(grad[i]);
+    const double g = double(grad[i]) * grad_scale;
     double p = double(param[i]) * (1.0 - lr * weight_decay);
     const double mi = beta1 * double(m[i]) + (1.0 - beta1) * g;
     const double vi = beta2 * double(v[i]) + (1.0 - beta2) * g * g;
@@ -204,7 +204,7 @@ void adamw(F* param, const F* grad, F* m, F* v, int64_t n, double lr, double bet
   template void accumulate<F>(const F*, F*, int64_t, bool);                                                         \
   template void fill<F>(F*, int64_t, double, bool);                                                                 \
   template void loss_mean<F>(const F*, F*, int64_t, double, bool);                                                  \
-  template void adamw<F>(F*, const F*, F*, F*, int64_t, double, double, double, double, double, int64_t);
+  template void adamw<F>(F*, const F*, F*, F*, int64_t, double, double, double, double, double, int64_t, double);
 
 MEMFIT_REF_INSTANTIATE(float)
 MEMFIT_REF_INSTANTIATE(double)
