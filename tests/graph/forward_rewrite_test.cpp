@@ -27,7 +27,7 @@ Policy tiny_policy() {
 }
 
 Program build(const Policy& policy, const ForwardRewrites& extra = {}) {
-  return build_training_program(model_preset("gpt2-tiny"), policy, {}, extra);
+  return build_training_program(model_preset("gpt2-tiny"), policy, {}, cpu_capabilities(), extra);
 }
 
 // A pass that looks at everything and changes nothing.
@@ -156,7 +156,7 @@ TEST(ForwardRewrite, LowRankBranchReplacesTargetedLinearsAndDifferentiatesOnlyTh
 
 void expect_refused(const Policy& pol, const Topology& topo, const std::vector<std::string>& needles) {
   try {
-    build_training_program(model_preset("gpt2-tiny"), pol, topo);
+    build_training_program(model_preset("gpt2-tiny"), pol, topo, cpu_capabilities());
     ADD_FAILURE() << "built";
   } catch (const Error& e) {
     const std::string m = e.what();

@@ -108,7 +108,7 @@ TEST(Freeze, FrozenWeightsStayBitwiseWhileTheRestTrains) {
 std::unique_ptr<test::TinyRun> one_micro_step(const Policy& pol, const ForwardRewrites& extra = {},
                                               const std::function<void(test::TinyRun&)>& before = {}) {
   auto run = std::make_unique<test::TinyRun>(
-      compile_program(build_training_program(model_preset("gpt2-tiny"), pol, {}, extra), *make_cpu_backend()));
+      compile_program(build_training_program(model_preset("gpt2-tiny"), pol, {}, cpu_capabilities(), extra), *make_cpu_backend()));
   if (before) before(*run);
   StepContext ctx;
   ctx.micro_count = pol.grad_accum;
@@ -298,7 +298,7 @@ TEST(LowRankBranch, AStepMovesOnlyTheAdapters) {
       pol.attention = AttentionKind::flash;
     }
     auto pass = std::make_shared<test::LowRankBranch>(std::vector<std::string>{"h.*.attn.c_attn.weight"}, 4, 2.0f);
-    test::TinyRun run(compile_program(build_training_program(model_preset("gpt2-tiny"), pol, {}, {pass}), *make_cpu_backend()));
+    test::TinyRun run(compile_program(build_training_program(model_preset("gpt2-tiny"), pol, {}, cpu_capabilities(), {pass}), *make_cpu_backend()));
     SCOPED_TRACE(precision_name(precision));
     const std::map<std::string, Bytes> before = values(*run.ex);
     for (int64_t step = 1; step <= 2; ++step) run.step(step);
