@@ -5,9 +5,10 @@
 //                         any hardware (cli/hardware_plan.hpp)
 //   memfit profile ...    a few training steps with a trace (Perfetto) and an HTML report
 //   memfit max-batch ...  the largest micro-batch that fits a memory budget
-// Errors print one line, "memfit: error: [piece] message", and exit with status 1
-// (2 for command-line usage errors).
+// Errors print one line, "memfit: error: [piece] message", and exit with status 1, command-line
+// usage errors included; --help exits with 0.
 #include <cstdio>
+#include <string>
 #include <iostream>
 #include <optional>
 
@@ -111,7 +112,15 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help (CLI11's "Success" errors, exit code 0) prints as CLI11 does; every real parse
+    // error is one line and status 1, like every other error.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::string message = e.what();
+    for (char& c : message)
+      if (c == '\n') c = ' ';
+    std::fprintf(stderr, "memfit: error: [cli] %s (see memfit %s--help)\n", message.c_str(),
+                 app.get_subcommands().empty() ? "" : (app.get_subcommands()[0]->get_name() + " ").c_str());
+    return 1;
   }
   try {
     for (const auto* o : {&train_options, &plan_options, &profile_options})
