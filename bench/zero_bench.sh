@@ -2,7 +2,7 @@
 # ZeRO benchmark (issue 6): per-rank memory and communication of GPT-2 124M, fp32 AdamW,
 # batch 1 x 64 per rank (so model state dominates), for 1, 2 and 4 ranks and stages 0..3.
 #   `mpirun -np N memfit train ... --steps 2 --report-json`: rank 0's planned peak (its
-#   program, built by graph/zero.cpp for Topology{N, 0}) and arena high-water mark; the
+#   program, built by graph/zero.cpp for Topology{.data = N}) and arena high-water mark; the
 #   report also says whether every rank matched its plan.
 # Communication is the program's own count (ring volumes of its collectives), reported in
 # units of Psi elements (Psi = parameters; 4 bytes each in fp32).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ZeRO communication overlap (issue 6): each stage with --overlap-comm off (every collective
 # blocks where the ZeRO pass puts it) and on (started early, waited for as late as the
-# program allows; graph/overlap_collectives.hpp), alternating so both see the same load.
+# program allows; graph/schedule_async.hpp), alternating so both see the same load.
 # Reports the median ms/step and the step's time in collective ops (starting them, and
 # blocking in their waits), from the run report's ms_per_step_by_phase.communication.
 # Usage: bench/zero_overlap_bench.sh [--ranks 2] [--rounds 3] [--steps 4] [--model gpt2]

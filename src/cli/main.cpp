@@ -6,7 +6,9 @@
 //   memfit profile ...    a few training steps with a trace (Perfetto) and an HTML report
 //   memfit max-batch ...  the largest micro-batch that fits a memory budget
 // Errors print one line, "memfit: error: [piece] message", and exit with status 1, command-line
-// usage errors included; --help exits with 0.
+// usage errors included; --help exits with 0. Under mpirun with several ranks every error goes
+// through fail_job (dist/communicator.hpp): the line names the rank ("memfit: error: [rank 1]
+// [io] ...") and MPI_Abort ends every rank, so none is left waiting in a collective.
 #include <cstdio>
 #include <string>
 #include <iostream>
@@ -17,6 +19,7 @@
 #include "cli/hardware_plan.hpp"
 #include "cli/options.hpp"
 #include "core/error.hpp"
+#include "dist/communicator.hpp"
 #include "kernels/backend.hpp"
 #include "core/bytes.hpp"
 #include "graph/zero.hpp"
@@ -57,7 +60,7 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
                              {"budget_bytes", run_budget(config)},
                              {"candidates_planned", run.recompute_choice->planned}};
     j["tensors"] = p.tensors().size();
-    j["distributed"] = {{"world_size", config.topology.world_size}, {"rank", 0},
+    j["distributed"] = {{"world_size", config.topology.world()}, {"rank", 0},
                         {"zero_stage", run.policy.zero_stage},
                         {"comm_bytes_per_step", communication_bytes_per_step(p)}};
     if (fp32) j["compared_to_fp32"] = plan_comparison_json("fp32", fp32->compiled.plan, precision_name(run.policy.precision),
@@ -68,9 +71,9 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
                              run.spec.name, p.parameter_count(), run.policy.batch, run.policy.seq,
                              run.policy.grad_accum, precision_name(run.policy.precision), p.ops().size());
     std::cout << describe_recompute_choice(run, run_budget(config));
-    if (config.topology.world_size > 1 || run.policy.zero_stage > 0)
+    if (config.topology.world() > 1 || run.policy.zero_stage > 0)
       std::cout << fmt::format("data parallel: rank 0 of {}, ZeRO stage {}, {} sent per rank per step\n",
-                               config.topology.world_size, run.policy.zero_stage,
+                               config.topology.world(), run.policy.zero_stage,
                                format_bytes(uint64_t(communication_bytes_per_step(p))));
     std::cout << format_memory_table(p, run.compiled.plan);
     if (fp32)
@@ -88,6 +91,11 @@ constexpr int64_t kProfileSteps = 3;
 }  // namespace
 
 int main(int argc, char** argv) {
+  try {
+    memfit::start_job();  // under mpirun: MPI from the first line on, so any rank can end the job
+  } catch (const std::exception& e) {
+    return memfit::fail_job(e.what());
+  }
   CLI::App app{"memfit: train transformer language models in the memory you have"};
   app.require_subcommand(1);
   CLI::App* train = app.add_subcommand("train", "train a model");
@@ -113,14 +121,13 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help (CLI11's "Success" errors, exit code 0) prints as CLI11 does; every real parse
-    // error is one line and status 1, like every other error.
+    // error is one line and status 1 like every other error, and ends every rank under mpirun.
     if (e.get_exit_code() == 0) return app.exit(e);
     std::string message = e.what();
     for (char& c : message)
       if (c == '\n') c = ' ';
-    std::fprintf(stderr, "memfit: error: [cli] %s (see memfit %s--help)\n", message.c_str(),
-                 app.get_subcommands().empty() ? "" : (app.get_subcommands()[0]->get_name() + " ").c_str());
-    return 1;
+    const std::string subcommand = app.get_subcommands().empty() ? "" : app.get_subcommands()[0]->get_name() + " ";
+    return memfit::fail_job(fmt::format("[cli] {} (see memfit {}--help)", message, subcommand));
   }
   try {
     for (const auto* o : {&train_options, &plan_options, &profile_options})
@@ -145,17 +152,10 @@ int main(int argc, char** argv) {
     memfit::RunConfig plan_config = plan_options.resolve();
     if (hardware_plan.requested(plan_config)) return hardware_plan.run(plan_config, as_json, std::cout);
     // This machine's backend: one rank of the real (ZeRO-transformed) program, rank 0.
-    if (hardware_plan.world_size() > 0) plan_config.topology.world_size = hardware_plan.world_size();
+    if (hardware_plan.world_size() > 0) plan_config.topology.data = hardware_plan.world_size();
     return plan_command(plan_config, as_json);
-  } catch (const memfit::Error& e) {
-    std::fflush(stdout);
+  } catch (const std::exception& e) {  // memfit::Error ("[piece] message") and the rest
     std::cout.flush();
-    std::fprintf(stderr, "memfit: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::cout.flush();
-    std::fprintf(stderr, "memfit: error: %s\n", e.what());
-    return 1;
+    return memfit::fail_job(e.what());
   }
 }

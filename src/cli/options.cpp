@@ -187,14 +187,25 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.load = v; });
   add<std::string>(app, "--save", "write weights: directory (model.safetensors + config.json) or .safetensors file",
                    [](RunConfig& c, std::string v) { c.save = v; });
-  add<std::string>(app, "--checkpoint-dir", "write sharded training checkpoints (one file per rank + manifest) here",
+  add<std::string>(app, "--checkpoint-dir", "write sharded training checkpoints here (one step-NNNNNN directory per save, `latest` names the newest)",
                    [](RunConfig& c, std::string v) { c.checkpoint_dir = v; });
   add<int64_t>(app, "--checkpoint-every", "steps between checkpoints (0: after the last step)",
                [](RunConfig& c, int64_t v) {
                  c.checkpoint_every = require_in("--checkpoint-every", v, input_range::interval);
                });
-  add<std::string>(app, "--resume", "continue from a checkpoint directory (same world size and ZeRO stage)",
+  add<int64_t>(app, "--keep-checkpoints", "complete checkpoints kept in --checkpoint-dir (default 2)",
+               [](RunConfig& c, int64_t v) {
+                 c.keep_checkpoints = int(require_in("--keep-checkpoints", v, input_range::kept_checkpoints));
+               });
+  add<std::string>(app, "--resume",
+                   "continue from a checkpoint directory: its newest valid checkpoint, or one step-NNNNNN directory "
+                   "(same world size and ZeRO stage)",
                    [](RunConfig& c, std::string v) { c.resume = v; });
+  add<double>(app, "--comm-timeout", "seconds a collective may wait for the other ranks before the job ends (0: no "
+              "limit; default 300)",
+              [](RunConfig& c, double v) {
+                c.comm_timeout = require_in("--comm-timeout", v, input_range::comm_timeout);
+              });
   add<std::string>(app, "--report-json", "write the run report to this file",
                    [](RunConfig& c, std::string v) { c.report_json = v; });
   add<int64_t>(app, "--log-every", "progress line every N steps", [](RunConfig& c, int64_t v) {
@@ -220,7 +231,7 @@ RunConfig RunOptions::resolve() const {
   RunConfig c;
   // Under mpirun the world is the launcher's (DeepSpeed's train_batch_size counts it); `plan
   // --world-size` (cli/hardware_plan.cpp) sets it for planning.
-  c.topology.world_size = launched_world_size();
+  c.topology.data = launched_world_size();
   if (!config_file_.empty()) apply_config_file(config_file_, c);
   for (const auto& apply : given_) apply(c);
   return c;

@@ -1,15 +1,21 @@
 // Communicator: the collectives data parallelism needs, over one group of ranks. Step programs
-// name collectives as ops (all_reduce, reduce_scatter, all_gather, broadcast); a backend runs
+// name collectives as ops (all_reduce, reduce_scatter, all_gather, broadcast); the runtime runs
 // them through this interface, with MPI between processes on the CPU (NCCL later, behind the
-// same interface) and a single-process implementation for world size 1.
+// same interface) and a single-process implementation for world size 1. split() makes the
+// communicators of sub-groups (data- and tensor-parallel groups: runtime/collective_op.hpp).
 //
 // Collectives can be started and completed separately, so communication overlaps compute:
 // start_*() returns a ticket, wait(ticket) completes it. Tickets index a fixed table of
 // request slots, so starting and waiting allocate nothing.
+//
+// A wait that does not complete within the timeout (set_timeout, `--comm-timeout`) throws
+// [dist] naming the collective (label_next) and the ranks that did not arrive at it; the CLI
+// then ends every rank (abort_job), so no rank is left in a collective.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/dtype.hpp"
 
@@ -42,6 +48,20 @@ class Communicator {
   virtual void progress() {}
   virtual void barrier() = 0;
 
+  // The ranks of this communicator that pass the same color, ordered by key (MPI_Comm_split);
+  // collective over this communicator. The new one keeps this one's timeout.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // The world rank of member `rank` (reports name world ranks).
+  virtual int world_rank(int rank) const { return rank; }
+  // Seconds a wait may take before it throws; <= 0: no limit.
+  virtual void set_timeout(double seconds) { (void)seconds; }
+  // The name the next started collective goes by in a timeout's report (an op name). Not
+  // copied: it must outlive the collective.
+  void label_next(const char* label) { next_label_ = label; }
+  // The group this communicator serves, for reports ("world", "data", "tensor").
+  void set_name(std::string name) { name_ = std::move(name); }
+  const std::string& name() const { return name_; }
+
   // Blocking forms.
   void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) { wait(start_all_reduce(data, count, dtype, op)); }
   void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) {
@@ -51,13 +71,37 @@ class Communicator {
     wait(start_all_gather(send, recv, count, dtype));
   }
   void broadcast(void* data, int64_t count, DType dtype, int root) { wait(start_broadcast(data, count, dtype, root)); }
+
+ protected:
+  // The label given to label_next, once (then null).
+  const char* take_label() {
+    const char* label = next_label_;
+    next_label_ = nullptr;
+    return label;
+  }
+
+ private:
+  const char* next_label_ = nullptr;
+  std::string name_ = "world";
 };
 
-std::unique_ptr<Communicator> make_single_process_communicator();
+// A group of one rank; `world_rank` is its rank in the world around it (reports name it).
+std::unique_ptr<Communicator> make_single_process_communicator(int world_rank = 0);
 
 // MPI_COMM_WORLD; initialises MPI on first use (finalised at exit). Throws [dist] when MPI
 // cannot start.
 std::unique_ptr<Communicator> make_mpi_communicator();
+
+// Under a launcher with several ranks: starts MPI now, so that an error on any rank can end the
+// job from its first line on (the CLI calls it first). No-op otherwise.
+void start_job();
+// The one way out of a failed run. Under a launcher with several ranks: prints
+// "memfit: error: [rank R] <message>" to stderr and ends every rank of the job (MPI_Abort with
+// status 1), so no rank is left waiting in a collective. Otherwise prints
+// "memfit: error: <message>" and returns the exit status, 1.
+int fail_job(const std::string& message);
+// When several ranks were launched: this rank, as the launcher numbered it (-1 otherwise).
+int launched_rank();
 
 // True when this process was started by an MPI launcher (mpirun / srun) with more than one
 // rank, read from the launcher's environment without initialising MPI.

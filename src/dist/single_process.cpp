@@ -1,4 +1,5 @@
-// The communicator of a world of one: reductions are identities and gathers are copies.
+// The communicator of a world of one: reductions are identities and gathers are copies; every
+// split of it is a world of one again.
 #include <cstring>
 
 #include "core/error.hpp"
@@ -10,6 +11,7 @@ namespace {
 
 class SingleProcessCommunicator final : public Communicator {
  public:
+  explicit SingleProcessCommunicator(int world_rank) : world_rank_(world_rank) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   CommTicket start_all_reduce(void*, int64_t, DType, ReduceOp) override { return 0; }
@@ -27,12 +29,19 @@ class SingleProcessCommunicator final : public Communicator {
   }
   void wait(CommTicket) override {}
   void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override {
+    return std::make_unique<SingleProcessCommunicator>(world_rank_);
+  }
+  int world_rank(int) const override { return world_rank_; }
+
+ private:
+  int world_rank_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_single_process_communicator() {
-  return std::make_unique<SingleProcessCommunicator>();
+std::unique_ptr<Communicator> make_single_process_communicator(int world_rank) {
+  return std::make_unique<SingleProcessCommunicator>(world_rank);
 }
 
 }  // namespace memfit

@@ -98,6 +98,17 @@ Engine queue_engine(Queue q) {
   MEMFIT_ASSERT(false, "unknown queue {}", int(q));
 }
 
+int queue_depth(Queue) { return 1; }
+
+std::string_view comm_group_name(CommGroup g) {
+  switch (g) {
+    case CommGroup::world: return "world";
+    case CommGroup::data: return "data";
+    case CommGroup::tensor: return "tensor";
+  }
+  MEMFIT_ASSERT(false, "unknown group {}", int(g));
+}
+
 Queue default_queue(OpKind kind, bool outward) {
   switch (kind) {
     case OpKind::all_reduce:

@@ -86,8 +86,8 @@ enum class OpKind : uint16_t {
                        //   (kernels/quant_map.hpp); AdamWAttrs (block)
   // --- communication (collectives over a group of ranks) ---
   //   Run by the communicator engine (runtime/collective_op.hpp), not by a backend;
-  //   CollectiveAttrs. Counts are elements of the shard (the out of reduce_scatter, the in of
-  //   all_gather); full = world_size * shard.
+  //   CollectiveAttrs (the group of ranks and its size). Counts are elements of the shard (the
+  //   out of reduce_scatter, the in of all_gather); full = group size * shard.
   all_reduce,          // out [x] (in place)
   reduce_scatter,      // in [full] out [shard]; shard may be full's own block (rank * shard)
   all_gather,          // in [shard] out [full]; shard may be full's own block (in place)
@@ -98,7 +98,7 @@ enum class OpKind : uint16_t {
   // --- asynchronous work ---
   wait,                // in [the started op's inputs] out [its outputs] (update): completes the op
                        //   with the same Op::async_id on the same queue; between the two, no op may
-                       //   touch those bytes (graph/overlap_collectives.hpp)
+                       //   touch those bytes (graph/schedule_async.hpp)
 };
 std::string_view op_kind_name(OpKind k);
 // The four collectives (all_reduce, reduce_scatter, all_gather, broadcast); not wait.
@@ -118,6 +118,9 @@ enum class Queue : uint8_t { compute, comm_reduce, comm_gather, transfer_out, tr
 inline constexpr int kNumQueues = 5;
 std::string_view queue_name(Queue q);  // "compute", "comm.reduce", "comm.gather", "transfer.out", "transfer.in"
 Engine queue_engine(Queue q);
+// Ops of a queue that may be in flight at once (graph/schedule_async.hpp). 1 for every queue:
+// each queue has one scratch (runtime/compile.hpp), which a depth of 2 would have to double.
+int queue_depth(Queue q);
 // The queue an op of this kind runs on by default: reductions and gathers are separate
 // streams (a gradient reduction may stay in flight while the next block is gathered);
 // transfers go out to a slower tier or in to a faster one (`outward`).
@@ -176,8 +179,15 @@ struct GradNormAttrs {
 struct FillAttrs {
   float value = 0;
 };
+// The ranks a collective runs over (graph/policy.hpp Topology): all of them, the ranks holding
+// the same tensor-parallel slice (data parallelism, ZeRO), or the ranks sharing one model
+// replica (tensor parallelism; adjacent ranks, as Megatron lays them out).
+enum class CommGroup : uint8_t { world, data, tensor };
+inline constexpr int kNumCommGroups = 3;
+std::string_view comm_group_name(CommGroup g);  // "world", "data", "tensor"
 struct CollectiveAttrs {
-  int world_size = 1;
+  CommGroup group = CommGroup::world;
+  int size = 1;      // ranks in the group
   bool max = false;  // all_reduce: maximum instead of sum (overflow flags)
 };
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,

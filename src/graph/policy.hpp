@@ -1,7 +1,7 @@
 // Policy: how a model is trained (precision, recomputation, attention kind, batch shape,
 // accumulation, optimizer, sharding, offload). Every field is a transformation of the step
 // program; the builder rejects combinations it cannot express yet with a clear [graph] error.
-// Topology: where the program runs (data-parallel world).
+// Topology: where the program runs (data- and tensor-parallel degrees, this rank).
 #pragma once
 
 #include <cstdint>
@@ -67,16 +67,23 @@ struct Policy {
   double grad_clip = 0;  // > 0: clip gradients to this global norm (DeepSpeed gradient_clipping)
   bool update_in_backward = false;  // update each parameter in the backward (graph/update_in_backward.hpp)
   int zero_stage = 0;
-  bool overlap_comm = true;  // collectives run asynchronously, overlapping compute (graph/overlap_collectives.hpp)
+  bool overlap_comm = true;  // collectives run asynchronously, overlapping compute (graph/schedule_async.hpp)
   Tier offload_optimizer = Tier::device;
   Tier offload_params = Tier::device;
   int64_t classifier_chunk_rows = 0;  // 0: chosen by the builder (logits chunk of at most 128 MiB)
   bool with_eval = true;              // add the "eval" section (validation loss)
 };
 
+// world = data x tensor ranks. Tensor-parallel ranks are adjacent, as Megatron lays them out:
+// rank r holds tensor slice r % tensor of replica r / tensor; the data group of r is the
+// ranks with its tensor rank (ZeRO shards over it), its tensor group the ranks of its replica.
 struct Topology {
-  int world_size = 1;
-  int rank = 0;
+  int data = 1;    // data-parallel degree
+  int tensor = 1;  // tensor-parallel degree
+  int rank = 0;    // in the world
+  int world() const { return data * tensor; }
+  int data_rank() const { return rank / tensor; }
+  int tensor_rank() const { return rank % tensor; }
 };
 
 }  // namespace memfit

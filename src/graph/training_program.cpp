@@ -12,7 +12,7 @@
 #include "graph/precision.hpp"
 #include "graph/recompute.hpp"
 #include "graph/zero.hpp"
-#include "graph/overlap_collectives.hpp"
+#include "graph/schedule_async.hpp"
 #include "graph/update_in_backward.hpp"
 
 namespace memfit {
@@ -55,9 +55,9 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",
                "gradient clipping needs a norm >= 0 (got {}; 0 turns it off)", p.grad_clip);
   MEMFIT_CHECK(p.zero_stage >= 0 && p.zero_stage <= 3, "policy", "ZeRO stage must be 0..3 (got {})", p.zero_stage);
-  MEMFIT_CHECK(topo.world_size >= 1 && topo.rank >= 0 && topo.rank < topo.world_size, "policy",
-               "rank {} of a world of {} ranks", topo.rank, topo.world_size);
-  if (p.update_in_backward && (p.zero_stage > 0 || topo.world_size > 1))
+  MEMFIT_CHECK(topo.data >= 1 && topo.tensor >= 1 && topo.rank >= 0 && topo.rank < topo.world(), "policy",
+               "rank {} of a world of {} x {} ranks (data x tensor)", topo.rank, topo.data, topo.tensor);
+  if (p.update_in_backward && (p.zero_stage > 0 || topo.world() > 1))
     unsupported("updating in the backward pass with data parallelism (ZeRO)");
   if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
 }
@@ -77,6 +77,12 @@ int64_t classifier_chunk_rows(const ModelSpec& spec, const Policy& policy) {
 }
 
 Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology) {
+  MEMFIT_CHECK(topology.tensor == 1, "policy",
+               "tensor parallelism (tensor-parallel degree {}) is not supported by this build yet", topology.tensor);
+  return build_unsplit_training_program(spec, policy, topology);
+}
+
+Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology) {
   spec.validate();
   check_supported(spec, policy, topology);
   const std::vector<BlockRecompute> recompute = resolve_recompute(policy.recompute, spec.n_layer);
@@ -128,7 +134,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
   p.end_section();
   // Data parallelism: the collectives that must run once per step whether or not the
   // optimizer does (the global loss, fp16's overflow flag); filled by graph/zero.cpp.
-  if (policy.zero_stage > 0 || topology.world_size > 1) {
+  if (policy.zero_stage > 0 || topology.world() > 1) {
     p.begin_section("sync");
     p.end_section();
   }
@@ -167,7 +173,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
   if (policy.update_in_backward) apply_update_in_backward(p);
   // Last: ZeRO re-homes parameters and gradients with their final dtypes.
   apply_zero(p, policy, topology);
-  if (policy.overlap_comm) overlap_collectives(p);
+  schedule_async(p, AsyncOptions{.overlap_comm = policy.overlap_comm});
   p.validate();
   return p;
 }

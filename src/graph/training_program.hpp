@@ -15,8 +15,13 @@
 namespace memfit {
 
 // Throws [policy] for a policy this build cannot express (naming the field), and for shapes
-// the model cannot take (a sequence longer than its context, a zero batch).
+// the model cannot take (a sequence longer than its context, a zero batch). A tensor-parallel
+// degree above 1 is refused: no builder splits a layer over tensor ranks yet.
 Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology);
+// The program a rank of `topology` would run if every tensor rank held the whole model: what
+// the data-parallel passes (ZeRO over the data group) make of a tensor-parallel topology, for
+// tests until layers are split. Nothing runs it.
+Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology);
 
 // Rows of logits the classifier materialises at once under `policy` (never all B*T rows of a
 // large vocabulary).

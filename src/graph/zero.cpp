@@ -26,7 +26,9 @@ struct ZeroPass {
   Program& p;
   const Policy& policy;
   ZeroLayout L;
-  int stage = 0, world = 1, rank = 0, micro_repeat = 1;
+  // world and rank are the data group's (ZeRO shards over the ranks holding the same
+  // tensor-parallel slice); everywhere is the world's size (the overflow flag's group).
+  int stage = 0, world = 1, rank = 0, everywhere = 1, micro_repeat = 1;
 
   std::vector<TensorId> param_root{}, grad_root{}, grad_shard_root{};  // per bucket
   // Stage 3, per bucket: transient gather buffers of the forward, backward (and recompute)
@@ -39,8 +41,10 @@ struct ZeroPass {
   std::vector<int> bucket_of{};
   std::map<TensorId, int> param_of_grad{}, param_of_target{};
 
+  // A collective over the data group; over the world with `everywhere_max` (an all-reduce with
+  // max: the fp16 overflow flag, which every rank must agree on whatever slice it holds).
   Op collective(OpKind kind, std::string name, std::vector<TensorId> in, std::vector<TensorId> out, Phase phase,
-                int layer, bool max = false) const {
+                int layer, bool everywhere_max = false) const {
     Op op;
     op.kind = kind;
     op.phase = phase;
@@ -49,9 +53,11 @@ struct ZeroPass {
     op.inputs = std::move(in);
     op.outputs = std::move(out);
     op.modes.assign(op.outputs.size(), WriteMode::overwrite);
-    op.attrs = CollectiveAttrs{world, max};
+    const CollectiveAttrs attrs = everywhere_max ? CollectiveAttrs{CommGroup::world, everywhere, true}
+                                                 : CollectiveAttrs{CommGroup::data, world, false};
+    op.attrs = attrs;
     const double full = double(p.tensor(kind == OpKind::reduce_scatter ? op.inputs[0] : op.outputs[0]).bytes());
-    op.comm_bytes = ring_bytes(full, world, kind == OpKind::all_reduce ? 2.0 : 1.0);
+    op.comm_bytes = ring_bytes(full, attrs.size, kind == OpKind::all_reduce ? 2.0 : 1.0);
     return op;
   }
 
@@ -259,7 +265,7 @@ struct ZeroPass {
       if (stage == 3) retarget_parameters(op, p.sections()[size_t(p.section_of_op(int(i)))].name);
       const int s = p.section_of_op(int(i));
       const std::string& sname = p.sections()[size_t(s)].name;
-      // Each rank sees 1/world of the global batch: scales divide by the world size.
+      // Each data-parallel rank sees 1/world of the global batch: scales divide by the data degree.
       if (op.kind == OpKind::classifier) {
         auto& c = std::get<ClassifierAttrs>(op.attrs);
         c.grad_scale = 1.0f / float(c.rows * int64_t(k) * world);
@@ -497,10 +503,11 @@ struct ZeroPass {
 
 void apply_zero(Program& p, const Policy& policy, const Topology& topo) {
   ZeroPass z{p, policy, zero_layout(p, policy, topo)};
-  if (policy.zero_stage == 0 && topo.world_size == 1) return;
+  if (policy.zero_stage == 0 && topo.world() == 1) return;
   z.stage = policy.zero_stage;
-  z.world = topo.world_size;
-  z.rank = topo.rank;
+  z.world = topo.data;
+  z.rank = topo.data_rank();
+  z.everywhere = topo.world();
   z.build_buckets();
   if (z.stage >= 1) z.shard_state();
   z.rebuild();

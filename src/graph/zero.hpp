@@ -1,11 +1,12 @@
 // ZeRO data parallelism (DeepSpeed's zero_optimization.stage) as a transformation of the step
 // program of one rank. Applied last (after recompute and precision), so every dtype is final.
 //   all stages  parameters and gradients become views into flat buckets (one per transformer
-//               block, one for the parameters outside blocks); each rank reads its own slice
-//               of the global batch, so the loss and gradient scales divide by the world size
-//               and the loss is all-reduced (the reported loss is the global one) in the "sync"
-//               section, which runs once per step between the micro-steps and the optimizer,
-//               also when fp16 skips the optimizer.
+//               block, one for the parameters outside blocks); each data-parallel rank reads
+//               its own slice of the global batch, so the loss and gradient scales divide by
+//               the data-parallel degree (Topology::data, not the world) and the loss is
+//               all-reduced (the reported loss is the global one) in the "sync" section, which
+//               runs once per step between the micro-steps and the optimizer, also when fp16
+//               skips the optimizer.
 //   stage 0     gradients all-reduced (per bucket in the backward with one micro-step, else
 //               after the last micro-step); every rank updates everything.
 //   stage 1     master weights and optimizer state shrink to this rank's shard; gradients are
@@ -17,13 +18,16 @@
 //               added), so full-size gradients live only while their block's backward runs.
 //   stage 3     also parameters: each bucket's shard is all-gathered before its forward and
 //               again before its backward, one bucket ahead.
-// graph/overlap_collectives.hpp then makes the collectives asynchronous.
+// Every collective runs over the data group (CollectiveAttrs::group, size Topology::data): ZeRO
+// shards over the ranks that hold the same tensor-parallel slice. The one exception is the fp16
+// overflow flag, max-reduced over the world so that every rank skips the same steps.
+// graph/schedule_async.hpp then makes the collectives asynchronous.
 // Gradient clipping uses the global norm: the sum of squares over this rank's gradient shard,
 // all-reduced, then its square root (GradNormAttrs::Form). An fp16 overflow flag is
 // all-reduced with max so every rank skips the same steps.
 //
 // Shard layout (the subtle point): each parameter starts at a multiple of `align` elements in
-// its bucket, and each bucket is padded to a multiple of world_size * align, so every shard
+// its bucket, and each bucket is padded to a multiple of data degree * align, so every shard
 // boundary falls at a multiple of `align` from the start of every parameter. With 8-bit AdamW
 // align is the quantization block (256): no block straddles two ranks, and the blockwise
 // update of a piece equals the same blocks' update without ZeRO.
@@ -49,7 +53,7 @@ struct ZeroBucket {
 };
 
 struct ZeroLayout {
-  int world_size = 1, rank = 0;
+  int world_size = 1, rank = 0;  // of the data group (Topology::data, Topology::data_rank())
   int64_t align = 32;
   std::vector<ZeroBucket> buckets;
 
@@ -60,10 +64,11 @@ struct ZeroLayout {
   int64_t padded_elements() const;  // sum of bucket sizes
 };
 
-// Throws [policy] for a stage outside 0..3 or a world size below 1.
+// Throws [policy] for a stage outside 0..3 or a degree below 1.
 ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& topo);
 
-// No-op for stage 0 in a world of one (the program stays as it was).
+// No-op for stage 0 in a world of one (the program stays as it was). Shards over the data
+// group of `topo`, whatever its tensor-parallel degree.
 void apply_zero(Program& p, const Policy& policy, const Topology& topo);
 
 // Bytes one rank sends per optimizer step (the micro section's collectives times its repeat,

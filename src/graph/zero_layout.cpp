@@ -23,13 +23,13 @@ int64_t ZeroLayout::padded_elements() const {
 }
 
 ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& topo) {
-  MEMFIT_CHECK(topo.world_size >= 1 && topo.rank >= 0 && topo.rank < topo.world_size, "policy",
-               "rank {} of a world of {} ranks", topo.rank, topo.world_size);
+  MEMFIT_CHECK(topo.data >= 1 && topo.tensor >= 1 && topo.rank >= 0 && topo.rank < topo.world(), "policy",
+               "rank {} of a world of {} x {} ranks (data x tensor)", topo.rank, topo.data, topo.tensor);
   MEMFIT_CHECK(policy.zero_stage >= 0 && policy.zero_stage <= 3, "policy", "ZeRO stage must be 0..3 (got {})",
                policy.zero_stage);
   ZeroLayout L;
-  L.world_size = topo.world_size;
-  L.rank = topo.rank;
+  L.world_size = topo.data;
+  L.rank = topo.data_rank();
   L.align = policy.optimizer == OptimizerKind::adamw8bit ? kQuantBlock : 32;
   std::map<int, size_t> bucket_of_layer;
   for (size_t i = 0; i < p.params().size(); ++i) {

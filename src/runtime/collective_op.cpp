@@ -14,9 +14,10 @@ namespace {
 template <class Start, class Finish>
 class CollectiveRun final : public StartedCollective {
  public:
-  CollectiveRun(Communicator* c, Start start, Finish finish, bool async)
-      : comm_(c), start_(std::move(start)), finish_(std::move(finish)), async_(async) {}
+  CollectiveRun(Communicator* c, const char* label, Start start, Finish finish, bool async)
+      : comm_(c), label_(label), start_(std::move(start)), finish_(std::move(finish)), async_(async) {}
   void run(const StepContext&) override {
+    comm_->label_next(label_);
     ticket_ = start_();
     if (!async_) complete();
   }
@@ -29,14 +30,15 @@ class CollectiveRun final : public StartedCollective {
 
  private:
   Communicator* comm_;
+  const char* label_;
   Start start_;
   Finish finish_;
   bool async_;
   CommTicket ticket_ = -1;
 };
 template <class Start, class Finish>
-std::unique_ptr<StartedCollective> make_run(Communicator* c, Start start, Finish finish, bool async) {
-  return std::make_unique<CollectiveRun<Start, Finish>>(c, std::move(start), std::move(finish), async);
+std::unique_ptr<StartedCollective> make_run(Communicator* c, const char* label, Start start, Finish finish, bool async) {
+  return std::make_unique<CollectiveRun<Start, Finish>>(c, label, std::move(start), std::move(finish), async);
 }
 
 class WaitOp final : public PreparedOp {
@@ -50,8 +52,42 @@ class WaitOp final : public PreparedOp {
 
 }  // namespace
 
-std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, const OpBinding& b, Communicator& comm,
-                                               StartedCollectives& started) {
+CommGroups::CommGroups() {
+  own_world_ = make_single_process_communicator();
+  groups_.fill(own_world_.get());
+  add_distinct(own_world_.get());
+}
+
+CommGroups::CommGroups(Communicator& world, const Topology& topology) {
+  MEMFIT_CHECK(topology.world() == world.size() && topology.rank == world.rank(), "runtime",
+               "the topology is rank {} of {} x {} ranks (data x tensor), but this is rank {} of {}", topology.rank,
+               topology.data, topology.tensor, world.rank(), world.size());
+  groups_[size_t(CommGroup::world)] = &world;
+  groups_[size_t(CommGroup::data)] = group(world, topology.data, "data", topology.tensor_rank(), topology.data_rank(), data_);
+  groups_[size_t(CommGroup::tensor)] =
+      group(world, topology.tensor, "tensor", topology.data_rank(), topology.tensor_rank(), tensor_);
+  for (Communicator* c : groups_) add_distinct(c);
+}
+
+// Every rank takes the same branches (they depend on the topology only), so the splits, which
+// are collective over the world, match; a group of one or of the whole world needs none, so a
+// data-parallel run splits nothing.
+Communicator* CommGroups::group(Communicator& world, int size, const char* name, int color, int key,
+                                std::unique_ptr<Communicator>& own) {
+  if (size == world.size()) return &world;
+  own = size == 1 ? make_single_process_communicator(world.world_rank(world.rank())) : world.split(color, key);
+  own->set_name(name);
+  return own.get();
+}
+
+void CommGroups::add_distinct(Communicator* c) {
+  for (int i = 0; i < distinct_count_; ++i)
+    if (distinct_[size_t(i)] == c) return;
+  distinct_[size_t(distinct_count_++)] = c;
+}
+
+std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, const OpBinding& b,
+                                               const CommGroups& groups, StartedCollectives& started) {
   const CollectiveAttrs* attrs = std::get_if<CollectiveAttrs>(&op.attrs);
   MEMFIT_CHECK(attrs != nullptr, "runtime", "collective op '{}' has no CollectiveAttrs", op.name);
   if (op.kind == OpKind::wait) {
@@ -70,11 +106,13 @@ std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, c
     }
     return run;
   };
-  MEMFIT_CHECK(attrs->world_size == comm.size(), "runtime",
-               "op '{}' was planned for world size {} but runs in a world of {} ranks", op.name, attrs->world_size,
-               comm.size());
+  Communicator& comm = groups[attrs->group];
+  MEMFIT_CHECK(attrs->size == comm.size(), "runtime",
+               "op '{}' was planned for a {} group of {} ranks but runs in one of {} ranks", op.name,
+               comm_group_name(attrs->group), attrs->size, comm.size());
   const int world = comm.size(), rank = comm.rank();
   Communicator* c = &comm;
+  const char* label = op.name.c_str();  // the program outlives its prepared ops
   switch (op.kind) {
     case OpKind::all_reduce:
     case OpKind::broadcast: {
@@ -84,9 +122,9 @@ std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, c
       const int64_t n = t.numel();
       const DType dt = t.dtype;
       if (op.kind == OpKind::broadcast)
-        return remember(make_run(c, [=] { return c->start_broadcast(data, n, dt, 0); }, [] {}, async));
+        return remember(make_run(c, label, [=] { return c->start_broadcast(data, n, dt, 0); }, [] {}, async));
       const ReduceOp rop = attrs->max ? ReduceOp::max : ReduceOp::sum;
-      return remember(make_run(c, [=] { return c->start_all_reduce(data, n, dt, rop); }, [] {}, async));
+      return remember(make_run(c, label, [=] { return c->start_all_reduce(data, n, dt, rop); }, [] {}, async));
     }
     case OpKind::reduce_scatter:
     case OpKind::all_gather: {
@@ -103,14 +141,16 @@ std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, c
       const uint64_t block = dtype_bytes(dt, n);
       if (!rs)
         return remember(make_run(
-            c, [=, in = b.inputs[0], out = b.outputs[0]] { return c->start_all_gather(in, out, n, dt); }, [] {}, async));
+            c, label, [=, in = b.inputs[0], out = b.outputs[0]] { return c->start_all_gather(in, out, n, dt); }, [] {},
+            async));
       auto* in = static_cast<std::byte*>(b.inputs[0]);
       auto* out = static_cast<std::byte*>(b.outputs[0]);
       if (out != in + uint64_t(rank) * block)
-        return remember(make_run(c, [=] { return c->start_reduce_scatter(in, out, n, dt, ReduceOp::sum); }, [] {}, async));
+        return remember(
+            make_run(c, label, [=] { return c->start_reduce_scatter(in, out, n, dt, ReduceOp::sum); }, [] {}, async));
       // In place: the result lands at the start of the buffer and moves to the rank's block.
       return remember(make_run(
-          c, [=] { return c->start_reduce_scatter(in, in, n, dt, ReduceOp::sum); },
+          c, label, [=] { return c->start_reduce_scatter(in, in, n, dt, ReduceOp::sum); },
           [=] {
             if (out != in) std::memmove(out, in, block);
           },

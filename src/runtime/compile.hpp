@@ -1,8 +1,13 @@
 // From a built program to a runnable one: the backend's library scratch (oneDNN's user
-// scratchpad) becomes one persistent tensor, the workspace of every op that needs it, so the
-// plan counts it; then memory is planned.
+// scratchpad) becomes op workspace tensors, so the plan counts it; then memory is planned.
 // `memfit plan` and `memfit train` both go through compile_program, so the plan printed
 // before a run is the plan the run executes.
+//
+// Scratch per queue (the invariant): ops of one queue run one at a time (queue_depth 1), but
+// ops of different queues may run at once (a transfer in flight while the compute queue runs
+// a kernel), so each queue whose ops need scratch gets its own persistent tensor, sized for the
+// largest of its ops: "library.scratch" for the compute queue (the tensor of memfit's one-queue
+// programs, planned exactly as before), "library.scratch.<queue>" for the others.
 #pragma once
 
 #include "graph/program.hpp"
@@ -16,6 +21,8 @@ struct CompiledProgram {
   MemoryPlan plan;
 };
 
+// Asks the backend for every op's scratch (Backend::scratch_bytes) and appends its queue's
+// scratch tensor to the workspace of each op that needs some.
 void attach_backend_scratch(Program& program, const Backend& backend);
 CompiledProgram compile_program(Program program, const Backend& backend);
 

@@ -4,16 +4,16 @@
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
-#include "runtime/collective_op.hpp"
 
 namespace memfit {
 
-Executor::Executor(const CompiledProgram& compiled, Backend& backend, Communicator* comm)
+Executor::Executor(const CompiledProgram& compiled, Backend& backend, const CommGroups* groups)
     : program_(compiled.program), plan_(compiled.plan) {
-  if (!comm) {
-    own_comm_ = make_single_process_communicator();
-    comm = own_comm_.get();
+  if (!groups) {
+    own_groups_ = std::make_unique<CommGroups>();
+    groups = own_groups_.get();
   }
+  groups_ = groups;
   for (Tier t : kAllTiers) {
     const uint64_t bytes = plan_.tier(t).peak_bytes;
     if (t != Tier::device && bytes > 0)
@@ -30,7 +30,6 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend, Communicat
                   tensors[id].name);
     pointers_[id] = arenas_[size_t(pl.tier)].data() + pl.offset;
   }
-  comm_ = comm;
   StartedCollectives started;
   prepared_.resize(program_.ops().size());
   op_seconds_.assign(program_.ops().size(), 0.0);
@@ -44,7 +43,7 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend, Communicat
     for (TensorId id : op.workspace) b.workspace.push_back(ptr(id));
     switch (queue_engine(op.queue)) {
       case Engine::compute: prepared_[i] = backend.prepare(program_, op, b); break;
-      case Engine::communicator: prepared_[i] = prepare_collective(program_, op, b, *comm, started); break;
+      case Engine::communicator: prepared_[i] = prepare_collective(program_, op, b, *groups, started); break;
       case Engine::transfer:
         throw Error("runtime", fmt::format("op '{}' moves bytes between tiers, which this build cannot run yet", op.name));
     }
@@ -68,7 +67,8 @@ void Executor::run_range(int begin, int end, const StepContext& ctx) {
                    program_.op(i).name);
       input_(program_.op(i), ctx);
     }
-    if (comm_->pending()) comm_->progress();  // collectives in flight advance between ops
+    for (int g = 0; g < groups_->distinct_count(); ++g)  // collectives in flight advance between ops
+      if (Communicator* c = groups_->distinct()[size_t(g)]; c->pending()) c->progress();
     if (timing_)
       op_seconds_[size_t(i)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (OpObserver* o : observers_) o->after_op(i, ctx);

@@ -15,6 +15,7 @@
 #include "dist/communicator.hpp"
 #include "kernels/backend.hpp"
 #include "runtime/arena.hpp"
+#include "runtime/collective_op.hpp"
 #include "runtime/compile.hpp"
 
 namespace memfit {
@@ -33,9 +34,9 @@ class OpObserver {
 class Executor {
  public:
   // Throws [runtime] when a tier other than device is planned (the CPU backend has no host
-  // or disk tier yet) and [kernels] when an op has no kernel. Collective ops run through
-  // `comm` (not owned; a single-process communicator when null).
-  Executor(const CompiledProgram& compiled, Backend& backend, Communicator* comm = nullptr);
+  // or disk tier yet) and [kernels] when an op has no kernel. Collective ops run through the
+  // communicator of their group in `groups` (not owned; a world of one when null).
+  Executor(const CompiledProgram& compiled, Backend& backend, const CommGroups* groups = nullptr);
 
   const Program& program() const { return program_; }
   const MemoryPlan& plan() const { return plan_; }
@@ -76,8 +77,8 @@ class Executor {
   std::vector<std::byte*> pointers_;
   std::vector<std::unique_ptr<PreparedOp>> prepared_;  // null for load_input
   InputHandler input_;
-  std::unique_ptr<Communicator> own_comm_;  // when none is given
-  Communicator* comm_ = nullptr;
+  std::unique_ptr<CommGroups> own_groups_;  // when none are given
+  const CommGroups* groups_ = nullptr;
   bool timing_ = false;
   std::vector<double> op_seconds_;
   std::vector<OpObserver*> observers_;

@@ -1,182 +1,152 @@
-// Sharded checkpoints (see checkpoint.hpp). A rank file is "MEMFITCK", a little-endian u64
-// header length, a JSON header [{name, offset, bytes}], then the tensors' bytes back to back.
+// Saving checkpoints collectively, and preparing a checkpoint root before the first save
+// (see checkpoint.hpp). The order of a save, each step ending in an agreement of all ranks:
+//   1. rank 0 creates ROOT/step-N/ (an unfinished leftover of the same name is removed);
+//   2. every rank writes and fsyncs its file there and reports its size and checksum;
+//   3. rank 0 checks every file's size and trailing checksum against its rank's report,
+//      writes manifest.json (fsynced, by rename) and moves ROOT/latest to step-N;
+//   4. rank 0 removes checkpoints beyond --keep-checkpoints (a failure there is a warning).
+// A crash before 3 finishes leaves step-N without a manifest (or with one that `latest` does
+// not name yet): never taken for complete, removed or set aside by the next run.
 #include "train/checkpoint.hpp"
 
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "train/checkpoint_agree.hpp"
+#include "train/checkpoint_dir.hpp"
+#include "train/checkpoint_files.hpp"
+#include "train/checkpoint_rank_file.hpp"
 
 namespace memfit {
 
 namespace {
 
-constexpr char kMagic[8] = {'M', 'E', 'M', 'F', 'I', 'T', 'C', 'K'};
-constexpr const char* kFormat = "memfit-checkpoint-1";
+namespace fs = std::filesystem;
 
-bool checkpointed(const TensorDesc& t) {
-  return !t.is_view() && t.lifetime == Lifetime::persistent && t.bytes() > 0 &&
-         (t.category == Category::parameters || t.category == Category::master_weights ||
-          t.category == Category::optimizer_state);
+void throw_unless_ok(const Outcome& o) {
+  if (!o.ok()) throw Error("checkpoint", o.message);
 }
 
-uint64_t fnv1a(uint64_t h, const std::byte* data, uint64_t n) {
-  for (uint64_t i = 0; i < n; ++i) h = (h ^ uint64_t(data[i])) * 0x100000001b3ull;
-  return h;
-}
-constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ull;
-
-std::string rank_file(int rank, int world) { return fmt::format("rank-{}-of-{}.bin", rank, world); }
-
-void write_atomically(const std::filesystem::path& path, const std::string& header, const Executor& ex,
-                      const std::vector<TensorId>& ids) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    MEMFIT_CHECK(out.good(), "checkpoint", "cannot write '{}'", tmp.string());
-    out.write(kMagic, sizeof kMagic);
-    const uint64_t len = header.size();
-    out.write(reinterpret_cast<const char*>(&len), sizeof len);
-    out.write(header.data(), std::streamsize(header.size()));
-    for (TensorId id : ids)
-      out.write(reinterpret_cast<const char*>(ex.data(id)), std::streamsize(ex.program().tensor(id).bytes()));
-    out.flush();
-    MEMFIT_CHECK(out.good(), "checkpoint", "writing '{}' failed (disk full?)", tmp.string());
+void create_step_dir(const fs::path& root, const fs::path& dir) {
+  const bool new_root = !fs::exists(root);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  MEMFIT_CHECK(!ec && fs::is_directory(root), "checkpoint", "cannot create the directory '{}': {}", root.string(),
+               ec ? ec.message() : "not a directory");
+  if (new_root) fsync_directory(fs::absolute(root).parent_path());
+  if (fs::exists(dir)) {
+    // Only an unfinished save of this step can be here (prepare_checkpoint_root cleared the
+    // future); a complete one is never deleted.
+    if (fs::exists(dir / kManifestFile)) set_aside(dir);
+    else fs::remove_all(dir);
   }
-  std::filesystem::rename(tmp, path);
+  fs::create_directory(dir);
+  fsync_directory(root);
 }
 
-nlohmann::json scaler_json(const std::optional<LossScaler::State>& s) {
-  if (!s) return nullptr;
-  return {{"scale", s->scale}, {"clean", s->clean}, {"skipped", s->skipped}, {"hysteresis", s->hysteresis}};
+CheckpointManifest manifest_of(const CheckpointRun& run, const TrainingPosition& at) {
+  CheckpointManifest m;
+  m.step = at.step;
+  m.applied = at.applied;
+  m.total_steps = run.total_steps;
+  m.model = run.model;
+  m.model_spec = run.model_spec;
+  m.world_size = run.world_size;
+  m.zero_stage = run.zero_stage;
+  m.precision = run.precision;
+  m.optimizer = run.optimizer;
+  m.schedule = run.schedule;
+  m.loader_epoch = at.loader_epoch;
+  m.loader_cursor = at.loader_cursor;
+  m.batches_per_epoch = run.batches_per_epoch;
+  m.batches_per_step = run.batches_per_step;
+  m.loss_scaler = at.scaler;
+  return m;
+}
+
+// Rank 0, step 3: every rank's file is on disk as its rank reported it, then publish.
+void publish(const fs::path& root, const fs::path& dir, CheckpointManifest& m, const std::vector<uint64_t>& reports) {
+  for (int r = 0; r < m.world_size; ++r) {
+    const RankFileEntry reported{rank_file_name(r, m.world_size), reports[size_t(2 * r)], reports[size_t(2 * r + 1)]};
+    const RankFileEntry on_disk = rank_file_trailer(dir / reported.file);
+    MEMFIT_CHECK(on_disk.bytes == reported.bytes && on_disk.xxh3 == reported.xxh3, "checkpoint",
+                 "{}: is {} bytes with checksum {}, but rank {} wrote {} bytes with checksum {}",
+                 (dir / reported.file).string(), on_disk.bytes, checksum_hex(on_disk.xxh3), r, reported.bytes,
+                 checksum_hex(reported.xxh3));
+    m.ranks.push_back(reported);
+  }
+  replace_file_atomically(dir / kManifestFile, format_checkpoint_manifest(m));
+  point_latest_at(root, dir.filename().string());
 }
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir, const Executor& ex, const std::string& model, const Policy& policy,
-                     const TrainingPosition& at, Communicator& comm) {
-  const Program& p = ex.program();
+SavedCheckpoint save_checkpoint(const std::string& root_name, const Executor& ex, const CheckpointRun& run,
+                                const TrainingPosition& at, int keep, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  MEMFIT_CHECK(std::filesystem::is_directory(dir), "checkpoint", "cannot create the directory '{}'", dir);
-  std::vector<TensorId> ids;
-  nlohmann::json header = nlohmann::json::array();
-  uint64_t offset = 0, hash = kFnvBasis;
-  for (size_t id = 0; id < p.tensors().size(); ++id) {
-    const TensorDesc& t = p.tensors()[id];
-    if (!checkpointed(t)) continue;
-    ids.push_back(TensorId(id));
-    header.push_back({{"name", t.name}, {"offset", offset}, {"bytes", t.bytes()}});
-    offset += t.bytes();
-    hash = fnv1a(hash, ex.data(TensorId(id)), t.bytes());
-  }
-  write_atomically(std::filesystem::path(dir) / rank_file(rank, world), header.dump(), ex, ids);
+  MEMFIT_ASSERT(world == run.world_size && keep >= 1, "world {} vs {}, keep {}", world, run.world_size, keep);
+  const fs::path root(root_name), dir = root / step_dir_name(at.step);
+  throw_unless_ok(agree(comm, attempt(Verdict::failed, [&] {
+    if (rank == 0) create_step_dir(root, dir);
+  })));
 
-  // Every rank's file is in place before the manifest names them.
-  int32_t mine[4] = {int32_t(hash & 0xffffffffu), int32_t(hash >> 32), int32_t(offset & 0xffffffffu),
-                     int32_t(offset >> 32)};
-  std::vector<int32_t> all(size_t(4 * world));
-  comm.all_gather(mine, all.data(), 4, DType::i32);
+  RankFileEntry mine;
+  throw_unless_ok(agree(comm, attempt(Verdict::failed, [&] {
+    mine = write_rank_file(dir / rank_file_name(rank, world), ex, RankFileIdentity{rank, world, at.step});
+  })));
+  const uint64_t report[2] = {mine.bytes, mine.xxh3};
+  std::vector<uint64_t> reports(size_t(2 * world));
+  comm.all_gather(report, reports.data(), int64_t(sizeof report), DType::u8);
+
+  CheckpointManifest m = manifest_of(run, at);
+  throw_unless_ok(agree(comm, attempt(Verdict::failed, [&] {
+    if (rank == 0) publish(root, dir, m, reports);
+  })));
+
+  SavedCheckpoint saved{dir.string(), {}, {}};
   if (rank == 0) {
-    nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < world; ++r) {
-      auto u64 = [&](int i) { return uint64_t(uint32_t(all[size_t(4 * r + i)])) | uint64_t(uint32_t(all[size_t(4 * r + i + 1)])) << 32; };
-      ranks.push_back({{"file", rank_file(r, world)}, {"fnv1a", u64(0)}, {"data_bytes", u64(2)}});
-    }
-    const nlohmann::json manifest = {{"format", kFormat},
-                                     {"model", model},
-                                     {"world_size", world},
-                                     {"zero_stage", policy.zero_stage},
-                                     {"step", at.step},
-                                     {"applied", at.applied},
-                                     {"loader", {{"epoch", at.loader_epoch}, {"cursor", at.loader_cursor}}},
-                                     {"loss_scaler", scaler_json(at.scaler)},
-                                     {"ranks", ranks}};
-    const std::filesystem::path path = std::filesystem::path(dir) / "manifest.json";
-    const std::string tmp = path.string() + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << manifest.dump(2) << "\n";
-      MEMFIT_CHECK(out.good(), "checkpoint", "cannot write '{}'", tmp);
-    }
-    std::filesystem::rename(tmp, path);
+    const Outcome o = attempt(Verdict::failed, [&] { saved.removed = remove_old_checkpoints(root, at.step, keep); });
+    saved.warning = o.message;
   }
-  comm.barrier();  // nobody goes on (or reads the checkpoint) before the manifest exists
+  return saved;
 }
 
-TrainingPosition load_checkpoint(const std::string& dir, Executor& ex, const std::string& model, const Policy& policy,
-                                 Communicator& comm) {
-  const Program& p = ex.program();
-  const int rank = comm.rank(), world = comm.size();
-  const std::filesystem::path mpath = std::filesystem::path(dir) / "manifest.json";
-  std::ifstream min(mpath);
-  MEMFIT_CHECK(min.good(), "checkpoint", "'{}' has no manifest.json (not a checkpoint, or its save did not finish)",
-               dir);
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(min);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("checkpoint", fmt::format("'{}' is not valid JSON: {}", mpath.string(), e.what()));
-  }
-  MEMFIT_CHECK(m.value("format", "") == kFormat, "checkpoint", "'{}' is not a {} manifest", mpath.string(), kFormat);
-  MEMFIT_CHECK(m["world_size"].get<int>() == world, "checkpoint",
-               "'{}' was written by {} ranks; resume it with the same world size (this run has {})", dir,
-               m["world_size"].get<int>(), world);
-  MEMFIT_CHECK(m["zero_stage"].get<int>() == policy.zero_stage, "checkpoint",
-               "'{}' was written with ZeRO stage {}; this run uses stage {}", dir, m["zero_stage"].get<int>(),
-               policy.zero_stage);
-  MEMFIT_CHECK(m["model"].get<std::string>() == model, "checkpoint", "'{}' holds model '{}', not '{}'", dir,
-               m["model"].get<std::string>(), model);
-  const nlohmann::json& entry = m["ranks"][size_t(rank)];
-  const std::filesystem::path rpath = std::filesystem::path(dir) / entry["file"].get<std::string>();
-  std::ifstream in(rpath, std::ios::binary);
-  char magic[8] = {};
-  uint64_t len = 0;
-  in.read(magic, sizeof magic);
-  in.read(reinterpret_cast<char*>(&len), sizeof len);
-  MEMFIT_CHECK(in.good() && std::memcmp(magic, kMagic, sizeof magic) == 0 && len < (uint64_t(1) << 30), "checkpoint",
-               "'{}' is not a memfit rank file", rpath.string());
-  std::string htext(len, '\0');
-  in.read(htext.data(), std::streamsize(len));
-  const nlohmann::json header = nlohmann::json::parse(htext, nullptr, false);
-  MEMFIT_CHECK(in.good() && header.is_array(), "checkpoint", "'{}' has a damaged header", rpath.string());
-  size_t expected = 0;
-  for (const TensorDesc& t : p.tensors()) expected += checkpointed(t) ? 1 : 0;
-  MEMFIT_CHECK(header.size() == expected, "checkpoint", "'{}' holds {} tensors; this run's program has {}",
-               rpath.string(), header.size(), expected);
-  uint64_t hash = kFnvBasis, total = 0;
-  for (const auto& h : header) {
-    const std::string name = h["name"].get<std::string>();
-    const TensorId id = p.find_tensor(name);
-    MEMFIT_CHECK(id != kNoTensor && checkpointed(p.tensor(id)) && p.tensor(id).bytes() == h["bytes"].get<uint64_t>(),
-                 "checkpoint", "'{}': tensor '{}' ({} bytes) does not match this run's program", rpath.string(), name,
-                 h["bytes"].get<uint64_t>());
-    in.read(reinterpret_cast<char*>(ex.data(id)), std::streamsize(p.tensor(id).bytes()));
-    MEMFIT_CHECK(in.good(), "checkpoint", "'{}' ends inside tensor '{}'", rpath.string(), name);
-    hash = fnv1a(hash, ex.data(id), p.tensor(id).bytes());
-    total += p.tensor(id).bytes();
-  }
-  MEMFIT_CHECK(hash == entry["fnv1a"].get<uint64_t>() && total == entry["data_bytes"].get<uint64_t>(), "checkpoint",
-               "'{}' does not match the checksum its manifest lists (damaged or from another save)", rpath.string());
-
-  TrainingPosition at;
-  at.step = m["step"].get<int64_t>();
-  at.applied = m["applied"].get<int64_t>();
-  at.loader_epoch = m["loader"]["epoch"].get<int64_t>();
-  at.loader_cursor = m["loader"]["cursor"].get<int64_t>();
-  if (!m["loss_scaler"].is_null()) {
-    const auto& s = m["loss_scaler"];
-    at.scaler = LossScaler::State{s["scale"].get<double>(), s["clean"].get<int64_t>(), s["skipped"].get<int64_t>(),
-                                  s["hysteresis"].get<int>()};
-  }
-  comm.barrier();
-  return at;
+std::vector<std::string> prepare_checkpoint_root(const std::string& root_name, const ResumedCheckpoint* resumed,
+                                                 Communicator& comm) {
+  std::vector<std::string> notes;
+  const Outcome o = attempt(Verdict::failed, [&] {
+    const fs::path root(root_name);
+    if (comm.rank() != 0 || !fs::exists(root)) return;
+    std::error_code ec;
+    const bool own = resumed && fs::equivalent(root, resumed->root, ec);
+    const std::vector<StepDir> dirs = list_step_dirs(root);
+    if (!own) {
+      const bool legacy = fs::exists(root / kManifestFile);
+      for (const StepDir& d : dirs)
+        MEMFIT_CHECK(!d.has_manifest && !legacy, "checkpoint",
+                     "'{}' already holds checkpoints (newest {}); continue them with --resume {}, or write to "
+                     "another --checkpoint-dir", root.string(), d.path.filename().string(), root.string());
+      MEMFIT_CHECK(!legacy, "checkpoint", "'{}' holds a checkpoint of an older memfit; write to another --checkpoint-dir",
+                   root.string());
+    }
+    const int64_t resumed_step = own ? resumed->manifest.step : -1;
+    for (const StepDir& d : dirs) {
+      if (d.step <= resumed_step) continue;
+      const std::string name = d.path.filename().string();
+      if (!d.has_manifest) {
+        fs::remove_all(d.path);
+        notes.push_back(fmt::format("removed {}: its save did not finish", name));
+        continue;
+      }
+      std::string why = fmt::format("newer than the resumed {}", step_dir_name(resumed_step));
+      for (const std::string& s : resumed->skipped)
+        if (s.starts_with(name + ": ")) why = s.substr(name.size() + 2);
+      notes.push_back(fmt::format("moved {} aside to {} ({})", name, set_aside(d.path), why));
+    }
+    if (own && !notes.empty()) point_latest_at(root, step_dir_name(resumed_step));
+  });
+  throw_unless_ok(agree(comm, o));
+  return notes;
 }
 
 }  // namespace memfit

@@ -1,23 +1,31 @@
-// Sharded training checkpoints: everything a run needs to continue bit for bit. Each rank
-// writes its own file (rank-R-of-W.bin) holding every persistent tensor of its program that
-// carries model state (parameters, master weights, optimizer state: under ZeRO its shards),
-// then rank 0 writes manifest.json last: the step, the data position, the loss scaler, and
-// the size and checksum of every rank's file. The subtle point is the order: rank files go
-// to a temporary name and are renamed, all ranks meet at a barrier, and only then does the
-// manifest appear (also by rename), so a directory with a manifest is always complete and a
-// crash mid-save leaves the previous checkpoint's manifest describing files that still match
-// their checksums or fail loudly.
-// Gradients are not saved: the first micro-step of every step overwrites them.
+// Sharded training checkpoints that survive a crash at any moment: everything a run needs to
+// continue bit for bit. Every save writes a new directory ROOT/step-000123/ holding each
+// rank's file (train/checkpoint_rank_file.hpp) and then the manifest
+// (train/checkpoint_manifest.hpp), every file and directory fsynced; ROOT/latest is moved to
+// it only after all ranks agreed that their files are complete and rank 0 checked their
+// sizes and checksums, and older checkpoints beyond --keep-checkpoints are removed only
+// after that (train/checkpoint_dir.hpp).
+//
+// Every function here is collective: every rank of `comm` calls it, and each phase ends in
+// an agreement (an all-reduce of a status, then the first failing rank's message broadcast),
+// so an error one rank sees is thrown by every rank with the same one-line message and no
+// rank is left waiting in a collective. Resuming validates before it loads: every rank
+// checks its own file completely, the ranks agree, and only then are tensors read.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "dist/communicator.hpp"
 #include "graph/policy.hpp"
 #include "runtime/executor.hpp"
+#include "train/checkpoint_manifest.hpp"
 #include "train/loss_scaler.hpp"
+#include "train/lr_schedule.hpp"
 
 namespace memfit {
 
@@ -28,14 +36,61 @@ struct TrainingPosition {
   std::optional<LossScaler::State> scaler;
 };
 
-// Collective: every rank of `comm` calls it. Throws [checkpoint] when a file cannot be written.
-void save_checkpoint(const std::string& dir, const Executor& ex, const std::string& model, const Policy& policy,
-                     const TrainingPosition& at, Communicator& comm);
+// What a checkpoint records about its run, and what a resumed run must agree with.
+struct CheckpointRun {
+  std::string model;                   // as given (preset name or config path)
+  nlohmann::json model_spec;           // flat object: architecture and sizes (trainer's model_json)
+  int world_size = 1;
+  int zero_stage = 0;
+  Precision precision = Precision::fp32;
+  OptimizerKind optimizer = OptimizerKind::adamw;
+  int64_t batches_per_epoch = 1, batches_per_step = 1;  // of the training data loader
+  bool loss_scaler = false;            // the run keeps a loss-scaler state (fp16)
+  LrSchedule schedule;                 // decay_steps resolved: the horizon
+  int64_t total_steps = 0;             // --steps
+};
 
-// Collective. Fills the executor's checkpointed tensors and returns the position to continue
-// from. Throws [checkpoint] when the manifest is missing, was written by another world size,
-// ZeRO stage or model, or a rank file does not match its manifest entry or this program.
-TrainingPosition load_checkpoint(const std::string& dir, Executor& ex, const std::string& model, const Policy& policy,
-                                 Communicator& comm);
+struct SavedCheckpoint {
+  std::string dir;                   // ROOT/step-000123
+  std::vector<std::string> removed;  // older checkpoints removed by --keep-checkpoints
+  std::string warning;               // set when removing them failed (the save itself succeeded)
+};
+
+// Throws [checkpoint] on every rank when any rank could not write or rank 0 could not check
+// or publish the checkpoint; `latest` then still names the previous one.
+SavedCheckpoint save_checkpoint(const std::string& root, const Executor& ex, const CheckpointRun& run,
+                                const TrainingPosition& at, int keep, Communicator& comm);
+
+struct ResumedCheckpoint {
+  std::string root;              // the directory of checkpoints it came from
+  std::string dir;               // the step directory loaded
+  CheckpointManifest manifest;
+  TrainingPosition at;
+  std::vector<std::string> skipped;  // newer ones passed over: "step-000124: <reason>"
+  std::vector<std::string> notes;    // other remarks for the log (a stale `latest`)
+};
+
+// `path` is either a step directory (exactly that checkpoint) or a checkpoint root (the
+// newest valid one; damaged or unfinished newer ones are skipped and named). Fills the
+// executor's checkpointed tensors. Throws [checkpoint] on every rank, naming the file and
+// field, when no valid checkpoint is found or the newest valid one belongs to another kind
+// of run (world size, ZeRO stage, model, precision, optimizer, data geometry).
+ResumedCheckpoint resume_checkpoint(const std::string& path, Executor& ex, const CheckpointRun& run,
+                                    Communicator& comm);
+
+// The learning-rate schedule a resumed run follows: this invocation's, with the checkpoint's
+// horizon (its resolved decay steps) unless --decay-steps was given, so that a cosine decay
+// does not follow each invocation's --steps. `note` says what differs from the checkpoint's
+// run ("" when nothing does). Throws [train] when the result is not a valid schedule.
+LrSchedule resumed_lr_schedule(LrSchedule invoked, bool decay_steps_given, int64_t steps,
+                               const CheckpointManifest& manifest, std::string& note);
+
+// Before the first save into `root`. A run that did not resume from `root` refuses it when it
+// already holds a complete checkpoint (nothing a user saved is overwritten); unfinished step
+// directories are removed. A run resumed from `root` removes the unfinished directories newer
+// than its step and moves the complete ones aside (NAME.set-aside: they belong to a future
+// this run abandons). Returns lines for the log.
+std::vector<std::string> prepare_checkpoint_root(const std::string& root, const ResumedCheckpoint* resumed,
+                                                 Communicator& comm);
 
 }  // namespace memfit

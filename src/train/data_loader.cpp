@@ -65,4 +65,12 @@ void BatchLoader::next_rows(int32_t* tokens, int32_t* targets, int64_t first_row
   std::copy(buffer_.begin() + lo + 1, buffer_.begin() + hi + 1, targets);
 }
 
+void BatchLoader::next_for_rank(int32_t* tokens, int32_t* targets, int rank, int ranks) {
+  MEMFIT_CHECK(ranks >= 1 && batch_ % ranks == 0, "data", "a batch of {} rows cannot be split over {} data-parallel ranks",
+               batch_, ranks);
+  MEMFIT_ASSERT(rank >= 0 && rank < ranks, "data-parallel rank {} of {}", rank, ranks);
+  const int64_t rows = batch_ / ranks;
+  next_rows(tokens, targets, int64_t(rank) * rows, rows);
+}
+
 }  // namespace memfit

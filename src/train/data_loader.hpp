@@ -22,9 +22,13 @@ class BatchLoader {
 
   // Fills tokens and targets (B*T each). Throws [data] on a token id outside the vocabulary.
   void next(int32_t* tokens, int32_t* targets) { next_rows(tokens, targets, 0, batch_); }
-  // Rows [first_row, first_row + rows) of the next batch: a data-parallel rank's slice of the
-  // global batch (every rank walks the same batch order).
+  // Rows [first_row, first_row + rows) of the next batch (every rank walks the same batch order).
   void next_rows(int32_t* tokens, int32_t* targets, int64_t first_row, int64_t rows);
+  // Data-parallel rank `rank`'s slice of the next (global) batch: rows [rank * B/ranks,
+  // (rank + 1) * B/ranks). Ranks are data-parallel ranks (Topology::data_rank()): the
+  // tensor-parallel ranks of one replica read the same rows. Throws [data] when `ranks` does not
+  // divide the batch.
+  void next_for_rank(int32_t* tokens, int32_t* targets, int rank, int ranks);
   void reset();  // back to the first batch of the first epoch
   int64_t batches_per_epoch() const { return int64_t(order_.size()); }
   int64_t epoch() const { return epoch_; }

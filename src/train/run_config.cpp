@@ -248,6 +248,7 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     else if (key == "lr_schedule") c.lr_schedule = parse_lr_schedule(get_as<std::string>(v, key));
     else if (key == "min_lr") c.min_lr = get_real(v, key, range::non_negative);
     else if (key == "decay_steps") c.decay_steps = get_integer(v, key, range::interval);
+    else if (key == "keep_checkpoints") c.keep_checkpoints = int(get_integer(v, key, range::kept_checkpoints));
     else if (key == "precision") p.precision = parse_precision(get_as<std::string>(v, key));
     else if (key == "grad_dtype") p.grad_dtype = parse_dtype(get_as<std::string>(v, key));
     else if (key == "fp32_ops") p.fp32_ops = get_as<std::vector<std::string>>(v, key);
@@ -265,6 +266,8 @@ void apply_config_file(const std::string& path, RunConfig& c) {
       apply_zero_block(v, p);
     } else if (key == "optimizer_in_backward") {
       p.update_in_backward = get_as<bool>(v, key);
+    } else if (key == "comm_timeout") {
+      c.comm_timeout = get_real(v, key, range::comm_timeout);
     } else if (key == "gradient_clipping" || key == "grad_clip") {
       p.grad_clip = get_real(v, key, range::non_negative);
     } else if (key == "train_batch_size") {
@@ -274,12 +277,12 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     }
   }
   if (global_batch) {
-    // DeepSpeed's global batch: must agree with micro-batch x accumulation x world size.
+    // DeepSpeed's global batch: must agree with micro-batch x accumulation x data-parallel ranks.
     const int64_t implied = checked_mul(checked_mul(p.batch, int64_t(p.grad_accum), "train_batch_size", "config"),
-                                        int64_t(c.topology.world_size), "train_batch_size", "config");
+                                        int64_t(c.topology.data), "train_batch_size", "config");
     refuse_unless(*global_batch == implied, "train_batch_size",
-                  fmt::format("{} does not equal micro-batch x accumulation x world size = {}", *global_batch,
-                              implied));
+                  fmt::format("{} does not equal micro-batch x accumulation x data-parallel ranks = {}",
+                              *global_batch, implied));
   }
 }
 

@@ -41,10 +41,12 @@ struct RunConfig {
   std::string report_json;
   std::string checkpoint_dir;    // sharded training checkpoints (train/checkpoint.hpp) go here
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only after the last step (when a dir is set)
-  std::string resume;            // a checkpoint directory to continue from (same world size)
+  std::string resume;            // a checkpoint root (its newest valid one) or one step directory to continue from
+  int keep_checkpoints = 2;      // complete checkpoints kept in checkpoint_dir (older ones removed after a save)
   uint64_t memory_budget = 0;  // bytes; 0: the memory available on this machine
   LossScaleConfig loss_scale;  // fp16 runs (DeepSpeed's fp16 block selects its convention)
   int64_t log_every = 1;
+  double comm_timeout = 300;  // seconds a collective may wait for the other ranks; 0: no limit
 };
 
 ModelSpec resolve_model(const std::string& model);  // throws [model] / [config]
@@ -74,12 +76,14 @@ inline constexpr IntRange accumulation{1, INT32_MAX};
 inline constexpr IntRange zero_stage{0, 3};
 inline constexpr IntRange threads{1, kMaxThreads};
 inline constexpr IntRange hysteresis{1, INT32_MAX};
+inline constexpr IntRange kept_checkpoints{1, 1'000'000};
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 inline constexpr RealRange non_negative{0, kInf, false, true};  // lr, min lr, eps, weight decay, clipping
 inline constexpr RealRange beta{0, 1, false, true};              // AdamW betas: 0 <= beta < 1 (PyTorch's check)
 inline constexpr RealRange fraction{0, 1, false, true};          // the validation share
 inline constexpr RealRange positive{0, kInf, true, true};        // the minimum loss scale
 inline constexpr RealRange initial_scale{0, 0x1p100, true, false};
+inline constexpr RealRange comm_timeout{0, 1e7};  // seconds (0: no limit); 1e7 s is 116 days
 inline constexpr RealRange weight_decay{0, std::numeric_limits<float>::max()};  // stored as float
 }  // namespace input_range
 

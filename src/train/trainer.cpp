@@ -23,6 +23,7 @@
 #include "train/init.hpp"
 #include "train/step_runner.hpp"
 #include "train/synthetic_corpus.hpp"
+#include "train/test_fault.hpp"
 #include "train/weights.hpp"
 #include "train/whole_weights.hpp"
 
@@ -115,18 +116,23 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
     own_comm = launched_with_several_ranks() ? make_mpi_communicator() : make_single_process_communicator();
     comm = own_comm.get();
   }
-  const int W = comm->size(), rank = comm->rank();
-  MEMFIT_CHECK(config.topology.world_size == 1 || config.topology.world_size == W, "train",
-               "--world-size {} but the run was launched with {} ranks", config.topology.world_size, W);
+  const int W = comm->size(), rank = comm->rank(), tensor = config.topology.tensor;
+  MEMFIT_CHECK(config.topology.world() == 1 || config.topology.world() == W, "train",
+               "--world-size {} but the run was launched with {} ranks", config.topology.world(), W);
+  MEMFIT_CHECK(tensor >= 1 && W % tensor == 0, "train", "a tensor-parallel degree of {} does not divide {} ranks",
+               tensor, W);
   RunConfig c = config;
-  c.topology = Topology{W, rank};
+  c.topology = Topology{.data = W / tensor, .tensor = tensor, .rank = rank};
+  comm->set_timeout(c.comm_timeout);
+  const TestFault fault = TestFault::from_environment(rank);
   std::ostringstream quiet;  // ranks other than 0 keep their lines to themselves
   std::ostream& log = rank == 0 ? rank_log : quiet;
   MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);
   MEMFIT_CHECK(c.val_fraction >= 0 && c.val_fraction < 1, "train", "the validation fraction must be in [0, 1) (got {})",
                c.val_fraction);
   MEMFIT_CHECK(c.eval_every >= 0 && c.eval_batches >= 1, "train", "--eval-every must be >= 0 and --eval-batches >= 1");
-  const LrSchedule schedule = lr_schedule_of(c);
+  MEMFIT_CHECK(c.keep_checkpoints >= 1, "train", "--keep-checkpoints must be at least 1 (got {})", c.keep_checkpoints);
+  LrSchedule schedule = lr_schedule_of(c);  // a resume keeps the checkpoint's horizon
   {
     const ModelSpec spec = resolve_model(c.model);
     MEMFIT_CHECK(spec.rope_type == "default", "train",
@@ -140,7 +146,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   const Policy& pol = run.policy;
   const Program& prog = run.compiled.program;
   const int64_t B = pol.batch, T = pol.seq, k = pol.grad_accum;
-  const int64_t GB = B * W;  // the global batch: rank r reads its rows [r*B, (r+1)*B)
+  const int64_t GB = B * c.topology.data;  // the global batch: data-parallel rank d reads rows [d*B, (d+1)*B)
 
   // Validation split from the end of the data; it must hold at least one batch.
   const int64_t n = data.size();
@@ -162,7 +168,8 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   log << format_memory_table(prog, run.compiled.plan);
   enforce_memory_budget(c, run, budget, *backend, log);
 
-  Executor ex(run.compiled, *backend, comm);
+  const CommGroups groups(*comm, c.topology);
+  Executor ex(run.compiled, *backend, &groups);
   ex.set_timing(true);  // two clock reads per op: the report's time per phase
   if (c.load.empty()) {
     initialize_parameters(ex, spec, c.seed);
@@ -175,9 +182,9 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   const TensorId tokens = prog.find_tensor(kTokens), targets = prog.find_tensor(kTargets);
   const TensorId eval_tokens = prog.find_tensor(kEvalTokens), eval_targets = prog.find_tensor(kEvalTargets);
   StepRunner runner(ex, [&](const Op& op, const StepContext&) {
-    if (op.outputs[0] == tokens)
-      train_loader.next_rows(ex.data_as<int32_t>(tokens), ex.data_as<int32_t>(targets), rank * B, B);
-    else val_loader->next_rows(ex.data_as<int32_t>(eval_tokens), ex.data_as<int32_t>(eval_targets), rank * B, B);
+    const int d = c.topology.data_rank(), D = c.topology.data;
+    if (op.outputs[0] == tokens) train_loader.next_for_rank(ex.data_as<int32_t>(tokens), ex.data_as<int32_t>(targets), d, D);
+    else val_loader->next_for_rank(ex.data_as<int32_t>(eval_tokens), ex.data_as<int32_t>(eval_targets), d, D);
   }, c.loss_scale);
   if (runner.loss_scaling())
     log << fmt::format("loss scaling: {} convention, initial scale {}\n",
@@ -210,22 +217,40 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
   // (AdamW's bias correction and the learning-rate schedule see only applied steps, as in
   // PyTorch's GradScaler and DeepSpeed).
   int64_t applied = 0, first_step = 1;
+  // Checkpoints record what the run is; a resume must match it (train/checkpoint.hpp).
+  CheckpointRun checkpoint_run{c.model, model_json(spec, prog.parameter_count()), W, pol.zero_stage, pol.precision,
+                               pol.optimizer, train_loader.batches_per_epoch(), k, runner.scaler() != nullptr,
+                               schedule, c.steps};
+  std::optional<ResumedCheckpoint> resumed;
   if (!c.resume.empty()) {
     MEMFIT_CHECK(c.load.empty(), "train", "--resume and --load both give the weights; use one");
-    const TrainingPosition at = load_checkpoint(c.resume, ex, c.model, pol, *comm);
-    MEMFIT_CHECK(at.step < c.steps, "train", "the checkpoint in '{}' is at step {}, not before --steps {}", c.resume,
+    resumed = resume_checkpoint(c.resume, ex, checkpoint_run, *comm);
+    const TrainingPosition& at = resumed->at;
+    for (const std::string& note : resumed->notes) log << "resume: " << note << "\n";
+    for (const std::string& skipped : resumed->skipped) log << "resume: skipped " << skipped << "\n";
+    MEMFIT_CHECK(at.step < c.steps, "train", "the checkpoint {} is at step {}, not before --steps {}", resumed->dir,
                  at.step, c.steps);
     first_step = at.step + 1;
     applied = at.applied;
     train_loader.seek(at.loader_epoch, at.loader_cursor);
-    if (at.scaler && runner.scaler()) runner.scaler()->restore(*at.scaler);
-    log << fmt::format("resumed from {} at step {}\n", c.resume, at.step);
+    if (at.scaler) runner.scaler()->restore(*at.scaler);
+    std::string schedule_note;
+    schedule = resumed_lr_schedule(schedule, c.decay_steps > 0, c.steps, resumed->manifest, schedule_note);
+    checkpoint_run.schedule = schedule;
+    log << fmt::format("resumed from {} at step {}\n", resumed->dir, at.step);
+    if (!schedule_note.empty()) log << "resume: " << schedule_note << "\n";
   }
+  if (!c.checkpoint_dir.empty())
+    for (const std::string& note : prepare_checkpoint_root(c.checkpoint_dir, resumed ? &*resumed : nullptr, *comm))
+      log << "checkpoints: " << note << "\n";
   auto checkpoint = [&](int64_t step) {
     TrainingPosition at{step, applied, train_loader.epoch(), train_loader.cursor(), std::nullopt};
     if (runner.scaler()) at.scaler = runner.scaler()->state();
-    save_checkpoint(c.checkpoint_dir, ex, c.model, pol, at, *comm);
-    log << fmt::format("step {:>5}/{} | checkpoint written to {}\n", step, c.steps, c.checkpoint_dir);
+    const SavedCheckpoint saved = save_checkpoint(c.checkpoint_dir, ex, checkpoint_run, at, c.keep_checkpoints, *comm);
+    log << fmt::format("step {:>5}/{} | checkpoint written to {}{}\n", step, c.steps, saved.dir,
+                       saved.removed.empty() ? "" : fmt::format(" (removed {})", fmt::join(saved.removed, ", ")));
+    if (!saved.warning.empty()) log << "warning: " << saved.warning << "\n";
+    log.flush();  // a run killed later still shows which checkpoints are complete
   };
   nlohmann::json scale_history = nlohmann::json::array(), skipped_at = nlohmann::json::array();
   for (int64_t step = first_step; step <= c.steps; ++step) {
@@ -233,6 +258,7 @@ nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, Run
     ctx.step = applied + 1;
     ctx.lr = schedule.at(applied + 1);
     if (hooks) hooks->before_step(step);
+    fault.before_step(step);
     const auto t0 = Clock::now();
     const double cpu0 = process_cpu_seconds();
     const StepRunner::Result r = runner.run(ctx);

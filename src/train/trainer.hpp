@@ -40,9 +40,11 @@ nlohmann::json model_json(const ModelSpec& spec, int64_t parameters);
 nlohmann::json policy_json(const Policy& policy);
 
 // Refuses to start when the plan exceeds the budget (train/budget.hpp). `hooks` (optional)
-// watch the run: `memfit profile`, `--check-leaks`. `comm` is the data-parallel group (not
-// owned); when null, MPI_COMM_WORLD if launched by mpirun with several ranks, else a world of
-// one. Every rank runs this; only rank 0 logs and writes the report file.
+// watch the run: `memfit profile`, `--check-leaks`. `comm` is the world (not owned; the data
+// and tensor groups are split from it by the topology); when null, MPI_COMM_WORLD if launched
+// by mpirun with several ranks, else a world of one. Its waits time out after
+// config.comm_timeout seconds. Every rank runs this; only rank 0 logs and writes the report
+// file.
 nlohmann::json run_training(const RunConfig& config, std::ostream& log, RunHooks* hooks = nullptr,
                             Communicator* comm = nullptr);
 

@@ -1,13 +1,20 @@
 // The MPI communicator under mpirun (CTest runs this with 2 and 4 ranks): every collective
 // against values each rank can compute in closed form, in fp32, bf16 (integers small enough
-// to be exact) and int32, blocking and overlapped, and with no allocation by memfit code.
+// to be exact) and int32, blocking and overlapped (also waiting against a timeout), and with no
+// allocation by memfit code; the data and tensor groups split from the world (data 2 x tensor
+// 2 at 4 ranks, data 1 x tensor 2 at 2) against closed forms over their members; and a wait
+// that times out naming the rank that did not arrive.
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <vector>
 
+#include "core/error.hpp"
 #include "dist/communicator.hpp"
+#include "runtime/collective_op.hpp"
 #include "support/alloc_counter.hpp"
 
 namespace memfit {
@@ -68,6 +75,7 @@ TEST(MpiCommunicator, BroadcastAndOverlappedCollectivesAllocateNothingInMemfit) 
   const int r = comm().rank(), n = comm().size();
   std::vector<float> a(4096, float(r)), b(4096, float(r + 1));
   std::vector<int32_t> c(5, r == n - 1 ? 42 : 0);
+  comm().set_timeout(120);  // waits poll against a deadline: still nothing allocated
   test::alloc_counter_start();
   const CommTicket ta = comm().start_all_reduce(a.data(), 4096, DType::f32, ReduceOp::sum);
   const CommTicket tb = comm().start_all_reduce(b.data(), 4096, DType::f32, ReduceOp::max);
@@ -81,6 +89,95 @@ TEST(MpiCommunicator, BroadcastAndOverlappedCollectivesAllocateNothingInMemfit) 
   EXPECT_EQ(a[4095], float(n * (n - 1) / 2));
   EXPECT_EQ(b[0], float(n));
   EXPECT_EQ(c, std::vector<int32_t>(5, 42));
+  comm().set_timeout(0);
+}
+
+// Rank r of data D x tensor T: tensor rank t = r % T, data rank d = r / T. Its data group is
+// the world ranks d' T + t (d' < D), its tensor group d T + t' (t' < T).
+TEST(MpiCommunicator, DataAndTensorGroupsSplitFromTheWorld) {
+  const int r = comm().rank(), n = comm().size();
+  ASSERT_EQ(n % 2, 0);
+  const Topology topo{.data = n / 2, .tensor = 2, .rank = r};
+  const int D = topo.data, T = topo.tensor, d = topo.data_rank(), t = topo.tensor_rank();
+  const CommGroups groups(comm(), topo);
+  Communicator& data = groups[CommGroup::data];
+  Communicator& tensor = groups[CommGroup::tensor];
+  EXPECT_EQ(&groups[CommGroup::world], &comm());
+  ASSERT_EQ(data.size(), D);
+  ASSERT_EQ(data.rank(), d);
+  ASSERT_EQ(tensor.size(), T);
+  ASSERT_EQ(tensor.rank(), t);
+  for (int q = 0; q < D; ++q) EXPECT_EQ(data.world_rank(q), q * T + t);
+  for (int q = 0; q < T; ++q) EXPECT_EQ(tensor.world_rank(q), d * T + q);
+  if (T == n) { EXPECT_EQ(&tensor, &comm()); }  // a group spanning the world is the world
+
+  // all_reduce of (world rank + 1): sums of the members' values.
+  float x = float(r + 1);
+  data.all_reduce(&x, 1, DType::f32, ReduceOp::sum);
+  EXPECT_EQ(x, float(T * D * (D - 1) / 2 + D * (t + 1)));
+  int32_t y = r + 1;
+  tensor.all_reduce(&y, 1, DType::i32, ReduceOp::sum);
+  EXPECT_EQ(y, T * (d * T + 1) + T * (T - 1) / 2);
+  int32_t m = r;
+  tensor.all_reduce(&m, 1, DType::i32, ReduceOp::max);
+  EXPECT_EQ(m, d * T + T - 1);
+
+  // all_gather: member q's block holds member q's world rank.
+  const int64_t block = 5;
+  std::vector<int32_t> mine(block, r), gathered(size_t(block * D), -1);
+  data.all_gather(mine.data(), gathered.data(), block, DType::i32);
+  for (int q = 0; q < D; ++q)
+    for (int64_t i = 0; i < block; ++i) ASSERT_EQ(gathered[size_t(q * block + i)], q * T + t);
+
+  // reduce_scatter over the tensor group: member q gets sum over members m of
+  // (q * block + i + 1000 * world rank of m).
+  std::vector<float> full(size_t(block * T)), shard(static_cast<size_t>(block));
+  for (int64_t i = 0; i < block * T; ++i) full[size_t(i)] = float(i) + 1000.0f * float(r);
+  tensor.reduce_scatter(full.data(), shard.data(), block, DType::f32, ReduceOp::sum);
+  const float ranks = float(T * d * T + T * (T - 1) / 2);
+  for (int64_t i = 0; i < block; ++i)
+    ASSERT_EQ(shard[size_t(i)], float(T) * float(t * block + i) + 1000.0f * ranks) << i;
+  comm().barrier();
+}
+
+// One rank arrives 1.5 s late at a collective of a group with a 0.5 s timeout: the member that
+// waited throws [dist] naming the collective, the group and the late rank's world rank. The
+// late rank then completes the collective against the reporter's pending request.
+TEST(MpiCommunicator, ATimedOutWaitNamesTheRankThatDidNotArrive) {
+  const int r = comm().rank(), n = comm().size();
+  const int late = n - 1;
+  // At 4 ranks the group {1, 3} (color r % 2, a data group); at 2, both ranks.
+  std::unique_ptr<Communicator> group = comm().split(n >= 4 ? r % 2 : 0, r);
+  group->set_name("data");
+  group->set_timeout(0.5);
+  const bool member = n < 4 || r % 2 == 1;
+  const int reporter = n >= 4 ? 1 : 0;
+  int32_t v = 1;
+  if (member) {
+    if (r == late) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      group->label_next("late.all_reduce");
+      group->all_reduce(&v, 1, DType::i32, ReduceOp::sum);
+      EXPECT_EQ(v, 2);
+    } else {
+      ASSERT_EQ(r, reporter);
+      group->label_next("late.all_reduce");
+      try {
+        group->all_reduce(&v, 1, DType::i32, ReduceOp::sum);
+        ADD_FAILURE() << "the wait did not time out";
+      } catch (const Error& e) {
+        const std::string expected = fmt::format(
+            "[dist] collective 'late.all_reduce' (all_reduce #1 on the data group of 2 ranks) did not complete within "
+            "0.5 s: rank {} did not arrive",
+            late);
+        EXPECT_EQ(std::string(e.what()), expected);
+      }
+    }
+  } else {
+    group->all_reduce(&v, 1, DType::i32, ReduceOp::sum);  // the other group is on time
+    EXPECT_EQ(v, 2);
+  }
+  comm().barrier();  // progresses the reporter's abandoned request to completion
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ TEST(ProgramExpressiveness, MixedPrecisionShardsRecomputeAndTransfersArePlannedP
   const TensorId grads = b.transient("flat.grads", Shape{n}, Category::gradients, DType::bf16);
   b.emit({OpKind::fill, "grads.fill", {y2, y, x32}, {grads}});
   const TensorId shard = p.add_view(grads, "flat.grads.shard1", Shape{n / world}, DType::bf16, 2 * n / world);
-  b.emit({OpKind::reduce_scatter, "grads.reduce_scatter", {grads}, {shard}, CollectiveAttrs{world}});
+  b.emit({OpKind::reduce_scatter, "grads.reduce_scatter", {grads}, {shard}, CollectiveAttrs{CommGroup::data, world}});
   p.end_section();
 
   p.begin_section("optimizer");
@@ -54,7 +54,7 @@ TEST(ProgramExpressiveness, MixedPrecisionShardsRecomputeAndTransfersArePlannedP
   b.emit({OpKind::transfer, "m.to_host", {staging}, {m}});
   b.set_phase(Phase::communication);
   b.emit({OpKind::cast, "master.cast", {master}, {shard}});
-  b.emit({OpKind::all_gather, "params.all_gather", {shard}, {params}, CollectiveAttrs{world}});
+  b.emit({OpKind::all_gather, "params.all_gather", {shard}, {params}, CollectiveAttrs{CommGroup::data, world}});
   p.end_section();
   p.validate();
 

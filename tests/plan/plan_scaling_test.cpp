@@ -44,7 +44,7 @@ const std::vector<Variant>& variants() {
        [](RunConfig& c) {
          c.policy.precision = Precision::bf16;
          c.policy.zero_stage = 3;
-         c.topology.world_size = 2;
+         c.topology.data = 2;
        }},
       {"fp16, selective recompute, ZeRO-1 on 2 ranks, accumulation",
        [](RunConfig& c) {
@@ -52,7 +52,7 @@ const std::vector<Variant>& variants() {
          c.policy.recompute = parse_recompute("selective:attention,norms");
          c.policy.zero_stage = 1;
          c.policy.grad_accum = 2;
-         c.topology.world_size = 2;
+         c.topology.data = 2;
        }},
   };
   return v;

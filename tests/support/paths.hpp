@@ -1,4 +1,4 @@
-// Where tests find committed fixtures and the built memfit binary.
+// Where tests find committed fixtures, the built memfit binary and the MPI launcher.
 #pragma once
 
 #include <string>
@@ -7,5 +7,6 @@ namespace memfit::test {
 
 inline std::string fixture_path(const std::string& relative) { return std::string(MEMFIT_FIXTURE_DIR) + "/" + relative; }
 inline std::string memfit_binary() { return MEMFIT_BINARY; }
+inline std::string mpiexec() { return MEMFIT_MPIEXEC; }  // the MPI launcher CMake found (mpirun)
 
 }  // namespace memfit::test

@@ -293,10 +293,11 @@ TEST(Zero, ResumedRunContinuesBitForBit) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("same world size"), std::string::npos) << e.what();
     }
-    RunConfig other = second;
-    other.policy.zero_stage = 2;
-    EXPECT_THROW(run_training(other, log, nullptr, &comm()), Error);
   }
+  // Resuming is collective: every rank takes part, and every rank refuses.
+  RunConfig other = second;
+  other.policy.zero_stage = 2;
+  EXPECT_THROW(run_training(other, log, nullptr, &comm()), Error);
   comm().barrier();
   if (comm().rank() == 0) std::filesystem::remove_all(dir);
 }

@@ -1,0 +1,52 @@
+// One rank's checkpoint file, rank-R-of-W.bin: every persistent tensor of its program that
+// carries model state (parameters, master weights, optimizer state; under ZeRO its shards),
+// in program order. Layout:
+//   "MEMFITCK" | u64 LE header length | header JSON | tensor bytes back to back | u64 LE XXH3
+// The header is {"format", "rank", "world_size", "step", "tensors": [{name, dtype, bytes}]};
+// the trailing XXH3 covers everything before it (magic, length, header and data).
+// Gradients are not saved: the first micro-step of every step overwrites them.
+//
+// Invariant: a file passes validation only when its size is exactly what its header
+// describes (nothing truncated, nothing trailing), its header lists exactly this program's
+// checkpointed tensors in order with their dtypes and sizes (names unique), it is this
+// rank's file of this step, and its checksum equals both its trailer and its manifest entry.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+#include "runtime/executor.hpp"
+#include "train/checkpoint_manifest.hpp"
+
+namespace memfit {
+
+struct RankFileIdentity {
+  int rank = 0;
+  int world_size = 1;
+  int64_t step = 0;
+};
+
+// The tensors a checkpoint holds, in program order.
+std::vector<TensorId> checkpointed_tensors(const Program& program);
+
+// Writes and fsyncs the file (and its directory entry). Returns its size and checksum.
+// Throws [checkpoint] naming the file when it cannot be written.
+RankFileEntry write_rank_file(const std::filesystem::path& path, const Executor& ex, const RankFileIdentity& who);
+
+// Reads the whole file without touching any tensor and throws [checkpoint] "PATH: ..." unless
+// it is valid for this program, this rank and step, and its manifest entry.
+void validate_rank_file(const std::filesystem::path& path, const Program& program, const RankFileIdentity& who,
+                        const RankFileEntry& entry);
+
+// Reads the tensors into the executor, checking the layout and checksum again (the file may
+// have changed since it was validated). Throws like validate_rank_file; the tensors are then
+// partly overwritten.
+void read_rank_file(const std::filesystem::path& path, Executor& ex, const RankFileIdentity& who,
+                    const RankFileEntry& entry);
+
+// The checksum in a file's last 8 bytes and its size (rank 0 checks every rank's file
+// against what that rank reported before the manifest names it). Throws [checkpoint].
+RankFileEntry rank_file_trailer(const std::filesystem::path& path);
+
+}  // namespace memfit
