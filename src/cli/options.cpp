@@ -156,7 +156,11 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
               [](RunConfig& c, double v) {
                 c.val_fraction = require_in("--val-fraction", v, input_range::fraction);
               });
-  if (!training) return;
+  if (training) add_training_options(app);
+}
+
+// Flags of `train` and `profile` only: data, schedule, checkpoints, loss scaling.
+void RunOptions::add_training_options(CLI::App& app) {
   add<std::string>(app, "--data", "token file (llm.c .bin, nanoGPT .bin) or text file; default: built-in synthetic corpus",
                    [](RunConfig& c, std::string v) { c.data = v; });
   add<std::string>(app, "--data-format", "auto | llmc | nanogpt | text",

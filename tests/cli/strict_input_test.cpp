@@ -80,6 +80,24 @@ TEST(StrictInput, FlagsOfTheWrongTypeOrRangeAreRefusedNamingTheFlag) {
       {"train --loss-scale -1", "--loss-scale"},
       {"train --initial-loss-scale 0", "--initial-loss-scale"},
       {"train --min-loss-scale 0", "--min-loss-scale"},
+      {"train --keep-checkpoints 0", "--keep-checkpoints"},
+      {"train --keep-checkpoints 1.5", "--keep-checkpoints"},
+      {"train --comm-timeout -1", "--comm-timeout"},
+      {"train --comm-timeout 1e300", "--comm-timeout"},
+      {"train --comm-timeout nan", "--comm-timeout"},
+      // `plan` on other hardware.
+      {"plan --world-size 0", "--world-size"},
+      {"plan --world-size -3", "--world-size"},
+      {"plan --world-size 99999999999", "--world-size"},
+      {"plan --hardware h100-80gb --nodes -1", "--nodes"},
+      {"plan --hardware h100-80gb --gpus-per-node 0", "--gpus-per-node"},
+      {"plan --hardware h100-80gb --fit --max-batch 0", "--max-batch"},
+      {"plan --hardware h100-80gb --fit --global-batch 2.5", "--global-batch"},
+      {"plan --hardware h100-80gb --device-memory 0", "--device-memory"},
+      {"plan --hardware h100-80gb --device-memory 1e30GiB", "--device-memory"},
+      {"plan --hardware h100-80gb --hardware-set memory_bytes=1e30", "memory_bytes"},
+      {"plan --hardware h100-80gb --hardware-set memory_bytes=-1", "memory_bytes"},
+      {"plan --hardware h100-80gb --hardware-set memory_bytes=3PiB", "memory_bytes"},
   };
   for (const auto& [args, field] : cases) expect_refused(args, field);
 }
@@ -123,6 +141,11 @@ TEST(StrictInput, ConfigKeysOfTheWrongTypeOrRangeAreRefusedNamingTheKey) {
       {R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "train_batch_size": 5})",
        "'train_batch_size'"},
       {R"({"train_batch_size": 2.5})", "'train_batch_size'"},
+      {R"({"keep_checkpoints": 0})", "'keep_checkpoints'"},
+      {R"({"keep_checkpoints": 2.5})", "'keep_checkpoints'"},
+      {R"({"comm_timeout": -1})", "'comm_timeout'"},
+      {R"({"comm_timeout": 1e300})", "'comm_timeout'"},
+      {R"({"comm_timeout": "300"})", "'comm_timeout'"},
   };
   for (const auto& [json, field] : cases) expect_config_refused(json, field);
 }
