@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/bytes.hpp"
+#include "core/checked.hpp"
 #include "core/error.hpp"
 #include "fit/compare.hpp"
 #include "fit/fit_search.hpp"
@@ -15,6 +16,13 @@
 
 namespace memfit::cli {
 
+namespace {
+
+// Ranks a plan may ask about: 2^20, above the largest training clusters (~10^5 GPUs).
+constexpr int kMaxRanks = 1 << 20;
+
+}  // namespace
+
 HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
   std::string presets;
   for (const std::string& n : hardware_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
@@ -24,18 +32,21 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
   plan.add_option("--hardware-set", sets_,
                   "override one hardware field, KEY=VALUE (e.g. memory_bytes=40GiB, peak_bf16_flops=7e14); repeatable");
   plan.add_option("--device-memory", device_memory_, "device memory per rank, e.g. 80GiB (overrides the preset)");
-  plan.add_option("--gpus-per-node", gpus_per_node_, "ranks per node");
-  plan.add_option("--nodes", nodes_, "nodes");
-  plan.add_option("--world-size", world_size_, "ranks in all (with --gpus-per-node: nodes = world / gpus per node)");
+  plan.add_option("--gpus-per-node", gpus_per_node_, "ranks per node")->check(CLI::Range(1, kMaxRanks));
+  plan.add_option("--nodes", nodes_, "nodes")->check(CLI::Range(1, kMaxRanks));
+  plan.add_option("--world-size", world_size_, "ranks in all (with --gpus-per-node: nodes = world / gpus per node)")
+      ->check(CLI::Range(1, kMaxRanks));
   plan.add_option("--efficiency", efficiency_,
                   "share of peak FLOP/s compute-bound ops reach (default 0.45 on GPU presets; 1 on cpu, whose peaks "
                   "are measured)");
   plan.add_option("--comm-overlap", comm_overlap_, "share of collective time hidden behind compute (default 0)");
   plan.add_flag("--fit", fit_, "search the fastest configuration that fits the budget (--memory-budget, default: "
                                "the hardware's memory)");
-  plan.add_option("--global-batch", global_batch_, "--fit: sequences per optimizer step over all ranks (sets accumulation)");
-  plan.add_option("--max-batch", max_batch_, "--fit: largest micro-batch tried (default 64)");
-  plan.add_option("--fit-show", keep_, "--fit: configurations listed (default 5)");
+  plan.add_option("--global-batch", global_batch_, "--fit: sequences per optimizer step over all ranks (sets accumulation)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  plan.add_option("--max-batch", max_batch_, "--fit: largest micro-batch tried (default 64)")
+      ->check(CLI::Range(int64_t(1), kMaxKernelDim));
+  plan.add_option("--fit-show", keep_, "--fit: configurations listed (default 5)")->check(CLI::Range(1, 1000));
   plan.add_flag("--compare", compare_, "also print what DeepSpeed's estimator and accelerate's estimate-memory say");
   plan.add_option("--emit", emit_, "--emit deepspeed FILE: write the (chosen) configuration as a DeepSpeed config")
       ->expected(2);
@@ -120,7 +131,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     measure_this_machine(hw, given);
     hw.capabilities = backend->capabilities();  // this machine plans what its backend runs
   }
-  if (!device_memory_.empty()) hw.memory_bytes = parse_bytes(device_memory_);
+  if (!device_memory_.empty()) hw.memory_bytes = parse_memory_bytes(device_memory_, "--device-memory");
   hw.validate();
   const Cluster cluster = make_cluster(hw, gpus_per_node_, nodes_, world_size_);
   MEMFIT_CHECK(app_.get_option("--efficiency")->count() == 0 || (efficiency_ > 0 && efficiency_ <= 1), "hardware",

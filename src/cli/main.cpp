@@ -5,11 +5,12 @@
 //                         any hardware (cli/hardware_plan.hpp)
 //   memfit profile ...    a few training steps with a trace (Perfetto) and an HTML report
 //   memfit max-batch ...  the largest micro-batch that fits a memory budget
-// Errors print one line, "memfit: error: [piece] message", and exit with status 1
-// (2 for command-line usage errors). Under mpirun with several ranks every error goes through
-// fail_job (dist/communicator.hpp): the line names the rank ("memfit: error: [rank 1] [io] ...")
-// and MPI_Abort ends every rank, so none is left waiting in a collective.
+// Errors print one line, "memfit: error: [piece] message", and exit with status 1, command-line
+// usage errors included; --help exits with 0. Under mpirun with several ranks every error goes
+// through fail_job (dist/communicator.hpp): the line names the rank ("memfit: error: [rank 1]
+// [io] ...") and MPI_Abort ends every rank, so none is left waiting in a collective.
 #include <cstdio>
+#include <string>
 #include <iostream>
 #include <optional>
 
@@ -130,10 +131,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // A usage error on one rank of several must end the others too.
-    if (e.get_exit_code() != 0 && memfit::launched_with_several_ranks())
-      return memfit::fail_job(std::string("[cli] ") + e.what());
-    return app.exit(e);
+    // --help (CLI11's "Success" errors, exit code 0) prints as CLI11 does; every real parse
+    // error is one line and status 1 like every other error, and ends every rank under mpirun.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::string message = e.what();
+    for (char& c : message)
+      if (c == '\n') c = ' ';
+    const std::string subcommand = app.get_subcommands().empty() ? "" : app.get_subcommands()[0]->get_name() + " ";
+    return memfit::fail_job(fmt::format("[cli] {} (see memfit {}--help)", message, subcommand));
   }
   try {
     for (const auto* o : {&train_options, &plan_options, &profile_options})

@@ -5,19 +5,59 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
 
 namespace memfit::cli {
 
+namespace {
+
+// The text of a numeric flag as a T, read strictly (run_config.hpp's rules): "2.5" is not an
+// integer, an integer too large for T is refused rather than saturated, "nan" is not a number.
+template <typename T>
+T parse_flag_number(const std::string& name, const std::string& text) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const double v = parse_real_text(name, text);
+    MEMFIT_CHECK(std::fabs(v) <= double(std::numeric_limits<T>::max()), "cli", "{}: '{}' is out of range", name, text);
+    return T(v);
+  } else if constexpr (std::is_unsigned_v<T>) {
+    const uint64_t v = parse_unsigned_text(name, text);
+    MEMFIT_CHECK(v <= std::numeric_limits<T>::max(), "cli", "{}: '{}' is out of range", name, text);
+    return T(v);
+  } else {
+    const int64_t v = parse_integer_text(name, text);
+    MEMFIT_CHECK(v >= std::numeric_limits<T>::min() && v <= std::numeric_limits<T>::max(), "cli",
+                 "{}: '{}' is out of range (an integer in [{}, {}])", name, text, std::numeric_limits<T>::min(),
+                 std::numeric_limits<T>::max());
+    return T(v);
+  }
+}
+
+}  // namespace
+
 template <typename T>
 void RunOptions::add(CLI::App& app, const std::string& name, const std::string& help,
                      std::function<void(RunConfig&, T)> apply) {
   // A flag given twice takes its last value, so a suggested change can be appended to a command.
-  app.add_option_function<T>(name, [this, apply](const T& v) { given_.push_back([apply, v](RunConfig& c) { apply(c, v); }); },
-                             help)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  if constexpr (std::is_arithmetic_v<T>) {
+    // Numbers are read by memfit, not by CLI11 (which saturates out-of-range integers), when
+    // the flags are resolved: a bad value is then a one-line [cli] error naming the flag.
+    app.add_option_function<std::string>(
+           name,
+           [this, apply, name](const std::string& text) {
+             given_.push_back([apply, name, text](RunConfig& c) { apply(c, parse_flag_number<T>(name, text)); });
+           },
+           help)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  } else {
+    app.add_option_function<T>(name, [this, apply](const T& v) { given_.push_back([apply, v](RunConfig& c) { apply(c, v); }); },
+                               help)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
 }
 
 void RunOptions::add_flag(CLI::App& app, const std::string& name, const std::string& help,
@@ -35,7 +75,8 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.model = v; });
   add<std::string>(app, "--backend", "cpu | reference (the naive kernels: slow, fp32, an oracle)",
                    [](RunConfig& c, std::string v) { c.backend = v; });
-  add<int64_t>(app, "--batch", "micro-batch size B", [](RunConfig& c, int64_t v) { c.policy.batch = v; });
+  add<int64_t>(app, "--batch", "micro-batch size B",
+               [](RunConfig& c, int64_t v) { c.policy.batch = require_in("--batch", v, input_range::batch); });
   app.add_option_function<std::string>(
       "--seq",
       [this](const std::string& v) {
@@ -43,14 +84,15 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
           seq_auto_ = true;
           return;
         }
-        int64_t t = 0;
-        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), t);
-        if (ec != std::errc() || end != v.data() + v.size()) throw CLI::ValidationError("--seq", "expected a number or auto");
-        given_.push_back([t](RunConfig& c) { c.policy.seq = t; });
+        given_.push_back([v](RunConfig& c) {
+          c.policy.seq = require_in("--seq", parse_integer_text("--seq", v), input_range::batch);
+        });
       },
       "sequence length T (max-batch: auto searches it too)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  add<int>(app, "--grad-accum", "micro-steps per optimizer step", [](RunConfig& c, int v) { c.policy.grad_accum = v; });
+  add<int64_t>(app, "--grad-accum", "micro-steps per optimizer step", [](RunConfig& c, int64_t v) {
+    c.policy.grad_accum = int(require_in("--grad-accum", v, input_range::accumulation));
+  });
   add<std::string>(app, "--precision", "fp32 | bf16 | fp16",
                    [](RunConfig& c, std::string v) { c.policy.precision = parse_precision(v); });
   add<std::string>(app, "--grad-dtype", "parameter gradient dtype under bf16/fp16: fp32 (default) | bf16 | fp16",
@@ -72,8 +114,10 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.policy.attention = parse_attention(v); });
   add<std::string>(app, "--optimizer", "adamw | adamw8bit",
                    [](RunConfig& c, std::string v) { c.policy.optimizer = parse_optimizer(v); });
-  add<int>(app, "--zero", "ZeRO stage 0..3 (data parallelism over the ranks of mpirun)",
-           [](RunConfig& c, int v) { c.policy.zero_stage = v; });
+  add<int64_t>(app, "--zero", "ZeRO stage 0..3 (data parallelism over the ranks of mpirun)",
+               [](RunConfig& c, int64_t v) {
+                 c.policy.zero_stage = int(require_in("--zero", v, input_range::zero_stage));
+               });
   add<std::string>(app, "--overlap-comm", "on | off: run collectives asynchronously, overlapping compute (default on)",
                    [](RunConfig& c, std::string v) {
                      MEMFIT_CHECK(v == "on" || v == "off", "cli", "--overlap-comm takes on or off, not '{}'", v);
@@ -83,43 +127,70 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.policy.offload_optimizer = parse_tier(v); });
   add<std::string>(app, "--offload-params", "device | host | disk",
                    [](RunConfig& c, std::string v) { c.policy.offload_params = parse_tier(v); });
-  add<float>(app, "--weight-decay", "AdamW weight decay (matrices and embeddings)",
-             [](RunConfig& c, float v) { c.policy.adamw.weight_decay = v; });
-  add<double>(app, "--beta1", "AdamW beta1", [](RunConfig& c, double v) { c.policy.adamw.beta1 = v; });
-  add<double>(app, "--beta2", "AdamW beta2", [](RunConfig& c, double v) { c.policy.adamw.beta2 = v; });
-  add<double>(app, "--adam-eps", "AdamW epsilon", [](RunConfig& c, double v) { c.policy.adamw.eps = v; });
+  add<double>(app, "--weight-decay", "AdamW weight decay (matrices and embeddings)", [](RunConfig& c, double v) {
+    c.policy.adamw.weight_decay = float(require_in("--weight-decay", v, input_range::weight_decay));
+  });
+  add<double>(app, "--beta1", "AdamW beta1", [](RunConfig& c, double v) {
+    c.policy.adamw.beta1 = require_in("--beta1", v, input_range::beta);
+  });
+  add<double>(app, "--beta2", "AdamW beta2", [](RunConfig& c, double v) {
+    c.policy.adamw.beta2 = require_in("--beta2", v, input_range::beta);
+  });
+  add<double>(app, "--adam-eps", "AdamW epsilon", [](RunConfig& c, double v) {
+    c.policy.adamw.eps = require_in("--adam-eps", v, input_range::non_negative);
+  });
   add<double>(app, "--grad-clip", "clip gradients to this global norm (0: off)",
-              [](RunConfig& c, double v) { c.policy.grad_clip = v; });
+              [](RunConfig& c, double v) {
+                c.policy.grad_clip = require_in("--grad-clip", v, input_range::non_negative);
+              });
   add_flag(app, "--optimizer-in-backward",
             "update each parameter as soon as the backward is done with it (no step-wide gradient buffer)",
             [](RunConfig& c, bool v) { c.policy.update_in_backward = v; });
   add<int64_t>(app, "--classifier-chunk", "rows of logits materialised at once (0: automatic)",
-               [](RunConfig& c, int64_t v) { c.policy.classifier_chunk_rows = v; });
-  add<int>(app, "--threads", "OpenMP threads for kernels (default: OMP_NUM_THREADS or all cores)",
-           [](RunConfig&, int v) { omp_set_num_threads(v); });
+               [](RunConfig& c, int64_t v) {
+                 c.policy.classifier_chunk_rows = require_in("--classifier-chunk", v, input_range::chunk_rows);
+               });
+  add<int64_t>(app, "--threads", "OpenMP threads for kernels (default: OMP_NUM_THREADS or all cores)",
+               [](RunConfig&, int64_t v) {
+                 omp_set_num_threads(int(require_in("--threads", v, input_range::threads)));
+               });
   add<std::string>(app, "--memory-budget", "device memory budget, e.g. 16GiB (default: available RAM)",
-                   [](RunConfig& c, std::string v) { c.memory_budget = parse_bytes(v); });
+                   [](RunConfig& c, std::string v) { c.memory_budget = parse_memory_bytes(v, "--memory-budget"); });
   add<double>(app, "--val-fraction", "share of the data held out for validation (0: none)",
-              [](RunConfig& c, double v) { c.val_fraction = v; });
-  if (!training) return;
+              [](RunConfig& c, double v) {
+                c.val_fraction = require_in("--val-fraction", v, input_range::fraction);
+              });
+  if (training) add_training_options(app);
+}
+
+// Flags of `train` and `profile` only: data, schedule, checkpoints, loss scaling.
+void RunOptions::add_training_options(CLI::App& app) {
   add<std::string>(app, "--data", "token file (llm.c .bin, nanoGPT .bin) or text file; default: built-in synthetic corpus",
                    [](RunConfig& c, std::string v) { c.data = v; });
   add<std::string>(app, "--data-format", "auto | llmc | nanogpt | text",
                    [](RunConfig& c, std::string v) { c.data_format = parse_token_format(v); });
-  add<int64_t>(app, "--steps", "optimizer steps", [](RunConfig& c, int64_t v) { c.steps = v; });
-  add<double>(app, "--lr", "learning rate", [](RunConfig& c, double v) { c.lr = v; });
-  add<int64_t>(app, "--warmup", "linear warmup steps", [](RunConfig& c, int64_t v) { c.warmup_steps = v; });
+  add<int64_t>(app, "--steps", "optimizer steps",
+               [](RunConfig& c, int64_t v) { c.steps = require_in("--steps", v, input_range::steps); });
+  add<double>(app, "--lr", "learning rate",
+              [](RunConfig& c, double v) { c.lr = require_in("--lr", v, input_range::non_negative); });
+  add<int64_t>(app, "--warmup", "linear warmup steps", [](RunConfig& c, int64_t v) {
+    c.warmup_steps = require_in("--warmup", v, input_range::interval);
+  });
   add<std::string>(app, "--lr-schedule", "constant | cosine (after the warmup)",
                    [](RunConfig& c, std::string v) { c.lr_schedule = parse_lr_schedule(v); });
-  add<double>(app, "--min-lr", "cosine floor (default: lr / 10)", [](RunConfig& c, double v) { c.min_lr = v; });
+  add<double>(app, "--min-lr", "cosine floor (default: lr / 10)", [](RunConfig& c, double v) {
+    c.min_lr = require_in("--min-lr", v, input_range::non_negative);
+  });
   add<int64_t>(app, "--decay-steps", "cosine: step at which --min-lr is reached (default: --steps)",
-               [](RunConfig& c, int64_t v) { c.decay_steps = v; });
+               [](RunConfig& c, int64_t v) { c.decay_steps = require_in("--decay-steps", v, input_range::interval); });
   add<uint64_t>(app, "--seed", "seed of initialisation, synthetic data and shuffling",
                 [](RunConfig& c, uint64_t v) { c.seed = v; });
   add_flag(app, "--shuffle", "read batches in a seeded random order", [](RunConfig& c, bool v) { c.shuffle = v; });
   add<int64_t>(app, "--eval-every", "validation loss every N steps (0: at the end only)",
-               [](RunConfig& c, int64_t v) { c.eval_every = v; });
-  add<int64_t>(app, "--eval-batches", "validation batches per evaluation", [](RunConfig& c, int64_t v) { c.eval_batches = v; });
+               [](RunConfig& c, int64_t v) { c.eval_every = require_in("--eval-every", v, input_range::interval); });
+  add<int64_t>(app, "--eval-batches", "validation batches per evaluation", [](RunConfig& c, int64_t v) {
+    c.eval_batches = require_in("--eval-batches", v, input_range::steps);
+  });
   add<std::string>(app, "--load", "initial weights: .safetensors file or HF model directory",
                    [](RunConfig& c, std::string v) { c.load = v; });
   add<std::string>(app, "--save", "write weights: directory (model.safetensors + config.json) or .safetensors file",
@@ -127,9 +198,13 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add<std::string>(app, "--checkpoint-dir", "write sharded training checkpoints here (one step-NNNNNN directory per save, `latest` names the newest)",
                    [](RunConfig& c, std::string v) { c.checkpoint_dir = v; });
   add<int64_t>(app, "--checkpoint-every", "steps between checkpoints (0: after the last step)",
-               [](RunConfig& c, int64_t v) { c.checkpoint_every = v; });
-  add<int>(app, "--keep-checkpoints", "complete checkpoints kept in --checkpoint-dir (default 2)",
-           [](RunConfig& c, int v) { c.keep_checkpoints = v; });
+               [](RunConfig& c, int64_t v) {
+                 c.checkpoint_every = require_in("--checkpoint-every", v, input_range::interval);
+               });
+  add<int64_t>(app, "--keep-checkpoints", "complete checkpoints kept in --checkpoint-dir (default 2)",
+               [](RunConfig& c, int64_t v) {
+                 c.keep_checkpoints = int(require_in("--keep-checkpoints", v, input_range::kept_checkpoints));
+               });
   add<std::string>(app, "--resume",
                    "continue from a checkpoint directory: its newest valid checkpoint, or one step-NNNNNN directory "
                    "(same world size and ZeRO stage)",
@@ -137,20 +212,27 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add<double>(app, "--comm-timeout", "seconds a collective may wait for the other ranks before the job ends (0: no "
               "limit; default 300)",
               [](RunConfig& c, double v) {
-                MEMFIT_CHECK(v >= 0, "cli", "--comm-timeout takes seconds >= 0, not {}", v);
-                c.comm_timeout = v;
+                c.comm_timeout = require_in("--comm-timeout", v, input_range::comm_timeout);
               });
   add<std::string>(app, "--report-json", "write the run report to this file",
                    [](RunConfig& c, std::string v) { c.report_json = v; });
-  add<int64_t>(app, "--log-every", "progress line every N steps", [](RunConfig& c, int64_t v) { c.log_every = v; });
+  add<int64_t>(app, "--log-every", "progress line every N steps", [](RunConfig& c, int64_t v) {
+    c.log_every = require_in("--log-every", v, input_range::interval);
+  });
   add<std::string>(app, "--loss-scaler", "fp16 dynamic loss scaling: pytorch (GradScaler) | deepspeed",
                    [](RunConfig& c, std::string v) { c.loss_scale.convention = parse_loss_scale_convention(v); });
   add<double>(app, "--loss-scale", "fp16: a fixed loss scale (0: dynamic)",
-              [](RunConfig& c, double v) { c.loss_scale.fixed_scale = v; });
+              [](RunConfig& c, double v) {
+                c.loss_scale.fixed_scale = require_in("--loss-scale", v, input_range::non_negative);
+              });
   add<double>(app, "--initial-loss-scale", "fp16: the dynamic scale's start (default 65536)",
-              [](RunConfig& c, double v) { c.loss_scale.initial_scale = v; });
+              [](RunConfig& c, double v) {
+                c.loss_scale.initial_scale = require_in("--initial-loss-scale", v, input_range::initial_scale);
+              });
   add<double>(app, "--min-loss-scale", "fp16: the dynamic scale's floor (default 1)",
-              [](RunConfig& c, double v) { c.loss_scale.min_scale = v; });
+              [](RunConfig& c, double v) {
+                c.loss_scale.min_scale = require_in("--min-loss-scale", v, input_range::positive);
+              });
 }
 
 RunConfig RunOptions::resolve() const {

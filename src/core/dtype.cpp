@@ -1,5 +1,6 @@
 #include "core/dtype.hpp"
 
+#include "core/checked.hpp"
 #include "core/error.hpp"
 
 namespace memfit {
@@ -42,8 +43,11 @@ DType parse_dtype(std::string_view name) {
 bool dtype_is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
 uint64_t dtype_bytes(DType t, int64_t numel) {
-  MEMFIT_ASSERT(numel >= 0, "negative element count {}", numel);
-  return (uint64_t(numel) * uint64_t(dtype_bits(t)) + 7) / 8;
+  // Whole bytes of each group of 8 elements, then the tail: no intermediate count of bits that
+  // could overflow while the byte count itself fits.
+  const uint64_t n = checked_unsigned(numel, "element count"), bits = uint64_t(dtype_bits(t));
+  constexpr std::string_view what = "bytes of a tensor's elements";
+  return checked_add(checked_mul(n / 8, bits, what), ((n % 8) * bits + 7) / 8, what);
 }
 
 }  // namespace memfit

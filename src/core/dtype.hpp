@@ -17,6 +17,7 @@ int dtype_bits(DType t);
 std::string_view dtype_name(DType t);
 DType parse_dtype(std::string_view name);  // throws [dtype] on unknown names
 bool dtype_is_float(DType t);
-uint64_t dtype_bytes(DType t, int64_t numel);  // exact storage bytes, packed formats rounded up
+// Exact storage bytes, packed formats rounded up; throws [size] on a negative count or overflow.
+uint64_t dtype_bytes(DType t, int64_t numel);
 
 }  // namespace memfit

@@ -1,6 +1,9 @@
 #include "fit/hardware.hpp"
 
+#include <cmath>
+
 #include "core/bytes.hpp"
+#include "core/checked.hpp"
 #include "core/error.hpp"
 #include "core/system_memory.hpp"
 
@@ -99,14 +102,21 @@ void Hardware::validate() const {
 
 void apply_hardware_json(const nlohmann::json& j, Hardware& hw, const std::string& where) {
   MEMFIT_CHECK(j.is_object(), "hardware", "{}: expected a JSON object", where);
+  // Sizes as bytes or as people write them ("80GiB"), at most one tier's bound (1 PiB).
   auto bytes = [&](const nlohmann::json& v, const std::string& key) -> uint64_t {
-    if (v.is_string()) return parse_bytes(v.get<std::string>());
-    MEMFIT_CHECK(v.is_number() && v.get<double>() >= 0, "hardware", "{}: '{}' must be bytes (a number or \"80GiB\")",
-                 where, key);
-    return uint64_t(v.get<double>());
+    const std::string field = where + ": " + key;
+    if (v.is_string()) {
+      const uint64_t b = parse_bytes(v.get<std::string>(), field);
+      MEMFIT_CHECK(b <= kMaxTierBytes, "hardware", "{}: {} bytes is above 1 PiB, more than any machine has", field, b);
+      return b;
+    }
+    MEMFIT_CHECK(v.is_number() && v.get<double>() >= 0 && v.get<double>() <= double(kMaxTierBytes), "hardware",
+                 "{} must be bytes up to 1 PiB (a number or \"80GiB\"; got {})", field, v.dump());
+    return v.is_number_integer() ? v.get<uint64_t>() : uint64_t(v.get<double>());
   };
   auto number = [&](const nlohmann::json& v, const std::string& key) {
-    MEMFIT_CHECK(v.is_number() && v.get<double>() > 0, "hardware", "{}: '{}' must be a positive number", where, key);
+    MEMFIT_CHECK(v.is_number() && v.get<double>() > 0 && std::isfinite(v.get<double>()), "hardware",
+                 "{}: '{}' must be a positive number (got {})", where, key, v.dump());
     return v.get<double>();
   };
   if (j.contains("base")) {  // a preset the other keys override, whatever their order

@@ -6,8 +6,11 @@ namespace memfit {
 
 Autodiff::Autodiff(GraphBuilder& builder, bool persistent_param_grads)
     : b_(builder), p_(builder.program()), persistent_param_grads_(persistent_param_grads) {
-  for (const ParamEntry& e : p_.params())
+  for (size_t i = 0; i < p_.params().size(); ++i) {
+    const ParamEntry& e = p_.params()[i];
+    MEMFIT_ASSERT(param_index_.emplace(e.value, i).second, "two parameters share the tensor of {}", e.name);
     if (e.grad != kNoTensor) grads_[e.value] = e.grad;
+  }
 }
 
 TensorId Autodiff::grad(TensorId x) const {
@@ -33,8 +36,10 @@ std::pair<TensorId, WriteMode> Autodiff::contribute(TensorId x) {
   b_.set_layer(saved_layer);
   grads_[x] = g;
   if (is_param) {
-    for (ParamEntry& e : p_.params())
-      if (e.value == x) e.grad = g;
+    // A map, not a scan of every parameter: the scan made building a program quadratic in layers.
+    const auto entry = param_index_.find(x);
+    MEMFIT_ASSERT(entry != param_index_.end(), "parameter {} is not registered", t.name);
+    p_.params()[entry->second].grad = g;
   }
   return {g, WriteMode::overwrite};
 }

@@ -40,6 +40,7 @@ class Autodiff {
   bool persistent_param_grads_;
   std::unordered_map<TensorId, TensorId> grads_;
   std::unordered_set<TensorId> written_;  // persistent parameter gradients written this micro-step
+  std::unordered_map<TensorId, size_t> param_index_;  // parameter tensor -> index in Program::params()
 };
 
 }  // namespace memfit

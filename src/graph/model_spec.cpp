@@ -1,5 +1,8 @@
 #include "graph/model_spec.hpp"
 
+#include <utility>
+
+#include "core/checked.hpp"
 #include "core/error.hpp"
 
 namespace memfit {
@@ -8,37 +11,73 @@ std::string_view arch_name(Arch a) { return a == Arch::gpt2 ? "gpt2" : "llama"; 
 
 int64_t pad_vocab(int64_t vocab, int64_t multiple) { return (vocab + multiple - 1) / multiple * multiple; }
 
-int64_t ModelSpec::parameter_count() const {
-  const int64_t C = n_embd, F = n_inner, Vp = padded_vocab;
-  if (arch == Arch::gpt2) {
-    const int64_t per_layer = 2 * C                // ln_1
-                              + C * 3 * C + 3 * C  // c_attn
-                              + C * C + C          // attn.c_proj
-                              + 2 * C              // ln_2
-                              + C * F + F          // c_fc
-                              + F * C + C;         // mlp.c_proj
-    return Vp * C + max_seq * C + n_layer * per_layer + 2 * C + (tied_embeddings ? 0 : Vp * C);
+int64_t ModelSpec::qkv_rows() const {
+  return arch == Arch::gpt2 ? 3 * n_embd : (n_head + 2 * n_kv_head) * head_dim();
+}
+
+namespace {
+
+// Checked sums and products of the parameter count, each failure naming the model and the term.
+struct ParamArithmetic {
+  const ModelSpec& spec;
+  int64_t mul(int64_t a, int64_t b, std::string_view term) const {
+    return checked_mul(a, b, fmt::format("model '{}': parameters of {}", spec.name, term), "model");
   }
-  const int64_t kv = n_kv_head * head_dim();
-  const int64_t per_layer = C                      // input norm
-                            + C * C + 2 * C * kv   // q, k, v
-                            + C * C                // o
-                            + C                    // post-attention norm
-                            + 3 * C * F            // gate, up, down
-                            + (qkv_bias ? C + 2 * kv : 0);
-  return Vp * C + n_layer * per_layer + C + (tied_embeddings ? 0 : Vp * C);
+  int64_t add(int64_t a, int64_t b) const {
+    return checked_add(a, b, fmt::format("model '{}': parameter count", spec.name), "model");
+  }
+};
+
+}  // namespace
+
+int64_t ModelSpec::parameter_count() const {
+  const ParamArithmetic m{*this};
+  const int64_t C = n_embd, F = n_inner, Vp = padded_vocab;
+  const int64_t embeddings = m.mul(Vp, C, "the token embedding");
+  const int64_t head = tied_embeddings ? 0 : embeddings;
+  const int64_t attention =
+      m.add(m.mul(qkv_rows(), C, "the q/k/v projection"), m.mul(C, n_head * head_dim(), "the attention output"));
+  const int64_t mlp = m.mul(m.mul(C, F, "the MLP"), arch == Arch::gpt2 ? 2 : 3, "the MLP");
+  if (arch == Arch::gpt2) {
+    // ln_1, ln_2 (2 x 2C), c_attn bias 3C, attn.c_proj bias C, c_fc bias F, mlp.c_proj bias C.
+    const int64_t small = m.add(m.mul(C, 9, "the biases and norms"), F);
+    const int64_t per_layer = m.add(m.add(attention, mlp), small);
+    const int64_t positions = m.mul(max_seq, C, "the position embedding");
+    return m.add(m.add(m.add(m.add(embeddings, positions), m.mul(n_layer, per_layer, "the blocks")), 2 * C), head);
+  }
+  // Input and post-attention norms (2C), the q/k/v biases (qwen2).
+  const int64_t small = m.add(2 * C, qkv_bias ? qkv_rows() : 0);
+  const int64_t per_layer = m.add(m.add(attention, mlp), small);
+  return m.add(m.add(m.add(embeddings, m.mul(n_layer, per_layer, "the blocks")), C), head);
 }
 
 void ModelSpec::validate() const {
   MEMFIT_CHECK(n_layer > 0 && n_head > 0 && n_embd > 0 && vocab_size > 0 && max_seq > 0 && n_inner > 0, "model",
                "model '{}' has a zero or negative size (layers {}, heads {}, channels {}, vocabulary {}, context {})",
                name, n_layer, n_head, n_embd, vocab_size, max_seq);
+  MEMFIT_CHECK(n_layer <= kMaxLayers, "model", "model '{}': n_layer {} exceeds {} layers, 10 times the deepest "
+               "published transformer", name, n_layer, kMaxLayers);
+  // Every matrix dimension the kernels see; heads and key/value heads are bounded by n_embd below.
+  const std::pair<const char*, int64_t> dims[] = {{"n_embd (hidden size)", n_embd},
+                                                  {"n_inner (MLP width)", n_inner},
+                                                  {"vocab_size", vocab_size},
+                                                  {"padded_vocab (vocab_size rounded up to 64)", padded_vocab},
+                                                  {"max_seq (context length)", max_seq}};
+  for (const auto& [field, v] : dims)
+    MEMFIT_CHECK(v <= kMaxKernelDim, "model", "model '{}': {} {} exceeds {}, the largest matrix dimension oneDNN's "
+                 "matmul kernels index (32-bit)", name, field, v, kMaxKernelDim);
   MEMFIT_CHECK(n_embd % n_head == 0, "model", "model '{}': {} channels do not split into {} heads", name, n_embd,
                n_head);
   MEMFIT_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0, "model",
                "model '{}': {} key/value heads do not divide {} heads", name, n_kv_head, n_head);
   MEMFIT_CHECK(padded_vocab >= vocab_size, "model", "model '{}': padded vocabulary {} is below the vocabulary {}",
                name, padded_vocab, vocab_size);
+  // n_head <= n_embd and n_kv_head <= n_head now, so these products fit comfortably in int64_t.
+  MEMFIT_CHECK(qkv_rows() <= kMaxKernelDim, "model", "model '{}': the fused q/k/v projection has {} rows, above {}, "
+               "the largest matrix dimension oneDNN's matmul kernels index (32-bit)", name, qkv_rows(), kMaxKernelDim);
+  const int64_t params = parameter_count();
+  MEMFIT_CHECK(params <= kMaxParameters, "model", "model '{}' has {} parameters, above the {} (2^50) this build "
+               "plans for", name, params, kMaxParameters);
 }
 
 namespace {

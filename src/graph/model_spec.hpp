@@ -1,5 +1,7 @@
 // The shape of a transformer: everything the program builder needs to know about a model.
 // Presets carry the published shapes; HF config.json files are read by io/hf_config.hpp.
+// Invariant: a spec that passed validate() has sizes every kernel can index and a parameter
+// count that fits int64_t with room to spare, so the builder's shape arithmetic is exact.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,11 @@
 #include <vector>
 
 namespace memfit {
+
+// Bounds every published model satisfies, checked by ModelSpec::validate before any program is
+// built (with core/checked.hpp's kMaxKernelDim for every matrix dimension).
+inline constexpr int64_t kMaxLayers = 10'000;  // 10x the deepest published transformer (DeepNet, 1,000 layers)
+inline constexpr int64_t kMaxParameters = int64_t(1) << 50;  // ~1.1e15, ~500x the largest models trained
 
 enum class Arch : uint8_t { gpt2, llama };
 std::string_view arch_name(Arch a);
@@ -30,9 +37,13 @@ struct ModelSpec {
   bool qkv_bias = false;     // llama family: biases on q, k and v (qwen2)
 
   int64_t head_dim() const { return n_embd / n_head; }
-  // Parameter count from closed-form shape arithmetic (padded vocabulary rows included).
+  // Parameter count from closed-form shape arithmetic (padded vocabulary rows included);
+  // throws [model] naming the term that overflows int64_t.
   int64_t parameter_count() const;
-  // Throws [model] when shapes are inconsistent (heads not dividing C, zero sizes, ...).
+  // Rows of the fused q/k/v projection (gpt2: 3C; llama: (NH + 2 KV) x head size).
+  int64_t qkv_rows() const;
+  // Throws [model] naming the field when shapes are inconsistent (heads not dividing C, zero
+  // sizes, ...) or out of bounds (kMaxLayers, kMaxKernelDim, kMaxParameters).
   void validate() const;
 };
 

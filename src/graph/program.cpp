@@ -5,12 +5,34 @@
 
 #include <unordered_set>
 
+#include "core/bytes.hpp"
+#include "core/checked.hpp"
 #include "core/error.hpp"
 
 namespace memfit {
 
+namespace {
+
+// One tensor larger than a whole tier can never be planned; refusing it here names it (and
+// keeps every byte count the planner adds up far from 2^64).
+void check_tensor_bytes(const TensorDesc& t) {
+  uint64_t bytes = 0;
+  try {
+    bytes = t.bytes();
+  } catch (const Error&) {
+    bytes = UINT64_MAX;  // more than 2^64 bits: over the bound below either way
+  }
+  MEMFIT_CHECK(bytes <= kMaxTierBytes, "graph",
+               "tensor '{}' {} {} needs {} bytes, more than one memory tier may hold ({})", t.name, dtype_name(t.dtype),
+               t.shape.to_string(), bytes == UINT64_MAX ? std::string("over 2^64") : std::to_string(bytes),
+               format_bytes(kMaxTierBytes));
+}
+
+}  // namespace
+
 TensorId Program::add_tensor(TensorDesc desc) {
   MEMFIT_ASSERT(desc.view_of == kNoTensor, "use add_view for views ({})", desc.name);
+  check_tensor_bytes(desc);
   tensors_.push_back(std::move(desc));
   return TensorId(tensors_.size() - 1);
 }
@@ -168,7 +190,7 @@ int64_t Program::param_numel(const ParamEntry& e) const {
 
 int64_t Program::parameter_count() const {
   int64_t n = 0;
-  for (const ParamEntry& p : params_) n += param_numel(p);
+  for (const ParamEntry& p : params_) n = checked_add(n, param_numel(p), "parameter count", "graph");
   return n;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/bytes.hpp"
+#include "core/checked.hpp"
 #include "core/error.hpp"
 #include "graph/autodiff.hpp"
 #include "graph/forward_rewrite.hpp"
@@ -19,6 +20,27 @@ namespace memfit {
 
 namespace {
 
+// Sizes derived from the batch shape, checked before any tensor is made: the rows of every
+// product (batch x sequence) within what the matmul kernels index, and plain attention's
+// probabilities (B x NH x T x T per layer, the one tensor with three large factors) within
+// one tier. Every other tensor has two factors of at most kMaxKernelDim each, so its element
+// count fits int64_t; Program::add_tensor bounds its bytes.
+void check_step_sizes(const ModelSpec& spec, const Policy& p) {
+  const int64_t rows = checked_mul(p.batch, p.seq, "batch x sequence length", "policy");
+  MEMFIT_CHECK(rows <= kMaxKernelDim, "policy",
+               "batch x sequence length = {} x {} = {} rows, above {}, the most rows oneDNN's matmul kernels index "
+               "(32-bit); use a smaller --batch with --grad-accum", p.batch, p.seq, rows, kMaxKernelDim);
+  MEMFIT_CHECK(p.classifier_chunk_rows >= 0, "policy", "classifier chunk rows must be >= 0 (got {}; 0: automatic)",
+               p.classifier_chunk_rows);
+  if (p.attention != AttentionKind::plain) return;
+  const std::string what = "attention probabilities per layer (batch x heads x sequence x sequence)";
+  const int64_t probs = checked_mul(checked_mul(rows, spec.n_head, what, "policy"), p.seq, what, "policy");
+  MEMFIT_CHECK(uint64_t(probs) <= kMaxTierBytes / 4, "policy",
+               "plain attention keeps {} x {} x {} x {} = {} probabilities per layer, more than one memory tier "
+               "may hold ({}); use --attention flash", p.batch, spec.n_head, p.seq, p.seq, probs,
+               format_bytes(kMaxTierBytes));
+}
+
 void check_supported(const ModelSpec& spec, const Policy& p, const Topology& topo) {
   auto unsupported = [](std::string_view what) {
     throw Error("policy", fmt::format("{} is not supported by this build yet", what));
@@ -28,6 +50,7 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   MEMFIT_CHECK(p.grad_accum >= 1, "policy", "gradient accumulation must be at least 1 (got {})", p.grad_accum);
   MEMFIT_CHECK(p.seq <= spec.max_seq, "policy", "sequence length {} exceeds the context of model '{}' ({} positions)",
                p.seq, spec.name, spec.max_seq);
+  check_step_sizes(spec, p);
   check_precision_policy(p);
   check_update_in_backward(p);
   MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",

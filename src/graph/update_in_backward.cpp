@@ -23,23 +23,32 @@ void check_update_in_backward(const Policy& p) {
 
 namespace {
 
+// A grouped update op without its per-parameter lists (inputs, outputs, modes, weight decays):
+// the template every single-parameter copy starts from. Copying the whole group once per
+// parameter made this pass quadratic in the layer count (3,000 layers took over 24 GB).
+Op update_template(const Op& group) {
+  Op t = group;
+  t.inputs.clear();
+  t.outputs.clear();
+  t.modes.clear();
+  std::get<AdamWAttrs>(t.attrs).weight_decay.clear();
+  return t;
+}
+
 // One single-parameter copy of a grouped update op: [grad] -> [target, state roles...];
 // group_elements: the elements of all its gradients (its FLOPs are shared in proportion).
-Op single_update(const Program& p, const Op& group, size_t i, double group_elements) {
+Op single_update(const Program& p, const Op& group, const Op& templ, size_t i, double group_elements) {
   const size_t n = group.outputs.size() / (group.kind == OpKind::adamw8bit ? 5 : 3);
   const size_t roles = group.outputs.size() / n;
-  Op op = group;
+  Op op = templ;
   op.inputs = {group.inputs[i]};
-  op.outputs.clear();
-  op.modes.clear();
   for (size_t r = 0; r < roles; ++r) {
     op.outputs.push_back(group.outputs[i + r * n]);
     op.modes.push_back(group.modes[i + r * n]);
   }
-  AdamWAttrs a = std::get<AdamWAttrs>(group.attrs);
-  MEMFIT_ASSERT(a.max_grad_norm <= 0, "update op '{}' clips", group.name);
-  a.weight_decay = {a.weight_decay.empty() ? 0.0f : a.weight_decay[i]};
-  op.attrs = a;
+  const AdamWAttrs& g = std::get<AdamWAttrs>(group.attrs);
+  MEMFIT_ASSERT(g.max_grad_norm <= 0, "update op '{}' clips", group.name);
+  std::get<AdamWAttrs>(op.attrs).weight_decay = {g.weight_decay.empty() ? 0.0f : g.weight_decay[i]};
   op.name = group.name + "." + p.tensor(group.outputs[i]).name;
   op.flops = group.flops * double(p.tensor(group.inputs[i]).numel()) / std::max(1.0, group_elements);
   return op;
@@ -68,8 +77,9 @@ void apply_update_in_backward(Program& p) {
     if (op.kind == OpKind::adamw || op.kind == OpKind::adamw8bit) {
       double elements = 0;
       for (TensorId g : op.inputs) elements += double(p.tensor(g).numel());
+      const Op templ = update_template(op);
       for (size_t g = 0; g < op.inputs.size(); ++g) {
-        Op single = single_update(p, op, g, elements);
+        Op single = single_update(p, op, templ, g, elements);
         const TensorId grad = p.root_of(single.inputs[0]), target = p.root_of(single.outputs[0]);
         std::vector<TensorId> after{grad, target};
         if (auto v = value_of_grad.find(grad); v != value_of_grad.end()) after.push_back(v->second);

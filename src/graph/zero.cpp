@@ -254,10 +254,16 @@ struct ZeroPass {
     const std::vector<int> last_writer = sync_in_backward ? writers.last : std::vector<int>(L.buckets.size(), -1);
 
     const std::vector<std::vector<size_t>> gathers_before = stage == 3 ? plan_gathers(old) : std::vector<std::vector<size_t>>();
+    // The same per op, in bucket order: the loop below looks them up instead of scanning every
+    // bucket at every op (that scan made the pass quadratic in the layer count).
+    std::vector<std::vector<size_t>> fills_before(old.size()), syncs_after(old.size());
+    for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
+      if (first_writer[bi] >= 0) fills_before[size_t(first_writer[bi])].push_back(bi);
+      if (last_writer[bi] >= 0) syncs_after[size_t(last_writer[bi])].push_back(bi);
+    }
 
     for (size_t i = 0; i < old.size(); ++i) {
-      for (size_t bi = 0; bi < L.buckets.size(); ++bi)
-        if (first_writer[bi] == int(i)) emit_tail_fill(bi, push, p.section_of_op(int(i)));
+      for (size_t bi : fills_before[i]) emit_tail_fill(bi, push, p.section_of_op(int(i)));
       if (stage == 3)
         for (size_t g : gathers_before[i]) push(gather_op(g), p.section_of_op(int(i)));
       Op op = old[i];
@@ -302,11 +308,10 @@ struct ZeroPass {
         }
         push(std::move(op), s);
       }
-      for (size_t bi = 0; bi < L.buckets.size(); ++bi)
-        if (last_writer[bi] == int(i)) {
-          if (stage >= 2) emit_bucket_reduce_scatter(bi, push, s, k);
-          else emit_bucket_sync(bi, push, s);
-        }
+      for (size_t bi : syncs_after[i]) {
+        if (stage >= 2) emit_bucket_reduce_scatter(bi, push, s, k);
+        else emit_bucket_sync(bi, push, s);
+      }
       const bool section_end = int(i) + 1 == p.sections()[size_t(s)].end;
       // Once per step, after the last micro-step, whether or not the optimizer runs.
       if (section_end && s == micro_index) {

@@ -4,6 +4,8 @@
 #include <map>
 #include <numeric>
 
+#include "core/bytes.hpp"
+#include "core/checked.hpp"
 #include "core/error.hpp"
 
 namespace memfit {
@@ -129,6 +131,16 @@ std::vector<Buffer> form_buffers(const Program& p, const std::vector<Interval>& 
   return buffers;
 }
 
+// No offset the placement computes exceeds the sum of its tier's aligned buffer sizes, so
+// checking those sums once makes every offset, end and peak below exact.
+void check_tier_sums(const std::vector<Buffer>& buffers) {
+  std::array<uint64_t, kNumTiers> sum{};
+  constexpr std::string_view what = "bytes of one tier's buffers";
+  for (const Buffer& b : buffers)
+    sum[size_t(b.tier)] = checked_add(sum[size_t(b.tier)], checked_align_up(b.bytes, kTensorAlignment, what, "plan"),
+                                      what, "plan");
+}
+
 // Places the buffers of one tier; returns the plan's per-tier numbers except the timeline.
 void place_tier(Tier tier, std::vector<Buffer>& buffers, int n_ops, TierPlan& out) {
   uint64_t top = 0;
@@ -168,6 +180,44 @@ void place_tier(Tier tier, std::vector<Buffer>& buffers, int n_ops, TierPlan& ou
   out.peak_bytes = peak;
 }
 
+// Timeline: bytes of each live buffer, attributed to the category of the member that holds
+// the buffer at that op (the newest one born by then). Buffers add their bytes as differences
+// at the op where they (or a member) start and after the op where they end, summed once over
+// the ops: O(ops x categories + buffers), where adding each buffer's bytes op by op cost
+// O(buffers x ops) (persistent buffers span every op: quadratic in the layer count).
+void fill_timeline(const Program& p, const std::vector<Interval>& live, const std::vector<Buffer>& buffers, int n_ops,
+                   MemoryPlan& plan) {
+  // delta[tier][op][category]: change of the live bytes from op - 1 to op (unsigned arithmetic
+  // wraps in between, and the running sums are exact because every true total fits).
+  std::array<std::vector<CategoryBytes>, kNumTiers> delta;
+  for (auto& d : delta) d.assign(size_t(n_ops) + 1, CategoryBytes{});
+  for (const Buffer& b : buffers) {
+    auto& d = delta[size_t(b.tier)];
+    size_t category = size_t(p.tensor(b.members[0]).category);
+    d[size_t(b.live.first)][category] += b.bytes;
+    for (size_t m = 1; m < b.members.size(); ++m) {
+      const size_t next = size_t(p.tensor(b.members[m]).category);
+      const size_t at = size_t(std::max(b.live.first, live[size_t(b.members[m])].first));
+      d[at][category] -= b.bytes;
+      d[at][next] += b.bytes;
+      category = next;
+    }
+    d[size_t(b.live.last) + 1][category] -= b.bytes;
+  }
+  for (size_t t = 0; t < size_t(kNumTiers); ++t) {
+    TierPlan& tp = plan.tiers[t];
+    tp.live_bytes.assign(size_t(n_ops), 0);
+    tp.live_by_category.assign(size_t(n_ops), CategoryBytes{});
+    CategoryBytes running{};
+    for (size_t op = 0; op < size_t(n_ops); ++op) {
+      uint64_t total = 0;
+      for (size_t c = 0; c < size_t(kNumCategories); ++c) total += (running[c] += delta[t][op][c]);
+      tp.live_by_category[op] = running;
+      tp.live_bytes[op] = total;
+    }
+  }
+}
+
 }  // namespace
 
 MemoryPlan plan_memory(const Program& p) {
@@ -177,7 +227,14 @@ MemoryPlan plan_memory(const Program& p) {
   const int n_ops = int(p.ops().size());
 
   MemoryPlan plan;
-  for (Tier tier : kAllTiers) place_tier(tier, buffers, n_ops, plan.tiers[size_t(tier)]);
+  check_tier_sums(buffers);
+  for (Tier tier : kAllTiers) {
+    TierPlan& tp = plan.tiers[size_t(tier)];
+    place_tier(tier, buffers, n_ops, tp);
+    MEMFIT_CHECK(tp.peak_bytes <= kMaxTierBytes, "plan", "the {} tier needs {} ({} bytes), above {}, more than any "
+                 "machine has in one memory tier", tier_name(tier), format_bytes(tp.peak_bytes), tp.peak_bytes,
+                 format_bytes(kMaxTierBytes));
+  }
 
   plan.tensors.resize(p.tensors().size());
   for (size_t id = 0; id < p.tensors().size(); ++id) {
@@ -191,21 +248,7 @@ MemoryPlan plan_memory(const Program& p) {
     if (pl.buffer >= 0) pl.offset = buffers[size_t(pl.buffer)].offset + (t.is_view() ? t.view_offset : 0);
   }
 
-  // Timeline: bytes of each live buffer, attributed to the category of the member that holds
-  // the buffer at that op (the newest one born by then).
-  for (TierPlan& tp : plan.tiers) {
-    tp.live_bytes.assign(size_t(n_ops), 0);
-    tp.live_by_category.assign(size_t(n_ops), CategoryBytes{});
-  }
-  for (const Buffer& b : buffers) {
-    TierPlan& tp = plan.tiers[size_t(b.tier)];
-    size_t m = 0;
-    for (int op = b.live.first; op <= b.live.last; ++op) {
-      while (m + 1 < b.members.size() && live[size_t(b.members[m + 1])].first <= op) ++m;
-      tp.live_bytes[size_t(op)] += b.bytes;
-      tp.live_by_category[size_t(op)][size_t(p.tensor(b.members[m]).category)] += b.bytes;
-    }
-  }
+  fill_timeline(p, live, buffers, n_ops, plan);
   for (TierPlan& tp : plan.tiers) {
     for (int op = 0; op < n_ops; ++op) {
       if (tp.live_bytes[size_t(op)] > tp.max_live_bytes || tp.max_live_op < 0) {

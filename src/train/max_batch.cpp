@@ -37,7 +37,10 @@ MaxBatchAnswer search_max_batch(const RunConfig& config, bool seq_auto, uint64_t
     std::map<int64_t, uint64_t> peaks;
     FitSearch search([&](int64_t b) {
       const CandidatePlan cand = plan_candidate(with_batch(c, b), backend);
-      if (!cand.built) throw Error("max-batch", cand.refused);  // the policy itself is refused: say so
+      // Refused at batch 1: the policy itself is refused, say so. Refused at a larger batch: that
+      // batch is beyond a size bound (rows the kernels index, bytes a tier holds): it does not fit.
+      if (!cand.built && b == 1) throw Error("max-batch", cand.refused);
+      if (!cand.built) return false;
       peaks[b] = cand.peak;
       return cand.peak <= budget;
     });

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/bytes.hpp"
+#include "core/checked.hpp"
 #include "core/error.hpp"
 #include "plan/breakdown.hpp"
 #include "runtime/dead_buffers.hpp"
@@ -83,9 +84,18 @@ void ProfileHooks::before_steps(Executor& ex, const PreparedRun& run) {
   const int64_t evals = run.policy.with_eval
                             ? (config_.eval_every > 0 ? (config_.steps - 1) / config_.eval_every : 0) + 1
                             : 0;
-  const size_t capacity = per_step * size_t(config_.steps) + eval_ops * size_t(config_.eval_batches * evals);
+  // The recorder keeps one record per executed op, allocated up front: bound it (checked) so
+  // that a long run asks for fewer steps instead of for more memory than the machine has.
+  constexpr uint64_t kMaxRecords = uint64_t(1) << 24;  // ~2 GiB of records
+  const std::string what = "op records of the profile";
+  const uint64_t capacity = checked_add(checked_mul(uint64_t(per_step), uint64_t(config_.steps), what, "profile"),
+                                        checked_mul(uint64_t(eval_ops) * uint64_t(evals), uint64_t(config_.eval_batches),
+                                                    what, "profile"),
+                                        what, "profile");
+  MEMFIT_CHECK(capacity <= kMaxRecords, "profile", "{} steps of {} ops are {} op records, above the {} a profile "
+               "keeps; profile fewer --steps", config_.steps, per_step, capacity, kMaxRecords);
   // The recorder scans before the fill returns dead buffers to the sentinel.
-  recorder_ = std::make_unique<TraceRecorder>(capacity, &ex);
+  recorder_ = std::make_unique<TraceRecorder>(size_t(capacity), &ex);
   fill_ = std::make_unique<DeadBufferFill>(ex, Arena::kSentinel);
   ex.add_observer(recorder_.get());
   ex.add_observer(fill_.get());

@@ -5,8 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <string_view>
 
+#include "core/checked.hpp"
 #include "graph/model_spec.hpp"
 #include "graph/policy.hpp"
 #include "io/token_file.hpp"
@@ -48,6 +51,51 @@ struct RunConfig {
 };
 
 ModelSpec resolve_model(const std::string& model);  // throws [model] / [config]
+
+// --- Input rules, shared by flags (cli/options.cpp), memfit's config keys and DeepSpeed's ---
+// Every numeric input is checked where it is read, against the same range whichever way it
+// came, and refused in one line naming the field as the user wrote it: "--steps" ([cli]) or
+// "train_iters" ([config]). Integers must be written as integers: 1.9, 2.0 and 1e5 are all
+// refused for an integer field (a JSON 2.0 is a float, and PyTorch's DataLoader refuses a float
+// batch size too). Reals must be finite.
+inline constexpr int64_t kMaxSteps = 100'000'000;  // ~100x the longest published pretraining runs (~10^6 steps)
+inline constexpr int kMaxThreads = 4096;           // above the hardware threads of any single machine
+
+struct IntRange {
+  int64_t lo, hi;
+};
+struct RealRange {
+  double lo, hi;
+  bool lo_open = false, hi_open = false;  // (lo, ... / ..., hi)
+};
+namespace input_range {
+inline constexpr IntRange steps{1, kMaxSteps};            // steps, eval batches, loss-scale window
+inline constexpr IntRange interval{0, kMaxSteps};         // warmup, decay, eval/log/checkpoint every N (0: off)
+inline constexpr IntRange batch{1, kMaxKernelDim};        // batch and sequence length (rows bounded by policy)
+inline constexpr IntRange chunk_rows{0, kMaxKernelDim};   // classifier chunk rows (0: automatic)
+inline constexpr IntRange accumulation{1, INT32_MAX};
+inline constexpr IntRange zero_stage{0, 3};
+inline constexpr IntRange threads{1, kMaxThreads};
+inline constexpr IntRange hysteresis{1, INT32_MAX};
+inline constexpr IntRange kept_checkpoints{1, 1'000'000};
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+inline constexpr RealRange non_negative{0, kInf, false, true};  // lr, min lr, eps, weight decay, clipping
+inline constexpr RealRange beta{0, 1, false, true};              // AdamW betas: 0 <= beta < 1 (PyTorch's check)
+inline constexpr RealRange fraction{0, 1, false, true};          // the validation share
+inline constexpr RealRange positive{0, kInf, true, true};        // the minimum loss scale
+inline constexpr RealRange initial_scale{0, 0x1p100, true, false};
+inline constexpr RealRange comm_timeout{0, 1e7};  // seconds (0: no limit); 1e7 s is 116 days
+inline constexpr RealRange weight_decay{0, std::numeric_limits<float>::max()};  // stored as float
+}  // namespace input_range
+
+// Range checks of a value already read; throw [cli] or [config] naming `field`.
+int64_t require_in(std::string_view field, int64_t v, IntRange r);
+double require_in(std::string_view field, double v, RealRange r);
+// Text of a flag, read strictly: an integer is an optional '-' and decimal digits that fit
+// int64_t (uint64_t for the unsigned form); a real is decimal or scientific notation, finite.
+int64_t parse_integer_text(std::string_view field, std::string_view text);
+uint64_t parse_unsigned_text(std::string_view field, std::string_view text);
+double parse_real_text(std::string_view field, std::string_view text);
 
 // The learning-rate schedule of a run, defaults resolved and validated (throws [train]).
 LrSchedule lr_schedule_of(const RunConfig& config);

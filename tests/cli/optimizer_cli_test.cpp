@@ -80,7 +80,7 @@ TEST(OptimizerCli, BadValuesGiveOneLine) {
            {"train --steps 2 --lr-schedule linear", "schedule 'linear'"},
            {"train --steps 2 --lr-schedule cosine --min-lr 1", "--min-lr"},
            {"train --steps 2 --lr-schedule cosine --warmup 5", "--decay-steps"},
-           {"train --steps 2 --grad-clip -1", "gradient clipping"},
+           {"train --steps 2 --grad-clip -1", "--grad-clip must be a number >= 0"},
            {"plan --optimizer sgd", "optimizer 'sgd'"}}) {
     const auto r = run_memfit(args);
     EXPECT_EQ(r.status, 1) << args << "\n" << r.out << r.err;

@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "graph/forward_rewrite.hpp"
 #include "graph/training_program.hpp"
+#include "kernels/backend.hpp"
 #include "support/low_rank_branch.hpp"
 
 namespace memfit {
