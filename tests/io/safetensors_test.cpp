@@ -398,7 +398,9 @@ TEST(SafetensorsWriter, RefusesInvalidTensorsAndKeepsTheExistingFile) {
       {{{"packed", DType::nf4, Shape{2}, one}}, "safetensors cannot store"},
       {{good, {"missing", DType::f32, Shape{4}, nullptr}}, "has no data"},
   };
-  for (const auto& [tensors, expected] : cases) {
+  for (const auto& c : cases) {
+    const auto& tensors = c.first;  // not a structured binding: clang 14 cannot capture those
+    const auto& expected = c.second;
     SCOPED_TRACE(expected);
     expect_error([&] { write_safetensors(path, tensors); }, "safetensors", {path, expected});
     expect_file_unchanged(path, before);
