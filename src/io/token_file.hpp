@@ -3,7 +3,8 @@
 // plain text (one token per byte).
 //
 // Invariant: a TokenData holds at least 2 tokens (one input/target pair), and every token it
-// returns is below vocab_hint(). Auto-detection is strict: an llm.c header with a damaged
+// returns is below vocab_hint() (a uint32 token of a Llama 3 file past INT32_MAX comes back
+// negative; the batch loader and check_tokens_below refuse it). Auto-detection is strict: an llm.c header with a damaged
 // magic is refused, never read as nanoGPT tokens, and llm.c's reserved header fields are zero. Files are mapped read-only and never copied; the mapping
 // lives in a move-only handle, so a TokenData can be moved but not copied.
 #pragma once
