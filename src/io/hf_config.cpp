@@ -1,5 +1,7 @@
 #include "io/hf_config.hpp"
 
+#include <algorithm>
+#include <iterator>
 #include <limits>
 
 #include "core/error.hpp"
@@ -57,6 +59,14 @@ class ConfigKeys {
     return v.get<std::string>();
   }
 
+  double number_or(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    MEMFIT_CHECK(j_[key].is_number(), kPiece, "{}: key '{}' must be a number, got {}", path_, key, j_[key].dump());
+    return j_[key].get<double>();
+  }
+
+  const json& raw(const char* key) const { return j_[key]; }
+
   // The keys of a nested object (none when absent).
   ConfigKeys nested(const char* key) const {
     static const json kEmpty = json::object();
@@ -84,6 +94,64 @@ json parse_config_file(const std::string& path) {
   }
 }
 
+// GPT-2 attention switches that change the math away from softmax(q k^T / sqrt(d)) v.
+// (reorder_and_upcast_attn changes only the precision of the same product: accepted.)
+void refuse_gpt2_attention_variants(const ConfigKeys& keys) {
+  MEMFIT_CHECK(keys.boolean("scale_attn_weights", true), kPiece,
+               "{}: 'scale_attn_weights': false is not supported (memfit scales attention by 1/sqrt(head_dim))",
+               keys.path());
+  MEMFIT_CHECK(!keys.boolean("scale_attn_by_inverse_layer_idx", false), kPiece,
+               "{}: 'scale_attn_by_inverse_layer_idx': true is not supported", keys.path());
+  MEMFIT_CHECK(!keys.boolean("add_cross_attention", false), kPiece,
+               "{}: 'add_cross_attention': true is not supported (memfit's gpt2 is decoder-only)", keys.path());
+}
+
+// The rotary type the config asks for, from either spelling (transformers 5's rope_parameters,
+// or the older top-level rope_scaling); both present and disagreeing is refused, as is a
+// rope_scaling without a type or with one HF does not define. memfit plans every type; the
+// trainer refuses all but "default", which is the only one its rope kernel computes.
+std::string rope_type_of(const ConfigKeys& keys) {
+  static constexpr std::string_view kKnown[] = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"};
+  const ConfigKeys rope = keys.nested("rope_parameters"), scaling = keys.nested("rope_scaling");
+  std::string type = rope.string("rope_type", "default");
+  if (keys.has("rope_scaling")) {
+    const std::string scaled = scaling.string("rope_type", scaling.string("type", ""));
+    MEMFIT_CHECK(!scaled.empty(), kPiece, "{}: 'rope_scaling' has no 'rope_type' (or 'type'), so its scaling is "
+                 "unknown", keys.path());
+    MEMFIT_CHECK(!keys.has("rope_parameters") || scaled == type, kPiece,
+                 "{}: 'rope_scaling' says rope_type '{}' but 'rope_parameters' says '{}'", keys.path(), scaled, type);
+    type = scaled;
+  }
+  MEMFIT_CHECK(std::find(std::begin(kKnown), std::end(kKnown), type) != std::end(kKnown), kPiece,
+               "{}: rope_type '{}' is not one HF defines (default, linear, dynamic, yarn, longrope, llama3)",
+               keys.path(), type);
+  MEMFIT_CHECK(rope.number_or("partial_rotary_factor", keys.number_or("partial_rotary_factor", 1.0)) == 1.0, kPiece,
+               "{}: 'partial_rotary_factor' other than 1 is not supported (memfit rotates every channel)", keys.path());
+  return type;
+}
+
+// The longest sequence memfit can train exactly. Sliding-window attention (Mistral's
+// sliding_window, Qwen2's use_sliding_window) equals full causal attention for sequences no
+// longer than the window, so the window caps max_seq and longer sequences are refused later.
+int64_t max_seq_under_sliding_window(const ConfigKeys& keys, const std::string& model_type, int64_t max_seq) {
+  bool sliding = model_type != "qwen2" ? keys.has("sliding_window") : keys.boolean("use_sliding_window", false);
+  if (keys.has("layer_types")) {
+    const json& types = keys.raw("layer_types");
+    MEMFIT_CHECK(types.is_array(), kPiece, "{}: key 'layer_types' must be an array, got {}", keys.path(),
+                 types.dump());
+    for (const json& t : types) {
+      MEMFIT_CHECK(t == "full_attention" || t == "sliding_attention", kPiece,
+                   "{}: 'layer_types' holds {}, which memfit does not support (only full_attention and "
+                   "sliding_attention)", keys.path(), t.dump());
+      sliding = sliding || t == "sliding_attention";
+    }
+  }
+  if (!sliding) return max_seq;
+  MEMFIT_CHECK(keys.has("sliding_window"), kPiece, "{}: sliding-window attention without a 'sliding_window' size",
+               keys.path());
+  return std::min(max_seq, keys.integer("sliding_window"));
+}
+
 ModelSpec read_gpt2(const ConfigKeys& keys) {
   const std::string activation = keys.string("activation_function", "gelu_new");
   // gelu_pytorch_tanh is the same tanh approximation as gelu_new, computed by a fused kernel.
@@ -102,11 +170,16 @@ ModelSpec read_gpt2(const ConfigKeys& keys) {
                keys.path());
   s.max_seq = keys.has("n_positions") ? keys.integer("n_positions") : keys.integer("n_ctx");
   s.norm_eps = float(keys.positive_number("layer_norm_epsilon", 1e-5));
-  s.tied_embeddings = keys.boolean("tie_word_embeddings", true);
+  // memfit's gpt2 graph always ties lm_head to wte; an untied file's lm_head.weight would be
+  // dropped and a different model trained, so the key is refused rather than ignored.
+  MEMFIT_CHECK(keys.boolean("tie_word_embeddings", true), kPiece,
+               "{}: 'tie_word_embeddings': false is not supported for gpt2 (memfit's gpt2 ties lm_head to wte)",
+               keys.path());
+  refuse_gpt2_attention_variants(keys);
   return s;
 }
 
-ModelSpec read_llama_family(const ConfigKeys& keys) {
+ModelSpec read_llama_family(const ConfigKeys& keys, const std::string& model_type) {
   const std::string activation = keys.string("hidden_act", "silu");
   MEMFIT_CHECK(activation == "silu", kPiece,
                "{}: hidden_act '{}' is not supported (memfit's llama uses SwiGLU with 'silu')", keys.path(),
@@ -122,13 +195,13 @@ ModelSpec read_llama_family(const ConfigKeys& keys) {
   s.n_embd = keys.integer("hidden_size");
   s.n_inner = keys.integer("intermediate_size");
   s.vocab_size = keys.integer("vocab_size");
-  s.max_seq = keys.integer("max_position_embeddings");
+  s.max_seq = max_seq_under_sliding_window(keys, model_type, keys.integer("max_position_embeddings"));
   s.norm_eps = float(keys.positive_number("rms_norm_eps", 1e-6));
   // transformers 5 writes the rotary settings as rope_parameters {rope_theta, rope_type, ...};
   // earlier versions as top-level rope_theta and rope_scaling {rope_type or type, ...}.
-  const ConfigKeys rope = keys.nested("rope_parameters"), scaling = keys.nested("rope_scaling");
+  const ConfigKeys rope = keys.nested("rope_parameters");
   s.rope_theta = float(rope.positive_number("rope_theta", keys.positive_number("rope_theta", 10000.0)));
-  s.rope_type = rope.string("rope_type", scaling.string("rope_type", scaling.string("type", "default")));
+  s.rope_type = rope_type_of(keys);
   s.tied_embeddings = keys.boolean("tie_word_embeddings", false);
   if (keys.has("head_dim") && s.n_embd % s.n_head == 0)
     MEMFIT_CHECK(keys.integer("head_dim") == s.n_embd / s.n_head, kPiece,
@@ -149,7 +222,7 @@ ModelSpec read_hf_config(const std::string& path) {
   if (model_type == "gpt2") {
     spec = read_gpt2(keys);
   } else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") {
-    spec = read_llama_family(keys);
+    spec = read_llama_family(keys, model_type);
     spec.qkv_bias = model_type == "qwen2";  // Qwen2's q, k and v projections always carry biases
   } else {
     throw Error(kPiece, fmt::format("{}: model_type '{}' is not supported (supported: gpt2, llama, mistral, qwen2)",

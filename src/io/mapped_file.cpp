@@ -79,6 +79,18 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 
 MappedFile::~MappedFile() { release(); }
 
+void MappedFile::drop_pages(uint64_t offset, uint64_t count) const noexcept {
+  if (!data_ || offset >= size_) return;
+  const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+  const uint64_t end = std::min(size_, offset + std::min(count, size_ - offset));
+  // Whole pages only, except that the file's last page may end inside the range.
+  const uint64_t first = (offset + page - 1) / page * page;
+  const uint64_t last = end == size_ ? (end + page - 1) / page * page : end / page * page;
+  if (last <= first) return;
+  // Advice only: a failure leaves the pages resident, which costs memory but not correctness.
+  ::madvise(const_cast<std::byte*>(data_) + first, size_t(last - first), MADV_DONTNEED);
+}
+
 void MappedFile::release() noexcept {
   if (data_) ::munmap(const_cast<std::byte*>(data_), size_t(size_));
   data_ = nullptr;

@@ -32,6 +32,11 @@ class MappedFile {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Gives back the resident pages wholly inside bytes [offset, offset + count) once the caller
+  // has copied them out: they stop counting in the process's RSS, and a later read of them
+  // faults them in again from the file (the mapping is private and never written).
+  void drop_pages(uint64_t offset, uint64_t count) const noexcept;
+
  private:
   void release() noexcept;
 

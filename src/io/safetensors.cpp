@@ -152,16 +152,24 @@ float load_f32(const std::byte* src, int64_t i) {
 }
 
 // dst[j, i] = src[i, j] for src [rows, cols]; tiled so that both sides stay in cache.
-template <DType From>
-void transpose_to_f32(const std::byte* src, int64_t rows, int64_t cols, float* dst) {
+// rows_done(r) is told after source rows [0, r) have been read.
+template <DType From, class RowsDone>
+void transpose_to_f32(const std::byte* src, int64_t rows, int64_t cols, float* dst, RowsDone&& rows_done) {
   constexpr int64_t kTile = 64;
-  for (int64_t i0 = 0; i0 < rows; i0 += kTile)
+  for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+    const int64_t i1 = std::min(rows, i0 + kTile);
     for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
-      const int64_t i1 = std::min(rows, i0 + kTile), j1 = std::min(cols, j0 + kTile);
+      const int64_t j1 = std::min(cols, j0 + kTile);
       for (int64_t j = j0; j < j1; ++j)
         for (int64_t i = i0; i < i1; ++i) dst[j * rows + i] = load_f32<From>(src, i * cols + j);
     }
+    rows_done(i1);
+  }
 }
+
+// Elements widened between two releases of the file's pages: small enough that the mapped
+// pages add little to RSS, large enough that madvise costs nothing next to the copy.
+constexpr int64_t kReleaseChunkElements = int64_t(1) << 20;
 
 }  // namespace
 
@@ -191,6 +199,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(MappedFile
     return true;
   };
   const char* header_text = reinterpret_cast<const char*>(file_.data() + 8);
+  // The format requires the JSON to start at once; HF pads only at the end, with spaces.
+  MEMFIT_CHECK(header_bytes > 0 && header_text[0] == '{', kPiece,
+               "{}: header does not start with '{{' (header length field {}; not a safetensors file?)", path,
+               header_bytes);
   json header;
   try {
     header = json::parse(header_text, header_text + header_bytes, guard);
@@ -209,18 +221,31 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(MappedFile
   std::sort(entries_.begin(), entries_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
     return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
   });
-  // Sorted by begin, a tensor overlaps an earlier one exactly when it begins before the
-  // furthest end seen so far. Empty tensors occupy no bytes and overlap nothing.
-  const SafetensorsEntry* furthest = nullptr;
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    const SafetensorsEntry& e = entries_[i];
-    index_.emplace(e.name, i);
-    if (e.bytes() == 0) continue;
-    MEMFIT_CHECK(!furthest || e.begin >= furthest->end, kPiece,
-                 "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", path, furthest ? furthest->name : "",
-                 furthest ? furthest->begin : 0, furthest ? furthest->end : 0, e.name, e.begin, e.end);
-    if (!furthest || e.end > furthest->end) furthest = &e;
+  for (size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].name, i);
+  check_data_fully_indexed(path, data_size);
+}
+
+// The format requires the tensors to tile the data section: sorted by offset, each begins
+// where the previous ends and the last ends at the end of the file. This is what catches a
+// header length a few bytes off (the JSON padding still parses, and every tensor would be
+// read shifted), trailing bytes, holes, and overlaps.
+void SafetensorsReader::check_data_fully_indexed(const std::string& path, uint64_t data_size) const {
+  uint64_t covered = 0;
+  const SafetensorsEntry* previous = nullptr;
+  for (const SafetensorsEntry& e : entries_) {
+    MEMFIT_CHECK(e.begin >= covered, kPiece, "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", path,
+                 previous ? previous->name : "", previous ? previous->begin : 0, previous ? previous->end : 0,
+                 e.name, e.begin, e.end);
+    MEMFIT_CHECK(e.begin == covered, kPiece,
+                 "{}: tensor '{}': data_offsets [{}, {}] leave bytes [{}, {}) of the data section to no tensor "
+                 "(safetensors data must be contiguous)", path, e.name, e.begin, e.end, covered, e.begin);
+    covered = e.end;
+    previous = &e;
   }
+  MEMFIT_CHECK(covered == data_size, kPiece,
+               "{}: the tensors cover {} bytes but the data section holds {}: {} bytes belong to no tensor "
+               "(header length field {} is wrong, or trailing bytes follow the data)", path, covered, data_size,
+               data_size - covered, data_start_ - 8);
 }
 
 const SafetensorsEntry* SafetensorsReader::find(std::string_view name) const {
@@ -251,17 +276,27 @@ void SafetensorsReader::read_f32(std::string_view name, const Shape& expected, f
   MEMFIT_CHECK(e.shape == expected, kPiece, "{}: tensor '{}' has shape {}, expected {}", path(), e.name,
                e.shape.to_string(), expected.to_string());
   const std::byte* src = data(e);
+  // The weights live on in dst: the file's pages are given back as they are copied, so that
+  // loading adds at most one chunk of mapped pages to RSS, not the whole file.
+  const uint64_t file_begin = data_start_ + e.begin;
+  const int bytes_per_element = dtype_bits(e.dtype) / 8;
   if (!transpose2d) {
-    widen_to_f32(e.dtype, src, dst, e.shape.numel());
+    for (int64_t done = 0; done < e.shape.numel();) {
+      const int64_t n = std::min(kReleaseChunkElements, e.shape.numel() - done);
+      widen_to_f32(e.dtype, src + done * bytes_per_element, dst + done, n);
+      done += n;
+      file_.drop_pages(file_begin, uint64_t(done * bytes_per_element));
+    }
     return;
   }
   MEMFIT_CHECK(e.shape.rank() == 2, kPiece, "{}: tensor '{}' has shape {}; only 2-d tensors can be transposed",
                path(), e.name, e.shape.to_string());
   const int64_t rows = e.shape[0], cols = e.shape[1];
+  const auto rows_done = [&](int64_t r) { file_.drop_pages(file_begin, uint64_t(r * cols * bytes_per_element)); };
   switch (e.dtype) {
-    case DType::f32: transpose_to_f32<DType::f32>(src, rows, cols, dst); break;
-    case DType::bf16: transpose_to_f32<DType::bf16>(src, rows, cols, dst); break;
-    case DType::f16: transpose_to_f32<DType::f16>(src, rows, cols, dst); break;
+    case DType::f32: transpose_to_f32<DType::f32>(src, rows, cols, dst, rows_done); break;
+    case DType::bf16: transpose_to_f32<DType::bf16>(src, rows, cols, dst, rows_done); break;
+    case DType::f16: transpose_to_f32<DType::f16>(src, rows, cols, dst, rows_done); break;
     default: MEMFIT_ASSERT(false, "non-float dtype passed the check");
   }
 }

@@ -3,7 +3,8 @@
 //
 // Invariant of SafetensorsReader: once constructed, every entry has been checked against the
 // file — a known dtype, a shape whose element count matches its byte range exactly, a byte
-// range inside the data section and disjoint from every other tensor's — so data() and
+// range inside the data section, the ranges tiling the data section exactly (no hole, overlap or
+// trailing byte, as the format requires; this also catches a wrong header length) — so data() and
 // read_f32 never read outside the mapping. Any violation throws [safetensors] naming the file.
 // The file is mapped read-only and stays mapped for the reader's lifetime; if another
 // process truncates it meanwhile, reads fault (SIGBUS): that cannot be checked in advance.
@@ -58,6 +59,7 @@ class SafetensorsReader {
 
  private:
   const SafetensorsEntry& entry_or_throw(std::string_view name) const;
+  void check_data_fully_indexed(const std::string& path, uint64_t data_size) const;
 
   MappedFile file_;
   uint64_t data_start_ = 0;  // 8 + N

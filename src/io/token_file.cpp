@@ -1,5 +1,6 @@
 #include "io/token_file.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -33,10 +34,38 @@ bool starts_with_llmc_magic(const MappedFile& file) {
   return magic == kLlmcMagic || magic == kLlmcMagicLlama3;
 }
 
+// An llm.c header whose magic is damaged (zeroed, a flipped bit): the version field holds an
+// llm.c version and either the token count matches the file size or the reserved fields are
+// all zero. Raw uint16 tokens look like that by chance with probability far below 2^-32.
+bool looks_like_llmc_without_magic(const MappedFile& file) {
+  if (file.size() < kLlmcHeaderBytes) return false;
+  const int32_t version = read_le_i32(file.data() + 4);
+  if (version != kLlmcVersionUint16 && version != kLlmcVersionLlama3) return false;
+  const int32_t count = read_le_i32(file.data() + 8);
+  const uint64_t width = version == kLlmcVersionLlama3 ? 4 : 2;
+  if (count >= 0 && kLlmcHeaderBytes + width * uint64_t(count) == file.size()) return true;
+  const std::byte* reserved = file.data() + 12;
+  return std::all_of(reserved, file.data() + kLlmcHeaderBytes, [](std::byte b) { return b == std::byte{0}; });
+}
+
 TokenFormat detect_format(const MappedFile& file) {
   if (starts_with_llmc_magic(file)) return TokenFormat::llmc;
+  // Strict about which format a file is: a damaged llm.c file must not be read, header and
+  // all, as nanoGPT tokens.
+  MEMFIT_CHECK(!looks_like_llmc_without_magic(file), kPiece,
+               "{}: llm.c header with a bad magic {} (expected {} or {}); pass --data-format nanogpt if it really is "
+               "raw tokens", file.path(), read_le_i32(file.data()), kLlmcMagic, kLlmcMagicLlama3);
   if (std::filesystem::path(file.path()).extension() == ".bin") return TokenFormat::nanogpt;
   return TokenFormat::text;
+}
+
+// llm.c writes its header as 256 zeroed int32 with only magic, version and count set.
+void check_llmc_reserved_fields(const MappedFile& file) {
+  for (uint64_t field = 3; field < kLlmcHeaderBytes / 4; ++field) {
+    const int32_t value = read_le_i32(file.data() + 4 * field);
+    MEMFIT_CHECK(value == 0, kPiece, "{}: llm.c header field {} is {}, but llm.c leaves fields 3 to 255 zero",
+                 file.path(), field, value);
+  }
 }
 
 }  // namespace
@@ -81,6 +110,7 @@ TokenData TokenData::open(const std::string& path, TokenFormat format) {
       MEMFIT_CHECK(version == want, kPiece, "{}: unknown llm.c version {} for magic {} (expected {})", path, version,
                    magic, want);
       MEMFIT_CHECK(count >= 0, kPiece, "{}: negative token count {} in the llm.c header", path, count);
+      check_llmc_reserved_fields(file);
       const uint64_t width = llama3 ? 4 : 2;
       const uint64_t expected = kLlmcHeaderBytes + width * uint64_t(count);
       MEMFIT_CHECK(file.size() == expected, kPiece,
@@ -163,6 +193,27 @@ void TokenData::copy(int64_t start, int64_t count, int32_t* dst) const {
     for (int64_t i = 0; i < count; ++i) dst[i] = int32_t(dwords_[start + i]);
   } else {
     for (int64_t i = 0; i < count; ++i) dst[i] = int32_t(words_[start + i]);
+  }
+}
+
+void TokenData::check_tokens_below(int64_t begin, int64_t end, int64_t vocab) const {
+  MEMFIT_ASSERT(begin >= 0 && begin <= end && end <= size_, "tokens [{}, {}) out of range [0, {}) in {}", begin, end,
+                size_, description_);
+  // Branch-free maximum per block, so the pass runs at memory speed; the position is searched
+  // only in the block that fails.
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t e = std::min(end, b + kBlock);
+    uint32_t highest = 0;
+    if (bytes_) for (int64_t i = b; i < e; ++i) highest = std::max<uint32_t>(highest, bytes_[i]);
+    else if (dwords_) for (int64_t i = b; i < e; ++i) highest = std::max<uint32_t>(highest, dwords_[i]);
+    else for (int64_t i = b; i < e; ++i) highest = std::max<uint32_t>(highest, words_[i]);
+    if (int64_t(highest) < vocab) continue;
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t t = bytes_ ? bytes_[i] : dwords_ ? dwords_[i] : words_[i];
+      MEMFIT_CHECK(int64_t(t) < vocab, kPiece, "token {} at position {} of {} is outside the model's vocabulary of {}",
+                   t, i, description_, vocab);
+    }
   }
 }
 

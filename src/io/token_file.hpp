@@ -3,7 +3,9 @@
 // plain text (one token per byte).
 //
 // Invariant: a TokenData holds at least 2 tokens (one input/target pair), and every token it
-// returns is below vocab_hint(). Files are mapped read-only and never copied; the mapping
+// returns is below vocab_hint() (a uint32 token of a Llama 3 file past INT32_MAX comes back
+// negative; the batch loader and check_tokens_below refuse it). Auto-detection is strict: an llm.c header with a damaged
+// magic is refused, never read as nanoGPT tokens, and llm.c's reserved header fields are zero. Files are mapped read-only and never copied; the mapping
 // lives in a move-only handle, so a TokenData can be moved but not copied.
 #pragma once
 
@@ -33,6 +35,10 @@ class TokenData {
   int64_t size() const { return size_; }
   int32_t at(int64_t i) const;
   void copy(int64_t start, int64_t count, int32_t* dst) const;  // [start, start + count) must be in range
+  // Throws [data] naming the file and position of the first token in [begin, end) that is not
+  // below vocab: one streaming pass, for checking a split (the validation split, say) before
+  // training starts. (The batch loader checks every token it loads as well.)
+  void check_tokens_below(int64_t begin, int64_t end, int64_t vocab) const;
   TokenFormat format() const { return format_; }
   const std::string& description() const { return description_; }
   int64_t vocab_hint() const { return format_ == TokenFormat::text ? 256 : dwords_ ? int64_t(1) << 31 : 65536; }

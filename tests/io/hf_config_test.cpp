@@ -104,11 +104,11 @@ TEST(HfConfig, AppliesGpt2Defaults) {
 
   const ModelSpec wide = read_config_text(
       dir, R"({"model_type":"gpt2","n_layer":2,"n_head":4,"n_embd":64,"n_positions":64,"n_ctx":128,"vocab_size":300,)"
-           R"("n_inner":100,"activation_function":"gelu_pytorch_tanh","tie_word_embeddings":false})");
+           R"("n_inner":100,"activation_function":"gelu_pytorch_tanh","tie_word_embeddings":true})");
   EXPECT_EQ(wide.max_seq, 64);  // n_positions wins over n_ctx
   EXPECT_EQ(wide.n_inner, 100);
   EXPECT_EQ(wide.padded_vocab, 320);
-  EXPECT_FALSE(wide.tied_embeddings);
+  EXPECT_TRUE(wide.tied_embeddings);
 }
 
 TEST(HfConfig, ReadsLlama2With6738415616Parameters) {
@@ -135,7 +135,9 @@ TEST(HfConfig, ReadsMistral7bWithGroupedQueryAttention) {
   EXPECT_EQ(s.arch, Arch::llama);
   EXPECT_EQ(s.n_kv_head, 8);
   EXPECT_EQ(s.n_inner, 14336);
-  EXPECT_EQ(s.max_seq, 32768);
+  // max_position_embeddings is 32768, but its sliding_window of 4096 caps the sequences that
+  // full causal attention computes exactly.
+  EXPECT_EQ(s.max_seq, 4096);
   EXPECT_EQ(s.parameter_count(), 7'241'732'096);  // published: 7.24B
 }
 
@@ -194,6 +196,22 @@ TEST(HfConfig, EachBadConfigGivesOneClearError) {
       {"odd head_dim", kMistralConfig, {{"head_dim", 160}}, {"head_dim 160", "128"}},
       {"attention bias", kLlama2Config, {{"attention_bias", true}}, {"'attention_bias'"}},
       {"negative theta", kLlama2Config, {{"rope_theta", -1.0}}, {"'rope_theta'", "positive number"}},
+      // Keys that change the model's math are honoured or refused, never ignored.
+      {"untied gpt2", kGpt2Config, {{"tie_word_embeddings", false}}, {"'tie_word_embeddings': false", "gpt2"}},
+      {"unscaled attention", kGpt2Config, {{"scale_attn_weights", false}}, {"'scale_attn_weights': false"}},
+      {"layer-scaled attention", kGpt2Config, {{"scale_attn_by_inverse_layer_idx", true}},
+       {"'scale_attn_by_inverse_layer_idx': true"}},
+      {"cross attention", kGpt2Config, {{"add_cross_attention", true}}, {"'add_cross_attention': true"}},
+      {"mlp bias", kLlama2Config, {{"mlp_bias", true}}, {"'mlp_bias'"}},
+      {"rope scaling without type", kLlama2Config, {{"rope_scaling", {{"factor", 8.0}}}}, {"'rope_scaling' has no 'rope_type'"}},
+      {"rope scaling not an object", kLlama2Config, {{"rope_scaling", 8.0}}, {"'rope_scaling'", "must be an object"}},
+      {"rope scaling conflicting", kLlama2Config,
+       {{"rope_parameters", {{"rope_type", "default"}}}, {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}},
+       {"'rope_scaling' says rope_type 'llama3'", "'rope_parameters' says 'default'"}},
+      {"unknown rope type", kLlama2Config, {{"rope_scaling", {{"type", "ntk"}}}}, {"rope_type 'ntk'"}},
+      {"partial rotary", kLlama2Config, {{"partial_rotary_factor", 0.5}}, {"'partial_rotary_factor'"}},
+      {"other layer type", kQwen2Config, {{"layer_types", {"full_attention", "chunked_attention"}}}, {"'layer_types'", "chunked_attention"}},
+      {"window without size", kQwen2Config, {{"use_sliding_window", true}, {"sliding_window", nullptr}}, {"'sliding_window'"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
@@ -201,6 +219,20 @@ TEST(HfConfig, EachBadConfigGivesOneClearError) {
     const std::string message = expect_error([&] { (void)read_hf_config(path); }, "config", {path});
     for (std::string_view part : c.expected) EXPECT_NE(message.find(part), std::string::npos) << part << " / " << message;
   }
+}
+
+// Sliding-window attention is honoured by capping max_seq at the window, where it equals full
+// causal attention; Qwen2 uses its window only when use_sliding_window (or layer_types) says so.
+TEST(HfConfig, CapsTheSequenceAtTheSlidingWindow) {
+  ScratchDir dir;
+  EXPECT_EQ(read_hf_config(config_path_with(dir, kQwen2Config, json::object())).max_seq, 131072);  // use_sliding_window false
+  EXPECT_EQ(read_hf_config(config_path_with(dir, kQwen2Config, {{"use_sliding_window", true}})).max_seq, 131072);
+  EXPECT_EQ(read_hf_config(config_path_with(dir, kQwen2Config, {{"use_sliding_window", true}, {"sliding_window", 512}}))
+                .max_seq, 512);
+  EXPECT_EQ(read_hf_config(config_path_with(dir, kQwen2Config,
+                                            {{"sliding_window", 256}, {"layer_types", {"full_attention", "sliding_attention"}}}))
+                .max_seq, 256);
+  EXPECT_EQ(read_hf_config(config_path_with(dir, kMistralConfig, {{"sliding_window", nullptr}})).max_seq, 32768);
 }
 
 TEST(HfConfig, RefusesUnreadableFiles) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/io_test_util.hpp"
+#include "runtime/rss.hpp"
 
 namespace memfit {
 namespace {
@@ -157,10 +158,10 @@ std::vector<MalformedCase> malformed_cases() {
       {"shorter than the length field", std::string("\x05\0\0\0\0", 5), "5 bytes is too short"},
       {"header length beyond the file", le_u64(1000) + "{}", "runs past the end of the file"},
       {"header length near 2^64", le_u64(~uint64_t(0)) + "{}", "runs past the end of the file"},
-      {"empty header", with_header(""), "not valid JSON"},
+      {"empty header", with_header(""), "does not start with '{'"},
       {"invalid JSON", with_header(R"({"a":)"), "not valid JSON"},
       {"invalid UTF-8", with_header("{\"a\xff\":1}"), "not valid JSON"},
-      {"header is an array", with_header("[1,2]"), "must be a JSON object"},
+      {"header is an array", with_header("[1,2]"), "does not start with '{'"},
       {"entry not an object", with_header(R"({"a":3})"), "must be an object"},
       {"missing dtype", with_header(R"({"a":{"shape":[2],"data_offsets":[0,8]}})"), "missing 'dtype'"},
       {"missing offsets", with_header(R"({"a":{"dtype":"F32","shape":[2]}})"), "missing 'data_offsets'"},
@@ -211,14 +212,84 @@ TEST(SafetensorsReader, RefusesMissingFilesAndDirectories) {
   expect_error([&] { SafetensorsReader r(dir.path().string()); }, "safetensors", {"is a directory"});
 }
 
-TEST(SafetensorsReader, AllowsZeroSizedTensorsAtAnyOffset) {
+TEST(SafetensorsReader, AllowsZeroSizedTensorsBetweenOthers) {
   ScratchDir dir;
   const std::string path = dir.file("empty.safetensors");
-  test::write_bytes(path, with_header(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
-                                      R"("z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}})"));
+  test::write_bytes(path, with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                      R"("z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
+                                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})"));
   SafetensorsReader r(path);
-  EXPECT_EQ(r.entries().size(), 2u);
+  EXPECT_EQ(r.entries().size(), 3u);
   EXPECT_EQ(r.find("z")->bytes(), 0u);
+}
+
+// The format requires the tensors to tile the data section exactly (HF's reader refuses
+// anything else); each departure is refused naming the file and the tensor or field.
+TEST(SafetensorsReader, RefusesDataNotTiledExactlyByTheTensors) {
+  ScratchDir dir;
+  const std::string a = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::vector<MalformedCase> cases = {
+      {"hole between tensors", with_header("{" + a + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})"),
+       "tensor 'b': data_offsets [12, 16] leave bytes [8, 12)"},
+      {"hole at the start", with_header(R"({"b":{"dtype":"F32","shape":[3],"data_offsets":[4,16]}})"),
+       "tensor 'b': data_offsets [4, 16] leave bytes [0, 4)"},
+      {"trailing bytes", with_header("{" + a + "}", 12), "4 bytes belong to no tensor"},
+      {"empty tensor inside another", with_header(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                                                  R"("z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}})"),
+       "overlap"},
+      {"no tensors but data", with_header("{}", 8), "8 bytes belong to no tensor"},
+      {"header not starting with a brace", with_header(" {" + a + "}", 8), "does not start with '{'"},
+  };
+  for (const MalformedCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string path = dir.file("bad.safetensors");
+    test::write_bytes(path, c.bytes);
+    expect_error([&] { SafetensorsReader r(path); }, "safetensors", {path, c.expected});
+  }
+}
+
+// The campaign's case: a header length field 4 bytes short still parses (the JSON ends in
+// padding spaces), and every tensor would be read one float early.
+TEST(SafetensorsReader, RefusesAHeaderLengthFieldFourBytesShort) {
+  ScratchDir dir;
+  const std::string path = dir.file("short.safetensors");
+  std::string header = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  header.append((8 - header.size() % 8) % 8 + 8, ' ');
+  const std::string data = bytes_of<float>({1.5f, 2.5f});
+  test::write_bytes(path, safetensors_bytes(header, data));
+  float x[2] = {};
+  SafetensorsReader(path).read_f32("x", Shape{2}, x);  // the intact file reads
+  EXPECT_EQ(x[1], 2.5f);
+  test::write_bytes(path, le_u64(header.size() - 4) + header + data);
+  expect_error([&] { SafetensorsReader r(path); }, "safetensors",
+               {path, "4 bytes belong to no tensor", "header length field " + std::to_string(header.size() - 4)});
+}
+
+// Reading a tensor gives the file's pages back as it goes: RSS after reading 96 MiB of
+// weights grows by the destination only, not by the mapped file (which --load would otherwise
+// keep resident on top of the planned arena until the reader closes).
+TEST(SafetensorsReader, GivesTheFilePagesBackAsTensorsAreRead) {
+  ScratchDir dir;
+  const std::string path = dir.file("big.safetensors");
+  constexpr int64_t kRows = 2048, kCols = 4096;  // 32 MiB each as F32
+  std::vector<float> values(size_t(kRows * kCols));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(i % 1000);
+  const SafetensorsTensor tensors[] = {{"a", DType::f32, Shape{kRows, kCols}, values.data()},
+                                       {"b", DType::f32, Shape{kRows, kCols}, values.data()},
+                                       {"c", DType::f32, Shape{kRows, kCols}, values.data()}};
+  write_safetensors(path, tensors);
+  std::vector<float> dst(values.size(), -1.0f);  // touched: resident before the measurement
+  const SafetensorsReader reader(path);
+  const uint64_t before = resident_set_bytes();
+  ASSERT_GT(before, 0u);
+  reader.read_f32("a", Shape{kRows, kCols}, dst.data());
+  EXPECT_EQ(dst, values);
+  reader.read_f32("b", Shape{kRows, kCols}, dst.data(), /*transpose2d=*/true);
+  EXPECT_EQ(dst[1], values[size_t(kCols)]);  // dst[0][1] = src[1][0]
+  reader.read_f32("c", Shape{kRows, kCols}, dst.data());
+  const uint64_t grown = resident_set_bytes() - std::min(before, resident_set_bytes());
+  // One chunk (4 MiB of F32) and a few pages may stay; the whole file would be 96 MiB.
+  EXPECT_LT(grown, uint64_t(8) << 20) << "RSS grew by " << grown << " bytes while reading 96 MiB";
 }
 
 // --- writer -------------------------------------------------------------------------------
@@ -327,7 +398,9 @@ TEST(SafetensorsWriter, RefusesInvalidTensorsAndKeepsTheExistingFile) {
       {{{"packed", DType::nf4, Shape{2}, one}}, "safetensors cannot store"},
       {{good, {"missing", DType::f32, Shape{4}, nullptr}}, "has no data"},
   };
-  for (const auto& [tensors, expected] : cases) {
+  for (const auto& c : cases) {
+    const auto& tensors = c.first;  // not a structured binding: clang 14 cannot capture those
+    const auto& expected = c.second;
     SCOPED_TRACE(expected);
     expect_error([&] { write_safetensors(path, tensors); }, "safetensors", {path, expected});
     expect_file_unchanged(path, before);

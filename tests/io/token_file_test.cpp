@@ -96,6 +96,63 @@ TEST(TokenFile, RefusesMalformedLlmcFiles) {
   }
 }
 
+// An llm.c file whose magic is damaged is refused in automatic mode, naming the magic, not read
+// (header and all) as nanoGPT tokens; naming the format explicitly still reads raw tokens.
+TEST(TokenFile, RefusesAnLlmcHeaderWithADamagedMagic) {
+  ScratchDir dir;
+  const std::string path = dir.file("train.bin");
+  const std::string four_tokens = bytes_of<uint16_t>({1, 2, 3, 4});
+  const struct {
+    const char* what;
+    std::string bytes;
+    std::string expected;
+  } cases[] = {
+      {"zeroed magic", llmc_header(0, 1, 4) + four_tokens, "bad magic 0"},
+      {"one bit off", llmc_header(20240521, 1, 4) + four_tokens, "bad magic 20240521"},
+      {"zeroed magic, llama 3", llmc_header(0, 7, 4) + four_tokens + four_tokens, "bad magic 0"},
+      {"zeroed magic, truncated", llmc_header(0, 1, 400) + four_tokens, "bad magic 0"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    test::write_bytes(path, c.bytes);
+    expect_error([&] { (void)TokenData::open(path); }, "data", {path, c.expected, "llm.c header"});
+  }
+  EXPECT_EQ(TokenData::open(path, TokenFormat::nanogpt).size(), 516);
+}
+
+TEST(TokenFile, RefusesNonZeroReservedLlmcHeaderFields) {
+  ScratchDir dir;
+  const std::string path = dir.file("train.bin");
+  std::string bytes = llmc_header(20240520, 1, 4) + bytes_of<uint16_t>({1, 2, 3, 4});
+  bytes[4 * 200] = 9;
+  test::write_bytes(path, bytes);
+  expect_error([&] { (void)TokenData::open(path); }, "data", {path, "header field 200 is 9"});
+}
+
+// The range check finds the first token at or above the vocabulary, in any block, for each width.
+TEST(TokenFile, ChecksEveryTokenOfASplitAgainstTheVocabulary) {
+  ScratchDir dir;
+  std::vector<uint16_t> tokens(10000, 7);
+  tokens[9001] = 300;
+  tokens[9500] = 400;
+  const TokenData data = TokenData::from_tokens(tokens, "split.bin");
+  data.check_tokens_below(0, 9001, 8);
+  data.check_tokens_below(0, 10000, 401);
+  expect_error([&] { data.check_tokens_below(0, 10000, 300); }, "data", {"token 300 at position 9001", "split.bin", "300"});
+  expect_error([&] { data.check_tokens_below(9002, 10000, 300); }, "data", {"token 400 at position 9500"});
+  const std::string wide = dir.file("wide.bin");
+  std::vector<uint32_t> llama3(5000, 3);
+  llama3[4999] = 128000;
+  test::write_bytes(wide, llmc_header(20240801, 7, 5000) +
+                              std::string(reinterpret_cast<const char*>(llama3.data()), llama3.size() * 4));
+  const TokenData wide_data = TokenData::open(wide);
+  wide_data.check_tokens_below(0, 4999, 4);
+  expect_error([&] { wide_data.check_tokens_below(0, 5000, 128000); }, "data", {"token 128000 at position 4999"});
+  const std::string text = dir.file("t.txt");
+  test::write_bytes(text, "abcz");
+  expect_error([&] { TokenData::open(text).check_tokens_below(0, 4, 'z'); }, "data", {"token 122 at position 3"});
+}
+
 // llm.c's Llama 3 files (magic 20240801, version 7): uint32 tokens past 65535, detected by
 // their magic (not taken for a nanoGPT file because of the .bin name).
 TEST(TokenFile, ReadsLlama3LlmcFilesWithUint32Tokens) {
@@ -144,11 +201,11 @@ TEST(TokenFile, DetectsTheFormat) {
   const std::string llmc = dir.file("tokens.dat");
   test::write_bytes(llmc, llmc_header(20240520, 1, 2) + bytes_of<uint16_t>({5, 6}));
   EXPECT_EQ(TokenData::open(llmc).format(), TokenFormat::llmc);
-  // .bin without the magic is nanoGPT, even when its first int32 is close to the magic.
+  // .bin without the magic and without an llm.c header is nanoGPT.
   const std::string raw = dir.file("tokens.bin");
-  test::write_bytes(raw, llmc_header(20240521, 1, 2) + bytes_of<uint16_t>({5, 6}));
+  test::write_bytes(raw, bytes_of<uint16_t>({0x9A58, 0x0134, 1, 0, 2, 0, 5, 6}));
   EXPECT_EQ(TokenData::open(raw).format(), TokenFormat::nanogpt);
-  EXPECT_EQ(TokenData::open(raw).size(), 514);
+  EXPECT_EQ(TokenData::open(raw).size(), 8);
   // Anything else is text, including files with no extension and files shorter than 4 bytes.
   for (const char* name : {"notes.txt", "README", "x.binary"}) {
     const std::string text = dir.file(name);
