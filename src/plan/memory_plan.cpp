@@ -10,7 +10,7 @@ namespace memfit {
 
 namespace {
 
-uint64_t align_up(uint64_t x) { return (x + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment; }
+uint64_t align_up(uint64_t x, uint64_t alignment) { return (x + alignment - 1) / alignment * alignment; }
 
 // A buffer is a run of bytes holding one root tensor, or a chain of roots that replace each
 // other in place; its members' intervals touch end to start.
@@ -130,12 +130,12 @@ std::vector<Buffer> form_buffers(const Program& p, const std::vector<Interval>& 
 }
 
 // Places the buffers of one tier; returns the plan's per-tier numbers except the timeline.
-void place_tier(Tier tier, std::vector<Buffer>& buffers, int n_ops, TierPlan& out) {
+void place_tier(Tier tier, uint64_t alignment, std::vector<Buffer>& buffers, int n_ops, TierPlan& out) {
   uint64_t top = 0;
   for (Buffer& b : buffers) {
     if (b.tier != tier || !b.persistent) continue;
     b.offset = top;
-    top = align_up(top + b.bytes);
+    top = align_up(top + b.bytes, alignment);
   }
   uint64_t peak = 0;
   for (const Buffer& b : buffers)
@@ -153,12 +153,13 @@ void place_tier(Tier tier, std::vector<Buffer>& buffers, int n_ops, TierPlan& ou
   }
   for (int op = 0; op < n_ops; ++op) {
     if (op > 0)
-      for (int i : dies[size_t(op - 1)]) free.give(buffers[size_t(i)].offset, align_up(buffers[size_t(i)].bytes));
+      for (int i : dies[size_t(op - 1)])
+        free.give(buffers[size_t(i)].offset, align_up(buffers[size_t(i)].bytes, alignment));
     std::vector<int>& now = born[size_t(op)];
     std::stable_sort(now.begin(), now.end(), [&](int a, int b) { return buffers[size_t(a)].bytes > buffers[size_t(b)].bytes; });
     for (int i : now) {
       Buffer& b = buffers[size_t(i)];
-      b.offset = free.take(align_up(b.bytes));
+      b.offset = free.take(align_up(b.bytes, alignment));
       if (b.offset + b.bytes > peak) {
         peak = b.offset + b.bytes;
         out.peak_op = op;
@@ -170,14 +171,20 @@ void place_tier(Tier tier, std::vector<Buffer>& buffers, int n_ops, TierPlan& ou
 
 }  // namespace
 
-MemoryPlan plan_memory(const Program& p) {
+MemoryPlan plan_memory(const Program& p, const TierAlignments& alignments) {
+  for (Tier tier : kAllTiers) {
+    const uint64_t a = alignments[size_t(tier)];
+    MEMFIT_CHECK(a > 0 && (a & (a - 1)) == 0, "plan", "the {} tier's alignment {} is not a power of two", tier_name(tier), a);
+  }
   const std::vector<Interval> live = compute_liveness(p);
   std::vector<int> buffer_of;
   std::vector<Buffer> buffers = form_buffers(p, live, buffer_of);
   const int n_ops = int(p.ops().size());
 
   MemoryPlan plan;
-  for (Tier tier : kAllTiers) place_tier(tier, buffers, n_ops, plan.tiers[size_t(tier)]);
+  plan.alignments = alignments;
+  for (Tier tier : kAllTiers)
+    place_tier(tier, alignments[size_t(tier)], buffers, n_ops, plan.tiers[size_t(tier)]);
 
   plan.tensors.resize(p.tensors().size());
   for (size_t id = 0; id < p.tensors().size(); ++id) {
