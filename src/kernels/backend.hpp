@@ -11,6 +11,7 @@
 
 #include "graph/capabilities.hpp"
 #include "graph/program.hpp"
+#include "memory/buffer_type.hpp"
 
 namespace memfit {
 
@@ -63,6 +64,9 @@ class Backend {
   virtual uint64_t scratch_bytes(const Program& program, const Op& op) const = 0;
   // Throws [kernels] naming the op kind when this backend has no kernel for it.
   virtual std::unique_ptr<PreparedOp> prepare(const Program& program, const Op& op, const OpBinding& binding) = 0;
+  // The memory that serves a tier: its alignment goes to the planner, and the executor
+  // allocates the tier's buffer from it (memory/buffer_type.hpp).
+  virtual const BufferType& buffer_type(Tier tier) const { return default_buffer_type(tier); }
 };
 
 // The CPU backend: oneDNN for matrix products, OpenMP loops for the rest.

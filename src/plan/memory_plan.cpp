@@ -12,7 +12,7 @@ namespace memfit {
 
 namespace {
 
-uint64_t align_up(uint64_t x) { return (x + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment; }
+uint64_t align_up(uint64_t x, uint64_t alignment) { return (x + alignment - 1) / alignment * alignment; }
 
 // A buffer is a run of bytes holding one root tensor, or a chain of roots that replace each
 // other in place; its members' intervals touch end to start.
@@ -133,21 +133,21 @@ std::vector<Buffer> form_buffers(const Program& p, const std::vector<Interval>& 
 
 // No offset the placement computes exceeds the sum of its tier's aligned buffer sizes, so
 // checking those sums once makes every offset, end and peak below exact.
-void check_tier_sums(const std::vector<Buffer>& buffers) {
+void check_tier_sums(const std::vector<Buffer>& buffers, const TierAlignments& alignments) {
   std::array<uint64_t, kNumTiers> sum{};
   constexpr std::string_view what = "bytes of one tier's buffers";
   for (const Buffer& b : buffers)
-    sum[size_t(b.tier)] = checked_add(sum[size_t(b.tier)], checked_align_up(b.bytes, kTensorAlignment, what, "plan"),
+    sum[size_t(b.tier)] = checked_add(sum[size_t(b.tier)], checked_align_up(b.bytes, alignments[size_t(b.tier)], what, "plan"),
                                       what, "plan");
 }
 
 // Places the buffers of one tier; returns the plan's per-tier numbers except the timeline.
-void place_tier(Tier tier, std::vector<Buffer>& buffers, int n_ops, TierPlan& out) {
+void place_tier(Tier tier, uint64_t alignment, std::vector<Buffer>& buffers, int n_ops, TierPlan& out) {
   uint64_t top = 0;
   for (Buffer& b : buffers) {
     if (b.tier != tier || !b.persistent) continue;
     b.offset = top;
-    top = align_up(top + b.bytes);
+    top = align_up(top + b.bytes, alignment);
   }
   uint64_t peak = 0;
   for (const Buffer& b : buffers)
@@ -165,12 +165,13 @@ void place_tier(Tier tier, std::vector<Buffer>& buffers, int n_ops, TierPlan& ou
   }
   for (int op = 0; op < n_ops; ++op) {
     if (op > 0)
-      for (int i : dies[size_t(op - 1)]) free.give(buffers[size_t(i)].offset, align_up(buffers[size_t(i)].bytes));
+      for (int i : dies[size_t(op - 1)])
+        free.give(buffers[size_t(i)].offset, align_up(buffers[size_t(i)].bytes, alignment));
     std::vector<int>& now = born[size_t(op)];
     std::stable_sort(now.begin(), now.end(), [&](int a, int b) { return buffers[size_t(a)].bytes > buffers[size_t(b)].bytes; });
     for (int i : now) {
       Buffer& b = buffers[size_t(i)];
-      b.offset = free.take(align_up(b.bytes));
+      b.offset = free.take(align_up(b.bytes, alignment));
       if (b.offset + b.bytes > peak) {
         peak = b.offset + b.bytes;
         out.peak_op = op;
@@ -220,17 +221,22 @@ void fill_timeline(const Program& p, const std::vector<Interval>& live, const st
 
 }  // namespace
 
-MemoryPlan plan_memory(const Program& p) {
+MemoryPlan plan_memory(const Program& p, const TierAlignments& alignments) {
+  for (Tier tier : kAllTiers) {
+    const uint64_t a = alignments[size_t(tier)];
+    MEMFIT_CHECK(a > 0 && (a & (a - 1)) == 0, "plan", "the {} tier's alignment {} is not a power of two", tier_name(tier), a);
+  }
   const std::vector<Interval> live = compute_liveness(p);
   std::vector<int> buffer_of;
   std::vector<Buffer> buffers = form_buffers(p, live, buffer_of);
   const int n_ops = int(p.ops().size());
 
   MemoryPlan plan;
-  check_tier_sums(buffers);
+  plan.alignments = alignments;
+  check_tier_sums(buffers, alignments);
   for (Tier tier : kAllTiers) {
     TierPlan& tp = plan.tiers[size_t(tier)];
-    place_tier(tier, buffers, n_ops, tp);
+    place_tier(tier, alignments[size_t(tier)], buffers, n_ops, tp);
     MEMFIT_CHECK(tp.peak_bytes <= kMaxTierBytes, "plan", "the {} tier needs {} ({} bytes), above {}, more than any "
                  "machine has in one memory tier", tier_name(tier), format_bytes(tp.peak_bytes), tp.peak_bytes,
                  format_bytes(kMaxTierBytes));

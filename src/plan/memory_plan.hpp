@@ -7,6 +7,9 @@
 //      placed by walking the ops in order, freeing buffers after their last op and putting
 //      each new buffer (largest first) into the best-fitting free hole, else on top.
 // The arena of a tier is exactly `peak_bytes` long: the highest byte any tensor occupies.
+// Offsets in a tier are multiples of that tier's alignment, which the caller passes in from
+// the buffer type serving the tier (Backend::buffer_type; plan/ cannot see memory/): 64 bytes
+// for host RAM, 4 KiB for a disk file that O_DIRECT will read.
 // Invariant (tested on random programs): no two tensors whose intervals overlap share a byte.
 #pragma once
 
@@ -21,6 +24,9 @@
 namespace memfit {
 
 inline constexpr uint64_t kTensorAlignment = 64;  // bytes; a cache line, one AVX-512 vector
+
+using TierAlignments = std::array<uint64_t, kNumTiers>;  // bytes, per Tier
+inline constexpr TierAlignments kDefaultTierAlignments = {kTensorAlignment, kTensorAlignment, kTensorAlignment};
 
 struct TensorPlacement {
   Tier tier = Tier::device;
@@ -47,11 +53,13 @@ struct TierPlan {
 struct MemoryPlan {
   std::vector<TensorPlacement> tensors;  // indexed by TensorId
   std::array<TierPlan, kNumTiers> tiers;
+  TierAlignments alignments = kDefaultTierAlignments;  // what the offsets were aligned to
   const TierPlan& tier(Tier t) const { return tiers[size_t(t)]; }
 };
 
-// Throws [plan] on a program that cannot be planned (a transient tensor no op touches).
-MemoryPlan plan_memory(const Program& program);
+// Throws [plan] on a program that cannot be planned (a transient tensor no op touches) or an
+// alignment that is not a power of two.
+MemoryPlan plan_memory(const Program& program, const TierAlignments& alignments = kDefaultTierAlignments);
 
 // Checks the invariant: tensors of the same tier whose intervals overlap occupy disjoint
 // bytes unless one is a view of the other's root or they share an in-place buffer in

@@ -43,7 +43,9 @@ void attach_backend_scratch(Program& p, const Backend& backend) {
 CompiledProgram compile_program(Program program, const Backend& backend) {
   attach_backend_scratch(program, backend);
   program.validate();
-  MemoryPlan plan = plan_memory(program);
+  TierAlignments alignments{};
+  for (Tier t : kAllTiers) alignments[size_t(t)] = backend.buffer_type(t).alignment();
+  MemoryPlan plan = plan_memory(program, alignments);
   return CompiledProgram{std::move(program), std::move(plan)};
 }
 

@@ -1,5 +1,6 @@
 // From a built program to a runnable one: the backend's library scratch (oneDNN's user
-// scratchpad) becomes op workspace tensors, so the plan counts it; then memory is planned.
+// scratchpad) becomes op workspace tensors, so the plan counts it; then memory is planned,
+// each tier aligned as the buffer type the backend serves it with requires.
 // `memfit plan` and `memfit train` both go through compile_program, so the plan printed
 // before a run is the plan the run executes.
 //

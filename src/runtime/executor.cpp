@@ -19,16 +19,23 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend, const Comm
     if (t != Tier::device && bytes > 0)
       throw Error("runtime", fmt::format("the plan puts {} on the {} tier, which the {} backend cannot run yet",
                                          format_bytes(bytes), tier_name(t), backend.name()));
-    arenas_[size_t(t)] = Arena(t, bytes);
+    const BufferType& type = backend.buffer_type(t);
+    MEMFIT_CHECK(bytes == 0 || plan_.alignments[size_t(t)] % type.alignment() == 0, "runtime",
+                 "the plan aligns the {} tier to {} bytes, but its buffer type '{}' needs {}", tier_name(t),
+                 plan_.alignments[size_t(t)], type.name(), type.alignment());
+    buffers_[size_t(t)] = bytes == 0 ? std::make_unique<Arena>(t, 0) : type.allocate(t, bytes);
+    MEMFIT_CHECK(dynamic_cast<const Arena*>(buffers_[size_t(t)].get()) != nullptr, "runtime",
+                 "the {} tier's buffer type '{}' is not a host arena, which this executor cannot run yet", tier_name(t),
+                 type.name());
   }
   const auto& tensors = program_.tensors();
   pointers_.assign(tensors.size(), nullptr);
   for (size_t id = 0; id < tensors.size(); ++id) {
     const TensorPlacement& pl = plan_.tensors[id];
     if (pl.buffer < 0) continue;
-    MEMFIT_ASSERT(pl.offset + pl.bytes <= arenas_[size_t(pl.tier)].size(), "tensor {} placed outside its arena",
+    MEMFIT_ASSERT(pl.offset + pl.bytes <= buffers_[size_t(pl.tier)]->size(), "tensor {} placed outside its buffer",
                   tensors[id].name);
-    pointers_[id] = arenas_[size_t(pl.tier)].data() + pl.offset;
+    pointers_[id] = buffers_[size_t(pl.tier)]->host_data() + pl.offset;
   }
   StartedCollectives started;
   prepared_.resize(program_.ops().size());
@@ -57,6 +64,29 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend, const Comm
   sync_ = range_of(SectionKind::sync);
   optimizer_ = range_of(SectionKind::optimizer);
   if (const Section* micro = program_.find_section(SectionKind::micro)) micro_repeat_ = micro->repeat;
+}
+
+namespace {
+
+const TensorPlacement& placed(const Program& program, const MemoryPlan& plan, TensorId id, size_t bytes) {
+  MEMFIT_CHECK(id >= 0 && size_t(id) < plan.tensors.size(), "runtime", "no tensor with id {}", int(id));
+  const TensorPlacement& pl = plan.tensors[size_t(id)];
+  MEMFIT_CHECK(pl.buffer >= 0, "runtime", "tensor '{}' has no memory (no op uses it)", program.tensor(id).name);
+  MEMFIT_CHECK(bytes == pl.bytes, "runtime", "tensor '{}' holds {} bytes, not {}", program.tensor(id).name, pl.bytes,
+               bytes);
+  return pl;
+}
+
+}  // namespace
+
+void Executor::read(TensorId id, std::span<std::byte> out) const {
+  const TensorPlacement& pl = placed(program_, plan_, id, out.size());
+  buffers_[size_t(pl.tier)]->read(pl.offset, out);
+}
+
+void Executor::write(TensorId id, std::span<const std::byte> in) {
+  const TensorPlacement& pl = placed(program_, plan_, id, in.size());
+  buffers_[size_t(pl.tier)]->write(pl.offset, in);
 }
 
 void Executor::run_range(int begin, int end, const StepContext& ctx) {

@@ -1,5 +1,5 @@
-// Executor: runs a compiled program. At construction it maps one arena per tier at the
-// planned size, binds every tensor to its planned address and asks the backend to prepare
+// Executor: runs a compiled program. At construction it allocates one buffer per tier at the
+// planned size, from the buffer type the backend serves that tier with (memory/), binds every tensor to its planned address and asks the backend to prepare
 // every op; after that, running a section is a loop over prepared ops with no allocation.
 // Ops of kind load_input are served by the InputHandler the trainer installs (the data
 // loader writes a batch straight into the planned tensors). run_step is the one place that
@@ -10,12 +10,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
 #include "dist/communicator.hpp"
 #include "kernels/backend.hpp"
-#include "runtime/arena.hpp"
+#include "memory/arena.hpp"
 #include "runtime/collective_op.hpp"
 #include "runtime/compile.hpp"
 
@@ -43,8 +44,8 @@ class UpdateGate {
 
 class Executor {
  public:
-  // Throws [runtime] when a tier other than device is planned (the CPU backend has no host
-  // or disk tier yet) and [kernels] when an op has no kernel. Collective ops run through the
+  // Throws [runtime] when a tier other than device is planned (no transfer engine runs yet)
+  // or a tier's buffer type cannot be read by the host, and [kernels] when an op has no kernel. Collective ops run through the
   // communicator of their group in `groups` (not owned; a world of one when null).
   Executor(const CompiledProgram& compiled, Backend& backend, const CommGroups* groups = nullptr);
 
@@ -61,13 +62,29 @@ class Executor {
   // Ops [begin, end) in program order (tests use it to stop mid-section and inspect).
   void run_ops(int begin, int end, const StepContext& ctx) { run_range(begin, end, ctx); }
 
+  // Copies a whole tensor out of or into its tier's buffer (whatever that tier is: the way
+  // train/ should reach tensors, so that it never holds an address into a tier). The span must
+  // be exactly the tensor's bytes; throws [runtime] otherwise or when the tensor is unplaced.
+  // Allocation-free, so usable inside steps.
+  void read(TensorId id, std::span<std::byte> out) const;
+  void write(TensorId id, std::span<const std::byte> in);
+  template <typename T>
+  void read_as(TensorId id, std::span<T> out) const {
+    read(id, std::as_writable_bytes(out));
+  }
+  template <typename T>
+  void write_as(TensorId id, std::span<const T> in) {
+    write(id, std::as_bytes(in));
+  }
+
   std::byte* data(TensorId id) const { return pointers_[size_t(id)]; }
   template <typename T>
   T* data_as(TensorId id) const {
     return reinterpret_cast<T*>(pointers_[size_t(id)]);
   }
-  const Arena& arena(Tier t) const { return arenas_[size_t(t)]; }
-  Arena& arena(Tier t) { return arenas_[size_t(t)]; }
+  // Every tier's buffer is a sentinel-measured arena while only host-readable tiers run.
+  const Arena& arena(Tier t) const { return static_cast<const Arena&>(*buffers_[size_t(t)]); }
+  Arena& arena(Tier t) { return static_cast<Arena&>(*buffers_[size_t(t)]); }
 
   // Time spent per op (seconds, summed over runs) when timing is on.
   void set_timing(bool on) { timing_ = on; }
@@ -84,7 +101,7 @@ class Executor {
 
   const Program& program_;
   const MemoryPlan& plan_;
-  std::array<Arena, kNumTiers> arenas_;
+  std::array<std::unique_ptr<Buffer>, kNumTiers> buffers_;
   std::vector<std::byte*> pointers_;
   std::vector<std::unique_ptr<PreparedOp>> prepared_;  // null for load_input
   InputHandler input_;

@@ -1,4 +1,4 @@
-#include "runtime/arena.hpp"
+#include "memory/arena.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -16,10 +16,10 @@ Arena::Arena(Tier tier, uint64_t bytes) : tier_(tier), size_(bytes) {
   const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
   mapped_ = (bytes + page - 1) / page * page;
   void* p = mmap(nullptr, mapped_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  MEMFIT_CHECK(p != MAP_FAILED, "runtime", "could not map the {} arena of {}: {}", tier_name(tier), format_bytes(bytes),
+  MEMFIT_CHECK(p != MAP_FAILED, "memory", "could not map the {} arena of {}: {}", tier_name(tier), format_bytes(bytes),
                std::strerror(errno));
   base_ = static_cast<std::byte*>(p);
-  MEMFIT_CHECK(mprotect(base_ + mapped_, page, PROT_NONE) == 0, "runtime", "could not protect the arena's guard page: {}",
+  MEMFIT_CHECK(mprotect(base_ + mapped_, page, PROT_NONE) == 0, "memory", "could not protect the arena's guard page: {}",
                std::strerror(errno));
   madvise(base_, mapped_, MADV_HUGEPAGE);  // advisory: fewer TLB misses where the kernel allows it
   std::memset(base_, kSentinel, mapped_);
@@ -46,6 +46,18 @@ Arena& Arena::operator=(Arena&& o) noexcept {
 void Arena::release() {
   if (base_) munmap(base_, mapped_ + uint64_t(sysconf(_SC_PAGESIZE)));
   base_ = nullptr;
+}
+
+void Arena::write(uint64_t offset, std::span<const std::byte> bytes) {
+  MEMFIT_CHECK(offset <= size_ && bytes.size() <= size_ - offset, "memory", "write of {} bytes at {} outside the {} arena of {}",
+               bytes.size(), offset, tier_name(tier_), size_);
+  if (!bytes.empty()) std::memcpy(base_ + offset, bytes.data(), bytes.size());
+}
+
+void Arena::read(uint64_t offset, std::span<std::byte> bytes) const {
+  MEMFIT_CHECK(offset <= size_ && bytes.size() <= size_ - offset, "memory", "read of {} bytes at {} outside the {} arena of {}",
+               bytes.size(), offset, tier_name(tier_), size_);
+  if (!bytes.empty()) std::memcpy(bytes.data(), base_ + offset, bytes.size());
 }
 
 uint64_t Arena::measured_high_water() const {

@@ -1,0 +1,46 @@
+// DiskFile: the disk tier's buffer, one file per rank (`memfit-rank<R>.tier`) under a
+// directory, preallocated with posix_fallocate to the planned size before the first step, so
+// a run never meets ENOSPC halfway. Bytes move with pread/pwrite; every offset the plan hands
+// out is a multiple of 4 KiB, so the same file can later be opened with O_DIRECT. The
+// high-water mark is the highest byte ever written (a file has no sentinel to scan cheaply).
+// Invariant: the file's length equals size() from construction to destruction; the file is
+// removed when the buffer is destroyed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "memory/buffer_type.hpp"
+
+namespace memfit {
+
+inline constexpr uint64_t kDiskAlignment = 4096;
+
+class DiskFile final : public Buffer {
+ public:
+  // Throws [memory] naming the path when the directory is missing or unwritable, or when the
+  // filesystem has no room for `bytes`.
+  DiskFile(Tier tier, uint64_t bytes, const BufferSite& site);
+  ~DiskFile() override;
+  DiskFile(const DiskFile&) = delete;
+  DiskFile& operator=(const DiskFile&) = delete;
+
+  Tier tier() const override { return tier_; }
+  uint64_t size() const override { return size_; }
+  std::byte* host_data() const override { return nullptr; }
+  void write(uint64_t offset, std::span<const std::byte> bytes) override;
+  void read(uint64_t offset, std::span<std::byte> bytes) const override;
+  uint64_t measured_high_water() const override { return highest_written_; }
+
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_; }  // for the transfer engine's pread/pwrite
+
+ private:
+  Tier tier_;
+  uint64_t size_;
+  std::string path_;
+  int fd_ = -1;
+  uint64_t highest_written_ = 0;
+};
+
+}  // namespace memfit
