@@ -42,6 +42,7 @@ class PageAlignedBackend final : public Backend {
   const BufferType& buffer_type(Tier tier) const override {
     return tier == Tier::device ? page_type_ : cpu_->buffer_type(tier);
   }
+  const OpCapabilities& capabilities() const override { return cpu_->capabilities(); }
 
  private:
   std::unique_ptr<Backend> cpu_ = make_cpu_backend();
@@ -58,7 +59,7 @@ Policy tiny_policy() {
 TEST(TierAlignment, PageAlignedDeviceTierPlansAndMeasuresExactly) {
   PageAlignedBackend backend;
   CompiledProgram paged =
-      compile_program(build_training_program(model_preset("gpt2-tiny"), tiny_policy(), {}), backend);
+      compile_program(build_training_program(model_preset("gpt2-tiny"), tiny_policy(), {}, cpu_capabilities()), backend);
   EXPECT_EQ(paged.plan.alignments[size_t(Tier::device)], kPage);
   int placed = 0;
   for (size_t id = 0; id < paged.plan.tensors.size(); ++id) {
