@@ -150,12 +150,14 @@ TEST(StrictInput, ConfigKeysOfTheWrongTypeOrRangeAreRefusedNamingTheKey) {
   for (const auto& [json, field] : cases) expect_config_refused(json, field);
 }
 
-// The rule for integers: written as integers. Reals may be written as integers.
+// The rule for integers: written as integers. Reals may be written as integers (eps 1 here: a
+// training run with eps 0 divides 0 by 0 where a gradient is zero, which the run stops on; the
+// plan below accepts eps 0, as PyTorch does).
 TEST(StrictInput, IntegersAndRealsThatAreRightAreAccepted) {
   const std::string d = temp_dir();
   write_file(d + "/ok.json", R"({"train_micro_batch_size_per_gpu": 2, "seq": 16, "gradient_accumulation_steps": 1,
     "train_batch_size": 2, "lr": 1, "seed": 18446744073709551615, "steps": 2,
-    "optimizer": {"type": "AdamW", "params": {"betas": [0, 0.999], "eps": 0, "weight_decay": 0}}})");
+    "optimizer": {"type": "AdamW", "params": {"betas": [0, 0.999], "eps": 1, "weight_decay": 0}}})");
   const test::CliResult r = run_memfit("train --config " + d + "/ok.json --val-fraction 0 --report-json " + d + "/r.json");
   ASSERT_EQ(r.status, 0) << r.err;
   const test::CliResult p = run_memfit("plan --json --config " + d + "/ok.json --beta1 0 --adam-eps 0 --threads 1");
