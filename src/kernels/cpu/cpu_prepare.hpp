@@ -11,25 +11,11 @@
 
 #include "core/half.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/closure_op.hpp"
 #include "kernels/cpu/dnnl_matmul.hpp"
 #include "kernels/op_contract.hpp"
 
 namespace memfit::cpu {
-
-template <class Fn>
-class ClosureOp final : public PreparedOp {
- public:
-  explicit ClosureOp(Fn fn) : fn_(std::move(fn)) {}
-  void run(const StepContext& ctx) override { fn_(ctx); }
-
- private:
-  Fn fn_;
-};
-
-template <class Fn>
-std::unique_ptr<PreparedOp> make_op(Fn fn) {
-  return std::make_unique<ClosureOp<Fn>>(std::move(fn));
-}
 
 [[noreturn]] inline void no_cpu_kernel(const Op& op, DType dtype) { no_kernel("CPU", op, dtype); }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/closure_op.hpp"
 #include "kernels/op_contract.hpp"
 #include "kernels/reference/reference.hpp"
 #include "kernels/reference/reference_llama.hpp"
@@ -19,21 +20,6 @@
 
 namespace memfit {
 namespace {
-
-template <class Fn>
-class ClosureOp final : public PreparedOp {
- public:
-  explicit ClosureOp(Fn fn) : fn_(std::move(fn)) {}
-  void run(const StepContext& ctx) override { fn_(ctx); }
-
- private:
-  Fn fn_;
-};
-
-template <class Fn>
-std::unique_ptr<PreparedOp> make_op(Fn fn) {
-  return std::make_unique<ClosureOp<Fn>>(std::move(fn));
-}
 
 using Prepared = std::unique_ptr<PreparedOp>;
 const float* in(const OpBinding& b, size_t i) { return static_cast<const float*>(b.inputs[i]); }
