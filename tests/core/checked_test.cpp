@@ -13,21 +13,12 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/shape.hpp"
+#include "support/hand_built.hpp"
 
 namespace memfit {
 namespace {
 
-// The message of the memfit::Error `fn` throws; fails the test when it throws none.
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return {};
-}
+using test::error_of;
 
 TEST(Checked, ProductsAndSumsAgreeWith128BitArithmeticOrThrowNamingTheQuantity) {
   std::mt19937_64 rng(20240601);

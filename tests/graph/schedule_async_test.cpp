@@ -17,6 +17,7 @@
 #include "graph/training_program.hpp"
 #include "plan/memory_plan.hpp"
 #include "kernels/backend.hpp"
+#include "support/hand_built.hpp"
 
 namespace memfit {
 namespace {
@@ -141,14 +142,7 @@ struct TransferProgram {
     return p.add_tensor(std::move(d));
   }
   void op(OpKind kind, const std::string& name, std::vector<TensorId> in, std::vector<TensorId> out) {
-    Op o;
-    o.kind = kind;
-    o.name = name;
-    o.inputs = std::move(in);
-    o.outputs = std::move(out);
-    o.modes.assign(o.outputs.size(), WriteMode::overwrite);
-    if (kind == OpKind::all_reduce) o.attrs = CollectiveAttrs{CommGroup::data, 2};
-    p.add_op(std::move(o));
+    test::add_plain_op(p, kind, name, std::move(in), std::move(out));
   }
 
   TransferProgram() {

@@ -12,20 +12,12 @@
 #include "graph/training_program.hpp"
 #include "kernels/backend.hpp"
 #include "plan/memory_plan.hpp"
+#include "support/hand_built.hpp"
 
 namespace memfit {
 namespace {
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return {};
-}
+using test::error_of;
 
 ModelSpec gpt2_like(int64_t layers, int64_t heads, int64_t channels, int64_t vocab, int64_t context) {
   ModelSpec s = model_preset("gpt2-tiny");

@@ -12,6 +12,7 @@
 #include "plan/memory_plan.hpp"
 #include "runtime/compile.hpp"
 #include "kernels/backend.hpp"
+#include "support/hand_built.hpp"
 
 namespace memfit {
 namespace {
@@ -44,14 +45,7 @@ Program queues_program() {
   };
   const TensorId host = tensor("host", Tier::host), dev = tensor("dev", Tier::device), g = tensor("g", Tier::device);
   auto op = [&](OpKind kind, const std::string& name, std::vector<TensorId> in, std::vector<TensorId> out) {
-    Op o;
-    o.kind = kind;
-    o.name = name;
-    o.inputs = std::move(in);
-    o.outputs = std::move(out);
-    o.modes.assign(o.outputs.size(), WriteMode::overwrite);
-    if (kind == OpKind::all_reduce) o.attrs = CollectiveAttrs{CommGroup::data, 2};
-    p.add_op(std::move(o));
+    test::add_plain_op(p, kind, name, std::move(in), std::move(out));
   };
   p.begin_section(SectionKind::micro);
   op(OpKind::fill, "small", {}, {dev});
