@@ -43,8 +43,9 @@ for r in range(1, rounds + 1):
     t = (out / f"probe-{r}.txt").read_text()
     peaks.append({"fp32": float(re.search(r"fp32 products ([\d.]+)", t).group(1)),
                   "bf16": float(re.search(r"bf16 ([\d.]+)", t).group(1))})
-print("| precision | old ms/step | new ms/step | new / old (per-round ratios) | old % of probed peak | new % of probed peak | planned = measured (new) |")
-print("|---|---|---|---|---|---|---|")
+print("| precision | old ms/step | new ms/step | new / old (per-round ratios) | old % of probed peak | new % of probed peak "
+      "| planned device peak, new (= measured?) | peak RSS old / new |")
+print("|---|---|---|---|---|---|---|---|")
 for p in ("fp32", "bf16"):
     rows = {s: [json.loads((out / f"{s}-{p}-{r}.json").read_text()) for r in range(1, rounds + 1)] for s in ("old", "new")}
     m0 = rows["new"][0]
@@ -54,9 +55,12 @@ for p in ("fp32", "bf16"):
     share = {s: statistics.median(flops / m / 1e6 / peaks[i][p] * 100 for i, m in enumerate(ms[s])) for s in ms}
     ratios = [b / a for a, b in zip(ms["old"], ms["new"])]
     equal = all(x["memory"]["planned_peak_bytes"] == x["memory"]["measured_peak_bytes"] for x in rows["new"])
+    planned = m0["memory"]["planned_peak_bytes"]["device"] / 2**30
+    rss = {s: max(x["memory"]["max_rss_bytes"] for x in rows[s]) / 2**30 for s in rows}
     print(f"| {p} | {statistics.median(ms['old']):.0f} | {statistics.median(ms['new']):.0f} | "
           f"{statistics.median(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)}) | {share['old']:.0f}% | "
-          f"{share['new']:.0f}% | {'yes' if equal else 'NO'} |")
+          f"{share['new']:.0f}% | {planned:.3f} GiB ({'= measured' if equal else 'MEASURED DIFFERS'}) | "
+          f"{rss['old']:.2f} / {rss['new']:.2f} GiB |")
 print("\nprobed peaks (GFLOP/s, fp32 / bf16) per round: " +
       "; ".join(f"{q['fp32']:.0f} / {q['bf16']:.0f}" for q in peaks))
 PY
