@@ -301,8 +301,8 @@ void SafetensorsReader::read_f32(std::string_view name, const Shape& expected, f
   }
 }
 
-void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
-                       const std::map<std::string, std::string>& metadata) {
+void write_safetensors_streamed(const std::string& path, std::span<const SafetensorsTensor> tensors,
+                                const SafetensorsFill& fill, const std::map<std::string, std::string>& metadata) {
   // Everything is checked before the temporary file is created.
   std::set<std::string_view> names;
   for (const SafetensorsTensor& t : tensors) {
@@ -311,8 +311,6 @@ void write_safetensors(const std::string& path, std::span<const SafetensorsTenso
     MEMFIT_CHECK(!file_dtype_name(t.dtype).empty(), kPiece,
                  "{}: tensor '{}' has dtype {}, which safetensors cannot store (store packed nf4 as U8)", path,
                  t.name, dtype_name(t.dtype));
-    MEMFIT_CHECK(t.data || dtype_bytes(t.dtype, t.shape.numel()) == 0, kPiece, "{}: tensor '{}' {} has no data",
-                 path, t.name, t.shape.to_string());
   }
 
   // HF order: larger elements first, then by name; with no gaps this keeps every tensor
@@ -349,8 +347,29 @@ void write_safetensors(const std::string& path, std::span<const SafetensorsTenso
   const uint64_t header_bytes = text.size();
   out.write(&header_bytes, 8);
   out.write(text.data(), text.size());
-  for (size_t i : order) out.write(tensors[i].data, dtype_bytes(tensors[i].dtype, tensors[i].shape.numel()));
+  std::vector<std::byte> chunk(size_t(std::min<uint64_t>(offset, kSafetensorsChunkBytes)));
+  for (size_t i : order) {
+    const uint64_t bytes = dtype_bytes(tensors[i].dtype, tensors[i].shape.numel());
+    for (uint64_t at = 0; at < bytes; at += chunk.size()) {
+      const std::span<std::byte> part(chunk.data(), size_t(std::min<uint64_t>(chunk.size(), bytes - at)));
+      fill(i, at, part);
+      out.write(part.data(), part.size());
+    }
+  }
   out.commit();
+}
+
+void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  for (const SafetensorsTensor& t : tensors)
+    MEMFIT_CHECK(t.data || dtype_bytes(t.dtype, t.shape.numel()) == 0, kPiece, "{}: tensor '{}' {} has no data",
+                 path, t.name, t.shape.to_string());
+  write_safetensors_streamed(
+      path, tensors,
+      [&](size_t i, uint64_t offset, std::span<std::byte> out) {
+        std::memcpy(out.data(), static_cast<const std::byte*>(tensors[i].data) + offset, out.size());
+      },
+      metadata);
 }
 
 }  // namespace memfit

@@ -50,6 +50,8 @@ class SafetensorsReader {
   const std::byte* data(const SafetensorsEntry& entry) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return file_.path(); }
+  // Gives back the resident pages of a tensor the caller has copied out (MappedFile::drop_pages).
+  void release(const SafetensorsEntry& entry) const { file_.drop_pages(data_start_ + entry.begin, entry.bytes()); }
 
   // Copies tensor `name` into dst (numel floats) as fp32, widening BF16/F16 exactly, after
   // checking that its shape equals `expected`. With transpose2d a [r, c] tensor is written as
@@ -82,5 +84,14 @@ struct SafetensorsTensor {
 // nf4 has no safetensors dtype and is refused (store packed nf4 as U8 with its own metadata).
 void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// The same file, with each tensor's bytes produced on demand: fill(i, offset, out) writes bytes
+// [offset, offset + out.size()) of tensor i (ignoring SafetensorsTensor::data), called in order,
+// in chunks of at most kSafetensorsChunkBytes through one staging buffer. Writing a model of any
+// size this way holds one chunk in memory, not the model.
+inline constexpr uint64_t kSafetensorsChunkBytes = uint64_t(4) << 20;
+using SafetensorsFill = std::function<void(size_t tensor, uint64_t offset, std::span<std::byte> out)>;
+void write_safetensors_streamed(const std::string& path, std::span<const SafetensorsTensor> tensors,
+                                const SafetensorsFill& fill, const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace memfit
