@@ -51,6 +51,9 @@ def parse_args():
     p.add_argument("--vocab", type=int, default=250)
     p.add_argument("--rope-theta", type=float, default=10000.0)
     p.add_argument("--eps", type=float, default=1e-6)
+    p.add_argument("--rope-scaling", choices=("none", "llama3"), default="none",
+                   help="llama3: Llama 3.1's frequency scaling (factor 8, low 1, high 4) over an original context "
+                        "of half the batch's sequence, so positions beyond it occur")
     p.add_argument("--adamw-steps", type=int, default=3)
     p.add_argument("--perturb-std", type=float, default=0.1,
                    help="std of seeded noise on the RMSNorm weights and q/k/v biases (HF starts them at 1 and 0)")
@@ -58,8 +61,34 @@ def parse_args():
     qwen2 = args.family == "qwen2"
     args.hidden = args.hidden or (32 if qwen2 else 64)
     args.intermediate = args.intermediate or (72 if qwen2 else 172)
-    args.out = args.out or repo_root / "tests" / "fixtures" / f"{args.family}_tiny_torch"
+    name = "llama31" if args.rope_scaling == "llama3" else args.family
+    args.out = args.out or repo_root / "tests" / "fixtures" / f"{name}_tiny_torch"
     return args
+
+
+def rope_parameters(args):
+    if args.rope_scaling == "none":
+        return {"rope_type": "default", "rope_theta": args.rope_theta}
+    return {"rope_type": "llama3", "rope_theta": args.rope_theta, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": args.seq // 2}
+
+
+def inv_freq_tables(model):
+    """transformers' inverse frequencies: the tiny model's, and Llama 3.1 8B's (head_dim 128)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    rope = model.config.rope_parameters
+    tables = {"inv_freq": ROPE_INIT_FUNCTIONS[rope["rope_type"]](model.config, "cpu")[0]
+              if rope["rope_type"] != "default" else model.model.rotary_emb.inv_freq.clone()}
+    if rope["rope_type"] == "llama3":
+        big = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                          max_position_embeddings=131072,
+                          rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                           "original_max_position_embeddings": 8192})
+        tables["inv_freq.llama31_8b"] = ROPE_INIT_FUNCTIONS["llama3"](big, "cpu")[0]
+    assert torch.equal(tables["inv_freq"], model.model.rotary_emb.inv_freq), "the model rotates with another table"
+    return {k: v.contiguous() for k, v in tables.items()}
 
 
 def build_model(args):
@@ -68,8 +97,9 @@ def build_model(args):
     common = dict(
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         hidden_size=args.hidden, intermediate_size=args.intermediate, max_position_embeddings=args.positions,
-        vocab_size=args.vocab, rms_norm_eps=args.eps, rope_theta=args.rope_theta, hidden_act="silu",
+        vocab_size=args.vocab, rms_norm_eps=args.eps, hidden_act="silu",
         attention_dropout=0.0, use_cache=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    common["rope_parameters"] = rope_parameters(args)
     if args.family == "qwen2":
         config, cls = Qwen2Config(tie_word_embeddings=True, use_sliding_window=False, **common), Qwen2ForCausalLM
     else:
@@ -128,6 +158,7 @@ def main():
     expected = reference_values(model, tokens, targets, args.adamw_steps)
     if not torch.equal(rl, expected["logits"]):
         sys.exit("reloaded model gives different logits")
+    expected.update(inv_freq_tables(model))
     loss, losses = expected["loss"], expected["losses_adamw"]
     save_file(expected, str(out / "expected.safetensors"), metadata=meta)
 
@@ -138,7 +169,8 @@ Reference values from PyTorch {torch.__version__} + transformers {transformers._
 `config.json` + `model.safetensors`: HF `{type(model).__name__}` (layers={args.layers}, heads={args.heads}, kv_heads={args.kv_heads}, hidden={args.hidden}, intermediate={args.intermediate}, positions={args.positions}, vocab={V}, rope_theta={args.rope_theta}, rms_norm_eps={args.eps}, {"tied embeddings and q/k/v biases" if args.family == "qwen2" else "untied lm_head"}, eager attention), seed {args.seed}, HF init plus N(0, {args.perturb_std}) noise on the RMSNorm weights{" and biases" if args.family == "qwen2" else ""}.
 `batch.safetensors`: `tokens`, `targets` int32 [{B}, {T}], from one flat random sequence of B*T+1 tokens (seed {args.data_seed}).
 `expected.safetensors`: `logits` [{B}, {T}, {V}], `loss` [] (mean cross-entropy over all B*T tokens), `grad.<param name>` for every parameter, `losses_adamw` [{args.adamw_steps + 1}] (AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0.1 on ndim>=2 params else 0: loss before each step, then after the last).
-Regenerate from the repository root: `/opt/torchenv/bin/python tools/make_llama_fixtures.py --family {args.family}`.
+Rotary embedding: {rope_parameters(args)}; `expected.safetensors` also holds transformers' `inv_freq` table{" and that of Llama 3.1 8B (`inv_freq.llama31_8b`, head_dim 128, theta 5e5, llama3 scaling over 8192 positions)" if args.rope_scaling == "llama3" else ""}.
+Regenerate from the repository root: `/work/venv/bin/python tools/make_llama_fixtures.py --family {args.family}{" --rope-scaling llama3 --hidden 32 --intermediate 72 --rope-theta 500000" if args.rope_scaling == "llama3" else ""}`.
 """)
     print(f"loss = {loss.item():.6f}   losses_adamw = {[round(x, 6) for x in losses.tolist()]}")
     total = sum((out / n).stat().st_size for n in os.listdir(out))

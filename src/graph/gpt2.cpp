@@ -48,6 +48,7 @@ AttentionAttrs attention_attrs(const ModelSpec& s, const Shape& tokens) {
   attn.head_dim = s.head_dim();
   attn.scale = 1.0f / std::sqrt(float(attn.head_dim));
   attn.rope_theta = s.rope_theta;
+  attn.rope_scaling = s.rope_scaling;
   return attn;
 }
 

@@ -120,11 +120,26 @@ ModelSpec llama_shape(std::string name, int64_t layers, int64_t heads, int64_t k
   return s;
 }
 
+// Llama 3.1 and 3.2: 131072 positions reached by llama3 rotary scaling over Llama 3's 8192.
+ModelSpec llama31_shape(std::string name, int64_t layers, int64_t heads, int64_t channels, int64_t inner,
+                        double factor, bool tied) {
+  ModelSpec s = llama_shape(std::move(name), layers, heads, 8, channels, inner, 128256, 131072, 1e-5f, 5e5f);
+  s.tied_embeddings = tied;
+  s.rope_type = "llama3";
+  s.rope_scaling.kind = RopeScaling::Kind::llama3;
+  s.rope_scaling.factor = factor;
+  s.rope_scaling.low_freq_factor = 1.0;
+  s.rope_scaling.high_freq_factor = 4.0;
+  s.rope_scaling.original_max_positions = 8192.0;
+  return s;
+}
+
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"gpt2-tiny",   "gpt2",        "gpt2-medium", "gpt2-large", "gpt2-xl",    "llama-tiny",
-          "llama-2-7b",  "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b"};
+  return {"gpt2-tiny",   "gpt2",         "gpt2-medium",  "gpt2-large",   "gpt2-xl",     "llama-tiny",
+          "llama-2-7b",  "llama-2-13b",  "llama-2-70b",  "llama-3-8b",   "llama-3-70b", "llama-3.1-8b",
+          "llama-3.2-1b", "llama-3.2-3b", "mistral-7b"};
 }
 
 ModelSpec model_preset(std::string_view name) {
@@ -141,6 +156,9 @@ ModelSpec model_preset(std::string_view name) {
   if (name == "llama-2-70b") return llama_shape("llama-2-70b", 80, 64, 8, 8192, 28672, 32000, 4096, 1e-5f, 1e4f);
   if (name == "llama-3-8b") return llama_shape("llama-3-8b", 32, 32, 8, 4096, 14336, 128256, 8192, 1e-5f, 5e5f);
   if (name == "llama-3-70b") return llama_shape("llama-3-70b", 80, 64, 8, 8192, 28672, 128256, 8192, 1e-5f, 5e5f);
+  if (name == "llama-3.1-8b") return llama31_shape("llama-3.1-8b", 32, 32, 4096, 14336, 8.0, false);
+  if (name == "llama-3.2-1b") return llama31_shape("llama-3.2-1b", 16, 32, 2048, 8192, 32.0, true);
+  if (name == "llama-3.2-3b") return llama31_shape("llama-3.2-3b", 28, 24, 3072, 8192, 32.0, true);
   if (name == "mistral-7b") return llama_shape("mistral-7b", 32, 32, 8, 4096, 14336, 32000, 32768, 1e-5f, 1e4f);
   std::string known;
   for (const std::string& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;

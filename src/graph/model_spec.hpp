@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "graph/op.hpp"
+
 namespace memfit {
 
 // Bounds every published model satisfies, checked by ModelSpec::validate before any program is
@@ -33,7 +35,10 @@ struct ModelSpec {
   float norm_eps = 1e-5f;
   bool tied_embeddings = true;
   float rope_theta = 10000.0f;
-  std::string rope_type = "default";  // HF's rope scaling ("llama3", "linear", ...): planned, not trained
+  // HF's rope type ("default", "linear", "llama3", "dynamic", "yarn", "longrope"): every type is
+  // planned; the kernels compute default, linear and llama3 (rope_scaling), so only those train.
+  std::string rope_type = "default";
+  RopeScaling rope_scaling;
   bool qkv_bias = false;     // llama family: biases on q, k and v (qwen2)
 
   int64_t head_dim() const { return n_embd / n_head; }

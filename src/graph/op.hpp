@@ -147,10 +147,22 @@ struct MatmulAttrs {
 struct NormAttrs {
   float eps = 1e-5f;
 };
+// HF's rotary frequency scalings that the rope kernels compute (rope_type "linear": every
+// frequency divided by factor; "llama3": long wavelengths divided by factor, short ones kept,
+// those between blended, as Llama 3.1 and 3.2 publish them). kind none is rope_theta alone.
+struct RopeScaling {
+  enum class Kind : uint8_t { none, linear, llama3 };
+  Kind kind = Kind::none;
+  // Doubles, as HF's config holds them: its fp32 arithmetic rounds each one where it uses it.
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  double original_max_positions = 8192.0;                // llama3: the context before scaling
+};
 struct AttentionAttrs {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 0;             // 1/sqrt(head_dim)
   float rope_theta = 10000.0f; // rotary base (rope ops of the llama family)
+  RopeScaling rope_scaling;
 };
 struct ClassifierAttrs {
   int64_t rows = 0;        // N

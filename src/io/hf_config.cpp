@@ -130,6 +130,31 @@ std::string rope_type_of(const ConfigKeys& keys) {
   return type;
 }
 
+// The frequency scaling of the rope types the kernels compute, with the keys HF requires for them,
+// from whichever object named the type.
+RopeScaling rope_scaling_of(const ConfigKeys& keys, const std::string& type) {
+  RopeScaling r;
+  if (type != "linear" && type != "llama3") return r;
+  const ConfigKeys params = keys.has("rope_scaling") ? keys.nested("rope_scaling") : keys.nested("rope_parameters");
+  auto required = [&](const char* key) {
+    MEMFIT_CHECK(params.has(key), kPiece, "{}: rope_type '{}' needs '{}'", keys.path(), type, key);
+    return params.positive_number(key, 0.0);
+  };
+  r.factor = required("factor");
+  if (type == "linear") {
+    r.kind = RopeScaling::Kind::linear;
+    return r;
+  }
+  r.kind = RopeScaling::Kind::llama3;
+  r.low_freq_factor = required("low_freq_factor");
+  r.high_freq_factor = required("high_freq_factor");
+  r.original_max_positions = required("original_max_position_embeddings");
+  MEMFIT_CHECK(r.high_freq_factor > r.low_freq_factor, kPiece,
+               "{}: llama3 rope scaling needs high_freq_factor ({}) above low_freq_factor ({})", keys.path(),
+               r.high_freq_factor, r.low_freq_factor);
+  return r;
+}
+
 // The longest sequence memfit can train exactly. Sliding-window attention (Mistral's
 // sliding_window, Qwen2's use_sliding_window) equals full causal attention for sequences no
 // longer than the window, so the window caps max_seq and longer sequences are refused later.
@@ -202,6 +227,7 @@ ModelSpec read_llama_family(const ConfigKeys& keys, const std::string& model_typ
   const ConfigKeys rope = keys.nested("rope_parameters");
   s.rope_theta = float(rope.positive_number("rope_theta", keys.positive_number("rope_theta", 10000.0)));
   s.rope_type = rope_type_of(keys);
+  s.rope_scaling = rope_scaling_of(keys, s.rope_type);
   s.tied_embeddings = keys.boolean("tie_word_embeddings", false);
   if (keys.has("head_dim") && s.n_embd % s.n_head == 0)
     MEMFIT_CHECK(keys.integer("head_dim") == s.n_embd / s.n_head, kPiece,
@@ -275,7 +301,7 @@ json llama_hf_config(const ModelSpec& spec) {
   const bool qwen2 = spec.qkv_bias;
   const double eps = std::stod(fmt::format("{}", spec.norm_eps));
   const double theta = std::stod(fmt::format("{}", spec.rope_theta));
-  return json{
+  json config{
       {"model_type", qwen2 ? "qwen2" : "llama"},
       {"architectures", json::array({qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"})},
       {"num_hidden_layers", spec.n_layer},
@@ -294,6 +320,16 @@ json llama_hf_config(const ModelSpec& spec) {
       {"tie_word_embeddings", spec.tied_embeddings},
       {"torch_dtype", "float32"},
   };
+  // The legacy spelling, which transformers 4 and 5 both read.
+  const RopeScaling& r = spec.rope_scaling;
+  if (r.kind == RopeScaling::Kind::linear) config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
+  if (r.kind == RopeScaling::Kind::llama3)
+    config["rope_scaling"] = {{"rope_type", "llama3"},
+                              {"factor", r.factor},
+                              {"low_freq_factor", r.low_freq_factor},
+                              {"high_freq_factor", r.high_freq_factor},
+                              {"original_max_position_embeddings", r.original_max_positions}};
+  return config;
 }
 
 json hf_config(const ModelSpec& spec) { return spec.arch == Arch::gpt2 ? gpt2_hf_config(spec) : llama_hf_config(spec); }

@@ -49,9 +49,10 @@ void settle_ranks(RunState& s, const RunConfig& config, std::ostream& rank_log, 
   MEMFIT_CHECK(c.keep_checkpoints >= 1, "train", "--keep-checkpoints must be at least 1 (got {})", c.keep_checkpoints);
   s.schedule = lr_schedule_of(c);  // a resume keeps the checkpoint's horizon
   const ModelSpec spec = resolve_model(c.model);
-  MEMFIT_CHECK(spec.rope_type == "default", "train",
-               "model '{}' scales its rotary embedding ('{}'); memfit's rope kernel rotates with the plain "
-               "rope_theta frequencies only (memfit plan works for it)", spec.name, spec.rope_type);
+  MEMFIT_CHECK(spec.rope_type == "default" || spec.rope_scaling.kind != RopeScaling::Kind::none, "train",
+               "model '{}' scales its rotary embedding with rope_type '{}', which memfit's rope kernels do not "
+               "compute (they do default, linear and llama3; memfit plan works for every type)", spec.name,
+               spec.rope_type);
   MEMFIT_CHECK(c.resume.empty() || c.load.empty(), "train", "--resume and --load both give the weights; use one");
   check_output_paths(c, rank);
 }

@@ -332,10 +332,36 @@ TEST(HfConfig, ReadsRotarySettingsOfEveryTransformersVersion) {
   s = read_with({{"rope_theta", 250000.0}, {"rope_scaling", nullptr}});
   EXPECT_EQ(s.rope_theta, 250000.0f);
   EXPECT_EQ(s.rope_type, "default");
-  s = read_with({{"rope_theta", 500000.0}, {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}});
+  const json llama3 = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  s = read_with({{"rope_theta", 500000.0}, {"rope_scaling", llama3}});
   EXPECT_EQ(s.rope_type, "llama3");
+  EXPECT_EQ(s.rope_scaling.kind, RopeScaling::Kind::llama3);
+  EXPECT_EQ(s.rope_scaling.factor, 8.0);
+  EXPECT_EQ(s.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(s.rope_scaling.original_max_positions, 8192.0);
+  json in_parameters = llama3;
+  in_parameters["rope_theta"] = 500000.0;
+  s = read_with({{"rope_parameters", in_parameters}});
+  EXPECT_EQ(s.rope_scaling.kind, RopeScaling::Kind::llama3);
+  EXPECT_EQ(s.rope_theta, 500000.0f);
+  // Written back and read again: the same scaling.
+  const ModelSpec back = read_hf_config(config_path_with(dir, llama_hf_config(s).dump().c_str(), json::object()));
+  EXPECT_EQ(back.rope_type, "llama3");
+  EXPECT_EQ(back.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(back.rope_scaling.original_max_positions, 8192.0);
   s = read_with({{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}});
   EXPECT_EQ(s.rope_type, "linear");
+  EXPECT_EQ(s.rope_scaling.kind, RopeScaling::Kind::linear);
+  EXPECT_EQ(s.rope_scaling.factor, 2.0);
+  s = read_with({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}});
+  EXPECT_EQ(s.rope_type, "yarn");  // planned; the trainer refuses it
+  EXPECT_EQ(s.rope_scaling.kind, RopeScaling::Kind::none);
+  expect_error([&] { (void)read_with({{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}}); }, "config",
+               {"rope_type 'llama3' needs 'low_freq_factor'"});
+  json inverted = llama3;
+  inverted["high_freq_factor"] = 0.5;
+  expect_error([&] { (void)read_with({{"rope_scaling", inverted}}); }, "config", {"high_freq_factor", "above"});
   expect_error([&] { (void)read_with({{"rope_parameters", 3}}); }, "config", {"rope_parameters", "object"});
 }
 

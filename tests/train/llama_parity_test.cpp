@@ -5,7 +5,9 @@
 //   2 key/value heads), RMSNorm, rotary embeddings, SwiGLU and an untied lm_head, in plain and
 //   flash attention;
 // - qwen2_tiny_torch: a 2-layer Qwen2ForCausalLM, whose q, k and v projections carry biases
-//   and whose lm_head is tied to the embedding.
+//   and whose lm_head is tied to the embedding;
+// - llama31_tiny_torch: a Llama with Llama 3.1's llama3 rotary scaling over an original context
+//   of 16 positions, trained at 32, so all three frequency bands (kept, blended, divided) occur.
 // Both have a 250-token vocabulary (padded to 256 rows by memfit) and one batch of 2 x 32. The
 // weights go through the HF loader (q|k|v, and their biases, fused on load).
 #include <gtest/gtest.h>
@@ -34,9 +36,12 @@ TEST_P(LlamaParity, ThreeAdamWStepsFollowTheSameLosses) { test::expect_adamw_los
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaParity,
                          ::testing::Values(std::tuple{"llama_tiny_torch", AttentionKind::plain},
                                            std::tuple{"llama_tiny_torch", AttentionKind::flash},
-                                           std::tuple{"qwen2_tiny_torch", AttentionKind::plain}),
+                                           std::tuple{"qwen2_tiny_torch", AttentionKind::plain},
+                                           std::tuple{"llama31_tiny_torch", AttentionKind::plain},
+                                           std::tuple{"llama31_tiny_torch", AttentionKind::flash}),
                          [](const auto& info) {
-                           return std::string(std::get<0>(info.param)).substr(0, 5) +
+                           const std::string name = std::get<0>(info.param);
+                           return name.substr(0, name.find('_')) +
                                   (std::get<1>(info.param) == AttentionKind::flash ? "_flash" : "_plain");
                          });
 

@@ -46,8 +46,8 @@ Prepared prepare_rope(const Program& p, const Op& op, const OpBinding& b) {
   dispatch_t(op, p.tensor(op.inputs[0]).dtype, [&](auto t) {
     using T = decltype(t);
     out = make_op([=, in = in_t<T>(b, 0), y = out_t<T>(b, 0)](const StepContext&) {
-      if (fwd) rope_forward(in, y, a.batch, a.seq, a.heads, kv, a.head_dim, a.rope_theta);
-      else rope_backward(in, y, a.batch, a.seq, a.heads, kv, a.head_dim, a.rope_theta);
+      if (fwd) rope_forward(in, y, a.batch, a.seq, a.heads, kv, a.head_dim, a.rope_theta, a.rope_scaling);
+      else rope_backward(in, y, a.batch, a.seq, a.heads, kv, a.head_dim, a.rope_theta, a.rope_scaling);
     });
   });
   return out;

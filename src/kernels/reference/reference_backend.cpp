@@ -108,8 +108,9 @@ Prepared prepare_rope(const Op& op, const OpBinding& b) {
   const int64_t kv = a.kv_heads > 0 ? a.kv_heads : a.heads;
   const bool forward = op.kind == OpKind::rope_forward;
   return make_op([=](const StepContext&) {
-    if (forward) ref::rope_forward(in(b, 0), out(b, 0), a.batch, a.seq, a.heads, kv, a.head_dim, a.rope_theta);
-    else ref::rope_backward(in(b, 0), out(b, 0), a.batch, a.seq, a.heads, kv, a.head_dim, a.rope_theta);
+    if (forward) ref::rope_forward(in(b, 0), out(b, 0), a.batch, a.seq, a.heads, kv, a.head_dim, a.rope_theta,
+                                 a.rope_scaling);
+    else ref::rope_backward(in(b, 0), out(b, 0), a.batch, a.seq, a.heads, kv, a.head_dim, a.rope_theta, a.rope_scaling);
   });
 }
 

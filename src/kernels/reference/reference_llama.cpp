@@ -16,9 +16,24 @@ void store(F* dst, double value, bool acc) {
 
 double sigmoid(double g) { return 1.0 / (1.0 + std::exp(-g)); }
 
+// Meta's apply_scaling for Llama 3.1, in double: the oracle for the CPU kernel's float32 copy
+// of transformers' arithmetic.
+double scaled_inv_freq(double inv, const RopeScaling& s) {
+  if (s.kind == RopeScaling::Kind::none) return inv;
+  if (s.kind == RopeScaling::Kind::linear) return inv / s.factor;
+  const double wavelen = 2 * M_PI / inv;
+  const double low_wavelen = s.original_max_positions / s.low_freq_factor;
+  const double high_wavelen = s.original_max_positions / s.high_freq_factor;
+  if (wavelen < high_wavelen) return inv;
+  if (wavelen > low_wavelen) return inv / s.factor;
+  const double smooth = (s.original_max_positions / wavelen - s.low_freq_factor) /
+                        (s.high_freq_factor - s.low_freq_factor);
+  return (1 - smooth) * inv / s.factor + smooth * inv;
+}
+
 template <class F>
 void rope(const F* x, F* y, int64_t B, int64_t T, int64_t heads, int64_t kv_heads, int64_t hs, double theta,
-          double sign) {
+          const RopeScaling& scaling, double sign) {
   const int64_t half = hs / 2, row = (heads + 2 * kv_heads) * hs;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
@@ -32,7 +47,7 @@ void rope(const F* x, F* y, int64_t B, int64_t T, int64_t heads, int64_t kv_head
           continue;
         }
         for (int64_t i = 0; i < half; ++i) {
-          const double a = sign * double(t) * std::pow(theta, -2.0 * double(i) / double(hs));
+          const double a = sign * double(t) * scaled_inv_freq(std::pow(theta, -2.0 * double(i) / double(hs)), scaling);
           const double x0 = double(xh[i]), x1 = double(xh[i + half]);
           yh[i] = F(x0 * std::cos(a) - x1 * std::sin(a));
           yh[i + half] = F(x1 * std::cos(a) + x0 * std::sin(a));
@@ -100,14 +115,14 @@ void swiglu_backward(const F* dy, const F* gate, const F* up, F* dgate, F* dup, 
 
 template <class F>
 void rope_forward(const F* x, F* y, int64_t B, int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                  double theta) {
-  rope(x, y, B, T, heads, kv_heads, head_dim, theta, 1.0);
+                  double theta, const RopeScaling& scaling) {
+  rope(x, y, B, T, heads, kv_heads, head_dim, theta, scaling, 1.0);
 }
 
 template <class F>
 void rope_backward(const F* dy, F* dx, int64_t B, int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                   double theta) {
-  rope(dy, dx, B, T, heads, kv_heads, head_dim, theta, -1.0);
+                   double theta, const RopeScaling& scaling) {
+  rope(dy, dx, B, T, heads, kv_heads, head_dim, theta, scaling, -1.0);
 }
 
 #define MEMFIT_REF_INSTANTIATE(F)                                                                                   \
@@ -115,8 +130,8 @@ void rope_backward(const F* dy, F* dx, int64_t B, int64_t T, int64_t heads, int6
   template void rmsnorm_backward<F>(const F*, const F*, const F*, const F*, F*, F*, int64_t, int64_t, bool, bool); \
   template void swiglu_forward<F>(const F*, const F*, F*, int64_t);                                                 \
   template void swiglu_backward<F>(const F*, const F*, const F*, F*, F*, int64_t, bool, bool);                      \
-  template void rope_forward<F>(const F*, F*, int64_t, int64_t, int64_t, int64_t, int64_t, double);                 \
-  template void rope_backward<F>(const F*, F*, int64_t, int64_t, int64_t, int64_t, int64_t, double);
+  template void rope_forward<F>(const F*, F*, int64_t, int64_t, int64_t, int64_t, int64_t, double, const RopeScaling&);                 \
+  template void rope_backward<F>(const F*, F*, int64_t, int64_t, int64_t, int64_t, int64_t, double, const RopeScaling&);
 
 MEMFIT_REF_INSTANTIATE(float)
 MEMFIT_REF_INSTANTIATE(double)

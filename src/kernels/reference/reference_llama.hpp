@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "graph/op.hpp"
+
 namespace memfit::ref {
 
 // y = x * rstd * w per row with rstd = 1 / sqrt(mean(x^2) + eps); rstd may be nullptr.
@@ -31,12 +33,12 @@ void swiglu_backward(const F* dy, const F* gate, const F* up, F* dgate, F* dup, 
                      bool acc_dup);
 
 // RoPE over qkv (B, T, (H + 2*KV) * HS) as in kernels/cpu/rope.hpp, angles
-// a = t * theta^(-2i/HS) in double; backward rotates by -a. Out of place only.
+// a = t * theta^(-2i/HS) in double, scaled as Meta's Llama 3.1 code scales it; backward rotates by -a. Out of place only.
 template <class F>
 void rope_forward(const F* x, F* y, int64_t B, int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                  double theta);
+                  double theta, const RopeScaling& scaling = {});
 template <class F>
 void rope_backward(const F* dy, F* dx, int64_t B, int64_t T, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                   double theta);
+                   double theta, const RopeScaling& scaling = {});
 
 }  // namespace memfit::ref
