@@ -328,7 +328,7 @@ json llama_hf_config(const ModelSpec& spec) {
                               {"factor", r.factor},
                               {"low_freq_factor", r.low_freq_factor},
                               {"high_freq_factor", r.high_freq_factor},
-                              {"original_max_position_embeddings", r.original_max_positions}};
+                              {"original_max_position_embeddings", int64_t(r.original_max_positions)}};
   return config;
 }
 
