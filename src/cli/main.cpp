@@ -5,6 +5,7 @@
 //                         any hardware (cli/hardware_plan.hpp)
 //   memfit profile ...    a few training steps with a trace (Perfetto) and an HTML report
 //   memfit max-batch ...  the largest micro-batch that fits a memory budget
+//   memfit eval ...       loss and perplexity on a token file, no training (cli/eval_command.hpp)
 // Errors print one line, "memfit: error: [piece] message", and exit with status 1, command-line
 // usage errors included; --help exits with 0. Under mpirun with several ranks every error goes
 // through fail_job (dist/communicator.hpp): the line names the rank ("memfit: error: [rank 1]
@@ -16,6 +17,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/eval_command.hpp"
 #include "cli/hardware_plan.hpp"
 #include "cli/options.hpp"
 #include "core/error.hpp"
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
   memfit::cli::RunOptions profile_options(*profile, true);
   memfit::cli::RunOptions max_batch_options(*max_batch, false);
   memfit::cli::HardwarePlanOptions hardware_plan(*plan);
+  const memfit::cli::EvalCommand eval(app);
   bool as_json = false, check_leaks = false, no_verify = false, max_batch_json = false;
   std::string profile_out = "memfit-profile";
   plan->add_flag("--json", as_json, "print the plan as JSON");
@@ -155,6 +158,7 @@ int main(int argc, char** argv) {
       memfit::run_training(c, std::cout, &hooks);
       return 0;
     }
+    if (eval.parsed()) return eval.run(std::cout);
     if (max_batch->parsed()) {
       memfit::max_batch_command(max_batch_options.resolve(), max_batch_options.seq_auto(), !no_verify, max_batch_json,
                                 std::cout);

@@ -7,6 +7,7 @@
 #include "core/checked.hpp"
 #include "core/error.hpp"
 #include "graph/autodiff.hpp"
+#include "graph/eval_program.hpp"
 #include "graph/forward_rewrite.hpp"
 #include "graph/model_forward.hpp"
 #include "graph/optimizer.hpp"
@@ -159,30 +160,7 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   emit_optimizer_step(b, policy);
   p.end_section();
 
-  if (policy.with_eval) {
-    p.begin_section(SectionKind::eval);
-    b.set_grad_enabled(false);
-    b.set_phase(Phase::forward);
-    b.set_layer(-1);
-    const TensorId eval_loss = b.persistent(kEvalLoss, Shape{1}, Category::activations);
-    const TensorId tokens = b.transient(kEvalTokens, Shape{B, T}, Category::activations, DType::i32);
-    const TensorId targets = b.transient(kEvalTargets, Shape{B, T}, Category::activations, DType::i32);
-    b.emit({OpKind::load_input, "load_eval_batch", {}, {tokens, targets}});
-    const int eval_begin = int(p.ops().size());
-    const TensorId hidden = model_forward(b, spec, params, tokens, "eval.", policy.attention);
-    rewrite_forward(b, eval_begin, rewrites);
-    ClassifierAttrs c;
-    c.rows = N;
-    c.vocab = spec.vocab_size;
-    c.chunk_rows = classifier_chunk_rows(spec, policy);
-    const TensorId losses = b.transient("eval.losses", Shape{N}, Category::activations);
-    const TensorId chunk = b.transient("eval.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
-    b.emit({OpKind::classifier_eval, "eval.classifier", {hidden, params.classifier_weight, targets}, {losses}, c,
-            2.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd), {}, {chunk}});
-    b.emit({OpKind::loss_mean, "eval.loss", {losses}, {eval_loss}, ScaleAttrs{1.0f / float(N)}, double(N)});
-    b.set_grad_enabled(true);
-    p.end_section();
-  }
+  if (policy.with_eval) emit_eval_section(b, spec, params, policy, rewrites);
   if (policy.recompute.mode != RecomputeMode::none) p = apply_recompute(p, recompute);
   // After recompute: recomputed ops get the same dtypes and fp32 islands as the forward ops
   // they replay (so they compute the same bits), and their replays indices are remapped.

@@ -1,6 +1,7 @@
 #include "runtime/rss.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 namespace memfit {
@@ -20,6 +21,12 @@ uint64_t resident_set_bytes() {
   uint64_t pages = 0;
   while (*c >= '0' && *c <= '9') pages = pages * 10 + uint64_t(*c++ - '0');
   return pages * uint64_t(sysconf(_SC_PAGESIZE));
+}
+
+uint64_t peak_resident_set_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return uint64_t(u.ru_maxrss) * 1024;  // kilobytes on Linux
 }
 
 }  // namespace memfit

@@ -8,5 +8,6 @@
 namespace memfit {
 
 uint64_t resident_set_bytes();  // 0 when /proc is not available
+uint64_t peak_resident_set_bytes();  // the process's high-water RSS so far (getrusage)
 
 }  // namespace memfit
