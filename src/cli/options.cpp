@@ -11,6 +11,7 @@
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
+#include "train/deepspeed_config.hpp"
 
 namespace memfit::cli {
 
@@ -76,7 +77,10 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add<std::string>(app, "--backend", "cpu | reference (the naive kernels: slow, fp32, an oracle)",
                    [](RunConfig& c, std::string v) { c.backend = v; });
   add<int64_t>(app, "--batch", "micro-batch size B",
-               [](RunConfig& c, int64_t v) { c.policy.batch = require_in("--batch", v, input_range::batch); });
+               [](RunConfig& c, int64_t v) {
+                 c.policy.batch = require_in("--batch", v, input_range::batch);
+                 c.batch_flag = true;
+               });
   app.add_option_function<std::string>(
       "--seq",
       [this](const std::string& v) {
@@ -92,6 +96,7 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   add<int64_t>(app, "--grad-accum", "micro-steps per optimizer step", [](RunConfig& c, int64_t v) {
     c.policy.grad_accum = int(require_in("--grad-accum", v, input_range::accumulation));
+    c.grad_accum_flag = true;
   });
   add<std::string>(app, "--precision", "fp32 | bf16 | fp16",
                    [](RunConfig& c, std::string v) { c.policy.precision = parse_precision(v); });
@@ -242,6 +247,7 @@ RunConfig RunOptions::resolve() const {
   c.topology.data = launched_world_size();
   if (!config_file_.empty()) apply_config_file(config_file_, c);
   for (const auto& apply : given_) apply(c);
+  resolve_batch_keys(c, c.topology.data, c.config_note);
   return c;
 }
 

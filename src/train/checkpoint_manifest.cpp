@@ -28,6 +28,15 @@ T parse_name(const std::string& field, const std::string& text, Parse parse) {
   }
 }
 
+json schedule_json(const LrSchedule& s) {
+  json j = {{"kind", lr_schedule_name(s.kind)}, {"lr", s.lr}, {"warmup", s.warmup}, {"min_lr", s.min_lr},
+            {"decay_steps", s.decay_steps}};
+  if (s.deepspeed())  // DeepSpeed's schedulers only: checkpoints of the others stay as they were
+    j.update({{"warmup_min_lr", s.warmup_min_lr}, {"warmup_min_ratio", s.warmup_min_ratio},
+              {"cos_min_ratio", s.cos_min_ratio}, {"linear_warmup", s.linear_warmup ? 1 : 0}});
+  return j;
+}
+
 json body_json(const CheckpointManifest& m) {
   json ranks = json::array();
   for (const RankFileEntry& r : m.ranks)
@@ -47,8 +56,7 @@ json body_json(const CheckpointManifest& m) {
           {"zero_stage", m.zero_stage},
           {"precision", precision_name(m.precision)},
           {"optimizer", optimizer_name(m.optimizer)},
-          {"lr_schedule", {{"kind", lr_schedule_name(s.kind)}, {"lr", s.lr}, {"warmup", s.warmup},
-                           {"min_lr", s.min_lr}, {"decay_steps", s.decay_steps}}},
+          {"lr_schedule", schedule_json(s)},
           {"loader", {{"epoch", m.loader_epoch}, {"cursor", m.loader_cursor},
                       {"batches_per_epoch", m.batches_per_epoch}, {"batches_per_step", m.batches_per_step}}},
           {"loss_scaler", scaler},
@@ -62,6 +70,12 @@ void read_schedule(JsonFields f, CheckpointManifest& m) {
   s.warmup = f.integer("warmup", 0, kMaxSteps);
   s.min_lr = f.number("min_lr", 0, false);
   s.decay_steps = f.integer("decay_steps", 1, kMaxSteps);
+  if (s.deepspeed()) {
+    s.warmup_min_lr = f.number("warmup_min_lr", 0, false);
+    s.warmup_min_ratio = f.number("warmup_min_ratio", 0, false);
+    s.cos_min_ratio = f.number("cos_min_ratio", 0, false);
+    s.linear_warmup = f.integer("linear_warmup", 0, 1) == 1;
+  }
   f.done();
   try {
     s.validate();

@@ -184,7 +184,7 @@ LrSchedule resumed_lr_schedule(LrSchedule s, bool decay_steps_given, int64_t ste
                                 "its horizon ({} decay to step {})", steps, m.total_steps, lr_schedule_name(s.kind),
                                 s.decay_steps));
   if (s.kind != saved.kind || s.lr != saved.lr || s.warmup != saved.warmup ||
-      (s.kind == LrScheduleKind::cosine && s.min_lr != saved.min_lr))
+      (s.kind == LrScheduleKind::cosine && s.min_lr != saved.min_lr) || (s.deepspeed() && s.to_json() != saved.to_json()))
     notes.push_back(fmt::format("the learning-rate schedule {} differs from the checkpoint's {}", s.to_json().dump(),
                                 saved.to_json().dump()));
   s.validate();

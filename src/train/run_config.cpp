@@ -11,6 +11,8 @@
 #include "core/checked.hpp"
 #include "core/error.hpp"
 #include "io/hf_config.hpp"
+#include "train/config_values.hpp"
+#include "train/deepspeed_config.hpp"
 
 namespace memfit {
 
@@ -42,6 +44,10 @@ LrSchedule lr_schedule_of(const RunConfig& c) {
   s.warmup = c.warmup_steps;
   s.min_lr = c.min_lr < 0 ? c.lr / 10 : c.min_lr;
   s.decay_steps = c.decay_steps > 0 ? c.decay_steps : c.steps;
+  s.warmup_min_lr = c.warmup_min_lr;
+  s.warmup_min_ratio = c.warmup_min_ratio;
+  s.cos_min_ratio = c.cos_min_ratio;
+  s.linear_warmup = c.linear_warmup;
   s.validate();
   return s;
 }
@@ -55,14 +61,14 @@ std::string field_name(std::string_view field) {
   return field.starts_with("--") ? std::string(field) : fmt::format("key '{}'", field);
 }
 
+}  // namespace
+
 std::string describe(IntRange r) { return fmt::format("an integer in [{}, {}]", r.lo, r.hi); }
 
 std::string describe(RealRange r) {
   const std::string hi = std::isinf(r.hi) ? "" : fmt::format(" and {} {}", r.hi_open ? "<" : "<=", r.hi);
   return fmt::format("a number {} {}{}", r.lo_open ? ">" : ">=", r.lo, hi);
 }
-
-}  // namespace
 
 int64_t require_in(std::string_view field, int64_t v, IntRange r) {
   MEMFIT_CHECK(v >= r.lo && v <= r.hi, input_piece(field), "{} must be {} (got {})", field_name(field), describe(r),
@@ -108,124 +114,7 @@ double parse_real_text(std::string_view field, std::string_view text) {
   return v;
 }
 
-namespace {
-
 using json = nlohmann::json;
-
-template <typename T>
-T get_as(const json& j, const std::string& key) {
-  try {
-    return j.get<T>();
-  } catch (const json::exception&) {
-    throw Error("config", fmt::format("key '{}' has the wrong type ({})", key, j.type_name()));
-  }
-}
-
-// An integer key: a JSON integer (not 2.0, not 1e5) within the range.
-int64_t get_integer(const json& v, const std::string& key, IntRange r) {
-  const bool too_big = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX);
-  MEMFIT_CHECK(v.is_number_integer() && !too_big, "config", "key '{}' must be {} (got {})", key, describe(r),
-               v.dump());
-  return require_in(key, v.get<int64_t>(), r);
-}
-
-uint64_t get_unsigned(const json& v, const std::string& key) {
-  MEMFIT_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0), "config",
-               "key '{}' must be an integer in [0, 2^64) (got {})", key, v.dump());
-  return v.get<uint64_t>();
-}
-
-double get_real(const json& v, const std::string& key, RealRange r) {
-  MEMFIT_CHECK(v.is_number(), "config", "key '{}' must be {} (got {})", key, describe(r), v.dump());
-  return require_in(key, v.get<double>(), r);
-}
-
-void refuse_unless(bool ok, const std::string& key, const std::string& why) {
-  MEMFIT_CHECK(ok, "config", "key '{}': {}", key, why);
-}
-
-// DeepSpeed's "bf16" / "fp16" blocks.
-void apply_precision_block(const std::string& key, const json& v, RunConfig& c) {
-  MEMFIT_CHECK(v.is_object(), "config", "key '{}' must be an object", key);
-  if (key == "fp16") c.loss_scale.convention = LossScaleConvention::deepspeed;  // DeepSpeed's keys, its rules
-  for (const auto& [sub, sv] : v.items()) {
-    const std::string name = key + "." + sub;
-    LossScaleConfig& ls = c.loss_scale;
-    if (sub == "enabled") {
-      if (get_as<bool>(sv, name)) c.policy.precision = key == "bf16" ? Precision::bf16 : Precision::fp16;
-    } else if (key == "bf16") {
-      throw Error("config", fmt::format("unknown key '{}'", name));
-    } else if (sub == "loss_scale") {
-      ls.fixed_scale = get_real(sv, name, input_range::non_negative);  // 0: dynamic
-    } else if (sub == "initial_scale_power") {
-      ls.initial_scale = std::ldexp(1.0, int(get_integer(sv, name, IntRange{-100, 100})));
-    } else if (sub == "loss_scale_window") {
-      ls.window = get_integer(sv, name, input_range::steps);
-    } else if (sub == "hysteresis") {
-      ls.hysteresis = int(get_integer(sv, name, input_range::hysteresis));
-    } else if (sub == "consecutive_hysteresis") {
-      ls.consecutive_hysteresis = get_as<bool>(sv, name);
-    } else if (sub == "min_loss_scale") {
-      ls.min_scale = get_real(sv, name, input_range::positive);
-    } else {
-      throw Error("config", fmt::format("unknown key '{}'", name));
-    }
-  }
-  c.loss_scale.validate();
-}
-
-// The "optimizer" block: {"type": ..., "params": {"lr", "betas", "eps", "weight_decay"}}, with
-// the ranges PyTorch's AdamW checks.
-void apply_optimizer_block(const json& v, RunConfig& c) {
-  MEMFIT_CHECK(v.is_object(), "config", "key 'optimizer' must be an object");
-  Policy& p = c.policy;
-  const std::string type = v.contains("type") ? get_as<std::string>(v["type"], "optimizer.type") : "AdamW";
-  const bool eight_bit = type == "AdamW8bit" || type == "adamw8bit";
-  refuse_unless(type == "AdamW" || type == "adamw" || type == "Adam" || eight_bit, "optimizer.type",
-                fmt::format("optimizer '{}' is not supported (AdamW and AdamW8bit are)", type));
-  p.optimizer = eight_bit ? OptimizerKind::adamw8bit : OptimizerKind::adamw;
-  for (const auto& [sub, sv] : v.items())
-    if (sub != "type" && sub != "params") throw Error("config", fmt::format("unknown key 'optimizer.{}'", sub));
-  if (!v.contains("params")) return;
-  const json& op = v["params"];
-  MEMFIT_CHECK(op.is_object(), "config", "key 'optimizer.params' must be an object");
-  for (const auto& [sub, sv] : op.items()) {
-    const std::string name = "optimizer.params." + sub;
-    if (sub == "lr") {
-      c.lr = get_real(sv, name, input_range::non_negative);
-    } else if (sub == "betas") {
-      MEMFIT_CHECK(sv.is_array() && sv.size() == 2, "config", "key '{}' must be two numbers (got {})", name, sv.dump());
-      p.adamw.beta1 = get_real(sv[0], name + "[0]", input_range::beta);
-      p.adamw.beta2 = get_real(sv[1], name + "[1]", input_range::beta);
-    } else if (sub == "eps") {
-      p.adamw.eps = get_real(sv, name, input_range::non_negative);
-    } else if (sub == "weight_decay") {
-      p.adamw.weight_decay = float(get_real(sv, name, input_range::weight_decay));
-    } else {
-      throw Error("config", fmt::format("unknown key '{}'", name));
-    }
-  }
-}
-
-void apply_zero_block(const json& v, Policy& p) {
-  MEMFIT_CHECK(v.is_object(), "config", "key 'zero_optimization' must be an object");
-  for (const auto& [sub, sv] : v.items()) {
-    const std::string name = "zero_optimization." + sub;
-    if (sub == "stage") {
-      p.zero_stage = int(get_integer(sv, name, input_range::zero_stage));
-    } else if (sub == "overlap_comm") {
-      p.overlap_comm = get_as<bool>(sv, name);
-    } else if (sub == "offload_optimizer" || sub == "offload_param") {
-      MEMFIT_CHECK(sv.is_object(), "config", "key '{}' must be an object", name);
-      const std::string dev = sv.contains("device") ? get_as<std::string>(sv["device"], name + ".device") : "none";
-      (sub == "offload_optimizer" ? p.offload_optimizer : p.offload_params) = parse_tier(dev);
-    } else {
-      throw Error("config", fmt::format("unknown key '{}'", name));
-    }
-  }
-}
-
-}  // namespace
 
 void apply_config_file(const std::string& path, RunConfig& c) {
   std::ifstream in(path);
@@ -239,16 +128,15 @@ void apply_config_file(const std::string& path, RunConfig& c) {
   MEMFIT_CHECK(j.is_object(), "config", "'{}' must hold a JSON object", path);
   Policy& p = c.policy;
   namespace range = input_range;
-  std::optional<int64_t> global_batch;  // train_batch_size: checked once every key is read
   for (const auto& [key, v] : j.items()) {
+    if (apply_deepspeed_key(key, v, c)) continue;
     if (key == "model") c.model = get_as<std::string>(v, key);
     else if (key == "backend") c.backend = get_as<std::string>(v, key);
     else if (key == "data") c.data = get_as<std::string>(v, key);
     else if (key == "steps" || key == "train_iters") c.steps = get_integer(v, key, range::steps);
-    else if (key == "batch" || key == "train_micro_batch_size_per_gpu") p.batch = get_integer(v, key, range::batch);
+    else if (key == "batch") p.batch = get_integer(v, key, range::batch);
     else if (key == "seq" || key == "seq_len") p.seq = get_integer(v, key, range::batch);
-    else if (key == "gradient_accumulation_steps" || key == "grad_accum")
-      p.grad_accum = int(get_integer(v, key, range::accumulation));
+    else if (key == "grad_accum") p.grad_accum = int(get_integer(v, key, range::accumulation));
     else if (key == "lr") c.lr = get_real(v, key, range::non_negative);
     else if (key == "seed") c.seed = get_unsigned(v, key);
     else if (key == "shuffle") c.shuffle = get_as<bool>(v, key);
@@ -266,37 +154,18 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     else if (key == "freeze")
       p.freeze = v.is_string() ? split_freeze_patterns(get_as<std::string>(v, key)) : get_as<std::vector<std::string>>(v, key);
     else if (key == "loss_scaler") c.loss_scale.convention = parse_loss_scale_convention(get_as<std::string>(v, key));
-    else if (key == "bf16" || key == "fp16") apply_precision_block(key, v, c);
-    else if (key == "data_types") {
-      MEMFIT_CHECK(v.is_object(), "config", "key 'data_types' must be an object");
-      for (const auto& [sub, sv] : v.items()) {
-        if (sub == "grad_accum_dtype") p.grad_dtype = parse_dtype(get_as<std::string>(sv, "data_types." + sub));
-        else throw Error("config", fmt::format("unknown key 'data_types.{}'", sub));
-      }
-    } else if (key == "optimizer") {
-      apply_optimizer_block(v, c);
-    } else if (key == "zero_optimization") {
-      apply_zero_block(v, p);
-    } else if (key == "optimizer_in_backward") {
+    else if (key == "optimizer_in_backward") {
       p.update_in_backward = get_as<bool>(v, key);
     } else if (key == "comm_timeout") {
       c.comm_timeout = get_real(v, key, range::comm_timeout);
-    } else if (key == "gradient_clipping" || key == "grad_clip") {
+    } else if (key == "grad_clip") {
       p.grad_clip = get_real(v, key, range::non_negative);
-    } else if (key == "train_batch_size") {
-      global_batch = get_integer(v, key, IntRange{1, INT64_MAX});
     } else {
       throw Error("config", fmt::format("unknown key '{}' in '{}'", key, path));
     }
   }
-  if (global_batch) {
-    // DeepSpeed's global batch: must agree with micro-batch x accumulation x data-parallel ranks.
-    const int64_t implied = checked_mul(checked_mul(p.batch, int64_t(p.grad_accum), "train_batch_size", "config"),
-                                        int64_t(c.topology.data), "train_batch_size", "config");
-    refuse_unless(*global_batch == implied, "train_batch_size",
-                  fmt::format("{} does not equal micro-batch x accumulation x data-parallel ranks = {}",
-                              *global_batch, implied));
-  }
+  // The file alone must be consistent; flags given later are settled again (cli/options.cpp).
+  resolve_batch_keys(c, c.topology.data, c.config_note);
 }
 
 }  // namespace memfit

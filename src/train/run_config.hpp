@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -32,6 +33,26 @@ struct RunConfig {
   LrScheduleKind lr_schedule = LrScheduleKind::constant;
   double min_lr = -1;        // cosine floor; < 0: lr / 10
   int64_t decay_steps = 0;   // cosine: the step the floor is reached; 0: the last step
+  // DeepSpeed's scheduler block (train/deepspeed_config.hpp): its start, shape and floor.
+  double warmup_min_lr = 0, warmup_min_ratio = 0, cos_min_ratio = 0;
+  bool linear_warmup = false;
+  // DeepSpeed's batch keys as the config file gave them; resolve_batch_keys() settles them
+  // against the flags and the data-parallel degree once the world is known.
+  struct BatchKeys {
+    std::optional<int64_t> global, micro, accum;
+  } file_batch;
+  bool batch_flag = false, grad_accum_flag = false;  // --batch / --grad-accum given
+  std::string config_note;  // what the flags replaced in the config file (the run log prints it)
+  // zero_optimization's bounds in elements (0: not given), checked against the program's buckets.
+  struct ZeroBounds {
+    int64_t reduce_bucket = 0, allgather_bucket = 0, prefetch_bucket = 0, max_live_parameters = 0, sub_group = 0;
+  } zero_bounds;
+  // The offload blocks' keys (issue 16 runs them); nvme_path is the disk tier's directory.
+  struct OffloadKeys {
+    std::string nvme_path;
+    bool pin_memory = false;
+    int64_t buffer_count = 0, buffer_size = 0, max_in_cpu = 0;
+  } offload_optimizer_keys, offload_param_keys;
   uint64_t seed = 1337;
   bool shuffle = false;
   double val_fraction = 0.1;  // share of the data held out at its end; 0: no validation
@@ -68,6 +89,8 @@ struct RealRange {
   double lo, hi;
   bool lo_open = false, hi_open = false;  // (lo, ... / ..., hi)
 };
+std::string describe(IntRange r);   // "an integer in [1, 100]"
+std::string describe(RealRange r);  // "a number >= 0 and < 1"
 namespace input_range {
 inline constexpr IntRange steps{1, kMaxSteps};            // steps, eval batches, loss-scale window
 inline constexpr IntRange interval{0, kMaxSteps};         // warmup, decay, eval/log/checkpoint every N (0: off)

@@ -3,6 +3,7 @@
 // before step 1), train/train_loop.cpp (the steps and validation) and train/run_report.cpp
 // (measurement, save and report).
 #include "train/trainer.hpp"
+#include "train/deepspeed_config.hpp"
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
@@ -28,6 +29,7 @@ PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
   }
   run.compiled =
       compile_program(build_training_program(run.spec, run.policy, c.topology, backend.capabilities()), backend);
+  check_deepspeed_bounds(c, run.compiled.program);
   return run;
 }
 
