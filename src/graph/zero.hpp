@@ -44,8 +44,9 @@
 namespace memfit {
 
 struct ZeroBucket {
-  std::string tag;               // "outer" or "h<layer>"
+  std::string tag;               // "outer" or "h<layer>", then ".frozen" for a frozen bucket
   int layer = -1;
+  bool frozen = false;           // values only: no gradient, master or optimizer state (stage 3)
   std::vector<int> params;       // indices into Program::params(), in declaration order
   std::vector<int64_t> offsets;  // element offset of each parameter in the bucket
   int64_t used = 0;              // elements of parameters
