@@ -60,6 +60,17 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
   return L;
 }
 
+FrozenSummary frozen_savings_per_rank(const FrozenSummary& whole, const Policy& policy, const Topology& topo) {
+  auto share = [&](int64_t bytes, int from_stage) {
+    return policy.zero_stage >= from_stage ? (bytes + topo.data - 1) / topo.data : bytes;
+  };
+  FrozenSummary s = whole;
+  s.gradient_bytes = share(whole.gradient_bytes, 2);
+  s.master_bytes = share(whole.master_bytes, 1);
+  s.optimizer_bytes = share(whole.optimizer_bytes, 1);
+  return s;
+}
+
 double communication_bytes_per_step(const Program& p) {
   double bytes = 0;
   for (int i = 0; i < int(p.ops().size()); ++i) {
