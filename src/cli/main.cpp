@@ -69,7 +69,8 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
     if (const FrozenSummary f = summarize_frozen(p, run.policy); f.params > 0)
       j["frozen"] = {{"parameters", f.params}, {"elements", f.elements}, {"gradient_bytes_saved", f.gradient_bytes},
                      {"master_bytes_saved", f.master_bytes}, {"optimizer_state_bytes_saved", f.optimizer_bytes},
-                     {"bytes_saved", f.total_bytes()}};
+                     {"bytes_saved", f.total_bytes()},
+                     {"bytes_saved_per_rank", frozen_savings_per_rank(f, run.policy, config.topology).total_bytes()}};
     if (fp32) j["compared_to_fp32"] = plan_comparison_json("fp32", fp32->compiled.plan, precision_name(run.policy.precision),
                                                            run.compiled.plan);
     std::cout << j.dump(2) << "\n";
@@ -82,12 +83,21 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
       std::cout << fmt::format("data parallel: rank 0 of {}, ZeRO stage {}, {} sent per rank per step\n",
                                config.topology.world(), run.policy.zero_stage,
                                format_bytes(uint64_t(communication_bytes_per_step(p))));
-    if (const FrozenSummary f = summarize_frozen(p, run.policy); f.params > 0)
+    if (const FrozenSummary f = summarize_frozen(p, run.policy); f.params > 0) {
       std::cout << fmt::format("frozen: {} parameters ({} elements) have no gradient, master or optimizer state: saves "
                                "{} (gradients {}, masters {}, optimizer state {})\n",
                                f.params, f.elements, format_bytes(uint64_t(f.total_bytes())),
                                format_bytes(uint64_t(f.gradient_bytes)), format_bytes(uint64_t(f.master_bytes)),
                                format_bytes(uint64_t(f.optimizer_bytes)));
+      if (run.policy.zero_stage > 0 && config.topology.data > 1) {
+        const FrozenSummary r = frozen_savings_per_rank(f, run.policy, config.topology);
+        std::cout << fmt::format("frozen, per rank (ZeRO stage {} over {} ranks): saves {} (gradients {}, masters {}, "
+                                 "optimizer state {})\n",
+                                 run.policy.zero_stage, config.topology.data, format_bytes(uint64_t(r.total_bytes())),
+                                 format_bytes(uint64_t(r.gradient_bytes)), format_bytes(uint64_t(r.master_bytes)),
+                                 format_bytes(uint64_t(r.optimizer_bytes)));
+      }
+    }
     std::cout << format_memory_table(p, run.compiled.plan);
     if (fp32)
       std::cout << format_plan_comparison("fp32", fp32->compiled.plan, precision_name(run.policy.precision),

@@ -62,8 +62,6 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   if (p.update_in_backward && (p.zero_stage > 0 || topo.world() > 1))
     unsupported("updating in the backward pass with data parallelism (ZeRO)");
   if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
-  if (!p.freeze.empty() && (p.zero_stage > 0 || topo.world() > 1))
-    unsupported("freezing parameters with data parallelism (ZeRO or more than one rank)");
 }
 
 }  // namespace
@@ -167,8 +165,8 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   apply_precision(p, policy, backend);
   // The updates follow the last use of each parameter, recomputed and cast ops included.
   if (policy.update_in_backward) apply_update_in_backward(p);
-  // Last: ZeRO re-homes parameters and gradients with their final dtypes.
-  // (Only with data parallelism: its layout refuses frozen parameters, which one rank allows.)
+  // Last: ZeRO re-homes parameters and gradients with their final dtypes (frozen parameters:
+  // see graph/zero.hpp).
   if (policy.zero_stage > 0 || topology.world() > 1) apply_zero(p, policy, topology);
   schedule_async(p, AsyncOptions{.overlap_comm = policy.overlap_comm});
   p.validate();

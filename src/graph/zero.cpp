@@ -90,25 +90,39 @@ struct ZeroPass {
     value_piece.assign(n, kNoTensor);
     grad_piece.assign(n, kNoTensor);
     bucket_of.assign(n, -1);
+    // Stage 3: a bucket's backward (or eval) gather buffer exists only where that pass reads
+    // one of its values (a frozen bucket may be read by the forward only).
+    const bool has_eval = p.find_section(SectionKind::eval) != nullptr;
+    const std::vector<int> bwd_first = stage == 3 ? first_uses(p.ops(), 1) : std::vector<int>();
+    const std::vector<int> eval_first = stage == 3 && has_eval ? first_uses(p.ops(), 2) : std::vector<int>();
     for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
       const ZeroBucket& b = L.buckets[bi];
       const ParamEntry& first = p.params()[size_t(b.params[0])];
-      const DType pdt = p.tensor(first.value).dtype, gdt = p.tensor(first.grad).dtype;
-      const Lifetime glife = stage >= 2 ? Lifetime::transient : p.tensor(first.grad).lifetime;
+      const DType pdt = p.tensor(first.value).dtype;
       if (stage == 3) {
         param_root.push_back(add_root("zero.params." + b.tag + ".shard", L.shard(b), pdt, Category::parameters,
                                       Lifetime::persistent, b.layer));
         gather_fwd.push_back(add_root("zero.gather." + b.tag + ".forward", b.elements, pdt, Category::communication,
                                       Lifetime::transient, b.layer));
-        gather_bwd.push_back(add_root("zero.gather." + b.tag + ".backward", b.elements, pdt, Category::communication,
-                                      Lifetime::transient, b.layer));
-        if (p.find_section(SectionKind::eval))
-          gather_eval.push_back(add_root("zero.gather." + b.tag + ".eval", b.elements, pdt, Category::communication,
-                                         Lifetime::transient, b.layer));
+        gather_bwd.push_back(bwd_first[bi] < 0 ? kNoTensor
+                                               : add_root("zero.gather." + b.tag + ".backward", b.elements, pdt,
+                                                          Category::communication, Lifetime::transient, b.layer));
+        if (has_eval)
+          gather_eval.push_back(eval_first[bi] < 0 ? kNoTensor
+                                                   : add_root("zero.gather." + b.tag + ".eval", b.elements, pdt,
+                                                              Category::communication, Lifetime::transient, b.layer));
       } else {
         param_root.push_back(add_root("zero.params." + b.tag, b.elements, pdt, Category::parameters,
                                       Lifetime::persistent, b.layer));
       }
+      if (b.frozen) {  // values only: no gradient bucket, no gradient shard
+        grad_root.push_back(kNoTensor);
+        if (stage >= 2) grad_shard_root.push_back(kNoTensor);
+        for (size_t j = 0; j < b.params.size(); ++j) home_value(bi, j);
+        continue;
+      }
+      const DType gdt = p.tensor(first.grad).dtype;
+      const Lifetime glife = stage >= 2 ? Lifetime::transient : p.tensor(first.grad).lifetime;
       grad_root.push_back(add_root("zero.grads." + b.tag, b.elements, gdt, Category::gradients, glife, b.layer));
       // With one micro-step the shard only carries the reduce-scatter's result to the update of
       // the same step, so it is step-transient: born in the backward, dead after the optimizer.
@@ -121,22 +135,32 @@ struct ZeroPass {
       for (size_t j = 0; j < b.params.size(); ++j) {
         const int pi = b.params[j];
         const ParamEntry& e = p.params()[size_t(pi)];
-        bucket_of[size_t(pi)] = int(bi);
-        if (stage == 3) {
-          const TensorDesc v = p.tensor(e.value);
-          bwd_view[e.value] = p.add_view(gather_bwd.back(), v.name + ".backward", v.shape, v.dtype,
-                                         dtype_bytes(v.dtype, b.offsets[j]));
-          if (!gather_eval.empty())
-            eval_view[e.value] = p.add_view(gather_eval.back(), v.name + ".eval", v.shape, v.dtype,
-                                            dtype_bytes(v.dtype, b.offsets[j]));
-          make_view(e.value, gather_fwd.back(), b.offsets[j]);
-        } else {
-          make_view(e.value, param_root.back(), b.offsets[j]);
-        }
+        home_value(bi, j);
         make_view(e.grad, grad_root.back(), b.offsets[j]);
         param_of_grad[e.grad] = pi;
       }
     }
+  }
+
+  // The j-th parameter of bucket bi becomes a view into the bucket (stage 3: into its forward
+  // gather buffer, with copies in the backward and eval gather buffers where they exist).
+  void home_value(size_t bi, size_t j) {
+    const ZeroBucket& b = L.buckets[bi];
+    const int pi = b.params[j];
+    const ParamEntry& e = p.params()[size_t(pi)];
+    bucket_of[size_t(pi)] = int(bi);
+    if (stage != 3) {
+      make_view(e.value, param_root[bi], b.offsets[j]);
+      return;
+    }
+    const TensorDesc v = p.tensor(e.value);
+    if (gather_bwd[bi] != kNoTensor)
+      bwd_view[e.value] = p.add_view(gather_bwd[bi], v.name + ".backward", v.shape, v.dtype,
+                                     dtype_bytes(v.dtype, b.offsets[j]));
+    if (!gather_eval.empty() && gather_eval[bi] != kNoTensor)
+      eval_view[e.value] = p.add_view(gather_eval[bi], v.name + ".eval", v.shape, v.dtype,
+                                      dtype_bytes(v.dtype, b.offsets[j]));
+    make_view(e.value, gather_fwd[bi], b.offsets[j]);
   }
 
   // Stage >= 1: masters and state shrink to this rank's piece; pieces of values and grads.
@@ -152,6 +176,13 @@ struct ZeroPass {
         piece_count[size_t(pi)] = count;
         e.shard_offset = first;
         e.shard_numel = count;
+        if (b.frozen) {  // stage 3 only: its piece of the value, nothing to update
+          if (count > 0)
+            e.value_shard = value_piece[size_t(pi)] =
+                p.add_view(param_root[bi], e.name + ".shard", Shape{count}, p.tensor(e.value).dtype,
+                           dtype_bytes(p.tensor(e.value).dtype, b.offsets[j] + first - int64_t(rank) * L.shard(b)));
+          continue;
+        }
         const bool q8 = e.state.size() == 4;
         if (e.master != kNoTensor) p.tensor(e.master).shape = Shape{count};
         for (size_t s = 0; s < e.state.size(); ++s)
@@ -280,7 +311,8 @@ struct ZeroPass {
         std::get<ScaleAttrs>(op.attrs).scale = 1.0f / float(rows * (sk == SectionKind::micro ? int64_t(k) : 1) * world);
       }
       if (sk == SectionKind::optimizer && int(i) == p.sections()[size_t(s)].begin && !sync_in_backward)
-        for (size_t bi = 0; bi < L.buckets.size(); ++bi) emit_bucket_sync(bi, push, s);
+        for (size_t bi = 0; bi < L.buckets.size(); ++bi)
+          if (!L.buckets[bi].frozen) emit_bucket_sync(bi, push, s);
       bool replaced = false;  // the op was re-emitted in sharded form (or dropped)
       if (sk == SectionKind::optimizer && stage >= 1) {
         replaced = true;
@@ -325,6 +357,7 @@ struct ZeroPass {
       if (section_end && sk == SectionKind::optimizer && (stage == 1 || stage == 2))
         for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
           const ZeroBucket& b = L.buckets[bi];
+          if (b.frozen) continue;  // (none below stage 3; never updated)
           const TensorId mine = p.add_view(param_root[bi], "zero.params." + b.tag + ".shard", Shape{L.shard(b)},
                                            p.tensor(param_root[bi]).dtype,
                                            dtype_bytes(p.tensor(param_root[bi]).dtype, int64_t(rank) * L.shard(b)));
@@ -373,23 +406,10 @@ struct ZeroPass {
   // the next block's parameters arrive while the current block computes, at the cost of
   // one more gathered block alive, which the plan shows as communication buffers).
   std::vector<std::vector<size_t>> plan_gathers(const std::vector<Op>& old) const {
-    std::map<TensorId, size_t> bucket_of_value;
-    for (size_t bi = 0; bi < L.buckets.size(); ++bi)
-      for (int pi : L.buckets[bi].params) bucket_of_value[p.params()[size_t(pi)].value] = bi;
     std::vector<std::vector<size_t>> before(old.size());
     const size_t nb = L.buckets.size();
     for (size_t pass = 0; pass < (gather_eval.empty() ? 2u : 3u); ++pass) {
-      std::vector<int> first(nb, -1);
-      for (size_t i = 0; i < old.size(); ++i) {
-        const Op& op = old[i];
-        const SectionKind sec = p.sections()[size_t(p.section_of_op(int(i)))].kind;
-        const bool bwd = op.phase == Phase::backward || op.phase == Phase::recompute;
-        const bool in_pass = pass == 2 ? sec == SectionKind::eval : sec == SectionKind::micro && (pass == 1) == bwd;
-        if (!in_pass) continue;
-        for (TensorId id : op.inputs)
-          if (auto it = bucket_of_value.find(id); it != bucket_of_value.end() && first[it->second] < 0)
-            first[it->second] = int(i);
-      }
+      const std::vector<int> first = first_uses(old, pass);
       std::vector<size_t> order;
       for (size_t bi = 0; bi < nb; ++bi)
         if (first[bi] >= 0) order.push_back(bi);
@@ -400,6 +420,26 @@ struct ZeroPass {
       }
     }
     return before;
+  }
+
+  // Per bucket, the first op of `ops` in pass 0 (forward), 1 (backward and recompute) or 2
+  // (eval) that reads one of its parameters' values; -1 where that pass reads none.
+  std::vector<int> first_uses(const std::vector<Op>& ops, size_t pass) const {
+    std::map<TensorId, size_t> bucket_of_value;
+    for (size_t bi = 0; bi < L.buckets.size(); ++bi)
+      for (int pi : L.buckets[bi].params) bucket_of_value[p.params()[size_t(pi)].value] = bi;
+    std::vector<int> first(L.buckets.size(), -1);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      const SectionKind sec = p.sections()[size_t(p.section_of_op(int(i)))].kind;
+      const bool bwd = op.phase == Phase::backward || op.phase == Phase::recompute;
+      const bool in_pass = pass == 2 ? sec == SectionKind::eval : sec == SectionKind::micro && (pass == 1) == bwd;
+      if (!in_pass) continue;
+      for (TensorId id : op.inputs)
+        if (auto it = bucket_of_value.find(id); it != bucket_of_value.end() && first[it->second] < 0)
+          first[it->second] = int(i);
+    }
+    return first;
   }
 
   template <class Push>

@@ -26,6 +26,13 @@
 // all-reduced, then its square root (GradNormAttrs::Form). An fp16 overflow flag is
 // all-reduced with max so every rank skips the same steps.
 //
+// Frozen parameters (--freeze) have no gradient, master or optimizer state, so nothing of
+// theirs is reduced or updated. Below stage 3 every rank keeps them whole, outside the
+// buckets, untouched by any collective. At stage 3 they are sharded like the rest, in buckets
+// of their own ("h<layer>.frozen": values only, so a trainable bucket's value and gradient
+// offsets stay equal), all-gathered before each pass that reads them (a bucket no backward
+// op reads gets no backward buffer), never reduce-scattered.
+//
 // Shard layout (the subtle point): each parameter starts at a multiple of `align` elements in
 // its bucket, and each bucket is padded to a multiple of data degree * align, so every shard
 // boundary falls at a multiple of `align` from the start of every parameter. With 8-bit AdamW
@@ -38,14 +45,16 @@
 #include <utility>
 #include <vector>
 
+#include "graph/forward_rewrite.hpp"
 #include "graph/policy.hpp"
 #include "graph/program.hpp"
 
 namespace memfit {
 
 struct ZeroBucket {
-  std::string tag;               // "outer" or "h<layer>"
+  std::string tag;               // "outer" or "h<layer>", then ".frozen" for a frozen bucket
   int layer = -1;
+  bool frozen = false;           // values only: no gradient, master or optimizer state (stage 3)
   std::vector<int> params;       // indices into Program::params(), in declaration order
   std::vector<int64_t> offsets;  // element offset of each parameter in the bucket
   int64_t used = 0;              // elements of parameters
@@ -70,6 +79,11 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
 // No-op for stage 0 in a world of one (the program stays as it was). Shards over the data
 // group of `topo`, whatever its tensor-parallel degree.
 void apply_zero(Program& p, const Policy& policy, const Topology& topo);
+
+// What freezing saves on one rank (FrozenSummary's closed form, graph/forward_rewrite.hpp):
+// masters and optimizer state divide over the data-parallel ranks from stage 1, gradients
+// from stage 2 (rounded up per category; the layout's padding aside). Stage 0: the whole.
+FrozenSummary frozen_savings_per_rank(const FrozenSummary& whole, const Policy& policy, const Topology& topo);
 
 // Bytes one rank sends per optimizer step (the micro section's collectives times its repeat,
 // plus the sync and optimizer sections'), from each collective's ring volume (Op::comm_bytes:

@@ -31,16 +31,23 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
   L.world_size = topo.data;
   L.rank = topo.data_rank();
   L.align = policy.optimizer == OptimizerKind::adamw8bit ? kQuantBlock : 32;
-  std::map<int, size_t> bucket_of_layer;
+  // Frozen parameters get buckets of their own (their values are laid out without gradients,
+  // so a trainable bucket's value and gradient offsets stay equal), and only at stage 3: below
+  // it every rank keeps them whole, outside the buckets, and no collective touches them.
+  std::map<std::pair<int, bool>, size_t> bucket_of_layer;
   for (size_t i = 0; i < p.params().size(); ++i) {
     const ParamEntry& e = p.params()[i];
-    MEMFIT_CHECK(e.trainable, "policy", "ZeRO with frozen parameter '{}' is not supported yet", e.name);
+    if (e.frozen() && policy.zero_stage < 3) continue;
+    MEMFIT_CHECK(e.trainable || (e.value != kNoTensor && e.plain_storage()), "policy",
+                 "ZeRO-3 with parameter '{}' stored as {} tensors (not one value) is not supported yet", e.name,
+                 e.storage.size());
     const int layer = p.tensor(e.value).layer;
-    auto [it, fresh] = bucket_of_layer.emplace(layer, L.buckets.size());
+    auto [it, fresh] = bucket_of_layer.emplace(std::pair{layer, e.frozen()}, L.buckets.size());
     if (fresh) {
       ZeroBucket b;
       b.layer = layer;
-      b.tag = layer < 0 ? std::string("outer") : fmt::format("h{}", layer);
+      b.frozen = e.frozen();
+      b.tag = (layer < 0 ? std::string("outer") : fmt::format("h{}", layer)) + (e.frozen() ? ".frozen" : "");
       L.buckets.push_back(std::move(b));
     }
     ZeroBucket& b = L.buckets[it->second];
@@ -51,6 +58,17 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
   const int64_t unit = L.align * L.world_size;
   for (ZeroBucket& b : L.buckets) b.elements = (b.used + unit - 1) / unit * unit;
   return L;
+}
+
+FrozenSummary frozen_savings_per_rank(const FrozenSummary& whole, const Policy& policy, const Topology& topo) {
+  auto share = [&](int64_t bytes, int from_stage) {
+    return policy.zero_stage >= from_stage ? (bytes + topo.data - 1) / topo.data : bytes;
+  };
+  FrozenSummary s = whole;
+  s.gradient_bytes = share(whole.gradient_bytes, 2);
+  s.master_bytes = share(whole.master_bytes, 1);
+  s.optimizer_bytes = share(whole.optimizer_bytes, 1);
+  return s;
 }
 
 double communication_bytes_per_step(const Program& p) {

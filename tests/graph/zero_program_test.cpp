@@ -26,6 +26,7 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "graph/forward_rewrite.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/training_program.hpp"
 #include "graph/zero.hpp"
@@ -265,6 +266,81 @@ TEST(ZeroProgram, ShardingMoreNeverRaisesThePeakUpToStageTwo) {
         EXPECT_GT(shards, 0);
       }
     }
+}
+
+// Frozen parameters (--freeze) on every rank of 2- and 4-rank worlds, against the same run
+// unfrozen. Oracle: summarize_frozen's closed form (frozen elements x bytes per element of
+// master and optimizer state). Masters and state shrink by exactly that on every rank at
+// stage 0 (every rank whole) and by exactly that summed over the ranks at stages 1..3 (the
+// pieces partition each parameter, and with 8-bit AdamW its quantization blocks). Gradients
+// (persistent here: accumulation) shrink by the frozen elements' gradient bytes, divided by
+// the world from stage 2, up to the two layouts' padding. No frozen parameter has a gradient,
+// master or state tensor; no collective but stage 3's gathers touches one; below stage 3
+// every rank keeps it whole, outside the buckets.
+TEST(ZeroProgram, FrozenParametersHaveNoGradientMasterOrStateOnAnyRank) {
+  struct Case {
+    const char* model;
+    std::vector<std::string> freeze;
+  };
+  for (const Case& c : {Case{"gpt2-tiny", {"wte.weight", "wpe.weight", "h.0.*", "h.*.attn.c_attn.*"}},
+                        Case{"llama-tiny", {"embed_tokens.weight", "layers.0.*", "layers.*.self_attn.*"}}}) {
+    const ModelSpec spec = model_preset(c.model);
+    for (Precision precision : {Precision::fp32, Precision::bf16})
+      for (OptimizerKind opt : {OptimizerKind::adamw, OptimizerKind::adamw8bit})
+        for (int world : {2, 4})
+          for (int stage : {0, 1, 2, 3}) {
+            SCOPED_TRACE(fmt::format("{} {} {}, N = {}, stage {}", c.model, precision_name(precision),
+                                     opt == OptimizerKind::adamw ? "adamw" : "adamw8bit", world, stage));
+            Policy full = policy(stage, precision, DType::f32, opt);
+            full.grad_accum = 2;  // persistent gradients at every stage
+            Policy part = full;
+            part.freeze = c.freeze;
+            FrozenSummary closed;
+            int64_t masters_drop = 0, state_drop = 0;
+            for (int rank = 0; rank < world; ++rank) {
+              const Topology topo{.data = world, .rank = rank};
+              const Program f = build_training_program(spec, full, topo, cpu_capabilities());
+              const Program q = build_training_program(spec, part, topo, cpu_capabilities());
+              if (rank == 0) {
+                closed = summarize_frozen(q, part);
+                ASSERT_GT(closed.elements, 0);
+                (void)plan_memory(q);  // every tensor used, the plan exact (measured in tests/train/freeze_zero_mpitest)
+              }
+              const ModelState mf = model_state(f, stage, world), mq = model_state(q, stage, world);
+              masters_drop += int64_t(mf.masters) - int64_t(mq.masters);
+              state_drop += int64_t(mf.state) - int64_t(mq.state);
+              if (stage == 0) {
+                EXPECT_EQ(int64_t(mf.masters - mq.masters), closed.master_bytes);
+                EXPECT_EQ(int64_t(mf.state - mq.state), closed.optimizer_bytes);
+              }
+              const int64_t padding = (mf.padded - f.parameter_count()) + (mq.padded - q.parameter_count());
+              const int64_t grads_drop = int64_t(mf.grads) - int64_t(mq.grads);
+              const int64_t expected = closed.gradient_bytes / (stage >= 2 ? world : 1);
+              EXPECT_LE(std::abs(grads_drop - expected), 4 * padding) << "gradient bytes " << grads_drop;
+              for (const ParamEntry& e : q.params()) {
+                if (e.trainable) continue;
+                EXPECT_EQ(e.grad, kNoTensor) << e.name;
+                EXPECT_EQ(e.master, kNoTensor) << e.name;
+                EXPECT_TRUE(e.state.empty()) << e.name;
+                const TensorDesc& home = q.tensor(q.root_of(e.value));
+                if (stage < 3) {
+                  EXPECT_FALSE(q.tensor(e.value).is_view()) << e.name;
+                  EXPECT_TRUE(e.whole_state()) << e.name;
+                } else {
+                  EXPECT_TRUE(home.name.ends_with(".frozen.forward")) << e.name << " in " << home.name;
+                }
+              }
+              for (const Op& op : q.ops()) {
+                if (!is_collective_kind(op.kind)) continue;
+                const bool frozen = op.name.find(".frozen") != std::string::npos;
+                EXPECT_TRUE(!frozen || (stage == 3 && op.kind == OpKind::all_gather)) << op.name;
+              }
+            }
+            EXPECT_EQ(masters_drop, closed.master_bytes * (stage == 0 ? world : 1));
+            EXPECT_EQ(state_drop, closed.optimizer_bytes * (stage == 0 ? world : 1));
+            if (precision == Precision::bf16) { EXPECT_GT(closed.master_bytes, 0); }
+          }
+  }
 }
 
 TEST(ZeroProgram, WorldOfOneAtStageZeroIsUntouched) {

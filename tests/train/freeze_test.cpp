@@ -177,7 +177,7 @@ TEST(Freeze, PlanDropsByTheClosedFormAndMatchesTheMeasurement) {
   }
 }
 
-TEST(Freeze, PlanCommandAndConfigKeyAndRefusal) {
+TEST(Freeze, PlanCommandAndConfigKeyAndZero) {
   const ModelSpec spec = model_preset("gpt2-tiny");
   const int64_t C = spec.n_embd;
   const int64_t frozen = spec.n_layer * (3 * C * C + 3 * C + C * C + C) + spec.padded_vocab * C;
@@ -189,9 +189,19 @@ TEST(Freeze, PlanCommandAndConfigKeyAndRefusal) {
   const test::CliResult json = test::run_memfit("plan --json --model gpt2-tiny --batch 2 --seq 32 --freeze 'h.*'");
   ASSERT_EQ(json.status, 0) << json.err;
   EXPECT_GT(nlohmann::json::parse(json.out)["frozen"]["bytes_saved"].get<int64_t>(), 0);
-  const test::CliResult refused = test::run_memfit("train --model gpt2-tiny --steps 1 --freeze 'h.0.*' --zero 2");
-  EXPECT_EQ(refused.status, 1);
-  EXPECT_NE(refused.err.find("freezing parameters with data parallelism"), std::string::npos) << refused.err;
+  // With ZeRO (graph/zero.hpp; several ranks: tests/train/freeze_zero_mpitest.cpp): the plan
+  // shows one rank's share, fp32 gradients (4 bytes) and AdamW moments (8) over 4 ranks.
+  const test::CliResult sharded = test::run_memfit(
+      "plan --json --model gpt2-tiny --batch 2 --seq 32 --zero 3 --world-size 4 --freeze 'h.*.attn.*,wte.weight'");
+  ASSERT_EQ(sharded.status, 0) << sharded.err;
+  const nlohmann::json fj = nlohmann::json::parse(sharded.out)["frozen"];
+  EXPECT_EQ(fj["bytes_saved"].get<int64_t>(), frozen * 12);
+  EXPECT_EQ(fj["bytes_saved_per_rank"].get<int64_t>(), frozen * 12 / 4);
+  const test::CliResult text = test::run_memfit(
+      "plan --model gpt2-tiny --batch 2 --seq 32 --zero 1 --world-size 2 --freeze 'h.*.attn.*,wte.weight'");
+  EXPECT_NE(text.out.find("frozen, per rank (ZeRO stage 1 over 2 ranks)"), std::string::npos) << text.out;
+  const test::CliResult zero = test::run_memfit("train --model gpt2-tiny --batch 2 --seq 32 --steps 2 --freeze 'h.0.*' --zero 2");
+  EXPECT_EQ(zero.status, 0) << zero.err;
 
   const std::string dir = test::temp_dir();
   for (const char* value : {"\"h.0.*,wte.weight\"", "[\"h.0.*\", \"wte.weight\"]"}) {
