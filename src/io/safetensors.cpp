@@ -301,6 +301,22 @@ void SafetensorsReader::read_f32(std::string_view name, const Shape& expected, f
   }
 }
 
+void SafetensorsReader::read_f32_range(std::string_view name, const Shape& expected, int64_t first,
+                                       std::span<float> dst) const {
+  const SafetensorsEntry& e = entry_or_throw(name);
+  MEMFIT_CHECK(e.supported && dtype_is_float(e.dtype), kPiece,
+               "{}: tensor '{}' has dtype {}; only F32, BF16 and F16 can be read as fp32", path(), e.name,
+               e.file_dtype);
+  MEMFIT_CHECK(e.shape == expected, kPiece, "{}: tensor '{}' has shape {}, expected {}", path(), e.name,
+               e.shape.to_string(), expected.to_string());
+  MEMFIT_CHECK(first >= 0 && first <= e.shape.numel() && int64_t(dst.size()) <= e.shape.numel() - first, kPiece,
+               "{}: elements [{}, {}) lie outside tensor '{}' of {}", path(), first, first + int64_t(dst.size()),
+               e.name, e.shape.numel());
+  const int bytes_per_element = dtype_bits(e.dtype) / 8;
+  widen_to_f32(e.dtype, data(e) + first * bytes_per_element, dst.data(), int64_t(dst.size()));
+  file_.drop_pages(data_start_ + e.begin, uint64_t((first + int64_t(dst.size())) * bytes_per_element));
+}
+
 void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
                        const std::map<std::string, std::string>& metadata) {
   // Everything is checked before the temporary file is created.
@@ -311,7 +327,7 @@ void write_safetensors(const std::string& path, std::span<const SafetensorsTenso
     MEMFIT_CHECK(!file_dtype_name(t.dtype).empty(), kPiece,
                  "{}: tensor '{}' has dtype {}, which safetensors cannot store (store packed nf4 as U8)", path,
                  t.name, dtype_name(t.dtype));
-    MEMFIT_CHECK(t.data || dtype_bytes(t.dtype, t.shape.numel()) == 0, kPiece, "{}: tensor '{}' {} has no data",
+    MEMFIT_CHECK(t.data || t.produce || dtype_bytes(t.dtype, t.shape.numel()) == 0, kPiece, "{}: tensor '{}' {} has no data",
                  path, t.name, t.shape.to_string());
   }
 
@@ -349,7 +365,22 @@ void write_safetensors(const std::string& path, std::span<const SafetensorsTenso
   const uint64_t header_bytes = text.size();
   out.write(&header_bytes, 8);
   out.write(text.data(), text.size());
-  for (size_t i : order) out.write(tensors[i].data, dtype_bytes(tensors[i].dtype, tensors[i].shape.numel()));
+  for (size_t i : order) {
+    const SafetensorsTensor& t = tensors[i];
+    const uint64_t bytes = dtype_bytes(t.dtype, t.shape.numel());
+    if (t.data || !t.produce) {
+      out.write(t.data, bytes);
+      continue;
+    }
+    uint64_t emitted = 0;
+    t.produce([&](std::span<const std::byte> piece) {
+      MEMFIT_CHECK(emitted + piece.size() <= bytes, kPiece, "{}: tensor '{}' produced more than its {} bytes", path,
+                   t.name, bytes);
+      out.write(piece.data(), piece.size());
+      emitted += piece.size();
+    });
+    MEMFIT_CHECK(emitted == bytes, kPiece, "{}: tensor '{}' produced {} of its {} bytes", path, t.name, emitted, bytes);
+  }
   out.commit();
 }
 
