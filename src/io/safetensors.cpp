@@ -327,7 +327,8 @@ void write_safetensors(const std::string& path, std::span<const SafetensorsTenso
     MEMFIT_CHECK(!file_dtype_name(t.dtype).empty(), kPiece,
                  "{}: tensor '{}' has dtype {}, which safetensors cannot store (store packed nf4 as U8)", path,
                  t.name, dtype_name(t.dtype));
-    MEMFIT_CHECK(t.data || t.produce || dtype_bytes(t.dtype, t.shape.numel()) == 0, kPiece, "{}: tensor '{}' {} has no data",
+    MEMFIT_CHECK(t.data || t.produce || dtype_bytes(t.dtype, t.shape.numel()) == 0, kPiece,
+                 "{}: tensor '{}' {} has no data",
                  path, t.name, t.shape.to_string());
   }
 

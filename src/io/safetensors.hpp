@@ -79,14 +79,15 @@ struct SafetensorsTensor {
   const void* data = nullptr;  // dtype_bytes(dtype, shape.numel()) bytes, little-endian
   // Instead of `data`: called once when the tensor's bytes are due, it passes them in order,
   // in pieces of its choosing, to `emit` (a writer that streams through a bounded buffer).
-  std::function<void(const std::function<void(std::span<const std::byte>)>& emit)> produce;
+  std::function<void(const std::function<void(std::span<const std::byte>)>& emit)> produce = {};
 };
 
 // Writes tensors atomically (path + ".tmp", fsync, rename over path, fsync the directory): an
 // existing file at path survives any failure. Laid out as HF's writer does, so HF loads it:
 // header padded with spaces to a multiple of 8 bytes, tensors stored contiguously with no gaps,
 // largest element size first and then by name, so each tensor is aligned to its element size.
-// A tensor given by `produce` must emit exactly its byte size. nf4 has no safetensors dtype and is refused (store packed nf4 as U8 with its own metadata).
+// A tensor given by `produce` must emit exactly its byte size. nf4 has no safetensors dtype
+// and is refused (store packed nf4 as U8 with its own metadata).
 void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

@@ -81,7 +81,8 @@ void publish(const fs::path& root, const fs::path& dir, CheckpointManifest& m, c
 
 }  // namespace
 
-SavedCheckpoint save_checkpoint(const std::string& root_name, const Executor& ex, TensorStaging& staging, const CheckpointRun& run,
+SavedCheckpoint save_checkpoint(const std::string& root_name, const Executor& ex, TensorStaging& staging,
+                                const CheckpointRun& run,
                                 const TrainingPosition& at, int keep, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
   MEMFIT_ASSERT(world == run.world_size && keep >= 1, "world {} vs {}, keep {}", world, run.world_size, keep);

@@ -44,7 +44,8 @@ void validate_rank_file(const std::filesystem::path& path, const Program& progra
 // Reads the tensors into the executor, checking the layout and checksum again (the file may
 // have changed since it was validated). Throws like validate_rank_file; the tensors are then
 // partly overwritten.
-void read_rank_file(const std::filesystem::path& path, Executor& ex, TensorStaging& staging, const RankFileIdentity& who,
+void read_rank_file(const std::filesystem::path& path, Executor& ex, TensorStaging& staging,
+                    const RankFileIdentity& who,
                     const RankFileEntry& entry);
 
 // The checksum in a file's last 8 bytes and its size (rank 0 checks every rank's file

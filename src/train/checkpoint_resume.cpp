@@ -97,7 +97,8 @@ std::string mismatch(const CheckpointManifest& m, const CheckpointRun& run) {
 }
 
 // One candidate, collectively. On success the executor holds its tensors.
-Outcome try_candidate(const fs::path& dir, Executor& ex, TensorStaging& staging, const CheckpointRun& run, Communicator& comm,
+Outcome try_candidate(const fs::path& dir, Executor& ex, TensorStaging& staging, const CheckpointRun& run,
+                      Communicator& comm,
                       CheckpointManifest& m) {
   const int rank = comm.rank();
   const fs::path manifest_path = dir / kManifestFile;
@@ -136,7 +137,8 @@ Outcome try_candidate(const fs::path& dir, Executor& ex, TensorStaging& staging,
 
 }  // namespace
 
-ResumedCheckpoint resume_checkpoint(const std::string& path, Executor& ex, TensorStaging& staging, const CheckpointRun& run,
+ResumedCheckpoint resume_checkpoint(const std::string& path, Executor& ex, TensorStaging& staging,
+                                    const CheckpointRun& run,
                                     Communicator& comm) {
   Candidates found;
   std::string listing;

@@ -101,7 +101,8 @@ nlohmann::json finish_run(RunState& s, const LoopRecord& rec, RunHooks* hooks) {
     log << fmt::format("speed: {:.0f} tokens/s, {:.1f} ms/step over steps 2..{}\n", tps, 1e3 * seconds / steps, c.steps);
   const std::map<std::string, double> phase_ms = phase_milliseconds(s, rec);
   // Once per run, after the last update: no weight file or report comes from a diverged state.
-  require_finite_state(ex, c, c.steps, s.staging, c.save.empty() ? "the run's report" : fmt::format("--save '{}'", c.save));
+  require_finite_state(ex, c, c.steps, s.staging,
+                       c.save.empty() ? "the run's report" : fmt::format("--save '{}'", c.save));
   save_if_asked(s);
 
   const double flops = flops_per_step(prog);

@@ -100,7 +100,8 @@ void build_executor(RunState& s, RunHooks* hooks) {
     Executor& e = state->ex();
     const int d = state->config.topology.data_rank(), D = state->config.topology.data;
     const bool train = op.outputs[0] == tokens;
-    (train ? state->train_loader : state->val_loader)->next_for_rank(state->batch_tokens.data(), state->batch_targets.data(), d, D);
+    BatchLoader& loader = train ? *state->train_loader : *state->val_loader;
+    loader.next_for_rank(state->batch_tokens.data(), state->batch_targets.data(), d, D);
     e.write_as<int32_t>(train ? tokens : eval_tokens, std::span<const int32_t>(state->batch_tokens));
     e.write_as<int32_t>(train ? targets : eval_targets, std::span<const int32_t>(state->batch_targets));
   }, c.loss_scale, s.staging);

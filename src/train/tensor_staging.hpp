@@ -8,8 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
-#include <vector>
 
 #include "runtime/executor.hpp"
 
@@ -19,19 +19,22 @@ class TensorStaging {
  public:
   static constexpr size_t kElements = size_t(1) << 18;  // per region: 1 MiB of fp32
 
-  TensorStaging() : storage_(3 * kElements) {}
+  // Left uninitialised: a region costs resident memory only once a caller first uses it.
+  TensorStaging() : storage_(std::make_unique_for_overwrite<float[]>(3 * kElements)) {}
   TensorStaging(const TensorStaging&) = delete;
   TensorStaging& operator=(const TensorStaging&) = delete;
 
   // fp32 values a caller produces or consumes (a chunk of a parameter).
-  std::span<float> values() { return {storage_.data(), kElements}; }
+  std::span<float> values() { return {storage_.get(), kElements}; }
   // A second fp32 region for callers that reorder (GPT-2's transposed Conv1D weights).
-  std::span<float> gather() { return {storage_.data() + kElements, kElements}; }
+  std::span<float> gather() { return {storage_.get() + kElements, kElements}; }
   // Bytes the conversions below pass through; a caller may use it only between their calls.
-  std::span<std::byte> raw() { return std::as_writable_bytes(std::span<float>(storage_.data() + 2 * kElements, kElements)); }
+  std::span<std::byte> raw() {
+    return std::as_writable_bytes(std::span<float>(storage_.get() + 2 * kElements, kElements));
+  }
 
  private:
-  std::vector<float> storage_;
+  std::unique_ptr<float[]> storage_;
 };
 
 // Elements [first, first + values.size()) of a float tensor (fp32, bf16, fp16) set to `values`

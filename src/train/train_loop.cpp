@@ -36,11 +36,12 @@ double evaluate(RunState& s) {
 
 void checkpoint(RunState& s, int64_t step) {
   const RunConfig& c = s.config;
-  require_finite_state(s.ex(), c, step, s.staging, fmt::format("the checkpoint of step {} in --checkpoint-dir '{}'", step,
-                                                    c.checkpoint_dir));
+  require_finite_state(s.ex(), c, step, s.staging,
+                       fmt::format("the checkpoint of step {} in --checkpoint-dir '{}'", step, c.checkpoint_dir));
   TrainingPosition at{step, s.applied, s.train_loader->epoch(), s.train_loader->cursor(), std::nullopt};
   if (s.runner->scaler()) at.scaler = s.runner->scaler()->state();
-  const SavedCheckpoint saved = save_checkpoint(c.checkpoint_dir, s.ex(), s.staging, s.checkpoint_run, at, c.keep_checkpoints, *s.comm);
+  const SavedCheckpoint saved =
+      save_checkpoint(c.checkpoint_dir, s.ex(), s.staging, s.checkpoint_run, at, c.keep_checkpoints, *s.comm);
   std::ostream& log = s.out();
   log << fmt::format("step {:>5}/{} | checkpoint written to {}{}\n", step, c.steps, saved.dir,
                      saved.removed.empty() ? "" : fmt::format(" (removed {})", fmt::join(saved.removed, ", ")));
@@ -85,7 +86,8 @@ LoopRecord run_train_loop(RunState& s, RunHooks* hooks) {
     if (step == s.first_step) rec.first_loss = rec.last_loss;
     if (!std::isfinite(rec.last_loss) && r.applied)
       throw Error("train", fmt::format("the loss became {} at step {}: {}", rec.last_loss, step,
-                                       explain_non_finite_loss(ex, c, updates_before, s.update_watch->before_update(), s.staging)));
+                                       explain_non_finite_loss(ex, c, updates_before, s.update_watch->before_update(),
+                                                               s.staging)));
     rec.history.push_back(rec.last_loss);
     rec.lr_history.push_back(ctx.lr);
     if (has_norm) rec.norm_history.push_back(grad_norm);

@@ -199,7 +199,9 @@ void save_weights(const std::string& path, const Executor& ex, const ModelSpec& 
     if (spec.arch == Arch::gpt2 && is_conv1d_weight(param.name)) {
       const int64_t rows = t.shape[0], cols = t.shape[1];
       tensors.push_back({std::string(kGpt2Prefix) + param.name, DType::f32, Shape{cols, rows}, nullptr,
-                         [get, rows, cols, &staging](const Emit& emit) { emit_transposed(get, rows, cols, staging, emit); }});
+                         [get, rows, cols, &staging](const Emit& emit) {
+                           emit_transposed(get, rows, cols, staging, emit);
+                         }});
       continue;
     }
     const int64_t row_size = t.numel() / t.shape[0];

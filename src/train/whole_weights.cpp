@@ -25,7 +25,8 @@ void read_piece(const Executor& ex, const ParamEntry& e, std::span<float> out, T
 
 }  // namespace
 
-std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Communicator& comm, TensorStaging& staging) {
+std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Communicator& comm,
+                                                        TensorStaging& staging) {
   const Program& p = ex.program();
   const int world = comm.size(), rank = comm.rank();
   std::vector<std::vector<float>> out(p.params().size());

@@ -1,6 +1,7 @@
 // gpt2-tiny built, planned and ready to step in process, with deterministic tokens that the
-// input handler computes into buffers of its own and writes (Executor::write; it allocates nothing): the common set-up of the runtime tests
-// that watch steps (trace, leak guard, max-batch oracle).
+// input handler computes into buffers of its own and writes (Executor::write; it allocates
+// nothing): the common set-up of the runtime tests that watch steps (trace, leak guard,
+// max-batch oracle).
 #pragma once
 
 #include <memory>
