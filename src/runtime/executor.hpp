@@ -112,9 +112,8 @@ class Executor {
   void remove_observers() { observers_.clear(); }
 
  private:
-  // Tests that need a tensor's address (to watch a kernel write in place) reach it through
-  // tests/support/executor_access.hpp; nothing in src/ does.
-  friend struct ExecutorTestAccess;
+  // A tensor's address in its tier: for the executor's own use (binding ops) only; code outside
+  // runtime/ copies through read/write instead.
   std::byte* data(TensorId id) const { return pointers_[size_t(id)]; }
 
   void run_range(int begin, int end, const StepContext& ctx);

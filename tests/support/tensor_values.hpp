@@ -1,7 +1,7 @@
 // Tests read and write tensors the way train/ does, through Executor::read / write (a tier
 // need not be host memory), into vectors of their own. These copy whole tensors and allocate:
-// for checks between steps, never inside one. ExecutorTestAccess is the one way to a tensor's
-// address, for the few tests that must watch bytes change in place (the leak guard's poison).
+// for checks between steps, never inside one. No test needs a tensor's address: the executor
+// gives none out.
 #pragma once
 
 #include <cstddef>
@@ -11,10 +11,6 @@
 #include "runtime/executor.hpp"
 
 namespace memfit {
-
-struct ExecutorTestAccess {
-  static std::byte* data(const Executor& ex, TensorId id) { return ex.data(id); }
-};
 
 namespace test {
 
