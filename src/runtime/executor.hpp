@@ -2,7 +2,7 @@
 // planned size, from the buffer type the backend serves that tier with (memory/), binds every tensor to its planned address and asks the backend to prepare
 // every op; after that, running a section is a loop over prepared ops with no allocation.
 // Ops of kind load_input are served by the InputHandler the trainer installs (the data
-// loader writes a batch straight into the planned tensors). run_step is the one place that
+// loader fills a host buffer and writes it into the planned tensors). run_step is the one place that
 // says what a step is (graph/program.hpp's SectionKind): every caller steps through it.
 #pragma once
 
