@@ -86,13 +86,15 @@ class OptimizerRun {
     zero_persistent_state(*ex_);
     const TensorId tok = p.find_tensor(kTokens), tgt = p.find_tensor(kTargets);
     const int64_t n = p.tensor(tok).numel(), vocab = spec.vocab_size;
+    tokens_.assign(size_t(n), 0);
+    targets_.assign(size_t(n), 0);
     ex_->set_input_handler([this, tok, tgt, n, vocab](const Op&, const StepContext& ctx) {
-      int32_t* x = ex_->data_as<int32_t>(tok);
-      int32_t* y = ex_->data_as<int32_t>(tgt);
       for (int64_t i = 0; i < n; ++i) {
-        x[i] = int32_t((i * 31 + ctx.step) % vocab);
-        y[i] = int32_t((i * 31 + 7 + ctx.step) % vocab);
+        tokens_[size_t(i)] = int32_t((i * 31 + ctx.step) % vocab);
+        targets_[size_t(i)] = int32_t((i * 31 + 7 + ctx.step) % vocab);
       }
+      ex_->write_as<int32_t>(tok, std::span<const int32_t>(tokens_));
+      ex_->write_as<int32_t>(tgt, std::span<const int32_t>(targets_));
     });
     StepContext ctx;
     ctx.lr = 1e-4;
@@ -136,6 +138,7 @@ class OptimizerRun {
   std::unique_ptr<Backend> backend_ = make_cpu_backend();
   CompiledProgram compiled_;
   std::unique_ptr<Executor> ex_;
+  std::vector<int32_t> tokens_, targets_;  // the batch the input handler writes (sized once)
   int begin_ = 0, end_ = 0;
   std::map<int, std::vector<double>> times_;
 };

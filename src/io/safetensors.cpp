@@ -301,8 +301,24 @@ void SafetensorsReader::read_f32(std::string_view name, const Shape& expected, f
   }
 }
 
-void write_safetensors_streamed(const std::string& path, std::span<const SafetensorsTensor> tensors,
-                                const SafetensorsFill& fill, const std::map<std::string, std::string>& metadata) {
+void SafetensorsReader::read_f32_range(std::string_view name, const Shape& expected, int64_t first,
+                                       std::span<float> dst) const {
+  const SafetensorsEntry& e = entry_or_throw(name);
+  MEMFIT_CHECK(e.supported && dtype_is_float(e.dtype), kPiece,
+               "{}: tensor '{}' has dtype {}; only F32, BF16 and F16 can be read as fp32", path(), e.name,
+               e.file_dtype);
+  MEMFIT_CHECK(e.shape == expected, kPiece, "{}: tensor '{}' has shape {}, expected {}", path(), e.name,
+               e.shape.to_string(), expected.to_string());
+  MEMFIT_CHECK(first >= 0 && first <= e.shape.numel() && int64_t(dst.size()) <= e.shape.numel() - first, kPiece,
+               "{}: elements [{}, {}) lie outside tensor '{}' of {}", path(), first, first + int64_t(dst.size()),
+               e.name, e.shape.numel());
+  const int bytes_per_element = dtype_bits(e.dtype) / 8;
+  widen_to_f32(e.dtype, data(e) + first * bytes_per_element, dst.data(), int64_t(dst.size()));
+  file_.drop_pages(data_start_ + e.begin, uint64_t((first + int64_t(dst.size())) * bytes_per_element));
+}
+
+void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
+                       const std::map<std::string, std::string>& metadata) {
   // Everything is checked before the temporary file is created.
   std::set<std::string_view> names;
   for (const SafetensorsTensor& t : tensors) {
@@ -311,6 +327,9 @@ void write_safetensors_streamed(const std::string& path, std::span<const Safeten
     MEMFIT_CHECK(!file_dtype_name(t.dtype).empty(), kPiece,
                  "{}: tensor '{}' has dtype {}, which safetensors cannot store (store packed nf4 as U8)", path,
                  t.name, dtype_name(t.dtype));
+    MEMFIT_CHECK(t.data || t.produce || dtype_bytes(t.dtype, t.shape.numel()) == 0, kPiece,
+                 "{}: tensor '{}' {} has no data",
+                 path, t.name, t.shape.to_string());
   }
 
   // HF order: larger elements first, then by name; with no gaps this keeps every tensor
@@ -347,29 +366,23 @@ void write_safetensors_streamed(const std::string& path, std::span<const Safeten
   const uint64_t header_bytes = text.size();
   out.write(&header_bytes, 8);
   out.write(text.data(), text.size());
-  std::vector<std::byte> chunk(size_t(std::min<uint64_t>(offset, kSafetensorsChunkBytes)));
   for (size_t i : order) {
-    const uint64_t bytes = dtype_bytes(tensors[i].dtype, tensors[i].shape.numel());
-    for (uint64_t at = 0; at < bytes; at += chunk.size()) {
-      const std::span<std::byte> part(chunk.data(), size_t(std::min<uint64_t>(chunk.size(), bytes - at)));
-      fill(i, at, part);
-      out.write(part.data(), part.size());
+    const SafetensorsTensor& t = tensors[i];
+    const uint64_t bytes = dtype_bytes(t.dtype, t.shape.numel());
+    if (t.data || !t.produce) {
+      out.write(t.data, bytes);
+      continue;
     }
+    uint64_t emitted = 0;
+    t.produce([&](std::span<const std::byte> piece) {
+      MEMFIT_CHECK(emitted + piece.size() <= bytes, kPiece, "{}: tensor '{}' produced more than its {} bytes", path,
+                   t.name, bytes);
+      out.write(piece.data(), piece.size());
+      emitted += piece.size();
+    });
+    MEMFIT_CHECK(emitted == bytes, kPiece, "{}: tensor '{}' produced {} of its {} bytes", path, t.name, emitted, bytes);
   }
   out.commit();
-}
-
-void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  for (const SafetensorsTensor& t : tensors)
-    MEMFIT_CHECK(t.data || dtype_bytes(t.dtype, t.shape.numel()) == 0, kPiece, "{}: tensor '{}' {} has no data",
-                 path, t.name, t.shape.to_string());
-  write_safetensors_streamed(
-      path, tensors,
-      [&](size_t i, uint64_t offset, std::span<std::byte> out) {
-        std::memcpy(out.data(), static_cast<const std::byte*>(tensors[i].data) + offset, out.size());
-      },
-      metadata);
 }
 
 }  // namespace memfit

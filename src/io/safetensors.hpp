@@ -58,6 +58,10 @@ class SafetensorsReader {
   // [c, r] (HF GPT-2 Conv1D weights are stored [in, out]; memfit keeps linear weights
   // [out, in]); `expected` is still the shape in the file.
   void read_f32(std::string_view name, const Shape& expected, float* dst, bool transpose2d = false) const;
+  // Elements [first, first + dst.size()) of tensor `name` in the file's order, as fp32, after
+  // the same checks; the file's pages up to the last element read are given back, so a caller
+  // reading a tensor in order through a bounded buffer adds at most one chunk to RSS.
+  void read_f32_range(std::string_view name, const Shape& expected, int64_t first, std::span<float> dst) const;
 
  private:
   const SafetensorsEntry& entry_or_throw(std::string_view name) const;
@@ -75,23 +79,18 @@ struct SafetensorsTensor {
   DType dtype = DType::f32;
   Shape shape;
   const void* data = nullptr;  // dtype_bytes(dtype, shape.numel()) bytes, little-endian
+  // Instead of `data`: called once when the tensor's bytes are due, it passes them in order,
+  // in pieces of its choosing, to `emit` (a writer that streams through a bounded buffer).
+  std::function<void(const std::function<void(std::span<const std::byte>)>& emit)> produce = {};
 };
 
 // Writes tensors atomically (path + ".tmp", fsync, rename over path, fsync the directory): an
 // existing file at path survives any failure. Laid out as HF's writer does, so HF loads it:
 // header padded with spaces to a multiple of 8 bytes, tensors stored contiguously with no gaps,
 // largest element size first and then by name, so each tensor is aligned to its element size.
-// nf4 has no safetensors dtype and is refused (store packed nf4 as U8 with its own metadata).
+// A tensor given by `produce` must emit exactly its byte size. nf4 has no safetensors dtype
+// and is refused (store packed nf4 as U8 with its own metadata).
 void write_safetensors(const std::string& path, std::span<const SafetensorsTensor> tensors,
                        const std::map<std::string, std::string>& metadata = {});
-
-// The same file, with each tensor's bytes produced on demand: fill(i, offset, out) writes bytes
-// [offset, offset + out.size()) of tensor i (ignoring SafetensorsTensor::data), called in order,
-// in chunks of at most kSafetensorsChunkBytes through one staging buffer. Writing a model of any
-// size this way holds one chunk in memory, not the model.
-inline constexpr uint64_t kSafetensorsChunkBytes = uint64_t(4) << 20;
-using SafetensorsFill = std::function<void(size_t tensor, uint64_t offset, std::span<std::byte> out)>;
-void write_safetensors_streamed(const std::string& path, std::span<const SafetensorsTensor> tensors,
-                                const SafetensorsFill& fill, const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace memfit

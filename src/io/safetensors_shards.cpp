@@ -141,8 +141,7 @@ uint64_t parse_shard_size(std::string_view text) {
 }
 
 std::vector<std::string> write_safetensors_shards(const std::string& directory,
-                                                  std::span<const SafetensorsTensor> tensors,
-                                                  const SafetensorsFill& fill, uint64_t max_shard_bytes,
+                                                  std::span<const SafetensorsTensor> tensors, uint64_t max_shard_bytes,
                                                   const std::map<std::string, std::string>& metadata) {
   MEMFIT_CHECK(max_shard_bytes > 0, kPiece, "{}: a shard size of 0 bytes", directory);
   // Group in the given order, as transformers does.
@@ -167,10 +166,7 @@ std::vector<std::string> write_safetensors_shards(const std::string& directory,
                                     : fmt::format("model-{:05d}-of-{:05d}.safetensors", g + 1, groups.size());
     std::vector<SafetensorsTensor> part;
     for (size_t i : groups[g]) part.push_back(tensors[i]);
-    const std::vector<size_t>& global = groups[g];
-    write_safetensors_streamed(
-        (dir / name).string(), part,
-        [&](size_t local, uint64_t offset, std::span<std::byte> out) { fill(global[local], offset, out); }, metadata);
+    write_safetensors((dir / name).string(), part, metadata);
     written.push_back(name);
   }
   if (!single) {

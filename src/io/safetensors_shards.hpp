@@ -64,10 +64,10 @@ uint64_t parse_shard_size(std::string_view text);
 // plus model.safetensors.index.json ({"metadata": {"total_size"}, "weight_map"}). Each file is
 // written atomically, the index last; files of an earlier save that the new one does not use
 // (stale shards, a stale single file or index) are removed after it, so a reader never sees a
-// mix. Bytes come from `fill` as in write_safetensors_streamed. Returns the files written.
+// mix. Each tensor's bytes come from its `data` or its `produce` (write_safetensors), so a
+// model of any size is written through a bounded buffer. Returns the files written.
 std::vector<std::string> write_safetensors_shards(const std::string& directory,
-                                                  std::span<const SafetensorsTensor> tensors,
-                                                  const SafetensorsFill& fill, uint64_t max_shard_bytes,
+                                                  std::span<const SafetensorsTensor> tensors, uint64_t max_shard_bytes,
                                                   const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace memfit

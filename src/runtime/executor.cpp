@@ -66,27 +66,38 @@ Executor::Executor(const CompiledProgram& compiled, Backend& backend, const Comm
   if (const Section* micro = program_.find_section(SectionKind::micro)) micro_repeat_ = micro->repeat;
 }
 
-namespace {
-
-const TensorPlacement& placed(const Program& program, const MemoryPlan& plan, TensorId id, size_t bytes) {
-  MEMFIT_CHECK(id >= 0 && size_t(id) < plan.tensors.size(), "runtime", "no tensor with id {}", int(id));
-  const TensorPlacement& pl = plan.tensors[size_t(id)];
-  MEMFIT_CHECK(pl.buffer >= 0, "runtime", "tensor '{}' has no memory (no op uses it)", program.tensor(id).name);
-  MEMFIT_CHECK(bytes == pl.bytes, "runtime", "tensor '{}' holds {} bytes, not {}", program.tensor(id).name, pl.bytes,
-               bytes);
+const TensorPlacement& Executor::placed_range(TensorId id, uint64_t byte_offset, uint64_t bytes) const {
+  MEMFIT_CHECK(id >= 0 && size_t(id) < plan_.tensors.size(), "runtime", "no tensor with id {}", int(id));
+  const TensorPlacement& pl = plan_.tensors[size_t(id)];
+  MEMFIT_CHECK(pl.buffer >= 0, "runtime", "tensor '{}' has no memory (no op uses it)", program_.tensor(id).name);
+  MEMFIT_CHECK(byte_offset <= pl.bytes && bytes <= pl.bytes - byte_offset, "runtime",
+               "bytes [{}, {}) lie outside tensor '{}' of {} bytes", byte_offset, byte_offset + bytes,
+               program_.tensor(id).name, pl.bytes);
   return pl;
 }
 
-}  // namespace
-
 void Executor::read(TensorId id, std::span<std::byte> out) const {
-  const TensorPlacement& pl = placed(program_, plan_, id, out.size());
+  const TensorPlacement& pl = placed_range(id, 0, 0);
+  MEMFIT_CHECK(out.size() == pl.bytes, "runtime", "tensor '{}' holds {} bytes, not {}", program_.tensor(id).name,
+               pl.bytes, out.size());
   buffers_[size_t(pl.tier)]->read(pl.offset, out);
 }
 
 void Executor::write(TensorId id, std::span<const std::byte> in) {
-  const TensorPlacement& pl = placed(program_, plan_, id, in.size());
+  const TensorPlacement& pl = placed_range(id, 0, 0);
+  MEMFIT_CHECK(in.size() == pl.bytes, "runtime", "tensor '{}' holds {} bytes, not {}", program_.tensor(id).name,
+               pl.bytes, in.size());
   buffers_[size_t(pl.tier)]->write(pl.offset, in);
+}
+
+void Executor::read(TensorId id, uint64_t byte_offset, std::span<std::byte> out) const {
+  const TensorPlacement& pl = placed_range(id, byte_offset, out.size());
+  buffers_[size_t(pl.tier)]->read(pl.offset + byte_offset, out);
+}
+
+void Executor::write(TensorId id, uint64_t byte_offset, std::span<const std::byte> in) {
+  const TensorPlacement& pl = placed_range(id, byte_offset, in.size());
+  buffers_[size_t(pl.tier)]->write(pl.offset + byte_offset, in);
 }
 
 void Executor::run_range(int begin, int end, const StepContext& ctx) {

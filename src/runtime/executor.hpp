@@ -2,7 +2,7 @@
 // planned size, from the buffer type the backend serves that tier with (memory/), binds every tensor to its planned address and asks the backend to prepare
 // every op; after that, running a section is a loop over prepared ops with no allocation.
 // Ops of kind load_input are served by the InputHandler the trainer installs (the data
-// loader writes a batch straight into the planned tensors). run_step is the one place that
+// loader fills a host buffer and writes it into the planned tensors). run_step is the one place that
 // says what a step is (graph/program.hpp's SectionKind): every caller steps through it.
 #pragma once
 
@@ -63,11 +63,15 @@ class Executor {
   void run_ops(int begin, int end, const StepContext& ctx) { run_range(begin, end, ctx); }
 
   // Copies a whole tensor out of or into its tier's buffer (whatever that tier is: the way
-  // train/ should reach tensors, so that it never holds an address into a tier). The span must
-  // be exactly the tensor's bytes; throws [runtime] otherwise or when the tensor is unplaced.
-  // Allocation-free, so usable inside steps.
+  // code outside runtime/ reaches tensors, so that it never holds an address into a tier). The
+  // span must be exactly the tensor's bytes; throws [runtime] otherwise or when the tensor is
+  // unplaced. None of these allocate, so they are usable inside steps.
   void read(TensorId id, std::span<std::byte> out) const;
   void write(TensorId id, std::span<const std::byte> in);
+  // Bytes [byte_offset, byte_offset + span size) of the tensor (a chunk, a rank's piece);
+  // throws [runtime] when the range does not lie inside the tensor.
+  void read(TensorId id, uint64_t byte_offset, std::span<std::byte> out) const;
+  void write(TensorId id, uint64_t byte_offset, std::span<const std::byte> in);
   template <typename T>
   void read_as(TensorId id, std::span<T> out) const {
     read(id, std::as_writable_bytes(out));
@@ -76,12 +80,23 @@ class Executor {
   void write_as(TensorId id, std::span<const T> in) {
     write(id, std::as_bytes(in));
   }
-
-  std::byte* data(TensorId id) const { return pointers_[size_t(id)]; }
+  // Elements [first_element, first_element + span size) of a tensor whose elements are T.
   template <typename T>
-  T* data_as(TensorId id) const {
-    return reinterpret_cast<T*>(pointers_[size_t(id)]);
+  void read_as(TensorId id, int64_t first_element, std::span<T> out) const {
+    read(id, uint64_t(first_element) * sizeof(T), std::as_writable_bytes(out));
   }
+  template <typename T>
+  void write_as(TensorId id, int64_t first_element, std::span<const T> in) {
+    write(id, uint64_t(first_element) * sizeof(T), std::as_bytes(in));
+  }
+  // The value of a one-element tensor (a loss, a norm, a flag): its bytes must be sizeof(T).
+  template <typename T>
+  T read_scalar(TensorId id) const {
+    T value{};
+    read_as(id, std::span<T>(&value, 1));
+    return value;
+  }
+
   // Every tier's buffer is a sentinel-measured arena while only host-readable tiers run.
   const Arena& arena(Tier t) const { return static_cast<const Arena&>(*buffers_[size_t(t)]); }
   Arena& arena(Tier t) { return static_cast<Arena&>(*buffers_[size_t(t)]); }
@@ -97,7 +112,13 @@ class Executor {
   void remove_observers() { observers_.clear(); }
 
  private:
+  // A tensor's address in its tier: for the executor's own use (binding ops) only; code outside
+  // runtime/ copies through read/write instead.
+  std::byte* data(TensorId id) const { return pointers_[size_t(id)]; }
+
   void run_range(int begin, int end, const StepContext& ctx);
+  // The tensor's placement after checking that bytes [byte_offset, byte_offset + bytes) lie in it.
+  const TensorPlacement& placed_range(TensorId id, uint64_t byte_offset, uint64_t bytes) const;
 
   const Program& program_;
   const MemoryPlan& plan_;

@@ -81,7 +81,8 @@ void publish(const fs::path& root, const fs::path& dir, CheckpointManifest& m, c
 
 }  // namespace
 
-SavedCheckpoint save_checkpoint(const std::string& root_name, const Executor& ex, const CheckpointRun& run,
+SavedCheckpoint save_checkpoint(const std::string& root_name, const Executor& ex, TensorStaging& staging,
+                                const CheckpointRun& run,
                                 const TrainingPosition& at, int keep, Communicator& comm) {
   const int rank = comm.rank(), world = comm.size();
   MEMFIT_ASSERT(world == run.world_size && keep >= 1, "world {} vs {}, keep {}", world, run.world_size, keep);
@@ -92,7 +93,7 @@ SavedCheckpoint save_checkpoint(const std::string& root_name, const Executor& ex
 
   RankFileEntry mine;
   throw_unless_ok(agree(comm, attempt(Verdict::failed, [&] {
-    mine = write_rank_file(dir / rank_file_name(rank, world), ex, RankFileIdentity{rank, world, at.step});
+    mine = write_rank_file(dir / rank_file_name(rank, world), ex, staging, RankFileIdentity{rank, world, at.step});
   })));
   const uint64_t report[2] = {mine.bytes, mine.xxh3};
   std::vector<uint64_t> reports(size_t(2 * world));

@@ -26,6 +26,7 @@
 #include "train/checkpoint_manifest.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/lr_schedule.hpp"
+#include "train/tensor_staging.hpp"
 
 namespace memfit {
 
@@ -58,7 +59,9 @@ struct SavedCheckpoint {
 
 // Throws [checkpoint] on every rank when any rank could not write or rank 0 could not check
 // or publish the checkpoint; `latest` then still names the previous one.
-SavedCheckpoint save_checkpoint(const std::string& root, const Executor& ex, const CheckpointRun& run,
+// The executor's tensors are read through `staging` (train/tensor_staging.hpp).
+SavedCheckpoint save_checkpoint(const std::string& root, const Executor& ex, TensorStaging& staging,
+                                const CheckpointRun& run,
                                 const TrainingPosition& at, int keep, Communicator& comm);
 
 struct ResumedCheckpoint {
@@ -75,7 +78,8 @@ struct ResumedCheckpoint {
 // executor's checkpointed tensors. Throws [checkpoint] on every rank, naming the file and
 // field, when no valid checkpoint is found or the newest valid one belongs to another kind
 // of run (world size, ZeRO stage, model, precision, optimizer, data geometry).
-ResumedCheckpoint resume_checkpoint(const std::string& path, Executor& ex, const CheckpointRun& run,
+ResumedCheckpoint resume_checkpoint(const std::string& path, Executor& ex, TensorStaging& staging,
+                                    const CheckpointRun& run,
                                     Communicator& comm);
 
 // The learning-rate schedule a resumed run follows: this invocation's, with the checkpoint's

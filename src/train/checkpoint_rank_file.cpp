@@ -190,7 +190,8 @@ std::vector<TensorId> checkpointed_tensors(const Program& p) {
   return ids;
 }
 
-RankFileEntry write_rank_file(const fs::path& path, const Executor& ex, const RankFileIdentity& who) {
+RankFileEntry write_rank_file(const fs::path& path, const Executor& ex, TensorStaging& staging,
+                              const RankFileIdentity& who) {
   const Program& p = ex.program();
   const std::vector<TensorId> ids = checkpointed_tensors(p);
   nlohmann::json tensors = nlohmann::json::array();
@@ -217,7 +218,9 @@ RankFileEntry write_rank_file(const fs::path& path, const Executor& ex, const Ra
   emit(kMagic, sizeof kMagic);
   emit(len, sizeof len);
   emit(header.data(), header.size());
-  for (TensorId id : ids) emit(ex.data(id), p.tensor(id).bytes());
+  for (TensorId id : ids)
+    for_each_chunk(ex, id, p.tensor(id).bytes(), staging.raw(),
+                   [&](uint64_t, std::span<const std::byte> chunk) { emit(chunk.data(), chunk.size()); });
   RankFileEntry entry{path.filename().string(), bytes + 8, sum.digest()};
   unsigned char trailer[8];
   put_u64(trailer, entry.xxh3);
@@ -242,14 +245,19 @@ void validate_rank_file(const fs::path& path, const Program& p, const RankFileId
   check_checksums(f, sum, entry);
 }
 
-void read_rank_file(const fs::path& path, Executor& ex, const RankFileIdentity& who, const RankFileEntry& entry) {
+void read_rank_file(const fs::path& path, Executor& ex, TensorStaging& staging, const RankFileIdentity& who,
+                    const RankFileEntry& entry) {
   const Program& p = ex.program();
   InputFile f(path);
   Checksum sum;
-  for (TensorId id : read_layout(f, p, who, sum)) {
-    f.read(ex.data(id), p.tensor(id).bytes());
-    sum.update(ex.data(id), p.tensor(id).bytes());
-  }
+  const std::span<std::byte> raw = staging.raw();
+  for (TensorId id : read_layout(f, p, who, sum))
+    for (uint64_t at = 0, size = p.tensor(id).bytes(); at < size; at += raw.size()) {
+      const std::span<std::byte> chunk = raw.first(size_t(std::min<uint64_t>(raw.size(), size - at)));
+      f.read(chunk.data(), chunk.size());
+      sum.update(chunk.data(), chunk.size());
+      ex.write(id, at, std::span<const std::byte>(chunk));
+    }
   check_checksums(f, sum, entry);
 }
 

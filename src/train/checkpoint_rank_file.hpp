@@ -18,6 +18,7 @@
 
 #include "runtime/executor.hpp"
 #include "train/checkpoint_manifest.hpp"
+#include "train/tensor_staging.hpp"
 
 namespace memfit {
 
@@ -32,7 +33,8 @@ std::vector<TensorId> checkpointed_tensors(const Program& program);
 
 // Writes and fsyncs the file (and its directory entry). Returns its size and checksum.
 // Throws [checkpoint] naming the file when it cannot be written.
-RankFileEntry write_rank_file(const std::filesystem::path& path, const Executor& ex, const RankFileIdentity& who);
+RankFileEntry write_rank_file(const std::filesystem::path& path, const Executor& ex, TensorStaging& staging,
+                              const RankFileIdentity& who);
 
 // Reads the whole file without touching any tensor and throws [checkpoint] "PATH: ..." unless
 // it is valid for this program, this rank and step, and its manifest entry.
@@ -42,7 +44,8 @@ void validate_rank_file(const std::filesystem::path& path, const Program& progra
 // Reads the tensors into the executor, checking the layout and checksum again (the file may
 // have changed since it was validated). Throws like validate_rank_file; the tensors are then
 // partly overwritten.
-void read_rank_file(const std::filesystem::path& path, Executor& ex, const RankFileIdentity& who,
+void read_rank_file(const std::filesystem::path& path, Executor& ex, TensorStaging& staging,
+                    const RankFileIdentity& who,
                     const RankFileEntry& entry);
 
 // The checksum in a file's last 8 bytes and its size (rank 0 checks every rank's file

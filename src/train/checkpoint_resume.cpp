@@ -97,7 +97,8 @@ std::string mismatch(const CheckpointManifest& m, const CheckpointRun& run) {
 }
 
 // One candidate, collectively. On success the executor holds its tensors.
-Outcome try_candidate(const fs::path& dir, Executor& ex, const CheckpointRun& run, Communicator& comm,
+Outcome try_candidate(const fs::path& dir, Executor& ex, TensorStaging& staging, const CheckpointRun& run,
+                      Communicator& comm,
                       CheckpointManifest& m) {
   const int rank = comm.rank();
   const fs::path manifest_path = dir / kManifestFile;
@@ -128,7 +129,7 @@ Outcome try_candidate(const fs::path& dir, Executor& ex, const CheckpointRun& ru
   if (!o.ok()) return o;
   // Every rank's file is sound: load. A failure now means a file changed under us.
   o = agree(comm, attempt(Verdict::failed, [&] {
-    read_rank_file(dir / m.ranks[size_t(rank)].file, ex, who, m.ranks[size_t(rank)]);
+    read_rank_file(dir / m.ranks[size_t(rank)].file, ex, staging, who, m.ranks[size_t(rank)]);
   }));
   if (!o.ok()) o.message += " (it changed while being resumed)";
   return o;
@@ -136,7 +137,8 @@ Outcome try_candidate(const fs::path& dir, Executor& ex, const CheckpointRun& ru
 
 }  // namespace
 
-ResumedCheckpoint resume_checkpoint(const std::string& path, Executor& ex, const CheckpointRun& run,
+ResumedCheckpoint resume_checkpoint(const std::string& path, Executor& ex, TensorStaging& staging,
+                                    const CheckpointRun& run,
                                     Communicator& comm) {
   Candidates found;
   std::string listing;
@@ -156,7 +158,7 @@ ResumedCheckpoint resume_checkpoint(const std::string& path, Executor& ex, const
   r.notes = notes;
   for (const std::string& dir : found.dirs) {
     const std::string name = fs::path(dir).filename().string();
-    o = try_candidate(dir, ex, run, comm, r.manifest);
+    o = try_candidate(dir, ex, staging, run, comm, r.manifest);
     if (o.ok()) {
       r.dir = dir;
       const CheckpointManifest& m = r.manifest;

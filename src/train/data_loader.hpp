@@ -2,8 +2,9 @@
 // consecutive tokens; row b holds tokens [b*T, b*T + T) and its targets are the same tokens
 // shifted by one. Batches follow each other in file order and wrap around at the end of the
 // range; with shuffling, the order of batch positions is a seeded permutation per epoch.
-// Everything is allocated at construction: next() writes straight into the program's input
-// tensors and allocates nothing. Token ids are checked against the model's vocabulary.
+// Everything is allocated at construction: next() writes into the caller's buffers (the run's
+// staging for the input tensors, which it then copies in with Executor::write) and allocates
+// nothing. Token ids are checked against the model's vocabulary.
 #pragma once
 
 #include <cstdint>

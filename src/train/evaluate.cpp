@@ -17,6 +17,7 @@
 #include "runtime/rss.hpp"
 #include "train/data_loader.hpp"
 #include "train/init.hpp"
+#include "train/tensor_staging.hpp"
 #include "train/weights.hpp"
 
 namespace memfit {
@@ -63,14 +64,15 @@ nlohmann::json run_evaluation(const RunConfig& config, int64_t max_batches, std:
       max_batches > 0 ? std::min(max_batches, input.batches_in_file()) : input.batches_in_file();
 
   Executor ex(compiled, *backend);
+  TensorStaging staging;
   if (config.load.empty()) {
-    initialize_parameters(ex, spec, config.seed);
+    initialize_parameters(ex, spec, config.seed, staging);
     log << fmt::format("no --load: evaluating model '{}' at its seeded initialisation (seed {})\n", spec.name,
                        config.seed);
   } else {
-    load_weights(config.load, ex, spec);
+    load_weights(config.load, ex, spec, staging);
   }
-  zero_persistent_state(ex);
+  zero_persistent_state(ex, staging);
   const TensorId tokens = program.find_tensor(kEvalTokens), targets = program.find_tensor(kEvalTargets);
   const TensorId loss_id = program.find_tensor(kEvalLoss);
   ex.set_input_handler([&](const Op&, const StepContext&) { input(ex, tokens, targets); });

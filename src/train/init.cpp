@@ -1,7 +1,6 @@
 #include "train/init.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/error.hpp"
 #include "train/master_weights.hpp"
@@ -9,67 +8,92 @@
 
 namespace memfit {
 
-void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed) {
-  const Program& p = ex.program();
-  constexpr int64_t kChunk = 1 << 16;
-  std::vector<float> staging;  // a 16-bit parameter without an fp32 master (frozen)
-  for (const ParamEntry& e : p.params()) {
-    float* x = fp32_values(ex, e);  // first: refuses storage other than one value tensor
-    const int64_t n = p.tensor(e.value).numel();
-    if (!x) staging.resize(size_t(n)), x = staging.data();
-    if (e.init != ParamInit::normal) {
-      const float v = e.init == ParamInit::ones ? 1.0f : 0.0f;
-      std::fill(x, x + n, v);
-      store_parameter(ex, e, x);
-      continue;
-    }
-    const uint64_t base = derive_seed(seed, e.name);
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
-      Rng rng(base + uint64_t(c) * 0x9E3779B97F4A7C15ull);
-      const int64_t end = std::min(n, (c + 1) * kChunk);
-      for (int64_t i = c * kChunk; i < end; ++i) x[i] = float(rng.normal() * double(e.init_std));
-    }
-    store_parameter(ex, e, x);
+namespace {
+
+// Elements per random stream: stream c draws elements [c * kStream, (c + 1) * kStream), so
+// every value is fixed by (seed, name, element) whatever the staging size or thread count.
+constexpr int64_t kStream = 1 << 16;
+static_assert(TensorStaging::kElements % kStream == 0, "a staging chunk holds whole random streams");
+
+// Draws elements [first, first + x.size()) of parameter e into x.
+void draw_values(const ParamEntry& e, uint64_t base, int64_t first, std::span<float> x) {
+  if (e.init != ParamInit::normal) {
+    std::fill(x.begin(), x.end(), e.init == ParamInit::ones ? 1.0f : 0.0f);
+    return;
   }
-  zero_padded_vocab_rows(ex, spec);
+  const int64_t end = first + int64_t(x.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t c = first / kStream; c < (end + kStream - 1) / kStream; ++c) {
+    Rng rng(base + uint64_t(c) * 0x9E3779B97F4A7C15ull);
+    const int64_t stop = std::min(end, (c + 1) * kStream);
+    for (int64_t i = c * kStream; i < stop; ++i) x[size_t(i - first)] = float(rng.normal() * double(e.init_std));
+  }
 }
 
-void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec) {
+}  // namespace
+
+void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, TensorStaging& staging) {
+  const Program& p = ex.program();
+  const std::span<float> x = staging.values();
+  for (const ParamEntry& e : p.params()) {
+    require_float_values(e);
+    const int64_t n = p.tensor(e.value).numel();
+    const uint64_t base = derive_seed(seed, e.name);
+    for (int64_t first = 0; first < n; first += int64_t(x.size())) {
+      const std::span<float> chunk = x.first(size_t(std::min<int64_t>(int64_t(x.size()), n - first)));
+      draw_values(e, base, first, chunk);
+      store_parameter_range(ex, e, first, chunk, staging);
+    }
+  }
+  zero_padded_vocab_rows(ex, spec, staging);
+}
+
+void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed) {
+  TensorStaging staging;
+  initialize_parameters(ex, spec, seed, staging);
+}
+
+void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec, TensorStaging& staging) {
   const Program& p = ex.program();
   const TensorId wte = p.find_tensor("wte.weight");
   if (wte == kNoTensor || spec.padded_vocab == spec.vocab_size) return;
   // All-zero bits are +0 in fp32, bf16 and fp16 alike; the master (if any) is zeroed too.
   const int64_t first = spec.vocab_size * spec.n_embd, count = (spec.padded_vocab - spec.vocab_size) * spec.n_embd;
   const DType dt = p.tensor(wte).dtype;
+  const std::span<std::byte> raw = staging.raw();
   for (const ParamEntry& e : p.params()) {
     if (e.value != wte || e.value_shard == kNoTensor) continue;
     // ZeRO-3: only this rank's piece persists.
     const int64_t a = std::max(first, e.shard_offset), b = std::min(first + count, e.shard_offset + e.shard_numel);
-    if (a < b) std::memset(ex.data(e.value_shard) + dtype_bytes(dt, a - e.shard_offset), 0, dtype_bytes(dt, b - a));
+    if (a < b) zero_bytes(ex, e.value_shard, dtype_bytes(dt, a - e.shard_offset), dtype_bytes(dt, b - a), raw);
     if (e.master == kNoTensor) return;
   }
   const bool sharded_value = p.tensor(p.root_of(wte)).category == Category::communication;
-  if (!sharded_value) std::memset(ex.data(wte) + dtype_bytes(dt, first), 0, dtype_bytes(dt, count));
+  if (!sharded_value) zero_bytes(ex, wte, dtype_bytes(dt, first), dtype_bytes(dt, count), raw);
   for (const ParamEntry& e : p.params())
     if (e.value == wte && e.master != kNoTensor) {
       // A ZeRO piece holds elements [shard_offset, shard_offset + shard_numel) of the parameter.
       const int64_t lo = e.whole_state() ? 0 : e.shard_offset;
       const int64_t hi = e.whole_state() ? first + count : e.shard_offset + e.shard_numel;
       const int64_t a = std::max(first, lo), b = std::min(first + count, hi);
-      if (a < b) std::fill_n(ex.data_as<float>(e.master) + (a - lo), b - a, 0.0f);
+      if (a < b) zero_bytes(ex, e.master, sizeof(float) * uint64_t(a - lo), sizeof(float) * uint64_t(b - a), raw);
     }
 }
 
-void zero_persistent_state(Executor& ex) {
+void zero_persistent_state(Executor& ex, TensorStaging& staging) {
   const Program& p = ex.program();
   for (size_t id = 0; id < p.tensors().size(); ++id) {
     const TensorDesc& t = p.tensors()[id];
     if (t.is_view() || t.lifetime != Lifetime::persistent || t.category == Category::parameters ||
         t.category == Category::master_weights)
       continue;
-    std::memset(ex.data(TensorId(id)), 0, t.bytes());
+    zero_bytes(ex, TensorId(id), 0, t.bytes(), staging.raw());
   }
+}
+
+void zero_persistent_state(Executor& ex) {
+  TensorStaging staging;
+  zero_persistent_state(ex, staging);
 }
 
 }  // namespace memfit

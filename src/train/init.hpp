@@ -4,18 +4,23 @@
 // accumulated gradients, loss scalars) at zero. Under mixed precision the values are drawn into
 // the fp32 masters and rounded into the 16-bit parameters (train/master_weights.hpp). Each parameter's values come from a seed
 // derived from the run seed and the parameter's name, in fixed-size chunks, so they do not
-// depend on the thread count or on the order of initialisation.
+// depend on the thread count, on the order of initialisation or on the staging size: values
+// move into the tensors a staging buffer at a time (train/tensor_staging.hpp).
 #pragma once
 
 #include <cstdint>
 
 #include "graph/model_spec.hpp"
 #include "runtime/executor.hpp"
+#include "train/tensor_staging.hpp"
 
 namespace memfit {
 
+void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, TensorStaging& staging);
+void zero_persistent_state(Executor& ex, TensorStaging& staging);  // every persistent tensor that is not a parameter
+void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec, TensorStaging& staging);
+// The same with a staging buffer of their own (tests and benchmarks that set up one executor).
 void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed);
-void zero_persistent_state(Executor& ex);  // every persistent tensor that is not a parameter
-void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec);
+void zero_persistent_state(Executor& ex);
 
 }  // namespace memfit

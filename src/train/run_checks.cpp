@@ -55,19 +55,24 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::optional<NonFiniteTensor> scan_tensor(const Executor& ex, TensorId id, bool optimizer_state) {
+std::optional<NonFiniteTensor> scan_tensor(const Executor& ex, TensorId id, bool optimizer_state,
+                                           TensorStaging& staging) {
   if (id == kNoTensor) return std::nullopt;
   const TensorDesc& t = ex.program().tensor(id);
   if (t.lifetime != Lifetime::persistent || !dtype_is_float(t.dtype)) return std::nullopt;  // 8-bit codes
   std::optional<NonFiniteTensor> found;
   visit_float_type(t.dtype, [&](auto tag) {
     using T = decltype(tag);
-    const T* x = reinterpret_cast<const T*>(ex.data(id));
-    for (int64_t i = 0; i < t.numel(); ++i)
-      if (non_finite(x[i])) {
-        found = NonFiniteTensor{t.name, optimizer_state, i, double(widen(x[i]))};
-        return;
-      }
+    const std::span<T> chunk(reinterpret_cast<T*>(staging.raw().data()), staging.raw().size() / sizeof(T));
+    for (int64_t first = 0; first < t.numel() && !found; first += int64_t(chunk.size())) {
+      const std::span<T> x = chunk.first(size_t(std::min<int64_t>(int64_t(chunk.size()), t.numel() - first)));
+      ex.read_as<T>(id, first, x);
+      for (size_t i = 0; i < x.size(); ++i)
+        if (non_finite(x[i])) {
+          found = NonFiniteTensor{t.name, optimizer_state, first + int64_t(i), double(widen(x[i]))};
+          return;
+        }
+    }
   });
   return found;
 }
@@ -109,13 +114,13 @@ std::string NonFiniteTensor::describe() const {
                      value);
 }
 
-StateScan scan_training_state(const Executor& ex) {
+StateScan scan_training_state(const Executor& ex, TensorStaging& staging) {
   StateScan scan;
   for (const ParamEntry& p : ex.program().params()) {
     for (TensorId id : {p.value_shard != kNoTensor ? p.value_shard : p.value, p.master})
-      if (!scan.weight) scan.weight = scan_tensor(ex, id, false);
+      if (!scan.weight) scan.weight = scan_tensor(ex, id, false, staging);
     for (TensorId id : p.state)
-      if (!scan.optimizer_state) scan.optimizer_state = scan_tensor(ex, id, true);
+      if (!scan.optimizer_state) scan.optimizer_state = scan_tensor(ex, id, true, staging);
     if (scan.weight && scan.optimizer_state) break;
   }
   return scan;
@@ -141,14 +146,15 @@ std::string cause_after_updates(const StateScan& scan, const RunConfig& c) {
 
 }  // namespace
 
-void require_finite_state(const Executor& ex, const RunConfig& c, int64_t step, const std::string& what) {
-  const StateScan scan = scan_training_state(ex);
+void require_finite_state(const Executor& ex, const RunConfig& c, int64_t step, TensorStaging& staging,
+                          const std::string& what) {
+  const StateScan scan = scan_training_state(ex, staging);
   if (scan.finite()) return;
   throw Error("train", fmt::format("after step {}: {}; {} not written", step, cause_after_updates(scan, c), what));
 }
 
-void require_finite_start(const Executor& ex, const RunConfig& c) {
-  const StateScan scan = scan_training_state(ex);
+void require_finite_start(const Executor& ex, const RunConfig& c, TensorStaging& staging) {
+  const StateScan scan = scan_training_state(ex, staging);
   if (scan.finite()) return;
   const std::string source = !c.resume.empty() ? fmt::format("the checkpoint resumed from '{}'", c.resume)
                              : !c.load.empty() ? fmt::format("--load '{}'", c.load)
@@ -157,27 +163,26 @@ void require_finite_start(const Executor& ex, const RunConfig& c) {
                                    (scan.weight ? scan.weight : scan.optimizer_state)->describe(), source));
 }
 
-UpdateWatch::UpdateWatch(const Executor& ex) : ex_(ex) {
+UpdateWatch::UpdateWatch(const Executor& ex, TensorStaging& staging) : ex_(ex), staging_(staging) {
   const Program& p = ex.program();
   if (const Section* opt = p.find_section(SectionKind::optimizer); opt && opt->end > opt->begin) optimizer_begin_ = opt->begin;
-  if (const TensorId loss = p.find_tensor(kLoss); loss != kNoTensor)
-    loss_ = reinterpret_cast<const float*>(ex.data(loss));
+  loss_ = p.find_tensor(kLoss);
 }
 
 void UpdateWatch::before_op(int op, const StepContext&) {
-  if (op != optimizer_begin_ || !loss_ || std::isfinite(*loss_) || scan_) return;
-  scan_ = scan_training_state(ex_);  // the error path: the run stops after this step
+  if (op != optimizer_begin_ || loss_ == kNoTensor || scan_ || std::isfinite(ex_.read_scalar<float>(loss_))) return;
+  scan_ = scan_training_state(ex_, staging_);  // the error path: the run stops after this step
 }
 
 std::string explain_non_finite_loss(const Executor& ex, const RunConfig& c, int64_t updates_before,
-                                    const std::optional<StateScan>& before_update) {
+                                    const std::optional<StateScan>& before_update, TensorStaging& staging) {
   if (updates_before == 0)
     return fmt::format("before any update of this run, with every weight and optimizer state finite (checked "
                        "before step 1): the input or the weights' magnitudes overflow the forward in {}; the "
                        "learning rate is not the cause",
                        precision_name(c.policy.precision));
   if (!before_update) {  // no optimizer section to watch (--optimizer-in-backward)
-    const StateScan now = scan_training_state(ex);
+    const StateScan now = scan_training_state(ex, staging);
     if (now.finite()) return fmt::format("after {} update(s); every weight is finite", updates_before);
     return fmt::format("after {} update(s); after this step's update {} is not finite", updates_before,
                        (now.weight ? now.weight : now.optimizer_state)->describe());

@@ -12,6 +12,7 @@
 #include "io/token_file.hpp"
 #include "runtime/executor.hpp"
 #include "train/run_config.hpp"
+#include "train/tensor_staging.hpp"
 
 namespace memfit {
 
@@ -37,20 +38,21 @@ struct NonFiniteTensor {
 
 // The first non-finite weight (value or master, in parameter order) and the first non-finite
 // optimizer state. Reads the whole state once: for save points, the end of the run and error
-// paths, never per step.
+// paths, never per step. Tensors are read a staging chunk at a time.
 struct StateScan {
   std::optional<NonFiniteTensor> weight, optimizer_state;
   bool finite() const { return !weight && !optimizer_state; }
 };
-StateScan scan_training_state(const Executor& executor);
+StateScan scan_training_state(const Executor& executor, TensorStaging& staging);
 
 // Throws [train] when the state holds a non-finite value, before `what` ("--save 'x'", "the
 // checkpoint of step 7") is written: names the tensor and the cause as far as it is known.
-void require_finite_state(const Executor& executor, const RunConfig& config, int64_t step, const std::string& what);
+void require_finite_state(const Executor& executor, const RunConfig& config, int64_t step, TensorStaging& staging,
+                          const std::string& what);
 
 // Throws [train] before step 1 when the weights or optimizer state just initialised, loaded
 // (--load) or resumed hold inf or NaN, naming the tensor and where it came from.
-void require_finite_start(const Executor& executor, const RunConfig& config);
+void require_finite_start(const Executor& executor, const RunConfig& config, TensorStaging& staging);
 
 // Watches the first op of the optimizer section: when the loss is already non-finite there,
 // it scans the state as it was before this step's update (the only moment the state still
@@ -58,7 +60,7 @@ void require_finite_start(const Executor& executor, const RunConfig& config);
 // one float read per step; scans (and allocates) only on the error path.
 class UpdateWatch : public OpObserver {
  public:
-  explicit UpdateWatch(const Executor& executor);
+  UpdateWatch(const Executor& executor, TensorStaging& staging);
   void before_op(int op, const StepContext& ctx) override;
   void after_op(int, const StepContext&) override {}
   // The scan taken before the update of the step whose loss was non-finite, if any.
@@ -66,8 +68,9 @@ class UpdateWatch : public OpObserver {
 
  private:
   const Executor& ex_;
+  TensorStaging& staging_;
   int optimizer_begin_ = -1;
-  const float* loss_ = nullptr;
+  TensorId loss_ = kNoTensor;
   std::optional<StateScan> scan_;
 };
 
@@ -78,6 +81,6 @@ class UpdateWatch : public OpObserver {
 // optimizer's state stayed finite, or when everything stayed finite and the forward
 // overflowed (the weights grew).
 std::string explain_non_finite_loss(const Executor& executor, const RunConfig& config, int64_t updates_before,
-                                    const std::optional<StateScan>& before_update);
+                                    const std::optional<StateScan>& before_update, TensorStaging& staging);
 
 }  // namespace memfit

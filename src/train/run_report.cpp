@@ -55,9 +55,9 @@ void save_if_asked(RunState& s) {
   // The ZeRO pass shards masters (and at stage 3 parameters) at any world size, one rank
   // included: then every rank takes part in the gathers. Rank 0 writes.
   std::vector<std::vector<float>> whole;
-  if (s.run.policy.zero_stage >= 1) whole = gather_whole_parameters(s.ex(), *s.comm);
+  if (s.run.policy.zero_stage >= 1) whole = gather_whole_parameters(s.ex(), *s.comm, s.staging);
   if (s.rank == 0) {
-    save_weights(c.save, s.ex(), s.run.spec, whole.empty() ? nullptr : &whole);
+    save_weights(c.save, s.ex(), s.run.spec, s.staging, whole.empty() ? nullptr : &whole);
     s.out() << fmt::format("saved weights to {}\n", c.save);
   }
 }
@@ -101,7 +101,8 @@ nlohmann::json finish_run(RunState& s, const LoopRecord& rec, RunHooks* hooks) {
     log << fmt::format("speed: {:.0f} tokens/s, {:.1f} ms/step over steps 2..{}\n", tps, 1e3 * seconds / steps, c.steps);
   const std::map<std::string, double> phase_ms = phase_milliseconds(s, rec);
   // Once per run, after the last update: no weight file or report comes from a diverged state.
-  require_finite_state(ex, c, c.steps, c.save.empty() ? "the run's report" : fmt::format("--save '{}'", c.save));
+  require_finite_state(ex, c, c.steps, s.staging,
+                       c.save.empty() ? "the run's report" : fmt::format("--save '{}'", c.save));
   save_if_asked(s);
 
   const double flops = flops_per_step(prog);

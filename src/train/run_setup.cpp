@@ -85,23 +85,27 @@ void build_executor(RunState& s, RunHooks* hooks) {
   Executor& ex = s.ex();
   ex.set_timing(true);  // two clock reads per op: the report's time per phase
   if (c.load.empty()) {
-    initialize_parameters(ex, s.run.spec, c.seed);
+    initialize_parameters(ex, s.run.spec, c.seed, s.staging);
   } else {
-    load_weights(c.load, ex, s.run.spec);
+    load_weights(c.load, ex, s.run.spec, s.staging);
     log << fmt::format("loaded weights from {}\n", c.load);
   }
-  zero_persistent_state(ex);
+  zero_persistent_state(ex, s.staging);
   const TensorId tokens = prog.find_tensor(kTokens), targets = prog.find_tensor(kTargets);
   const TensorId eval_tokens = prog.find_tensor(kEvalTokens), eval_targets = prog.find_tensor(kEvalTargets);
+  // The training and validation batches have the same size (B x T tokens per rank).
+  s.batch_tokens.assign(size_t(prog.tensor(tokens).numel()), 0);
+  s.batch_targets.assign(size_t(prog.tensor(targets).numel()), 0);
   RunState* state = &s;
   s.runner.emplace(ex, [state, tokens, targets, eval_tokens, eval_targets](const Op& op, const StepContext&) {
     Executor& e = state->ex();
     const int d = state->config.topology.data_rank(), D = state->config.topology.data;
-    if (op.outputs[0] == tokens)
-      state->train_loader->next_for_rank(e.data_as<int32_t>(tokens), e.data_as<int32_t>(targets), d, D);
-    else
-      state->val_loader->next_for_rank(e.data_as<int32_t>(eval_tokens), e.data_as<int32_t>(eval_targets), d, D);
-  }, c.loss_scale);
+    const bool train = op.outputs[0] == tokens;
+    BatchLoader& loader = train ? *state->train_loader : *state->val_loader;
+    loader.next_for_rank(state->batch_tokens.data(), state->batch_targets.data(), d, D);
+    e.write_as<int32_t>(train ? tokens : eval_tokens, std::span<const int32_t>(state->batch_tokens));
+    e.write_as<int32_t>(train ? targets : eval_targets, std::span<const int32_t>(state->batch_targets));
+  }, c.loss_scale, s.staging);
   if (s.runner->loss_scaling())
     log << fmt::format("loss scaling: {} convention, initial scale {}\n",
                        c.loss_scale.fixed_scale > 0 ? "fixed" : loss_scale_convention_name(c.loss_scale.convention),
@@ -119,7 +123,7 @@ void resume_if_asked(RunState& s) {
                                    pol.zero_stage, pol.precision, pol.optimizer, s.train_loader->batches_per_epoch(),
                                    pol.grad_accum, s.runner->scaler() != nullptr, s.schedule, c.steps};
   if (!c.resume.empty()) {
-    s.resumed = resume_checkpoint(c.resume, s.ex(), s.checkpoint_run, *s.comm);
+    s.resumed = resume_checkpoint(c.resume, s.ex(), s.staging, s.checkpoint_run, *s.comm);
     const TrainingPosition& at = s.resumed->at;
     for (const std::string& note : s.resumed->notes) log << "resume: " << note << "\n";
     for (const std::string& skipped : s.resumed->skipped) log << "resume: skipped " << skipped << "\n";
@@ -169,8 +173,8 @@ std::unique_ptr<RunState> setup_run(const RunConfig& config, std::ostream& rank_
   enforce_memory_budget(c, s.run, s.budget, *s.backend, log);
   build_executor(s, hooks);
   resume_if_asked(s);
-  require_finite_start(s.ex(), c);
-  s.update_watch.emplace(s.ex());
+  require_finite_start(s.ex(), c, s.staging);
+  s.update_watch.emplace(s.ex(), s.staging);
   s.ex().add_observer(&*s.update_watch);
   return state;
 }

@@ -23,6 +23,7 @@
 #include "train/run_checks.hpp"
 #include "train/run_hooks.hpp"
 #include "train/step_runner.hpp"
+#include "train/tensor_staging.hpp"
 #include "train/test_fault.hpp"
 #include "train/trainer.hpp"
 
@@ -48,6 +49,12 @@ struct RunState {
   std::optional<BatchLoader> train_loader, val_loader;
   std::optional<CommGroups> groups;
   std::optional<Executor> executor;
+  // The one host buffer through which tensors bigger than a scalar are read and written
+  // (initialisation, --load, --save, checkpoints, state scans), allocated before step 1.
+  TensorStaging staging;
+  // What the data loader writes a batch into before Executor::write copies it into the tier
+  // (a device tier needs that copy anyway): one buffer per input, sized once.
+  std::vector<int32_t> batch_tokens, batch_targets;
   std::optional<StepRunner> runner;
   std::optional<UpdateWatch> update_watch;  // what a non-finite loss's message names
   LrSchedule schedule;

@@ -1,6 +1,6 @@
 #include "train/step_runner.hpp"
 
-#include <cstring>
+#include <algorithm>
 
 #include "core/error.hpp"
 #include "core/half.hpp"
@@ -10,26 +10,32 @@ namespace memfit {
 
 namespace {
 
-bool holds_non_finite(const std::byte* data, DType dtype, int64_t n) {
+// Whether tensor `id` holds inf or NaN, read a chunk of `raw` at a time.
+bool holds_non_finite(const Executor& ex, TensorId id, std::span<std::byte> raw) {
+  const TensorDesc& t = ex.program().tensor(id);
   bool found = false;
-  visit_float_type(dtype, [&](auto t) {
-    using T = decltype(t);
-    const T* x = reinterpret_cast<const T*>(data);
-    for (int64_t i = 0; i < n && !found; ++i) found = non_finite(x[i]);
+  visit_float_type(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const std::span<T> chunk(reinterpret_cast<T*>(raw.data()), raw.size() / sizeof(T));
+    for (int64_t first = 0; first < t.numel() && !found; first += int64_t(chunk.size())) {
+      const std::span<T> x = chunk.first(size_t(std::min<int64_t>(int64_t(chunk.size()), t.numel() - first)));
+      ex.read_as<T>(id, first, x);
+      for (size_t i = 0; i < x.size() && !found; ++i) found = non_finite(x[i]);
+    }
   });
   return found;
 }
 
 }  // namespace
 
-StepRunner::StepRunner(Executor& ex, InputHandler input, const LossScaleConfig& scaling)
-    : ex_(ex), input_(std::move(input)) {
+StepRunner::StepRunner(Executor& ex, InputHandler input, const LossScaleConfig& scaling, TensorStaging& staging)
+    : ex_(ex), staging_(staging), input_(std::move(input)) {
   const Program& p = ex.program();
   const Section* micro = p.find_section(SectionKind::micro);
   MEMFIT_ASSERT(micro != nullptr, "the program has no micro section");
   micro_begin_ = micro->begin, micro_end_ = micro->end, micro_repeat_ = micro->repeat;
   if (const TensorId flag = p.find_tensor(kOverflowFlag); flag != kNoTensor) {
-    flag_ = ex.data_as<const float>(flag);
+    flag_ = flag;
     scaler_.emplace(scaling);
     for (int i = micro_begin_; i < micro_end_; ++i) {
       const Op& op = p.op(i);
@@ -55,14 +61,15 @@ void StepRunner::on_input(const Op& op, const StepContext& ctx) {
   uint64_t at = 0;
   for (TensorId id : op.outputs) {
     const uint64_t bytes = p.tensor(id).bytes();
-    if (replaying_) std::memcpy(ex_.data(id), rec.data() + at, bytes);
-    else std::memcpy(rec.data() + at, ex_.data(id), bytes);
+    const std::span<std::byte> copy(rec.data() + at, bytes);
+    if (replaying_) ex_.write(id, std::span<const std::byte>(copy));
+    else ex_.read(id, copy);
     at += bytes;
   }
 }
 
 bool StepRunner::apply_update(const StepContext&) {
-  outcome_ = scaler_->update(*flag_ != 0.0f);
+  outcome_ = scaler_->update(ex_.read_scalar<float>(flag_) != 0.0f);
   return outcome_ == LossScaler::Outcome::applied;
 }
 
@@ -97,7 +104,7 @@ std::string StepRunner::find_first_non_finite(StepContext ctx) {
       const Op& op = p.op(i);
       for (TensorId id : op.outputs) {
         if (id == kNoTensor || !dtype_is_float(p.tensor(id).dtype)) continue;
-        if (!holds_non_finite(ex_.data(id), p.tensor(id).dtype, p.tensor(id).numel())) continue;
+        if (!holds_non_finite(ex_, id, staging_.raw())) continue;
         found = fmt::format("op '{}' ({}, {}, layer {}) writing '{}' in micro-step {}", op.name, op_kind_name(op.kind),
                             phase_name(op.phase), op.layer, p.tensor(id).name, m);
         break;

@@ -18,16 +18,18 @@
 
 #include "runtime/executor.hpp"
 #include "train/loss_scaler.hpp"
+#include "train/tensor_staging.hpp"
 
 namespace memfit {
 
 class StepRunner : private UpdateGate {
  public:
   // Installs its own input handler on `ex`, which calls `input` and records what it loaded.
-  // `scaling` is used when the program has an overflow flag (and required then).
-  StepRunner(Executor& ex, InputHandler input, const LossScaleConfig& scaling);
+  // `scaling` is used when the program has an overflow flag (and required then). The flag is
+  // read as a scalar per step; the forensics read op outputs through `staging`.
+  StepRunner(Executor& ex, InputHandler input, const LossScaleConfig& scaling, TensorStaging& staging);
 
-  bool loss_scaling() const { return flag_ != nullptr; }
+  bool loss_scaling() const { return flag_ != kNoTensor; }
   float loss_scale() const { return scaler_ ? scaler_->scale() : 1.0f; }
   int64_t skipped_steps() const { return scaler_ ? scaler_->skipped_steps() : 0; }
   LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
@@ -49,9 +51,10 @@ class StepRunner : private UpdateGate {
   bool apply_update(const StepContext& ctx) override;  // reads the flag, updates the scaler
 
   Executor& ex_;
+  TensorStaging& staging_;
   InputHandler input_;
   std::optional<LossScaler> scaler_;
-  const float* flag_ = nullptr;
+  TensorId flag_ = kNoTensor;
   LossScaler::Outcome outcome_ = LossScaler::Outcome::applied;  // of the last step
   int micro_begin_ = 0, micro_end_ = 0, micro_repeat_ = 1;
   // Bytes each micro-step's load_input ops wrote, for replays.

@@ -44,8 +44,9 @@ void TestFault::before_step(int64_t step) const {
 
 void TestFault::after_step_ops(int64_t step, Executor& ex) const {
   if (kind_ == Kind::stray && step == step_) {
-    Arena& arena = ex.arena(Tier::device);
-    arena.data()[arena.size() - 1] = std::byte{0x42};
+    Arena& arena = ex.arena(Tier::device);  // the arena's last byte, which no tensor holds
+    const std::byte stray{0x42};
+    arena.write(arena.size() - 1, std::span<const std::byte>(&stray, 1));
   }
   if (kind_ == Kind::grow && step >= step_) {
     // Kept reachable, so that a leak sanitizer does not report the planted leak itself.

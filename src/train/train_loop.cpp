@@ -25,22 +25,23 @@ double process_cpu_seconds() {
 
 double evaluate(RunState& s) {
   s.val_loader->reset();
-  const float* eval_loss = s.ex().data_as<float>(s.program().find_tensor(kEvalLoss));
+  const TensorId eval_loss = s.program().find_tensor(kEvalLoss);
   double sum = 0;
   for (int64_t i = 0; i < s.config.eval_batches; ++i) {
     s.ex().run_section(SectionKind::eval, StepContext{});
-    sum += *eval_loss;
+    sum += s.ex().read_scalar<float>(eval_loss);
   }
   return sum / double(s.config.eval_batches);
 }
 
 void checkpoint(RunState& s, int64_t step) {
   const RunConfig& c = s.config;
-  require_finite_state(s.ex(), c, step, fmt::format("the checkpoint of step {} in --checkpoint-dir '{}'", step,
-                                                    c.checkpoint_dir));
+  require_finite_state(s.ex(), c, step, s.staging,
+                       fmt::format("the checkpoint of step {} in --checkpoint-dir '{}'", step, c.checkpoint_dir));
   TrainingPosition at{step, s.applied, s.train_loader->epoch(), s.train_loader->cursor(), std::nullopt};
   if (s.runner->scaler()) at.scaler = s.runner->scaler()->state();
-  const SavedCheckpoint saved = save_checkpoint(c.checkpoint_dir, s.ex(), s.checkpoint_run, at, c.keep_checkpoints, *s.comm);
+  const SavedCheckpoint saved =
+      save_checkpoint(c.checkpoint_dir, s.ex(), s.staging, s.checkpoint_run, at, c.keep_checkpoints, *s.comm);
   std::ostream& log = s.out();
   log << fmt::format("step {:>5}/{} | checkpoint written to {}{}\n", step, c.steps, saved.dir,
                      saved.removed.empty() ? "" : fmt::format(" (removed {})", fmt::join(saved.removed, ", ")));
@@ -57,14 +58,14 @@ LoopRecord run_train_loop(RunState& s, RunHooks* hooks) {
   StepRunner& runner = *s.runner;
   std::ostream& log = s.out();
   const bool with_eval = s.run.policy.with_eval;
-  const float* loss = ex.data_as<float>(prog.find_tensor(kLoss));
+  const TensorId loss_id = prog.find_tensor(kLoss);
   const TensorId norm_id = prog.find_tensor(kGradNorm);  // present when clipping
-  const float* grad_norm = norm_id != kNoTensor ? ex.data_as<float>(norm_id) : nullptr;
+  const bool has_norm = norm_id != kNoTensor;
   const double tokens_per_step = double(s.global_batch() * s.run.policy.seq * s.run.policy.grad_accum);
   const uint64_t planned = s.run.compiled.plan.tier(Tier::device).peak_bytes;
   const int64_t applied_at_start = s.applied;
   LoopRecord rec;
-  rec.has_grad_norm = grad_norm != nullptr;
+  rec.has_grad_norm = has_norm;
   for (int64_t step = s.first_step; step <= c.steps; ++step) {
     StepContext ctx;
     ctx.step = s.applied + 1;
@@ -78,15 +79,18 @@ LoopRecord run_train_loop(RunState& s, RunHooks* hooks) {
     const int64_t updates_before = s.applied - applied_at_start;
     s.applied += r.applied ? 1 : 0;
     s.fault.after_step_ops(step, ex);
-    if (hooks) hooks->after_step(step, *loss);
-    rec.last_loss = *loss;
+    const float loss = ex.read_scalar<float>(loss_id);  // a few bytes, no allocation
+    const float grad_norm = has_norm ? ex.read_scalar<float>(norm_id) : 0.0f;
+    if (hooks) hooks->after_step(step, loss);
+    rec.last_loss = loss;
     if (step == s.first_step) rec.first_loss = rec.last_loss;
     if (!std::isfinite(rec.last_loss) && r.applied)
       throw Error("train", fmt::format("the loss became {} at step {}: {}", rec.last_loss, step,
-                                       explain_non_finite_loss(ex, c, updates_before, s.update_watch->before_update())));
+                                       explain_non_finite_loss(ex, c, updates_before, s.update_watch->before_update(),
+                                                               s.staging)));
     rec.history.push_back(rec.last_loss);
     rec.lr_history.push_back(ctx.lr);
-    if (grad_norm) rec.norm_history.push_back(*grad_norm);
+    if (has_norm) rec.norm_history.push_back(grad_norm);
     if (runner.loss_scaling()) {
       rec.scale_history.push_back(r.scale);
       if (!r.applied) rec.skipped_at.push_back(step);
@@ -101,7 +105,7 @@ LoopRecord run_train_loop(RunState& s, RunHooks* hooks) {
     if (step == 1 || step == c.steps || !r.applied || (c.log_every > 0 && step % c.log_every == 0))
       log << fmt::format("step {:>5}/{} | loss {:.4f} | {:8.1f} ms | {:>9.0f} tok/s | lr {:.3g}{} | device {} planned{}\n",
                          step, c.steps, rec.last_loss, dt * 1e3, tokens_per_step / dt, ctx.lr,
-                         grad_norm ? fmt::format(" | norm {:.3f}", *grad_norm) : "", format_bytes(planned), scaling);
+                         has_norm ? fmt::format(" | norm {:.3f}", grad_norm) : "", format_bytes(planned), scaling);
     if (!c.checkpoint_dir.empty() && (c.checkpoint_every > 0 ? step % c.checkpoint_every == 0 : step == c.steps))
       checkpoint(s, step);
     if (with_eval && c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {

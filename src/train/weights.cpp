@@ -1,6 +1,8 @@
 #include "train/weights.hpp"
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <set>
 
@@ -60,7 +62,49 @@ bool is_ignored_buffer(const ModelSpec& spec, const std::string& name) {
 
 }  // namespace
 
-void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec) {
+namespace {
+
+// Reads HF GPT-2 Conv1D weight `name` (file shape [in, out]) into parameter e ([out, in]): whole
+// file rows through staging.values(), each memfit row's slice gathered through staging.gather().
+void load_transposed(const SafetensorsReader& reader, const std::string& name, const Shape& file_shape,
+                     Executor& ex, const ParamEntry& e, TensorStaging& staging) {
+  const int64_t in = file_shape[0], out = file_shape[1];
+  const std::span<float> rows = staging.values(), slice = staging.gather();
+  const int64_t per_chunk = int64_t(rows.size()) / out;
+  MEMFIT_CHECK(per_chunk >= 1, "safetensors", "tensor '{}' has rows of {} elements, more than the staging buffer's {}",
+               name, out, rows.size());
+  for (int64_t i0 = 0; i0 < in; i0 += per_chunk) {
+    const int64_t k = std::min(per_chunk, in - i0);
+    reader.read_f32_range(name, file_shape, i0 * out, rows.first(size_t(k * out)));
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t j = 0; j < k; ++j) slice[size_t(j)] = rows[size_t(j * out + o)];
+      store_parameter_range(ex, e, o * in + i0, slice.first(size_t(k)), staging);
+    }
+  }
+}
+
+// Elements [first, first + n) of a file tensor in file order into parameter e from `at` on.
+void load_in_order(const SafetensorsReader& reader, const std::string& name, const Shape& file_shape, int64_t n,
+                   Executor& ex, const ParamEntry& e, int64_t at, TensorStaging& staging) {
+  const std::span<float> values = staging.values();
+  for (int64_t done = 0; done < n; done += int64_t(values.size())) {
+    const std::span<float> chunk = values.first(size_t(std::min<int64_t>(int64_t(values.size()), n - done)));
+    reader.read_f32_range(name, file_shape, done, chunk);
+    store_parameter_range(ex, e, at + done, chunk, staging);
+  }
+}
+
+// Parameter elements [first, end) set to zero.
+void store_zeros(Executor& ex, const ParamEntry& e, int64_t first, int64_t end, TensorStaging& staging) {
+  const std::span<float> zeros = staging.values();
+  std::fill(zeros.begin(), zeros.end(), 0.0f);
+  for (int64_t at = first; at < end; at += int64_t(zeros.size()))
+    store_parameter_range(ex, e, at, zeros.first(size_t(std::min<int64_t>(int64_t(zeros.size()), end - at))), staging);
+}
+
+}  // namespace
+
+void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, TensorStaging& staging) {
   fs::path file(path);
   if (fs::is_directory(file)) file /= "model.safetensors";
   const SafetensorsReader reader(file.string());
@@ -75,11 +119,9 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec) 
                  "'{}' prefix)", file.string(), name, prefix);
   }
   std::set<std::string> used;
-  std::vector<float> staging;  // a 16-bit parameter without an fp32 master
   for (const ParamEntry& param : p.params()) {
+    require_float_values(param);
     const TensorDesc& t = p.tensor(param.value);
-    float* dst = fp32_values(ex, param);
-    if (!dst) staging.assign(size_t(t.numel()), 0.0f), dst = staging.data();
     const int64_t row_size = t.numel() / t.shape[0];
     const bool transpose = spec.arch == Arch::gpt2 && is_conv1d_weight(param.name);
     int64_t row = 0;
@@ -87,20 +129,52 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec) 
       auto it = by_name.find(piece.name);
       MEMFIT_CHECK(it != by_name.end(), "safetensors", "{} has no tensor '{}'", file.string(), piece.name);
       used.insert(piece.name);
-      Shape expected = t.shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
-      if (transpose) expected = Shape{t.shape[1], t.shape[0]};
-      reader.read_f32(it->second->name, expected, dst + row * row_size, transpose);
+      const Shape expected = t.shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
+      if (transpose) load_transposed(reader, it->second->name, Shape{t.shape[1], t.shape[0]}, ex, param, staging);
+      else load_in_order(reader, it->second->name, expected, piece.rows * row_size, ex, param, row * row_size, staging);
       row += piece.rows;
     }
-    std::fill(dst + row * row_size, dst + t.numel(), 0.0f);  // padded vocabulary rows are memfit's own: zero
-    store_parameter(ex, param, dst);
+    store_zeros(ex, param, row * row_size, t.numel(), staging);  // padded vocabulary rows are memfit's own: zero
   }
   for (const auto& [name, entry] : by_name)
     MEMFIT_CHECK(used.count(name), "safetensors", "{} holds tensor '{}', which model '{}' does not have", file.string(),
                  entry->name, spec.name);
 }
 
-void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec,
+namespace {
+
+using Emit = std::function<void(std::span<const std::byte>)>;
+// Elements [first, first + out.size()) of parameter i as fp32.
+using ParamValues = std::function<void(int64_t first, std::span<float> out)>;
+
+// Emits parameter elements [first, first + n) in order through staging.values().
+void emit_in_order(const ParamValues& get, int64_t first, int64_t n, std::span<float> values, const Emit& emit) {
+  for (int64_t done = 0; done < n; done += int64_t(values.size())) {
+    const std::span<float> chunk = values.first(size_t(std::min<int64_t>(int64_t(values.size()), n - done)));
+    get(first + done, chunk);
+    emit(std::as_bytes(chunk));
+  }
+}
+
+// Emits a [rows, cols] parameter as [cols, rows] (HF GPT-2 Conv1D), whole output rows at a time.
+void emit_transposed(const ParamValues& get, int64_t rows, int64_t cols, TensorStaging& staging, const Emit& emit) {
+  const std::span<float> out = staging.values(), column = staging.gather();
+  const int64_t per_chunk = int64_t(out.size()) / rows;
+  MEMFIT_CHECK(per_chunk >= 1, "safetensors", "a weight of {} rows does not fit the staging buffer's {} elements", rows,
+               out.size());
+  for (int64_t c0 = 0; c0 < cols; c0 += per_chunk) {
+    const int64_t k = std::min(per_chunk, cols - c0);
+    for (int64_t r = 0; r < rows; ++r) {
+      get(r * cols + c0, column.first(size_t(k)));
+      for (int64_t j = 0; j < k; ++j) out[size_t(j * rows + r)] = column[size_t(j)];
+    }
+    emit(std::as_bytes(out.first(size_t(k * rows))));
+  }
+}
+
+}  // namespace
+
+void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec, TensorStaging& staging,
                   const std::vector<std::vector<float>>* whole) {
   const Program& p = ex.program();
   fs::path file(path);
@@ -111,22 +185,23 @@ void save_weights(const std::string& path, const Executor& ex, const ModelSpec& 
     MEMFIT_CHECK(!ec, "safetensors", "cannot create directory '{}': {}", path, ec.message());
     file /= "model.safetensors";
   }
-  // Transposed copies for GPT-2's Conv1D weights; everything else is written from the arena
-  // (fp32 values: the masters under mixed precision, widened copies of frozen 16-bit ones).
-  std::vector<std::vector<float>> copies;
-  copies.reserve(2 * p.params().size());
+  // Every tensor is produced while the file is written, a staging chunk at a time: fp32 values
+  // (the masters under mixed precision, widened copies of 16-bit ones), transposed for GPT-2's
+  // Conv1D weights.
   std::vector<SafetensorsTensor> tensors;
   for (size_t i = 0; i < p.params().size(); ++i) {
     const ParamEntry& param = p.params()[i];
     const TensorDesc& t = p.tensor(param.value);
-    const float* src = whole ? (*whole)[i].data() : fp32_values(ex, param);
-    if (!src) src = copies.emplace_back(load_parameter(ex, param)).data();
+    ParamValues get = [&, i](int64_t first, std::span<float> out) {
+      if (whole) std::copy_n((*whole)[i].begin() + first, out.size(), out.begin());
+      else load_parameter_range(ex, param, first, out, staging);
+    };
     if (spec.arch == Arch::gpt2 && is_conv1d_weight(param.name)) {
       const int64_t rows = t.shape[0], cols = t.shape[1];
-      std::vector<float>& buf = copies.emplace_back(size_t(rows * cols));
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) buf[size_t(c * rows + r)] = src[r * cols + c];
-      tensors.push_back({std::string(kGpt2Prefix) + param.name, DType::f32, Shape{cols, rows}, buf.data()});
+      tensors.push_back({std::string(kGpt2Prefix) + param.name, DType::f32, Shape{cols, rows}, nullptr,
+                         [get, rows, cols, &staging](const Emit& emit) {
+                           emit_transposed(get, rows, cols, staging, emit);
+                         }});
       continue;
     }
     const int64_t row_size = t.numel() / t.shape[0];
@@ -134,7 +209,10 @@ void save_weights(const std::string& path, const Executor& ex, const ModelSpec& 
     for (const HfPiece& piece : hf_pieces(spec, param.name, t.shape)) {
       const std::string name = spec.arch == Arch::gpt2 ? std::string(kGpt2Prefix) + piece.name : piece.name;
       const Shape shape = t.shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
-      tensors.push_back({name, DType::f32, shape, src + row * row_size});
+      const int64_t first = row * row_size, n = piece.rows * row_size;
+      tensors.push_back({name, DType::f32, shape, nullptr, [get, first, n, &staging](const Emit& emit) {
+                           emit_in_order(get, first, n, staging.values(), emit);
+                         }});
       row += piece.rows;
     }
   }

@@ -7,6 +7,9 @@
 // q|k|v projection is read from and written as HF's q_proj, k_proj and v_proj (the rows in that
 // order), and names without the "model." prefix (a bare LlamaModel) are accepted.
 // A saved directory also gets a config.json, so it loads with from_pretrained.
+// Values move between the file and the executor's tensors a TensorStaging chunk at a time
+// (Executor::read / write, never an address into a tier), so loading or saving a parameter of
+// any size adds at most the staging buffer to host memory.
 #pragma once
 
 #include <string>
@@ -14,20 +17,21 @@
 
 #include "graph/model_spec.hpp"
 #include "runtime/executor.hpp"
+#include "train/tensor_staging.hpp"
 
 namespace memfit {
 
 // Loads every parameter from a .safetensors file or a directory holding model.safetensors.
 // The embedding table's padded rows are zeroed. Throws [safetensors] naming a missing or
 // mis-shaped tensor, or a tensor the model does not have.
-void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec);
+void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, TensorStaging& staging);
 
 // Writes the parameters: into DIR/model.safetensors plus DIR/config.json when `path` is a
 // directory (created if needed), or into `path` itself when it ends in .safetensors.
 // Writes are atomic, so an earlier file at the same path survives a failed save.
 // `whole`, when given, holds every parameter's fp32 values (indexed like Program::params():
-// train/whole_weights.hpp gathers them under ZeRO); otherwise they are read from the arena.
-void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec,
+// train/whole_weights.hpp gathers them under ZeRO); otherwise they are read from the executor.
+void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec, TensorStaging& staging,
                   const std::vector<std::vector<float>>* whole = nullptr);
 
 // One HF tensor holding `rows` consecutive rows of a memfit parameter: the whole parameter,

@@ -9,7 +9,6 @@
 #include <map>
 
 #include "core/error.hpp"
-#include "core/half.hpp"
 #include "train/master_weights.hpp"
 
 namespace memfit {
@@ -18,33 +17,26 @@ namespace {
 
 // This rank's piece of e as fp32: its master piece, or (stage 3 without masters) its shard
 // of the parameter widened, or (stages 1 and 2 without masters) its slice of the whole value.
-void read_piece(const Executor& ex, const ParamEntry& e, float* out) {
-  const Program& p = ex.program();
-  if (e.master != kNoTensor) {
-    const float* m = ex.data_as<const float>(e.master);
-    std::copy(m, m + e.shard_numel, out);
-    return;
-  }
-  const DType dt = p.tensor(e.value).dtype;
-  const std::byte* src = e.value_shard != kNoTensor ? ex.data(e.value_shard) : ex.data(e.value) + dtype_bytes(dt, e.shard_offset);
-  const bool ok = visit_float_type(dt, [&](auto tag) {
-    using T = decltype(tag);
-    const T* s = reinterpret_cast<const T*>(src);
-    for (int64_t i = 0; i < e.shard_numel; ++i) out[i] = widen(s[i]);
-  });
-  MEMFIT_CHECK(ok, "train", "parameter '{}' has dtype {}, which has no fp32 values", e.name, dtype_name(dt));
+void read_piece(const Executor& ex, const ParamEntry& e, std::span<float> out, TensorStaging& staging) {
+  if (e.master != kNoTensor) return ex.read_as<float>(e.master, 0, out);
+  if (e.value_shard != kNoTensor) return read_fp32(ex, e.value_shard, 0, out, staging.raw());
+  read_fp32(ex, e.value, e.shard_offset, out, staging.raw());
 }
 
 }  // namespace
 
-std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Communicator& comm) {
+std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Communicator& comm,
+                                                        TensorStaging& staging) {
   const Program& p = ex.program();
   const int world = comm.size(), rank = comm.rank();
   std::vector<std::vector<float>> out(p.params().size());
   std::map<TensorId, std::vector<size_t>> buckets;  // bucket root -> parameter indices
   for (size_t i = 0; i < p.params().size(); ++i) {
     const ParamEntry& e = p.params()[i];
-    if (e.whole_state() && e.value_shard == kNoTensor) out[i] = load_parameter(ex, e);
+    if (e.whole_state() && e.value_shard == kNoTensor) {
+      out[i].resize(size_t(p.tensor(e.value).numel()));
+      load_parameter_range(ex, e, 0, out[i], staging);
+    }
     else buckets[p.root_of(e.value)].push_back(i);
   }
   for (const auto& [root, members] : buckets) {
@@ -62,7 +54,7 @@ std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Comm
       const int64_t at = offset[j] + e.shard_offset - int64_t(rank) * shard;
       MEMFIT_CHECK(at >= 0 && at + e.shard_numel <= shard, "train",
                    "the piece of '{}' on rank {} lies outside the rank's shard of its bucket", e.name, rank);
-      read_piece(ex, e, mine.data() + at);
+      read_piece(ex, e, std::span<float>(mine).subspan(size_t(at), size_t(e.shard_numel)), staging);
     }
     comm.all_gather(mine.data(), whole.data(), shard, DType::f32);
     for (size_t j = 0; j < members.size(); ++j) {

@@ -10,11 +10,13 @@
 
 #include "dist/communicator.hpp"
 #include "runtime/executor.hpp"
+#include "train/tensor_staging.hpp"
 
 namespace memfit {
 
 // Indexed like Program::params(). Throws [train] on a program whose parameters are not laid
 // out the way graph/zero.cpp lays them (a bug, not bad input).
-std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Communicator& comm);
+// Each rank's pieces are read through `staging` (Executor::read, never by address).
+std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Communicator& comm, TensorStaging& staging);
 
 }  // namespace memfit

@@ -25,22 +25,27 @@ struct Model {
   std::vector<SafetensorsTensor> tensors;
 };
 
-// Tensors of 100, 300, 50, 400 and 20 floats whose values say which tensor and element they are.
+// Tensors of 100, 300, 50, 400 and 20 floats whose values say which tensor and element they are;
+// odd tensors produce their bytes in two pieces, as a streaming save does.
 Model make_model() {
   Model m;
   const std::vector<int64_t> sizes = {100, 300, 50, 400, 20};
+  m.values.reserve(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
     auto& v = m.values.emplace_back(size_t(sizes[i]));
     for (size_t k = 0; k < v.size(); ++k) v[k] = float(i * 1000 + k);
-    m.tensors.push_back({"layer." + std::to_string(i) + ".weight", DType::f32, Shape{sizes[i]}, nullptr});
+    SafetensorsTensor t{"layer." + std::to_string(i) + ".weight", DType::f32, Shape{sizes[i]}, v.data()};
+    if (i % 2 == 1) {
+      const std::span<const std::byte> bytes = std::as_bytes(std::span<const float>(v));
+      t.data = nullptr;
+      t.produce = [bytes](const std::function<void(std::span<const std::byte>)>& emit) {
+        emit(bytes.first(bytes.size() / 2));
+        emit(bytes.subspan(bytes.size() / 2));
+      };
+    }
+    m.tensors.push_back(t);
   }
   return m;
-}
-
-SafetensorsFill fill_from(const Model& m) {
-  return [&m](size_t i, uint64_t offset, std::span<std::byte> out) {
-    std::memcpy(out.data(), reinterpret_cast<const std::byte*>(m.values[i].data()) + offset, out.size());
-  };
 }
 
 void expect_reads_back(const SafetensorsShards& set, const Model& m) {
@@ -59,7 +64,7 @@ TEST(SafetensorsShards, SplitsInOrderAsTransformersDoesAndReadsBack) {
   ScratchDir dir;
   const Model m = make_model();
   // 1600 bytes per shard: [100 + 300] = 1600, [50] (400 would overflow), [400], [20].
-  const auto files = write_safetensors_shards(dir.path().string(), m.tensors, fill_from(m), 1600);
+  const auto files = write_safetensors_shards(dir.path().string(), m.tensors, 1600);
   const std::vector<std::string> expected = {"model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors",
                                              "model-00003-of-00004.safetensors", "model-00004-of-00004.safetensors",
                                              std::string(kSafetensorsIndexName)};
@@ -79,7 +84,7 @@ TEST(SafetensorsShards, SplitsInOrderAsTransformersDoesAndReadsBack) {
 TEST(SafetensorsShards, ATensorLargerThanTheLimitGetsAShardOfItsOwn) {
   ScratchDir dir;
   const Model m = make_model();
-  const auto files = write_safetensors_shards(dir.path().string(), m.tensors, fill_from(m), 1000);
+  const auto files = write_safetensors_shards(dir.path().string(), m.tensors, 1000);
   // [100] [300] [50] [400] [20]: 300 and 400 floats exceed 1000 bytes alone; 50 + 400 would too.
   EXPECT_EQ(files.size(), 6u);
   expect_reads_back(SafetensorsShards(dir.path().string()), m);
@@ -88,9 +93,9 @@ TEST(SafetensorsShards, ATensorLargerThanTheLimitGetsAShardOfItsOwn) {
 TEST(SafetensorsShards, ASaveThatFitsIsOneFileAndReplacesAnEarlierShardedSave) {
   ScratchDir dir;
   const Model m = make_model();
-  write_safetensors_shards(dir.path().string(), m.tensors, fill_from(m), 1600);
+  write_safetensors_shards(dir.path().string(), m.tensors, 1600);
   write_bytes(dir.file("notes.txt"), "the user's own file");
-  const auto files = write_safetensors_shards(dir.path().string(), m.tensors, fill_from(m), parse_shard_size("5GB"));
+  const auto files = write_safetensors_shards(dir.path().string(), m.tensors, parse_shard_size("5GB"));
   EXPECT_EQ(files, std::vector<std::string>{std::string(kSingleSafetensorsName)});
   std::vector<std::string> present;
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) present.push_back(e.path().filename().string());
@@ -98,7 +103,7 @@ TEST(SafetensorsShards, ASaveThatFitsIsOneFileAndReplacesAnEarlierShardedSave) {
   EXPECT_EQ(present, (std::vector<std::string>{"model.safetensors", "notes.txt"}));
   expect_reads_back(SafetensorsShards(dir.path().string()), m);
   // And back to shards: the single file goes once the index is written.
-  write_safetensors_shards(dir.path().string(), m.tensors, fill_from(m), 1600);
+  write_safetensors_shards(dir.path().string(), m.tensors, 1600);
   EXPECT_FALSE(std::filesystem::exists(dir.file("model.safetensors")));
   expect_reads_back(SafetensorsShards(dir.path().string()), m);
 }
@@ -119,7 +124,7 @@ class DamagedShards : public ::testing::Test {
  protected:
   void SetUp() override {
     const Model m = make_model();
-    write_safetensors_shards(dir.path().string(), m.tensors, fill_from(m), 1600);
+    write_safetensors_shards(dir.path().string(), m.tensors, 1600);
     index = nlohmann::json::parse(test::read_bytes(index_path()));
   }
   std::string index_path() const { return dir.file(std::string(kSafetensorsIndexName)); }

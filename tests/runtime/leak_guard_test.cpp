@@ -19,6 +19,7 @@
 #include "runtime/compile.hpp"
 #include "runtime/leak_guard.hpp"
 #include "support/tiny_run.hpp"
+#include "support/tensor_values.hpp"
 
 namespace memfit {
 namespace {
@@ -40,7 +41,7 @@ void expect_poison_changes_nothing(const Policy& pol) {
   for (size_t id = 0; id < p.tensors().size(); ++id) {
     const TensorDesc& t = p.tensors()[id];
     if (t.lifetime != Lifetime::persistent || t.is_view() || t.name == "library.scratch") continue;
-    EXPECT_EQ(std::memcmp(guarded.ex->data(TensorId(id)), plain.ex->data(TensorId(id)), t.bytes()), 0) << t.name;
+    EXPECT_EQ(test::tensor_bytes(*guarded.ex, TensorId(id)), test::tensor_bytes(*plain.ex, TensorId(id))) << t.name;
   }
   EXPECT_GT(guard.report().poisoned_bytes, 0u);
   EXPECT_EQ(guard.report().steps_checked, 3);
@@ -100,11 +101,12 @@ TEST(LeakGuard, FindsAStrayWriteIntoDeadMemory) {
   guard.after_step(1, run.loss());
   // A kernel writing past its output would leave a byte like this in memory no tensor owns.
   const TensorId logits = run.compiled.program.find_tensor("classifier.logits_chunk");
-  std::byte* dead = run.ex->data(logits) + 3;
-  *dead = std::byte{0x12};
+  const std::byte stray{0x12};
+  const auto poke = [&] { run.ex->write(logits, 3, std::span<const std::byte>(&stray, 1)); };
+  poke();
   guard.before_step();
   run.step(2);  // the byte survives unless a later buffer takes it over: poke again after the step
-  *dead = std::byte{0x12};
+  poke();
   try {
     guard.after_step(2, run.loss());
     FAIL() << "the stray byte was not found";
@@ -181,8 +183,8 @@ TEST(LeakGuard, KeepsBuffersThatEnterALoopUntilItsLastIteration) {
   ctx.micro_count = 3;
   ex.run_section(SectionKind::eval, ctx);
   for (ctx.micro = 0; ctx.micro < 3; ++ctx.micro) ex.run_section(SectionKind::micro, ctx);
-  const float* out = ex.data_as<float>(yid);
-  for (int i = 0; i < 64; ++i) ASSERT_EQ(out[i], 1.5f * 6) << i;  // x + x, then 2x more per micro-step
+  const std::vector<float> out = test::tensor_values<float>(ex, yid);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(out[size_t(i)], 1.5f * 6) << i;  // x + x, then 2x more per micro-step
   EXPECT_EQ(poison.filled_bytes(), 64u * 4);                      // x, once, after the last iteration
   EXPECT_TRUE(poison.find_stray_bytes().empty()) << poison.find_stray_bytes();
 }

@@ -19,6 +19,7 @@
 #include "support/alloc_counter.hpp"
 #include "train/init.hpp"
 #include "kernels/backend.hpp"
+#include "support/tensor_values.hpp"
 
 namespace memfit {
 namespace {
@@ -49,13 +50,14 @@ Result run_micro(const std::string& recompute, AttentionKind attention, int accu
   zero_persistent_state(ex);
   const Program& p = c.program;
   const TensorId tokens = p.find_tensor(kTokens), targets = p.find_tensor(kTargets);
+  std::vector<int32_t> x(size_t(p.tensor(tokens).numel())), y(x.size());  // sized once: the handler allocates nothing
   ex.set_input_handler([&](const Op&, const StepContext& ctx) {
-    int32_t* x = ex.data_as<int32_t>(tokens);
-    int32_t* y = ex.data_as<int32_t>(targets);
-    for (int64_t i = 0; i < p.tensor(tokens).numel(); ++i) {
-      x[i] = int32_t((i * 31 + ctx.micro * 7 + 3) % 256);
-      y[i] = int32_t((i * 31 + ctx.micro * 7 + 34) % 256);
+    for (int64_t i = 0; i < int64_t(x.size()); ++i) {
+      x[size_t(i)] = int32_t((i * 31 + ctx.micro * 7 + 3) % 256);
+      y[size_t(i)] = int32_t((i * 31 + ctx.micro * 7 + 34) % 256);
     }
+    ex.write_as<int32_t>(tokens, std::span<const int32_t>(x));
+    ex.write_as<int32_t>(targets, std::span<const int32_t>(y));
   });
   StepContext ctx;
   ctx.micro_count = accumulation;
@@ -67,11 +69,8 @@ Result run_micro(const std::string& recompute, AttentionKind attention, int accu
   micro_steps();
   Result r;
   if (count_allocations) r.allocations = test::alloc_counter_stop().memfit_allocations;
-  for (const ParamEntry& e : p.params()) {
-    const float* g = ex.data_as<float>(e.grad);
-    r.grads.emplace_back(g, g + p.tensor(e.grad).numel());
-  }
-  r.loss = *ex.data_as<float>(p.find_tensor(kLoss));
+  for (const ParamEntry& e : p.params()) r.grads.push_back(test::tensor_values<float>(ex, e.grad));
+  r.loss = ex.read_scalar<float>(p.find_tensor(kLoss));
   r.planned = c.plan.tier(Tier::device).peak_bytes;
   r.measured = ex.arena(Tier::device).measured_high_water();
   r.recompute_flops = recompute_flops(p);

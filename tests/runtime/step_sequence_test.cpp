@@ -74,8 +74,9 @@ struct RecordingGate : UpdateGate {
   bool apply_update(const StepContext& ctx) override {
     ++asked;
     micro_count = ctx.micro_count;
-    y_seen = ex->data_as<float>(y)[0];
-    s_seen = ex->data_as<float>(s)[0];
+    // Element 0 of each, read without allocating (the gate runs inside a step).
+    ex->read_as<float>(y, 0, std::span<float>(&y_seen, 1));
+    ex->read_as<float>(s, 0, std::span<float>(&s_seen, 1));
     return answer;
   }
 };
@@ -88,17 +89,21 @@ class StepSequence : public ::testing::Test {
     backend_ = make_cpu_backend();
     compiled_ = std::make_unique<CompiledProgram>(compile_program(std::move(sp.p), *backend_));
     ex_ = std::make_unique<Executor>(*compiled_, *backend_);
-    for (int i = 0; i < kN; ++i) {
-      ex_->data_as<float>(x_)[i] = float(i + 1);
-      ex_->data_as<float>(y_)[i] = 0;
-      ex_->data_as<float>(s_)[i] = 0;
-      ex_->data_as<float>(z_)[i] = 100;
-    }
+    std::vector<float> x(kN), zeros(kN, 0.0f), hundreds(kN, 100.0f);
+    for (int i = 0; i < kN; ++i) x[size_t(i)] = float(i + 1);
+    ex_->write_as<float>(x_, std::span<const float>(x));
+    ex_->write_as<float>(y_, std::span<const float>(zeros));
+    ex_->write_as<float>(s_, std::span<const float>(zeros));
+    ex_->write_as<float>(z_, std::span<const float>(hundreds));
     gate_.ex = ex_.get();
     gate_.y = y_;
     gate_.s = s_;
   }
-  float at(TensorId id, int i) const { return ex_->data_as<float>(id)[i]; }
+  float at(TensorId id, int i) const {
+    float value = 0;
+    ex_->read_as<float>(id, i, std::span<float>(&value, 1));
+    return value;
+  }
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<CompiledProgram> compiled_;

@@ -15,6 +15,7 @@
 #include "runtime/trace.hpp"
 #include "support/alloc_counter.hpp"
 #include "support/tiny_run.hpp"
+#include "support/tensor_values.hpp"
 
 namespace memfit {
 namespace {
@@ -55,7 +56,7 @@ void expect_trace_matches_plan(const Policy& pol) {
   const float a = run.loss(), b = plain.loss();
   EXPECT_EQ(std::memcmp(&a, &b, sizeof(float)), 0) << a << " vs " << b;
   for (const ParamEntry& e : p.params())
-    EXPECT_EQ(std::memcmp(run.ex->data(e.value), plain.ex->data(e.value), p.tensor(e.value).bytes()), 0) << e.name;
+    EXPECT_EQ(test::tensor_bytes(*run.ex, e.value), test::tensor_bytes(*plain.ex, e.value)) << e.name;
 
   // Every execution recorded once, in program order per step.
   ASSERT_EQ(rec.dropped(), 0u);

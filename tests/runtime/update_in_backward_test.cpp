@@ -22,6 +22,7 @@
 #include "support/alloc_counter.hpp"
 #include "support/tiny_run.hpp"
 #include "kernels/backend.hpp"
+#include "support/tensor_values.hpp"
 
 namespace memfit {
 namespace {
@@ -45,8 +46,9 @@ Trained train(Policy pol) {
   for (const ParamEntry& e : p.params())
     for (TensorId id : {e.value, e.master}) {
       if (id == kNoTensor) continue;
-      const char* d = reinterpret_cast<const char*>(run.ex->data(id));
-      t.state.emplace_back(d, d + p.tensor(id).bytes());
+      const std::vector<std::byte> bytes = test::tensor_bytes(*run.ex, id);
+      const char* d = reinterpret_cast<const char*>(bytes.data());
+      t.state.emplace_back(d, d + bytes.size());
     }
   t.planned = run.compiled.plan.tier(Tier::device).peak_bytes;
   t.measured = run.ex->arena(Tier::device).measured_high_water();

@@ -19,17 +19,16 @@ TinyRun::TinyRun(CompiledProgram c, uint64_t seed) : backend(make_cpu_backend())
   const Program& p = compiled.program;
   const TensorId toks[] = {p.find_tensor(kTokens), p.find_tensor(kEvalTokens)};
   const TensorId tgts[] = {p.find_tensor(kTargets), p.find_tensor(kEvalTargets)};
-  Executor* e = ex.get();
-  const Program* prog = &compiled.program;
-  ex->set_input_handler([e, prog, toks, tgts](const Op& op, const StepContext& ctx) {
+  batch_tokens.assign(size_t(p.tensor(toks[0]).numel()), 0);  // eval batches have the same shape
+  batch_targets.assign(batch_tokens.size(), 0);
+  ex->set_input_handler([this, toks, tgts](const Op& op, const StepContext& ctx) {
     const int which = op.outputs[0] == toks[0] ? 0 : 1;
-    int32_t* x = e->data_as<int32_t>(toks[which]);
-    int32_t* y = e->data_as<int32_t>(tgts[which]);
-    const int64_t n = prog->tensor(toks[which]).numel();
-    for (int64_t i = 0; i < n; ++i) {
-      x[i] = int32_t((i * 7 + ctx.step * 13 + ctx.micro) % 256);
-      y[i] = int32_t((i * 7 + 7 + ctx.step * 13 + ctx.micro) % 256);
+    for (size_t i = 0; i < batch_tokens.size(); ++i) {
+      batch_tokens[i] = int32_t((int64_t(i) * 7 + ctx.step * 13 + ctx.micro) % 256);
+      batch_targets[i] = int32_t((int64_t(i) * 7 + 7 + ctx.step * 13 + ctx.micro) % 256);
     }
+    ex->write_as<int32_t>(toks[which], std::span<const int32_t>(batch_tokens));
+    ex->write_as<int32_t>(tgts[which], std::span<const int32_t>(batch_targets));
   });
 }
 
@@ -42,6 +41,6 @@ void TinyRun::step(int64_t step) {
 
 void TinyRun::eval() { ex->run_section(SectionKind::eval, StepContext{}); }
 
-float TinyRun::loss() const { return *ex->data_as<float>(compiled.program.find_tensor(kLoss)); }
+float TinyRun::loss() const { return ex->read_scalar<float>(compiled.program.find_tensor(kLoss)); }
 
 }  // namespace memfit::test

@@ -1,9 +1,11 @@
-// gpt2-tiny built, planned and ready to step in process, with deterministic tokens written in
-// place by the input handler (which allocates nothing): the common set-up of the runtime tests
-// that watch steps (trace, leak guard, max-batch oracle).
+// gpt2-tiny built, planned and ready to step in process, with deterministic tokens that the
+// input handler computes into buffers of its own and writes (Executor::write; it allocates
+// nothing): the common set-up of the runtime tests that watch steps (trace, leak guard,
+// max-batch oracle).
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "graph/policy.hpp"
 #include "runtime/executor.hpp"
@@ -14,6 +16,7 @@ struct TinyRun {
   std::unique_ptr<Backend> backend;
   CompiledProgram compiled;
   std::unique_ptr<Executor> ex;
+  std::vector<int32_t> batch_tokens, batch_targets;  // sized once: the handler fills and writes them
 
   explicit TinyRun(const Policy& policy, uint64_t seed = 7);
   TinyRun(CompiledProgram compiled, uint64_t seed = 7);  // a program compiled (or altered) by the caller

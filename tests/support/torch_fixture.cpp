@@ -9,6 +9,7 @@
 
 #include "io/hf_config.hpp"
 #include "support/paths.hpp"
+#include "support/tensor_values.hpp"
 #include "train/init.hpp"
 #include "train/weights.hpp"
 #include "kernels/backend.hpp"
@@ -20,6 +21,14 @@ void copy_i32(const SafetensorsReader& r, const std::string& name, int32_t* dst,
   const SafetensorsEntry* e = r.find(name);
   ASSERT_TRUE(e && e->end - e->begin == uint64_t(n) * sizeof(int32_t)) << name;
   std::memcpy(dst, r.data(*e), size_t(n) * sizeof(int32_t));
+}
+
+// Writes int32 tensor `name` of the file (n values) into the executor's tensor `id`, straight
+// from the file's mapping (no allocation: the input handler runs inside steps).
+void write_i32(const SafetensorsReader& r, const std::string& name, Executor& ex, TensorId id, int64_t n) {
+  const SafetensorsEntry* e = r.find(name);
+  ASSERT_TRUE(e && e->end - e->begin == uint64_t(n) * sizeof(int32_t)) << name;
+  ex.write(id, std::span<const std::byte>(r.data(*e), size_t(n) * sizeof(int32_t)));
 }
 
 }  // namespace
@@ -42,12 +51,13 @@ TorchFixtureRun::TorchFixtureRun(const std::string& fixture, AttentionKind atten
   pol.adamw = AdamWConfig{0.9f, 0.999f, 1e-8f, 0.1f};  // the fixtures' AdamW
   compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
   ex = std::make_unique<Executor>(compiled, *backend);
-  load_weights(dir + "/model.safetensors", *ex, spec);
-  zero_persistent_state(*ex);
+  TensorStaging staging;
+  load_weights(dir + "/model.safetensors", *ex, spec, staging);
+  zero_persistent_state(*ex, staging);
   const TensorId tokens = compiled.program.find_tensor(kTokens), targets = compiled.program.find_tensor(kTargets);
   ex->set_input_handler([this, tokens, targets](const Op&, const StepContext&) {
-    copy_i32(batch, "tokens", ex->data_as<int32_t>(tokens), rows);
-    copy_i32(batch, "targets", ex->data_as<int32_t>(targets), rows);
+    write_i32(batch, "tokens", *ex, tokens, rows);
+    write_i32(batch, "targets", *ex, targets, rows);
   });
 }
 
@@ -67,18 +77,18 @@ void expect_loss_and_gradients_match(TorchFixtureRun& run) {
   run.expected.read_f32("logits", Shape{run.batch_shape[0], run.batch_shape[1], V}, logits.data());
   std::vector<int32_t> targets(static_cast<size_t>(N));
   copy_i32(run.batch, "targets", targets.data(), N);
-  const float* losses = run.ex->data_as<float>(p.find_tensor("losses"));
+  const std::vector<float> losses = tensor_values<float>(*run.ex, p.find_tensor("losses"));
   for (int64_t i = 0; i < N; ++i) {
     const float* row = logits.data() + i * V;
     double mx = row[0], sum = 0;
     for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(row[j]));
     for (int64_t j = 0; j < V; ++j) sum += std::exp(double(row[j]) - mx);
     const double ref = std::log(sum) + mx - double(row[targets[size_t(i)]]);
-    EXPECT_NEAR(losses[i], ref, 1e-5 * std::fabs(ref)) << "token " << i;
+    EXPECT_NEAR(losses[size_t(i)], ref, 1e-5 * std::fabs(ref)) << "token " << i;
   }
   std::vector<float> ref_loss(1);
   run.expected.read_f32("loss", Shape{}, ref_loss.data());
-  const float loss = *run.ex->data_as<float>(p.find_tensor(kLoss));
+  const float loss = run.ex->read_scalar<float>(p.find_tensor(kLoss));
   EXPECT_NEAR(loss, ref_loss[0], 1e-5 * std::fabs(ref_loss[0]));
   std::printf("loss: memfit %.7f, PyTorch %.7f\n", loss, ref_loss[0]);
 
@@ -90,7 +100,7 @@ void expect_loss_and_gradients_match(TorchFixtureRun& run) {
   for (const ParamEntry& e : p.params()) {
     const TensorDesc& t = p.tensor(e.value);
     const int64_t row_size = t.numel() / t.shape[0];
-    const float* ours = run.ex->data_as<float>(e.grad);
+    const std::vector<float> ours = tensor_values<float>(*run.ex, e.grad);
     int64_t row = 0;
     for (const HfPiece& piece : hf_pieces(run.spec, e.name, t.shape)) {
       const bool transpose = gpt2 && is_conv1d_weight(e.name);
@@ -101,7 +111,7 @@ void expect_loss_and_gradients_match(TorchFixtureRun& run) {
                             transpose);
       double err = 0, scale = 0;
       for (size_t i = 0; i < ref.size(); ++i) {
-        err = std::max(err, double(std::fabs(ours[row * row_size + int64_t(i)] - ref[i])));
+        err = std::max(err, double(std::fabs(ours[size_t(row * row_size) + i] - ref[i])));
         scale = std::max(scale, double(std::fabs(ref[i])));
       }
       EXPECT_GT(scale, 0) << piece.name;
@@ -111,7 +121,7 @@ void expect_loss_and_gradients_match(TorchFixtureRun& run) {
       ++compared;
     }
     for (int64_t i = row * row_size; i < t.numel(); ++i)  // padded vocabulary rows get no gradient
-      ASSERT_EQ(ours[i], 0.0f) << e.name << " padded element " << i;
+      ASSERT_EQ(ours[size_t(i)], 0.0f) << e.name << " padded element " << i;
   }
   const auto grads = std::count_if(run.expected.entries().begin(), run.expected.entries().end(),
                                    [](const SafetensorsEntry& e) { return e.name.starts_with("grad."); });
@@ -123,17 +133,18 @@ void expect_loss_and_gradients_match(TorchFixtureRun& run) {
 void expect_adamw_losses_match(TorchFixtureRun& run) {
   std::vector<float> ref(4);
   run.expected.read_f32("losses_adamw", Shape{4}, ref.data());
-  const float* loss = run.ex->data_as<float>(run.compiled.program.find_tensor(kLoss));
+  const TensorId loss_id = run.compiled.program.find_tensor(kLoss);
+  const auto loss = [&] { return run.ex->read_scalar<float>(loss_id); };
   StepContext ctx;
   ctx.lr = 1e-3f;
   for (int step = 1; step <= 3; ++step) {
     ctx.step = step;
     run.ex->run_step(ctx);
-    EXPECT_NEAR(*loss, ref[size_t(step - 1)], 1e-4 * ref[size_t(step - 1)]) << "before update " << step;
+    EXPECT_NEAR(loss(), ref[size_t(step - 1)], 1e-4 * ref[size_t(step - 1)]) << "before update " << step;
   }
   run.ex->run_section(SectionKind::micro, ctx);
-  EXPECT_NEAR(*loss, ref[3], 1e-4 * ref[3]) << "after three updates";
-  std::printf("after 3 updates: memfit %.7f, PyTorch %.7f\n", *loss, ref[3]);
+  EXPECT_NEAR(loss(), ref[3], 1e-4 * ref[3]) << "after three updates";
+  std::printf("after 3 updates: memfit %.7f, PyTorch %.7f\n", loss(), ref[3]);
 }
 
 }  // namespace memfit::test

@@ -21,6 +21,7 @@
 #include "runtime/executor.hpp"
 #include "train/init.hpp"
 #include "kernels/backend.hpp"
+#include "support/tensor_values.hpp"
 
 namespace memfit {
 namespace {
@@ -55,16 +56,13 @@ struct TinyTraining {
     // Micro-step m of a batch-b program reads rows [m b, (m + 1) b) of the K*b rows.
     ex->set_input_handler([this, tok, tgt, batch](const Op&, const StepContext& ctx) {
       const size_t count = size_t(batch * kSeq), first = size_t(ctx.micro) * count;
-      std::memcpy(ex->data_as<int32_t>(tok), tokens.data() + first, count * sizeof(int32_t));
-      std::memcpy(ex->data_as<int32_t>(tgt), targets.data() + first, count * sizeof(int32_t));
+      ex->write_as<int32_t>(tok, std::span<const int32_t>(tokens).subspan(first, count));
+      ex->write_as<int32_t>(tgt, std::span<const int32_t>(targets).subspan(first, count));
     });
   }
   const Program& program() const { return compiled.program; }
-  float scalar(const char* name) const { return *ex->data_as<float>(program().find_tensor(name)); }
-  std::vector<float> values(TensorId id) const {
-    const float* p = ex->data_as<float>(id);
-    return std::vector<float>(p, p + program().tensor(id).numel());
-  }
+  float scalar(const char* name) const { return ex->read_scalar<float>(program().find_tensor(name)); }
+  std::vector<float> values(TensorId id) const { return test::tensor_values<float>(*ex, id); }
 };
 
 double normalized_error(const std::vector<float>& a, const std::vector<float>& b) {

@@ -30,6 +30,7 @@
 #include "train/master_weights.hpp"
 #include "train/run_config.hpp"
 #include "train/trainer.hpp"
+#include "support/tensor_values.hpp"
 
 namespace memfit {
 namespace {
@@ -52,8 +53,9 @@ Policy tiny_policy() {
 }
 
 Bytes bytes_of(const Executor& ex, TensorId id) {
-  const char* d = reinterpret_cast<const char*>(ex.data(id));
-  return Bytes(d, d + ex.program().tensor(id).bytes());
+  const std::vector<std::byte> bytes = test::tensor_bytes(ex, id);
+  const char* d = reinterpret_cast<const char*>(bytes.data());
+  return Bytes(d, d + bytes.size());
 }
 
 std::map<std::string, Bytes> values(const Executor& ex) {
@@ -228,13 +230,15 @@ TEST(LowRankBranch, StartsAtTheBaseLossAndMatchesTheMergedWeightGradients) {
             bytes_of(*start->ex, start->compiled.program.find_tensor(kLoss)));
 
   // B != 0: against the unrewritten program whose weights are merged, W' = W + s B A.
-  auto fill = [](float* x, int64_t n, int salt) {
-    for (int64_t i = 0; i < n; ++i) x[i] = 0.02f * float(std::sin(double(i * 7 + salt) * 0.37));
+  auto fill = [](Executor& ex, TensorId id, int salt) {
+    std::vector<float> x(size_t(ex.program().tensor(id).numel()));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.02f * float(std::sin(double(int64_t(i) * 7 + salt) * 0.37));
+    ex.write_as<float>(id, std::span<const float>(x));
   };
   const auto lora = one_micro_step(frozen, {pass}, [&](test::TinyRun& r) {
     int salt = 0;
     for (const ParamEntry& e : r.compiled.program.params())
-      if (e.name.find(".lora_") != std::string::npos) fill(r.ex->data_as<float>(e.value), r.compiled.program.tensor(e.value).numel(), ++salt);
+      if (e.name.find(".lora_") != std::string::npos) fill(*r.ex, e.value, ++salt);
   });
   const Program& lp = lora->compiled.program;
   auto find_param = [](const Program& p, const std::string& name) -> const ParamEntry& {
@@ -243,8 +247,8 @@ TEST(LowRankBranch, StartsAtTheBaseLossAndMatchesTheMergedWeightGradients) {
     throw std::runtime_error("no parameter " + name);
   };
   auto floats = [](const test::TinyRun& r, TensorId id) {
-    const float* d = r.ex->data_as<float>(id);
-    return std::vector<double>(d, d + r.compiled.program.tensor(id).numel());
+    const std::vector<float> d = test::tensor_values<float>(*r.ex, id);
+    return std::vector<double>(d.begin(), d.end());
   };
   const auto merged = one_micro_step(pol, {}, [&](test::TinyRun& r) {
     for (const ParamEntry& e : r.compiled.program.params()) {
@@ -252,19 +256,20 @@ TEST(LowRankBranch, StartsAtTheBaseLossAndMatchesTheMergedWeightGradients) {
       const std::vector<double> A = floats(*lora, find_param(lp, test::LowRankBranch::a_name(e.name)).value);
       const std::vector<double> B = floats(*lora, find_param(lp, test::LowRankBranch::b_name(e.name)).value);
       const Shape ws = r.compiled.program.tensor(e.value).shape;
-      float* w = r.ex->data_as<float>(e.value);
+      std::vector<float> w = test::tensor_values<float>(*r.ex, e.value);
       for (int64_t o = 0; o < ws[0]; ++o)
         for (int64_t i = 0; i < ws[1]; ++i) {
           double acc = 0;
           for (int64_t j = 0; j < rank; ++j) acc += B[size_t(o * rank + j)] * A[size_t(j * ws[1] + i)];
-          w[o * ws[1] + i] += float(double(s) * acc);
+          w[size_t(o * ws[1] + i)] += float(double(s) * acc);
         }
+      r.ex->write_as<float>(e.value, std::span<const float>(w));
     }
   });
-  const float lora_loss = *lora->ex->data_as<float>(lp.find_tensor(kLoss));
-  const float merged_loss = *merged->ex->data_as<float>(merged->compiled.program.find_tensor(kLoss));
+  const float lora_loss = lora->ex->read_scalar<float>(lp.find_tensor(kLoss));
+  const float merged_loss = merged->ex->read_scalar<float>(merged->compiled.program.find_tensor(kLoss));
   EXPECT_NEAR(lora_loss, merged_loss, 1e-5 * std::abs(merged_loss));
-  EXPECT_NE(lora_loss, *base->ex->data_as<float>(base->compiled.program.find_tensor(kLoss)));  // the branch counts
+  EXPECT_NE(lora_loss, base->ex->read_scalar<float>(base->compiled.program.find_tensor(kLoss)));  // the branch counts
   int checked = 0;
   for (const ParamEntry& e : merged->compiled.program.params()) {
     if (!parameter_name_matches(targets[0], e.name) && !parameter_name_matches(targets[1], e.name)) continue;

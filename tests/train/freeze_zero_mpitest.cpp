@@ -32,6 +32,7 @@
 #include "graph/forward_rewrite.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/executor.hpp"
+#include "support/tensor_values.hpp"
 #include "support/alloc_counter.hpp"
 #include "train/trainer.hpp"
 
@@ -71,10 +72,7 @@ RunConfig config(const Model& m, const Policy& policy, int world) {
   return c;
 }
 
-std::vector<char> bytes_of(const Executor& ex, TensorId id) {
-  const char* d = reinterpret_cast<const char*>(ex.data(id));
-  return std::vector<char>(d, d + ex.program().tensor(id).bytes());
-}
+std::vector<std::byte> bytes_of(const Executor& ex, TensorId id) { return test::tensor_bytes(ex, id); }
 
 // The persistent copy of a parameter on this rank: its ZeRO-3 shard or its whole value.
 TensorId home_of(const ParamEntry& e) { return e.value_shard != kNoTensor ? e.value_shard : e.value; }
@@ -110,7 +108,7 @@ class FrozenWatch final : public RunHooks {
   int frozen = 0, trainable = 0;
 
  private:
-  std::map<std::string, std::vector<char>> before_;
+  std::map<std::string, std::vector<std::byte>> before_;
 };
 
 struct Trajectory {

@@ -19,6 +19,7 @@
 #include "train/step_runner.hpp"
 #include "train/trainer.hpp"
 #include "kernels/backend.hpp"
+#include "support/tensor_values.hpp"
 
 namespace memfit {
 namespace {
@@ -29,6 +30,8 @@ struct Fp16Run {
   CompiledProgram compiled;
   std::unique_ptr<Executor> ex;
   std::unique_ptr<StepRunner> runner;
+  TensorStaging staging;
+  std::vector<int32_t> x, y;  // sized once: the input handler runs inside steps
   explicit Fp16Run(const LossScaleConfig& scaling, int grad_accum = 1) {
     Policy pol;
     pol.batch = 2;
@@ -38,20 +41,22 @@ struct Fp16Run {
     pol.with_eval = false;
     compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
     ex = std::make_unique<Executor>(compiled, *backend);
-    initialize_parameters(*ex, spec, 3);
-    zero_persistent_state(*ex);
+    initialize_parameters(*ex, spec, 3, staging);
+    zero_persistent_state(*ex, staging);
     const TensorId tokens = compiled.program.find_tensor(kTokens), targets = compiled.program.find_tensor(kTargets);
+    x.assign(size_t(compiled.program.tensor(tokens).numel()), 0);
+    y.assign(x.size(), 0);
     runner = std::make_unique<StepRunner>(
         *ex,
         [this, tokens, targets](const Op&, const StepContext& ctx) {
-          int32_t* x = ex->data_as<int32_t>(tokens);
-          int32_t* y = ex->data_as<int32_t>(targets);
-          for (int64_t i = 0; i < compiled.program.tensor(tokens).numel(); ++i) {
-            x[i] = int32_t((i * 31 + ctx.step * 7 + ctx.micro * 3) % 250);
-            y[i] = int32_t((i * 31 + 31 + ctx.step * 7 + ctx.micro * 3) % 250);
+          for (int64_t i = 0; i < int64_t(x.size()); ++i) {
+            x[size_t(i)] = int32_t((i * 31 + ctx.step * 7 + ctx.micro * 3) % 250);
+            y[size_t(i)] = int32_t((i * 31 + 31 + ctx.step * 7 + ctx.micro * 3) % 250);
           }
+          ex->write_as<int32_t>(tokens, std::span<const int32_t>(x));
+          ex->write_as<int32_t>(targets, std::span<const int32_t>(y));
         },
-        scaling);
+        scaling, staging);
   }
   // Bytes of every persistent tensor the optimizer owns or updates.
   std::vector<std::byte> snapshot() const {
@@ -63,8 +68,8 @@ struct Fp16Run {
       if (t.category != Category::parameters && t.category != Category::master_weights &&
           t.category != Category::optimizer_state)
         continue;
-      const std::byte* d = ex->data(TensorId(id));
-      out.insert(out.end(), d, d + t.bytes());
+      const std::vector<std::byte> bytes = test::tensor_bytes(*ex, TensorId(id));
+      out.insert(out.end(), bytes.begin(), bytes.end());
     }
     return out;
   }
