@@ -1,0 +1,204 @@
+"""Writes tests/fixtures/tokenizer/: tokenizers trained by the HF `tokenizers` library on a corpus
+this script writes itself, and the ids that library gives, for memfit's tokenizer parity tests
+(tests/text/tokenizer_test.cpp).
+
+  bytelevel.json      GPT-2 style: ByteLevel pre-tokenizer (GPT-2 regex), byte-level BPE
+  llama3.json         Llama 3 style: Split(Llama 3 regex) + ByteLevel(use_regex=false), ignore_merges
+  sentencepiece.json  Llama 2 style: Prepend("▁") + Replace(" ", "▁") normalizers, BPE with
+                      <0xNN> byte fallback and fuse_unk, Replace/ByteFallback/Fuse/Strip decoders
+  metaspace.json      Mistral style: the same model with a Metaspace pre-tokenizer and decoder
+  corpus.txt          the training corpus (English, C++/Python code, Unicode)
+  edge_cases.txt      emoji, ZWJ sequences, combining marks, CJK, control characters, CRLF, tabs,
+                      long whitespace runs and invalid UTF-8 bytes
+  expected_<name>.json  ids of corpus.txt and edge_cases.txt (invalid bytes read as U+FFFD, as
+                      Python's and Rust's lossy UTF-8 decoders do) and of short cases with added
+                      and special tokens, and what decode(ids) gives (special tokens kept)
+
+Run: /work/venv/bin/python tools/make_tokenizer_fixtures.py (tokenizers 0.23.3 wrote the files).
+"""
+
+import json
+import os
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "tokenizer")
+
+ENGLISH = """\
+The planner builds every training step as a program before it runs a single kernel. Each tensor
+has a shape, a dtype and a lifetime; the liveness pass turns lifetimes into byte offsets, and
+the arena is allocated once. If the plan does not fit, the run never starts: it stops with the
+breakdown and the cheapest changes that would make it fit. Isn't that what you'd want? We've
+found that people don't read long error messages, so each one fits on a single line.
+
+Gradient accumulation runs the micro-step program k times and then the optimizer program once.
+ZeRO shards the optimizer state (stage 1), the gradients (stage 2) and the parameters (stage 3)
+over the data-parallel ranks; 7.5B parameters on 64 devices need 120 GB each without it, and
+1.9 GB with stage 3. Offload moves tensors to host memory or to disk, through staging buffers.
+
+She said: "It's 3:45 pm, and the 12th test failed again -- twice!" He replied, 'I'll look.'
+Numbers: 0, 1, 42, 1024, 65536, 3.14159, 2.71828, 1e-5, -7, +12, 100%, $19.99, #5, 4x4.
+Lists: apples, oranges; pears & plums / figs | dates... (maybe) [never] {always} <sometimes>.
+"""
+
+CODE = """\
+#include <cstdint>
+#include <vector>
+
+// Sums the first n squares; n < 2^20 keeps the result inside int64_t.
+int64_t sum_of_squares(int64_t n) {
+  int64_t total = 0;
+  for (int64_t i = 1; i <= n; ++i) total += i * i;
+  return total;
+}
+
+def merge_pairs(tokens, merges):
+    \"\"\"Applies BPE merges in rank order.\"\"\"
+    while len(tokens) > 1:
+        pairs = [(merges.get((a, b), 1 << 30), i) for i, (a, b) in enumerate(zip(tokens, tokens[1:]))]
+        rank, i = min(pairs)
+        if rank == 1 << 30:
+            break
+        tokens[i:i + 2] = [tokens[i] + tokens[i + 1]]
+    return tokens
+
+\tif (x != y && y >= 0) { return x % y; }   // tabs and trailing spaces   
+"""
+
+UNICODE = """\
+Café, naïve, résumé, façade, Ångström, Zürich, São Paulo, Kraków, İstanbul.
+Ελληνικά: γεια σου κόσμε. Русский: привет, мир. עברית: שלום. العربية: مرحبا بالعالم.
+日本語のテキスト、中文文本，한국어 텍스트。 Emoji: 😀 🚀 👍🏽 ❤️ 🇫🇷 👨‍👩‍👧‍👦.
+Math: ∑ x² ≤ ∞, α + β = γ, √2 ≈ 1.414, ½ ¾ ⅓. Quotes: “curly” ‘single’ «guillemets» — dash – en.
+"""
+
+EDGE_CASES_TEXT = (
+    "emoji 😀😃😄 family 👨‍👩‍👧‍👦 flag 🇯🇵🇺🇸 skin 👋🏿 heart ❤️‍🔥\n"
+    "combining: e\u0301 a\u0308 n\u0303 o\u0302\u0323 Z\u0335\u0321\u0322\u0327 q\u0307\u0323\n"
+    "CJK: 漢字かなカナ汉字 한국어 𠀀𠀁 (supplementary)\n"
+    "control: \x00 \x01\x02\x07\x1b[0m \x7f \u0085 \u200b\u200c\u200d \ufeff \u2028 \u2029\n"
+    "CRLF line\r\nanother\r\n\r\n"
+    "tabs\t\tand\tmore\t \t\n"
+    "long spaces:" + " " * 40 + "end\n"
+    "nbsp:\u00a0\u00a0x ideographic space:\u3000y thin:\u2009z\n"
+    "         leading spaces\n\n\n\n"
+    "digits ١٢٣ ४५६ 12345678901234567890 ½\n"
+    "apostrophes: it's IT'S we'LL 'd 'm O'Neil\n"
+    "special text: <|endoftext|> <s> </s> <unk> <0x41> ▁already▁metaspace\n"
+)
+# Invalid UTF-8: a lone continuation byte, a truncated 3-byte sequence, an overlong encoding, a
+# surrogate, bytes that never occur (0xFF, 0xC0), and a truncated sequence at the very end.
+INVALID_BYTES = b"bad: \x80 x \xe2\x82 y \xc0\xaf z \xed\xa0\x80 w \xff\xfe v \xf0\x9f\x98 end \xe2"
+
+CASES = [
+    "", " ", "  ", "\n", "a", "hello world", " hello", "hello ", "Hello  world\n\nNew paragraph",
+    "<|endoftext|>", "hi<|endoftext|>there", "<|endoftext|><|endoftext|>", " <|endoftext|> x",
+    "<|user|> ask memfit", "a memfit b memfit", "<s>hello</s>", "hello<s> world", "<unk>", "x<unk>y",
+    "<|im_start|>user\nhi<|im_start|>", "<|endoftext", "<s", "▁", "▁▁x", "héllo wörld 😀", "\ufffd",
+    "tab\tnewline\ncarriage\r\nend", "1234567 89", "don't", "DON'T", "x" * 50,
+]
+
+
+def train(tokenizer, vocab_size, special, corpus, limit_alphabet=None, initial_alphabet=()):
+    kwargs = dict(vocab_size=vocab_size, special_tokens=special, show_progress=False,
+                  initial_alphabet=list(initial_alphabet))
+    if limit_alphabet is not None:
+        kwargs["limit_alphabet"] = limit_alphabet
+    tokenizer.train_from_iterator(corpus.splitlines(keepends=True), trainers.BpeTrainer(**kwargs))
+    return tokenizer
+
+
+def byte_level(corpus):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    train(tok, 700, ["<|endoftext|>"], corpus, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.add_tokens([AddedToken("<|user|>", normalized=False), AddedToken(" memfit", normalized=True)])
+    return tok
+
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def llama3(corpus):
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    train(tok, 650, ["<|begin_of_text|>", "<|endoftext|>"], corpus,
+          initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    return tok
+
+
+def with_byte_fallback_vocab(tok):
+    """Llama 2's layout: <unk> <s> </s>, then the 256 <0xNN> byte tokens (vocabulary only, not
+    added tokens), then the trained pieces; merges are by string so they carry over."""
+    spec = json.loads(tok.to_str())
+    trained = sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for piece, _ in trained:
+        if piece not in vocab:
+            vocab[piece] = len(vocab)
+    spec["model"]["vocab"] = vocab
+    spec["added_tokens"] = [
+        {"id": vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True} for t in ("<unk>", "<s>", "</s>")]
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def sentencepiece(corpus):
+    """Trained with a Metaspace split (SentencePiece keeps pieces inside words); saved in
+    Llama 2's form: Prepend + Replace normalizers and no pre-tokenizer."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    train(tok, 500, ["<unk>", "<s>", "</s>"], corpus, limit_alphabet=70)
+    tok = with_byte_fallback_vocab(tok)
+    tok.pre_tokenizer = None
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_tokens([AddedToken("<|im_start|>", normalized=False)])
+    return tok
+
+
+def metaspace(sp):
+    """Mistral's newer form of the same model: a Metaspace pre-tokenizer and decoder."""
+    tok = Tokenizer.from_str(sp.to_str())
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False),
+                                     decoders.ByteFallback(), decoders.Fuse()])
+    return tok
+
+
+def expected(tok, corpus, edge_text):
+    def encode(text):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        return {"text": text, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)}
+    return {"corpus": encode(corpus), "edge_cases": encode(edge_text), "cases": [encode(c) for c in CASES]}
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    corpus = ENGLISH + CODE + UNICODE
+    edge_bytes = EDGE_CASES_TEXT.encode("utf-8") + INVALID_BYTES
+    with open(os.path.join(OUT, "corpus.txt"), "w", encoding="utf-8", newline="") as f:
+        f.write(corpus)
+    with open(os.path.join(OUT, "edge_cases.txt"), "wb") as f:
+        f.write(edge_bytes)
+    edge_text = edge_bytes.decode("utf-8", errors="replace")
+    sp = sentencepiece(corpus)
+    for name, tok in [("bytelevel", byte_level(corpus)), ("llama3", llama3(corpus)), ("sentencepiece", sp),
+                      ("metaspace", metaspace(sp))]:
+        tok.save(os.path.join(OUT, f"{name}.json"), pretty=False)
+        with open(os.path.join(OUT, f"expected_{name}.json"), "w", encoding="utf-8") as f:
+            json.dump(expected(tok, corpus, edge_text), f, ensure_ascii=False, separators=(",", ":"))
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
