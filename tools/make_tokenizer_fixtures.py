@@ -12,7 +12,8 @@ this script writes itself, and the ids that library gives, for memfit's tokenize
                       long whitespace runs and invalid UTF-8 bytes
   expected_<name>.json  ids of corpus.txt and edge_cases.txt (invalid bytes read as U+FFFD, as
                       Python's and Rust's lossy UTF-8 decoders do) and of short cases with added
-                      and special tokens, and what decode(ids) gives (special tokens kept)
+                      and special tokens, what decode(ids) gives (special tokens kept), and the
+                      pre-tokens of the edge cases (the pre-tokenizer alone)
 
 Run: /work/venv/bin/python tools/make_tokenizer_fixtures.py (tokenizers 0.23.3 wrote the files).
 """
@@ -39,6 +40,25 @@ over the data-parallel ranks; 7.5B parameters on 64 devices need 120 GB each wit
 She said: "It's 3:45 pm, and the 12th test failed again -- twice!" He replied, 'I'll look.'
 Numbers: 0, 1, 42, 1024, 65536, 3.14159, 2.71828, 1e-5, -7, +12, 100%, $19.99, #5, 4x4.
 Lists: apples, oranges; pears & plums / figs | dates... (maybe) [never] {always} <sometimes>.
+"""
+
+STORY = """\
+On the third night the lighthouse keeper wrote in his log: "Wind from the north-east, rising.
+Two ships passed before midnight; neither answered the lamp." He had kept the log for eleven
+years, and in all that time the entries had changed very little. Weather, ships, the oil.
+Sometimes a line about the gulls, or about the boy who rowed out on Thursdays with bread,
+letters and, once, a small wooden box that held nothing but sand from a beach far to the south.
+
+Recipe (serves 4): 200 g flour, 2 eggs, 300 ml milk, a pinch of salt. Whisk; rest 30 minutes;
+cook thin pancakes in a hot pan, about 1 minute per side. Serve with lemon & sugar -- or jam.
+
+Q: What's the difference between a process and a thread?
+A: Processes have separate address spaces; threads share one. Switching between threads is
+   cheaper, but a bug in one thread can corrupt memory every other thread relies on.
+
+  * item one
+  * item two, indented
+      - a nested item with    irregular   spacing
 """
 
 CODE = """\
@@ -93,7 +113,7 @@ INVALID_BYTES = b"bad: \x80 x \xe2\x82 y \xc0\xaf z \xed\xa0\x80 w \xff\xfe v \x
 CASES = [
     "", " ", "  ", "\n", "a", "hello world", " hello", "hello ", "Hello  world\n\nNew paragraph",
     "<|endoftext|>", "hi<|endoftext|>there", "<|endoftext|><|endoftext|>", " <|endoftext|> x",
-    "<|user|> ask memfit", "a memfit b memfit", "<s>hello</s>", "hello<s> world", "<unk>", "x<unk>y",
+    "<|user|> ask memfit", "<|user hi <|user|", "<|user|>|>", "a memfit b memfit", "<s>hello</s>", "hello<s> world", "<unk>", "x<unk>y",
     "<|im_start|>user\nhi<|im_start|>", "<|endoftext", "<s", "▁", "▁▁x", "héllo wörld 😀", "\ufffd",
     "tab\tnewline\ncarriage\r\nend", "1234567 89", "don't", "DON'T", "x" * 50,
 ]
@@ -113,7 +133,9 @@ def byte_level(corpus):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     train(tok, 700, ["<|endoftext|>"], corpus, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.add_tokens([AddedToken("<|user|>", normalized=False), AddedToken(" memfit", normalized=True)])
+    # "<|user" overlaps "<|user|>": the longest match wins.
+    tok.add_tokens([AddedToken("<|user|>", normalized=False), AddedToken("<|user", normalized=False),
+                    AddedToken(" memfit", normalized=True)])
     return tok
 
 
@@ -179,12 +201,15 @@ def expected(tok, corpus, edge_text):
     def encode(text):
         ids = tok.encode(text, add_special_tokens=False).ids
         return {"text": text, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)}
-    return {"corpus": encode(corpus), "edge_cases": encode(edge_text), "cases": [encode(c) for c in CASES]}
+    def pre_tokens(text):  # the pre-tokenizer alone, on the raw text: pins the regex splits down
+        return [piece for piece, _ in tok.pre_tokenizer.pre_tokenize_str(text)] if tok.pre_tokenizer else []
+    return {"corpus": encode(corpus), "edge_cases": encode(edge_text), "cases": [encode(c) for c in CASES],
+            "edge_case_pre_tokens": pre_tokens(edge_text)}
 
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    corpus = ENGLISH + CODE + UNICODE
+    corpus = ENGLISH + STORY + CODE + UNICODE
     edge_bytes = EDGE_CASES_TEXT.encode("utf-8") + INVALID_BYTES
     with open(os.path.join(OUT, "corpus.txt"), "w", encoding="utf-8", newline="") as f:
         f.write(corpus)

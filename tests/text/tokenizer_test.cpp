@@ -74,6 +74,20 @@ TEST_P(TokenizerParity, AddedSpecialTokensAndShortCasesEqualTokenizers) {
   EXPECT_GT(round_trips, 10);
 }
 
+// The pre-tokenizer alone (PCRE2 here, Oniguruma in `tokenizers`) splits the edge cases as the
+// library does: Unicode whitespace (NBSP, U+3000, U+2028), marks, digits, apostrophes.
+TEST_P(TokenizerParity, PreTokensOfTheEdgeCasesEqualTokenizers) {
+  const auto spec = nlohmann::json::parse(read_file(kDir + GetParam() + ".json"));
+  const auto want_pieces = want["edge_case_pre_tokens"].get<std::vector<std::string>>();
+  if (spec["pre_tokenizer"].is_null()) GTEST_SKIP() << "no pre-tokenizer (normalizers only)";
+  std::vector<Piece> pieces = {{to_valid_utf8(read_file(kDir + "edge_cases.txt")), true, false}};
+  PreTokenizer::from_json(spec["pre_tokenizer"]).apply(pieces);
+  std::vector<std::string> got;
+  for (const auto& p : pieces) got.push_back(p.text);
+  EXPECT_FALSE(want_pieces.empty());
+  EXPECT_EQ(got, want_pieces);
+}
+
 // Encoding chunk by chunk, cut at every line start, gives the ids of the whole text: what
 // `memfit tokenize` relies on to stream big files on all cores.
 TEST_P(TokenizerParity, ChunksCutAtLineStartsGiveTheWholeTextsIds) {
