@@ -7,6 +7,7 @@ this script writes itself, and the ids that library gives, for memfit's tokenize
   sentencepiece.json  Llama 2 style: Prepend("▁") + Replace(" ", "▁") normalizers, BPE with
                       <0xNN> byte fallback and fuse_unk, Replace/ByteFallback/Fuse/Strip decoders
   metaspace.json      Mistral style: the same model with a Metaspace pre-tokenizer and decoder
+  unk_fused.json      the Llama 2 style model without byte fallback: <unk>, fused (fuse_unk)
   corpus.txt          the training corpus (English, C++/Python code, Unicode)
   edge_cases.txt      emoji, ZWJ sequences, combining marks, CJK, control characters, CRLF, tabs,
                       long whitespace runs and invalid UTF-8 bytes
@@ -197,6 +198,14 @@ def metaspace(sp):
     return tok
 
 
+def without_byte_fallback(sp):
+    """The same model with byte_fallback off: characters outside the vocabulary become <unk>, runs
+    of them fused into one (fuse_unk)."""
+    spec = json.loads(sp.to_str())
+    spec["model"]["byte_fallback"] = False
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def expected(tok, corpus, edge_text):
     def encode(text):
         ids = tok.encode(text, add_special_tokens=False).ids
@@ -218,7 +227,7 @@ def main():
     edge_text = edge_bytes.decode("utf-8", errors="replace")
     sp = sentencepiece(corpus)
     for name, tok in [("bytelevel", byte_level(corpus)), ("llama3", llama3(corpus)), ("sentencepiece", sp),
-                      ("metaspace", metaspace(sp))]:
+                      ("metaspace", metaspace(sp)), ("unk_fused", without_byte_fallback(sp))]:
         tok.save(os.path.join(OUT, f"{name}.json"), pretty=False)
         with open(os.path.join(OUT, f"expected_{name}.json"), "w", encoding="utf-8") as f:
             json.dump(expected(tok, corpus, edge_text), f, ensure_ascii=False, separators=(",", ":"))

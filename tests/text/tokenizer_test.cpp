@@ -19,7 +19,7 @@ namespace memfit::text {
 namespace {
 
 const std::string kDir = std::string(MEMFIT_FIXTURE_DIR) + "/tokenizer/";
-const std::vector<std::string> kNames = {"bytelevel", "llama3", "sentencepiece", "metaspace"};
+const std::vector<std::string> kNames = {"bytelevel", "llama3", "sentencepiece", "metaspace", "unk_fused"};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
