@@ -116,7 +116,7 @@ CASES = [
     "<|endoftext|>", "hi<|endoftext|>there", "<|endoftext|><|endoftext|>", " <|endoftext|> x",
     "<|user|> ask memfit", "<|user hi <|user|", "<|user|>|>", "a memfit b memfit", "<s>hello</s>", "hello<s> world", "<unk>", "x<unk>y",
     "<|im_start|>user\nhi<|im_start|>", "<|endoftext", "<s", "▁", "▁▁x", "héllo wörld 😀", "\ufffd",
-    "tab\tnewline\ncarriage\r\nend", "1234567 89", "don't", "DON'T", "x" * 50,
+    "tab\tnewline\ncarriage\r\nend", "1234567 89", "don't", "DON'T", "x" * 50, "a zebra crossing",
 ]
 
 
@@ -152,7 +152,10 @@ def llama3(corpus):
     tok.decoder = decoders.ByteLevel()
     train(tok, 650, ["<|begin_of_text|>", "<|endoftext|>"], corpus,
           initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    return tok
+    # A word in the vocabulary that no merge sequence reaches: ignore_merges takes it whole.
+    spec = json.loads(tok.to_str())
+    spec["model"]["vocab"]["Ġzebra"] = max(spec["model"]["vocab"].values()) + 1
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def with_byte_fallback_vocab(tok):
