@@ -1,5 +1,6 @@
 #include "text/bpe.hpp"
 
+#include <atomic>
 #include <queue>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,14 @@ namespace memfit::text {
 namespace {
 
 constexpr std::string_view kPiece = "text";
+constexpr size_t kMaxCachedWordBytes = 256, kMaxCachedWords = size_t(1) << 16;
+
+std::atomic<uint64_t> next_cache_key{1};
+
+struct WordCache {
+  uint64_t key = 0;
+  std::unordered_map<std::string, std::vector<uint32_t>, StringHash, std::equal_to<>> words;
+};
 
 std::pair<std::string, std::string> parse_merge(const nlohmann::json& merge) {
   // Older files write "a b", newer ones ["a", "b"] (which allows spaces inside tokens).
@@ -32,6 +41,7 @@ std::pair<std::string, std::string> parse_merge(const nlohmann::json& merge) {
 
 BpeModel BpeModel::from_json(const nlohmann::json& model) {
   BpeModel bpe;
+  bpe.cache_key_ = next_cache_key++;
   MEMFIT_CHECK(model.value("dropout", nlohmann::json()).is_null(), kPiece,
                "tokenizer.json: BPE dropout is not supported (it makes encoding random)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
@@ -128,6 +138,25 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<uint32_t>& sym
 }
 
 void BpeModel::encode_word(std::string_view word, std::vector<uint32_t>& ids) const {
+  if (word.size() > kMaxCachedWordBytes) {
+    merge_word(word, ids);
+    return;
+  }
+  thread_local WordCache cache;
+  if (cache.key != cache_key_ || cache.words.size() >= kMaxCachedWords) {
+    cache.words.clear();
+    cache.key = cache_key_;
+  }
+  if (const auto it = cache.words.find(word); it != cache.words.end()) {
+    ids.insert(ids.end(), it->second.begin(), it->second.end());
+    return;
+  }
+  const size_t before = ids.size();
+  merge_word(word, ids);
+  cache.words.emplace(std::string(word), std::vector<uint32_t>(ids.begin() + std::ptrdiff_t(before), ids.end()));
+}
+
+void BpeModel::merge_word(std::string_view word, std::vector<uint32_t>& ids) const {
   if (word.empty()) return;
   if (ignore_merges_) {
     if (const auto id = token_id(word)) {

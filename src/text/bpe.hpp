@@ -34,6 +34,8 @@ class BpeModel {
   // (dropout, continuing_subword_prefix, end_of_word_suffix), naming it.
   static BpeModel from_json(const nlohmann::json& model);
 
+  // Words up to 256 bytes are remembered per thread (as `tokenizers` caches words): text repeats
+  // its words, and merging is most of the time spent.
   void encode_word(std::string_view word, std::vector<uint32_t>& ids) const;
   std::optional<uint32_t> token_id(std::string_view token) const;
   const std::string* token_of(uint32_t id) const;  // nullptr when id is not in the vocabulary
@@ -46,6 +48,7 @@ class BpeModel {
     uint32_t result;
   };
   static uint64_t pair_key(uint32_t left, uint32_t right) { return (uint64_t(left) << 32) | right; }
+  void merge_word(std::string_view word, std::vector<uint32_t>& ids) const;
   void initial_symbols(std::string_view word, std::vector<uint32_t>& symbols, std::vector<uint32_t>& lengths) const;
 
   TokenMap vocab_;
@@ -55,6 +58,7 @@ class BpeModel {
   std::optional<uint32_t> unk_id_;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   uint32_t max_id_ = 0;
+  uint64_t cache_key_ = 0;  // names this vocabulary and merges in the per-thread word cache
 };
 
 // GPT-2's bytes_to_unicode: each byte as the character byte-level vocabularies spell it in.
