@@ -6,7 +6,7 @@
 1. one thread: tok.encode(text, add_special_tokens=False) on the whole file as one text (the
    file read as UTF-8 with errors="replace", as memfit reads invalid bytes), best of `repeats`;
 2. all cores: tok.encode_batch over the same chunks memfit tokenize encodes (about 1 MiB, cut
-   at a line start: a newline followed by printable non-space ASCII), including the split.
+   at a line start: a newline followed by printable non-space ASCII or a letter or number), including the split.
 Prints MB/s of the file's bytes and the token counts, to compare with memfit's.
 """
 
@@ -19,12 +19,26 @@ from tokenizers import Tokenizer
 CHUNK = 1 << 20
 
 
+def is_line_start_char(data, p):
+    """Printable non-space ASCII, or a letter or number (Tokenizer::is_line_start)."""
+    if 0x20 < data[p] < 0x7F:
+        return True
+    if data[p] < 0xC2:
+        return False
+    n = 2 if data[p] < 0xE0 else 3 if data[p] < 0xF0 else 4
+    try:
+        ch = data[p:p + n].decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return ch.isalpha() or ch.isnumeric()
+
+
 def line_start_chunks(data):
     """The chunks memfit tokenize cuts (text/tokenize_files.cpp), as strings."""
     chunks, begin = [], 0
     while begin < len(data):
         p = begin + CHUNK
-        while p < len(data) and not (data[p - 1] == 0x0A and 0x20 < data[p] < 0x7F):
+        while p < len(data) and not (data[p - 1] == 0x0A and is_line_start_char(data, p)):
             p += 1
         p = min(p, len(data))
         chunks.append(data[begin:p].decode("utf-8", errors="replace"))

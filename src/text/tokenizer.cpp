@@ -126,6 +126,16 @@ bool Tokenizer::check_line_start_splits() const {
   return true;
 }
 
+bool Tokenizer::starts_with_letter_or_number(std::string_view text) {
+  static const Regex letter_or_number("^[\\p{L}\\p{N}]");
+  if (text.empty()) return false;
+  const std::string_view first = text.substr(0, utf8_char_length(static_cast<unsigned char>(text[0])));
+  if (!is_valid_utf8(first)) return false;
+  bool found = false;
+  letter_or_number.for_each_match(first, [&](size_t, size_t) { found = true; });
+  return found;
+}
+
 std::optional<uint32_t> Tokenizer::token_id(std::string_view token) const {
   for (const auto& a : added_)
     if (a.content == token) return a.id;

@@ -51,11 +51,15 @@ class Tokenizer {
   bool splits_at_line_starts() const { return splits_at_line_starts_; }
   const std::string& description() const { return description_; }
 
-  // A chunk may start at p when the byte before is '\n' and the byte at p is printable ASCII
-  // other than space: every supported pre-tokenizer ends a pre-token there.
+  // A chunk may start at p when the byte before is '\n' and the character at p is printable
+  // ASCII other than space, or a letter or number (\p{L}, \p{N}: CJK lines too): never
+  // whitespace, so every supported pre-tokenizer ends a pre-token there.
   static bool is_line_start(std::string_view text, size_t p) {
-    return p > 0 && p < text.size() && text[p - 1] == '\n' && text[p] > ' ' && text[p] < 0x7F;
+    if (p == 0 || p >= text.size() || text[p - 1] != '\n') return false;
+    const auto c = static_cast<unsigned char>(text[p]);
+    return (c > ' ' && c < 0x7F) || (c >= 0xC2 && starts_with_letter_or_number(text.substr(p)));
   }
+  static bool starts_with_letter_or_number(std::string_view text);  // a valid UTF-8 \p{L} or \p{N} first
 
  private:
   struct Segment {

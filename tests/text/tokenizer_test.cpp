@@ -107,6 +107,23 @@ TEST_P(TokenizerParity, ChunksCutAtLineStartsGiveTheWholeTextsIds) {
   }
 }
 
+TEST(Tokenizer, LineStartsAreANewlineThenAnythingButWhitespace) {
+  auto starts = [](const std::string& s) { return Tokenizer::is_line_start(s, 1); };
+  EXPECT_TRUE(starts("\nA"));
+  EXPECT_TRUE(starts("\n("));
+  EXPECT_TRUE(starts("\n\xE6\xBC\xA2"));  // 漢
+  EXPECT_TRUE(starts("\n\xCE\xA9"));       // Ω
+  EXPECT_FALSE(starts("\n "));
+  EXPECT_FALSE(starts("\n\t"));
+  EXPECT_FALSE(starts("\n\n"));
+  EXPECT_FALSE(starts("\n\xE3\x80\x80"));  // U+3000, whitespace
+  EXPECT_FALSE(starts("\n\xC2\xA0"));       // NBSP
+  EXPECT_FALSE(starts("\n\xCC\x81"));       // a combining mark: not a letter
+  EXPECT_FALSE(starts("\n\xE6\xBC"));       // truncated
+  EXPECT_FALSE(starts("x\xE6\xBC\xA2"));
+  EXPECT_FALSE(Tokenizer::is_line_start("\n", 1));
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity, ::testing::ValuesIn(kNames));
 
 TEST(Tokenizer, SpecialAndAddedTokensAreMatchedBeforeTheModel) {
