@@ -186,7 +186,7 @@ def sentencepiece(corpus):
     Llama 2's form: Prepend + Replace normalizers and no pre-tokenizer."""
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    train(tok, 500, ["<unk>", "<s>", "</s>"], corpus, limit_alphabet=70)
+    train(tok, 500, ["<unk>", "<s>", "</s>"], corpus)  # (limit_alphabet breaks ties at random)
     tok = with_byte_fallback_vocab(tok)
     tok.pre_tokenizer = None
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
