@@ -165,7 +165,8 @@ void PreTokenizer::add(const nlohmann::json& spec, std::vector<Step>& steps) {
     const std::string behavior = spec.value("behavior", "");
     MEMFIT_CHECK(behavior == "Isolated", kPiece,
                  "tokenizer.json: pre_tokenizer Split with behavior '{}' is not supported (only Isolated)", behavior);
-    MEMFIT_CHECK(!spec.value("invert", false), kPiece, "tokenizer.json: pre_tokenizer Split with invert is not supported");
+    MEMFIT_CHECK(!spec.value("invert", false), kPiece,
+                 "tokenizer.json: pre_tokenizer Split with invert is not supported");
     Step step;
     step.kind = Kind::split;
     step.regex = split_regex(spec.at("pattern"));
@@ -205,7 +206,8 @@ void PreTokenizer::apply_step(const Step& step, std::vector<Piece>& pieces) {
     if (step.kind == Kind::split) {
       split_isolated(*step.regex, piece, out);
     } else if (step.kind == Kind::byte_level) {
-      if (step.add_prefix_space && !piece.continues && !starts_with(piece.text, " ")) piece.text = " " + piece.text;  // (insert(0, ...) trips a GCC 12 -Wrestrict false positive)
+      // (not insert(0, ...): it trips a GCC 12 -Wrestrict false positive)
+      if (step.add_prefix_space && !piece.continues && !starts_with(piece.text, " ")) piece.text = " " + piece.text;
       const size_t first = out.size();
       if (step.regex) split_isolated(*step.regex, piece, out);
       else out.push_back(std::move(piece));

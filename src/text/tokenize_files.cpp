@@ -23,7 +23,8 @@ constexpr int32_t kMagicUint32 = 20240801, kVersionUint32 = 7;
 // Appends tokens to path.tmp; finish() writes the header's count and renames it to path.
 class TokenFileWriter {
  public:
-  TokenFileWriter(std::string path, int token_bytes) : path_(std::move(path)), tmp_(path_ + ".tmp"), width_(token_bytes) {
+  TokenFileWriter(std::string path, int token_bytes)
+      : path_(std::move(path)), tmp_(path_ + ".tmp"), width_(token_bytes) {
     file_ = std::fopen(tmp_.c_str(), "wb");
     MEMFIT_CHECK(file_ != nullptr, kPiece, "{}: cannot create: {}", tmp_, std::strerror(errno));
     write_header();
@@ -182,7 +183,8 @@ TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
       }
       for (size_t i = 0; i < batch.size(); ++i) {
         if (result.token_bytes == 2)
-          for (uint32_t id : ids[i]) MEMFIT_ASSERT(id < 65536, "id {} of a vocabulary of {}", id, tokenizer.vocab_size());
+          for (uint32_t id : ids[i])
+            MEMFIT_ASSERT(id < 65536, "id {} of a vocabulary of {}", id, tokenizer.vocab_size());
         (batch[i].validation ? *val : train).append(ids[i]);
         tokens += int64_t(ids[i].size());
       }
