@@ -4,6 +4,7 @@ this script writes itself, and the ids that library gives, for memfit's tokenize
 
   bytelevel.json      GPT-2 style: ByteLevel pre-tokenizer (GPT-2 regex), byte-level BPE
   llama3.json         Llama 3 style: Split(Llama 3 regex) + ByteLevel(use_regex=false), ignore_merges
+  qwen2.json          Qwen2 style: NFC normalizer, Split(Qwen2 regex) + ByteLevel(use_regex=false)
   sentencepiece.json  Llama 2 style: Prepend("▁") + Replace(" ", "▁") normalizers, BPE with
                       <0xNN> byte fallback and fuse_unk, Replace/ByteFallback/Fuse/Strip decoders
   metaspace.json      Mistral style: the same model with a Metaspace pre-tokenizer and decoder
@@ -96,6 +97,7 @@ Math: ∑ x² ≤ ∞, α + β = γ, √2 ≈ 1.414, ½ ¾ ⅓. Quotes: “curly
 EDGE_CASES_TEXT = (
     "emoji 😀😃😄 family 👨‍👩‍👧‍👦 flag 🇯🇵🇺🇸 skin 👋🏿 heart ❤️‍🔥\n"
     "combining: e\u0301 a\u0308 n\u0303 o\u0302\u0323 Z\u0335\u0321\u0322\u0327 q\u0307\u0323\n"
+    "NFC: cafe\u0301 \u00e9 \u212b \u1100\u1161\u11a8 \ufb01 \u2460 \uff21 x\u0323\u0307 \u0958\n"
     "CJK: 漢字かなカナ汉字 한국어 𠀀𠀁 (supplementary)\n"
     "control: \x00 \x01\x02\x07\x1b[0m \x7f \u0085 \u200b\u200c\u200d \ufeff \u2028 \u2029\n"
     "CRLF line\r\nanother\r\n\r\n"
@@ -161,6 +163,23 @@ def llama3(corpus):
     spec = json.loads(tok.to_str())
     spec["model"]["vocab"]["Ġzebra"] = max(spec["model"]["vocab"].values()) + 1
     return Tokenizer.from_str(json.dumps(spec))
+
+
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen2(corpus):
+    """Qwen2 style: an NFC normalizer, Split(Qwen2 regex: single digits) + ByteLevel."""
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    train(tok, 600, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], corpus,
+          initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    return tok
 
 
 def with_byte_fallback_vocab(tok):
@@ -234,7 +253,8 @@ def main():
         f.write(edge_bytes)
     edge_text = edge_bytes.decode("utf-8", errors="replace")
     sp = sentencepiece(corpus)
-    for name, tok in [("bytelevel", byte_level(corpus)), ("llama3", llama3(corpus)), ("sentencepiece", sp),
+    for name, tok in [("bytelevel", byte_level(corpus)), ("llama3", llama3(corpus)), ("qwen2", qwen2(corpus)),
+                      ("sentencepiece", sp),
                       ("metaspace", metaspace(sp)), ("unk_fused", without_byte_fallback(sp))]:
         tok.save(os.path.join(OUT, f"{name}.json"), pretty=False)
         with open(os.path.join(OUT, f"expected_{name}.json"), "w", encoding="utf-8") as f:

@@ -2,6 +2,9 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
+
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
@@ -88,19 +91,44 @@ bool Regex::next_match(std::string_view text, size_t start, size_t& begin, size_
 
 void Normalizer::add(const nlohmann::json& spec, std::vector<Step>& steps) {
   const std::string type = type_of(spec, "normalizer");
+  Step step;
   if (type == "Sequence") {
     for (const auto& inner : spec.at("normalizers")) add(inner, steps);
-  } else if (type == "Prepend") {
-    steps.push_back({true, spec.at("prepend").get<std::string>(), ""});
+    return;
+  }
+  if (type == "Prepend") {
+    step.kind = Kind::prepend;
+    step.pattern = spec.at("prepend").get<std::string>();
   } else if (type == "Replace") {
-    steps.push_back({false, string_pattern(spec.at("pattern"), "normalizer Replace"),
-                     spec.at("content").get<std::string>()});
+    step.kind = Kind::replace;
+    step.pattern = string_pattern(spec.at("pattern"), "normalizer Replace");
+    step.content = spec.at("content").get<std::string>();
+  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    step.kind = Kind::unicode;
+    const bool compose = type.back() == 'C', compatibility = type.size() == 4;
+    step.unicode_options = UTF8PROC_STABLE | (compose ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE) |
+                           (compatibility ? UTF8PROC_COMPAT : 0);
   } else {
     throw Error(kPiece, fmt::format("tokenizer.json: normalizer type '{}' is not supported (memfit reads "
-                                    "Sequence, Prepend and Replace)",
+                                    "Sequence, Prepend, Replace, NFC, NFD, NFKC and NFKD)",
                                     type));
   }
+  steps.push_back(step);
 }
+
+namespace {
+
+std::string unicode_normal_form(const std::string& text, int options) {
+  utf8proc_uint8_t* mapped = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                          utf8proc_ssize_t(text.size()), &mapped, utf8proc_option_t(options));
+  MEMFIT_CHECK(n >= 0, kPiece, "Unicode normalization failed: {}", utf8proc_errmsg(n));  // input is valid UTF-8
+  std::string out(reinterpret_cast<const char*>(mapped), size_t(n));
+  std::free(mapped);
+  return out;
+}
+
+}  // namespace
 
 Normalizer Normalizer::from_json(const nlohmann::json& spec) {
   Normalizer n;
@@ -110,10 +138,12 @@ Normalizer Normalizer::from_json(const nlohmann::json& spec) {
 
 void Normalizer::apply(std::string& text, bool prepend_allowed) const {
   for (const Step& step : steps_) {
-    if (step.prepend) {
+    if (step.kind == Kind::prepend) {
       if (prepend_allowed && !text.empty()) text = step.pattern + text;
-    } else {
+    } else if (step.kind == Kind::replace) {
       replace_all(text, step.pattern, step.content);
+    } else {
+      text = unicode_normal_form(text, step.unicode_options);
     }
   }
 }

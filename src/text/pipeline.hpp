@@ -1,5 +1,6 @@
 // The steps of an HF tokenizer.json around its model, as `tokenizers` runs them:
-//   normalizer     (Sequence, Prepend, Replace of a string)   on each text between added tokens
+//   normalizer     (Sequence, Prepend, Replace of a string, NFC, NFD, NFKC, NFKD through
+//                  utf8proc)   on each text between added tokens
 //   pre_tokenizer  (Sequence, ByteLevel, Split on a regex or string, Metaspace)  into pre-tokens
 //   decoder        (Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace)
 // Regexes are PCRE2 with UTF and Unicode properties (\p{L}, \p{N}, \s), JIT-compiled.
@@ -53,9 +54,11 @@ class Normalizer {
   bool empty() const { return steps_.empty(); }
 
  private:
+  enum class Kind { prepend, replace, unicode };
   struct Step {
-    bool prepend;  // else replace
-    std::string pattern, content;
+    Kind kind = Kind::prepend;
+    std::string pattern, content;  // prepend: pattern; replace: pattern -> content
+    int unicode_options = 0;       // unicode: utf8proc's options for the normal form
   };
   static void add(const nlohmann::json& spec, std::vector<Step>& steps);
   std::vector<Step> steps_;
