@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -122,6 +123,35 @@ TEST(Tokenizer, LineStartsAreANewlineThenAnythingButWhitespace) {
   EXPECT_FALSE(starts("\n\xE6\xBC"));       // truncated
   EXPECT_FALSE(starts("x\xE6\xBC\xA2"));
   EXPECT_FALSE(Tokenizer::is_line_start("\n", 1));
+}
+
+// Random texts from fragments the fixtures hold (letters, marks, CJK, emoji, digits, spaces,
+// newlines, invalid bytes): chunks cut at line starts give the whole text's ids, and a
+// byte-level tokenizer without a normalizer gives back the (lossily decoded) text.
+TEST_P(TokenizerParity, RandomTextsChunkAndRoundTrip) {
+  const std::vector<std::string> fragments = {
+      "a", "The", " quick", "  ", "\n", "\n\n", "\r\n", "\t", "'s", "'LL", "12345", "\xE2\x80\x83", "\xC2\xA0",
+      "e\xCC\x81", "\xE6\xBC\xA2\xE5\xAD\x97", "\xF0\x9F\x98\x80", "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9",
+      "\xFF", "\xE2\x82", "<|endoftext|>", "<s>", ".", "--", "\xCE\xA9", "\xE3\x80\x80", "\x00", "\xEF\xBF\xBD"};
+  const bool byte_level_round_trip = GetParam() == "bytelevel" || GetParam() == "llama3";
+  std::mt19937 rng(7);
+  for (int round = 0; round < 300; ++round) {
+    std::string text;
+    const int n = int(rng() % 40);
+    for (int i = 0; i < n; ++i) text += fragments[rng() % fragments.size()];
+    const std::vector<uint32_t> whole = tokenizer.encode(text);
+    std::vector<uint32_t> chunked;
+    size_t begin = 0;
+    for (size_t p = 1; p <= text.size(); ++p) {
+      if (p < text.size() && !Tokenizer::is_line_start(text, p)) continue;
+      tokenizer.encode_into(std::string_view(text).substr(begin, p - begin), begin == 0, chunked);
+      begin = p;
+    }
+    ASSERT_EQ(chunked, whole) << "round " << round;
+    if (byte_level_round_trip) {
+      ASSERT_EQ(tokenizer.decode(whole), to_valid_utf8(text)) << "round " << round;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity, ::testing::ValuesIn(kNames));
