@@ -6,6 +6,7 @@
 //   memfit profile ...    a few training steps with a trace (Perfetto) and an HTML report
 //   memfit max-batch ...  the largest micro-batch that fits a memory budget
 //   memfit eval ...       loss and perplexity on a token file, no training (cli/eval_command.hpp)
+//   memfit tokenize ...   text -> llm.c token files with an HF tokenizer.json (cli/tokenize_command.hpp)
 // Errors print one line, "memfit: error: [piece] message", and exit with status 1, command-line
 // usage errors included; --help exits with 0. Under mpirun with several ranks every error goes
 // through fail_job (dist/communicator.hpp): the line names the rank ("memfit: error: [rank 1]
@@ -20,6 +21,7 @@
 #include "cli/eval_command.hpp"
 #include "cli/hardware_plan.hpp"
 #include "cli/options.hpp"
+#include "cli/tokenize_command.hpp"
 #include "core/error.hpp"
 #include "dist/communicator.hpp"
 #include "kernels/backend.hpp"
@@ -126,6 +128,8 @@ int main(int argc, char** argv) {
   CLI::App* profile = app.add_subcommand(
       "profile", "a few training steps (3 unless --steps) with a memory/time trace and a self-contained HTML report");
   CLI::App* max_batch = app.add_subcommand("max-batch", "the largest micro-batch that fits a memory budget");
+  CLI::App* tokenize = app.add_subcommand("tokenize", "text files -> llm.c token files with an HF tokenizer.json");
+  memfit::cli::TokenizeCommand tokenize_command(*tokenize);
   memfit::cli::RunOptions train_options(*train, true);
   memfit::cli::RunOptions plan_options(*plan, false);
   memfit::cli::RunOptions profile_options(*profile, true);
@@ -156,6 +160,7 @@ int main(int argc, char** argv) {
   try {
     for (const auto* o : {&train_options, &plan_options, &profile_options})
       MEMFIT_CHECK(!o->seq_auto(), "policy", "--seq auto is only for max-batch; give a sequence length");
+    if (tokenize->parsed()) return tokenize_command.run(std::cout);
     if (train->parsed()) {
       memfit::LeakCheckHooks leak_hooks;
       memfit::run_training(train_options.resolve(), std::cout, check_leaks ? &leak_hooks : nullptr);

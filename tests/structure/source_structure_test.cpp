@@ -30,10 +30,11 @@ const std::map<std::string, std::set<std::string>>& allowed_dependencies() {
       {"kernels", {"core", "graph", "memory"}},
       {"dist", {"core"}},
       {"io", {"core", "graph"}},
+      {"text", {"core", "io"}},
       {"runtime", {"core", "graph", "plan", "memory", "kernels", "dist"}},
       {"fit", {"core", "graph", "plan"}},
-      {"train", {"core", "graph", "plan", "memory", "kernels", "dist", "io", "runtime", "fit"}},
-      {"cli", {"core", "graph", "plan", "memory", "kernels", "dist", "io", "runtime", "fit", "train"}},
+      {"train", {"core", "graph", "plan", "memory", "kernels", "dist", "io", "text", "runtime", "fit"}},
+      {"cli", {"core", "graph", "plan", "memory", "kernels", "dist", "io", "text", "runtime", "fit", "train"}},
   };
   return deps;
 }
