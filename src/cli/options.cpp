@@ -174,6 +174,9 @@ void RunOptions::add_training_options(CLI::App& app) {
                    [](RunConfig& c, std::string v) { c.data = v; });
   add<std::string>(app, "--data-format", "auto | llmc | nanogpt | text",
                    [](RunConfig& c, std::string v) { c.data_format = parse_token_format(v); });
+  add<std::string>(app, "--tokenizer",
+                   "HF tokenizer.json or its directory: --data is text, tokenised once into a cache next to it",
+                   [](RunConfig& c, std::string v) { c.tokenizer = v; });
   add<int64_t>(app, "--steps", "optimizer steps",
                [](RunConfig& c, int64_t v) { c.steps = require_in("--steps", v, input_range::steps); });
   add<double>(app, "--lr", "learning rate",

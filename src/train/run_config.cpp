@@ -133,6 +133,7 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     if (key == "model") c.model = get_as<std::string>(v, key);
     else if (key == "backend") c.backend = get_as<std::string>(v, key);
     else if (key == "data") c.data = get_as<std::string>(v, key);
+    else if (key == "tokenizer") c.tokenizer = get_as<std::string>(v, key);
     else if (key == "steps" || key == "train_iters") c.steps = get_integer(v, key, range::steps);
     else if (key == "batch") p.batch = get_integer(v, key, range::batch);
     else if (key == "seq" || key == "seq_len") p.seq = get_integer(v, key, range::batch);

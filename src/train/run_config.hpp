@@ -27,6 +27,7 @@ struct RunConfig {
 
   std::string data;  // token file or text file; empty: the built-in synthetic corpus
   TokenFormat data_format = TokenFormat::automatic;
+  std::string tokenizer;  // an HF tokenizer.json (or its directory): --data is text, tokenised once (train/token_cache)
   int64_t steps = 50;
   double lr = 1e-3;
   int64_t warmup_steps = 0;  // linear warmup from 0 to lr

@@ -7,6 +7,7 @@
 #include "train/init.hpp"
 #include "train/run_checks.hpp"
 #include "train/synthetic_corpus.hpp"
+#include "train/token_cache.hpp"
 #include "train/weights.hpp"
 
 namespace memfit {
@@ -15,7 +16,11 @@ namespace {
 
 constexpr size_t kSyntheticBytes = 2 << 20;
 
-TokenData open_data(const RunConfig& c) {
+TokenData open_data(const RunConfig& c, int ranks, std::ostream& log) {
+  if (!c.tokenizer.empty()) {
+    MEMFIT_CHECK(!c.data.empty(), "data", "--tokenizer needs --data FILE (a text file to tokenise)");
+    return TokenData::open(tokenized_data(c.data, c.tokenizer, ranks, log), TokenFormat::automatic);
+  }
   if (!c.data.empty()) return TokenData::open(c.data, c.data_format);
   const std::string text = synthetic_corpus(c.seed, kSyntheticBytes);
   std::vector<uint16_t> tokens(text.size());
@@ -153,9 +158,14 @@ std::unique_ptr<RunState> setup_run(const RunConfig& config, std::ostream& rank_
   settle_ranks(s, config, rank_log, comm);
   const RunConfig& c = s.config;
   s.backend = make_backend(s.config.backend);
-  s.data.emplace(open_data(c));
+  s.data.emplace(open_data(c, s.world, s.out()));
   s.run = prepare_run(c, *s.backend);
   const ModelSpec& spec = s.run.spec;
+  // Raw bytes are ids below 256: a larger vocabulary would train on the wrong tokens, silently.
+  MEMFIT_CHECK(s.data->format() != TokenFormat::text || spec.vocab_size <= 256, "data",
+               "{} is text, which memfit reads as bytes, but model '{}' has a vocabulary of {}: give its tokenizer "
+               "(--tokenizer DIR) or tokenise first (memfit tokenize --tokenizer DIR --input FILE --out tokens.bin)",
+               s.data->description(), spec.name, spec.vocab_size);
   const Policy& pol = s.run.policy;
   const Program& prog = s.program();
   open_splits(s);
