@@ -11,6 +11,7 @@
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
+#include "io/safetensors_shards.hpp"
 #include "train/deepspeed_config.hpp"
 
 namespace memfit::cli {
@@ -203,6 +204,9 @@ void RunOptions::add_training_options(CLI::App& app) {
                    [](RunConfig& c, std::string v) { c.load = v; });
   add<std::string>(app, "--save", "write weights: directory (model.safetensors + config.json) or .safetensors file",
                    [](RunConfig& c, std::string v) { c.save = v; });
+  add<std::string>(app, "--max-shard-size", "a --save directory holds shards of at most this size, as transformers "
+                   "writes them (default 5GB; units KB, MB, GB, KiB, MiB, GiB)",
+                   [](RunConfig& c, std::string v) { c.max_shard_bytes = parse_shard_size(v); });
   add<std::string>(app, "--checkpoint-dir", "write sharded training checkpoints here (one step-NNNNNN directory per save, `latest` names the newest)",
                    [](RunConfig& c, std::string v) { c.checkpoint_dir = v; });
   add<int64_t>(app, "--checkpoint-every", "steps between checkpoints (0: after the last step)",

@@ -61,6 +61,7 @@ struct RunConfig {
   int64_t eval_batches = 4;
   std::string load;  // safetensors file or a directory holding model.safetensors
   std::string save;  // directory (model.safetensors + config.json) or a .safetensors path
+  uint64_t max_shard_bytes = 5'000'000'000;  // --max-shard-size: a directory save above it is sharded
   std::string report_json;
   std::string checkpoint_dir;    // sharded training checkpoints (train/checkpoint.hpp) go here
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only after the last step (when a dir is set)

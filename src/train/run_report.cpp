@@ -57,7 +57,7 @@ void save_if_asked(RunState& s) {
   std::vector<std::vector<float>> whole;
   if (s.run.policy.zero_stage >= 1) whole = gather_whole_parameters(s.ex(), *s.comm, s.staging);
   if (s.rank == 0) {
-    save_weights(c.save, s.ex(), s.run.spec, s.staging, whole.empty() ? nullptr : &whole);
+    save_weights(c.save, s.ex(), s.run.spec, s.staging, whole.empty() ? nullptr : &whole, c.max_shard_bytes);
     s.out() << fmt::format("saved weights to {}\n", c.save);
   }
 }

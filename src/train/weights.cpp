@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "io/hf_config.hpp"
 #include "io/safetensors.hpp"
+#include "io/safetensors_shards.hpp"
 #include "train/master_weights.hpp"
 
 namespace memfit {
@@ -105,18 +106,17 @@ void store_zeros(Executor& ex, const ParamEntry& e, int64_t first, int64_t end, 
 }  // namespace
 
 void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, TensorStaging& staging) {
-  fs::path file(path);
-  if (fs::is_directory(file)) file /= "model.safetensors";
-  const SafetensorsReader reader(file.string());
+  const SafetensorsShards shards(path);  // one file, or an index and its shards
+  const std::string& file = shards.description();
   const Program& p = ex.program();
   const std::string_view prefix = spec.arch == Arch::gpt2 ? kGpt2Prefix : "model.";
 
-  std::map<std::string, const SafetensorsEntry*> by_name;
-  for (const SafetensorsEntry& e : reader.entries()) {
-    const std::string name = canonical_name(spec, e.name);
+  std::map<std::string, const SafetensorsShards::Located*> by_name;
+  for (const SafetensorsShards::Located& e : shards.tensors()) {
+    const std::string name = canonical_name(spec, e.entry->name);
     if (is_ignored_buffer(spec, name)) continue;
     MEMFIT_CHECK(by_name.emplace(name, &e).second, "safetensors", "{}: tensor '{}' appears twice (with and without the "
-                 "'{}' prefix)", file.string(), name, prefix);
+                 "'{}' prefix)", file, name, prefix);
   }
   std::set<std::string> used;
   for (const ParamEntry& param : p.params()) {
@@ -127,18 +127,20 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, 
     int64_t row = 0;
     for (const HfPiece& piece : hf_pieces(spec, param.name, t.shape)) {
       auto it = by_name.find(piece.name);
-      MEMFIT_CHECK(it != by_name.end(), "safetensors", "{} has no tensor '{}'", file.string(), piece.name);
+      MEMFIT_CHECK(it != by_name.end(), "safetensors", "{} has no tensor '{}'", file, piece.name);
       used.insert(piece.name);
+      const SafetensorsReader& reader = *it->second->shard;
+      const std::string& name = it->second->entry->name;
       const Shape expected = t.shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
-      if (transpose) load_transposed(reader, it->second->name, Shape{t.shape[1], t.shape[0]}, ex, param, staging);
-      else load_in_order(reader, it->second->name, expected, piece.rows * row_size, ex, param, row * row_size, staging);
+      if (transpose) load_transposed(reader, name, Shape{t.shape[1], t.shape[0]}, ex, param, staging);
+      else load_in_order(reader, name, expected, piece.rows * row_size, ex, param, row * row_size, staging);
       row += piece.rows;
     }
     store_zeros(ex, param, row * row_size, t.numel(), staging);  // padded vocabulary rows are memfit's own: zero
   }
   for (const auto& [name, entry] : by_name)
-    MEMFIT_CHECK(used.count(name), "safetensors", "{} holds tensor '{}', which model '{}' does not have", file.string(),
-                 entry->name, spec.name);
+    MEMFIT_CHECK(used.count(name), "safetensors", "{} holds tensor '{}', which model '{}' does not have", file,
+                 entry->entry->name, spec.name);
 }
 
 namespace {
@@ -175,15 +177,13 @@ void emit_transposed(const ParamValues& get, int64_t rows, int64_t cols, TensorS
 }  // namespace
 
 void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec, TensorStaging& staging,
-                  const std::vector<std::vector<float>>* whole) {
+                  const std::vector<std::vector<float>>* whole, uint64_t max_shard_bytes) {
   const Program& p = ex.program();
-  fs::path file(path);
   const bool directory = !path.ends_with(".safetensors");
   if (directory) {
     std::error_code ec;
-    fs::create_directories(file, ec);
+    fs::create_directories(path, ec);
     MEMFIT_CHECK(!ec, "safetensors", "cannot create directory '{}': {}", path, ec.message());
-    file /= "model.safetensors";
   }
   // Every tensor is produced while the file is written, a staging chunk at a time: fp32 values
   // (the masters under mixed precision, widened copies of 16-bit ones), transposed for GPT-2's
@@ -216,7 +216,9 @@ void save_weights(const std::string& path, const Executor& ex, const ModelSpec& 
       row += piece.rows;
     }
   }
-  write_safetensors(file.string(), tensors, {{"format", "pt"}, {"producer", "memfit"}});
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"producer", "memfit"}};
+  if (directory) write_safetensors_shards(path, tensors, max_shard_bytes, metadata);
+  else write_safetensors(path, tensors, metadata);
   if (directory) {
     const fs::path config = fs::path(path) / "config.json";
     const fs::path tmp = fs::path(path) / "config.json.tmp";

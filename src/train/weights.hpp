@@ -21,18 +21,23 @@
 
 namespace memfit {
 
-// Loads every parameter from a .safetensors file or a directory holding model.safetensors.
-// The embedding table's padded rows are zeroed. Throws [safetensors] naming a missing or
+inline constexpr uint64_t kDefaultShardBytes = 5'000'000'000;  // transformers' max_shard_size "5GB"
+
+// Loads every parameter from a .safetensors file, an HF sharded checkpoint's index.json, or a
+// directory holding either (io/safetensors_shards.hpp); bf16, fp16 and fp32 files are converted
+// to the run's precision. The embedding table's padded rows are zeroed. Throws [safetensors] naming a missing or
 // mis-shaped tensor, or a tensor the model does not have.
 void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, TensorStaging& staging);
 
-// Writes the parameters: into DIR/model.safetensors plus DIR/config.json when `path` is a
-// directory (created if needed), or into `path` itself when it ends in .safetensors.
+// Writes the parameters: into DIR plus DIR/config.json when `path` is a directory (created if
+// needed): model.safetensors, or transformers' shards and index when the model exceeds
+// max_shard_bytes (HF's default 5 GB); or into `path` itself when it ends in .safetensors.
 // Writes are atomic, so an earlier file at the same path survives a failed save.
 // `whole`, when given, holds every parameter's fp32 values (indexed like Program::params():
 // train/whole_weights.hpp gathers them under ZeRO); otherwise they are read from the executor.
 void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec, TensorStaging& staging,
-                  const std::vector<std::vector<float>>* whole = nullptr);
+                  const std::vector<std::vector<float>>* whole = nullptr,
+                  uint64_t max_shard_bytes = kDefaultShardBytes);
 
 // One HF tensor holding `rows` consecutive rows of a memfit parameter: the whole parameter,
 // except llama's fused q|k|v projection, which HF keeps as q_proj, k_proj and v_proj.

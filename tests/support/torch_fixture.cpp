@@ -33,7 +33,7 @@ void write_i32(const SafetensorsReader& r, const std::string& name, Executor& ex
 
 }  // namespace
 
-TorchFixtureRun::TorchFixtureRun(const std::string& fixture, AttentionKind attention)
+TorchFixtureRun::TorchFixtureRun(const std::string& fixture, AttentionKind attention, const std::string& weights)
     : dir(fixture_path(fixture)),
       spec(read_hf_config(dir + "/config.json")),
       backend(make_cpu_backend()),
@@ -52,7 +52,7 @@ TorchFixtureRun::TorchFixtureRun(const std::string& fixture, AttentionKind atten
   compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
   ex = std::make_unique<Executor>(compiled, *backend);
   TensorStaging staging;
-  load_weights(dir + "/model.safetensors", *ex, spec, staging);
+  load_weights(weights.empty() ? dir + "/model.safetensors" : weights, *ex, spec, staging);
   zero_persistent_state(*ex, staging);
   const TensorId tokens = compiled.program.find_tensor(kTokens), targets = compiled.program.find_tensor(kTargets);
   ex->set_input_handler([this, tokens, targets](const Op&, const StepContext&) {

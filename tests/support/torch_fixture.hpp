@@ -13,7 +13,10 @@
 namespace memfit::test {
 
 struct TorchFixtureRun {
-  explicit TorchFixtureRun(const std::string& fixture, AttentionKind attention = AttentionKind::plain);
+  // `weights`: where the weights load from (a file, directory or sharded index), when not the
+  // fixture's own model.safetensors.
+  explicit TorchFixtureRun(const std::string& fixture, AttentionKind attention = AttentionKind::plain,
+                           const std::string& weights = "");
   std::string dir;
   ModelSpec spec;
   std::unique_ptr<Backend> backend;
