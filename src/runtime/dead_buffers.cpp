@@ -28,6 +28,7 @@ void DeadBufferFill::after_op(int op, const StepContext& ctx) {
   const bool last_iteration = ctx.micro + 1 >= ctx.micro_count;
   for (const Range& r : dying_[size_t(op)]) {
     if (r.last_iteration_only && !last_iteration) continue;
+    if (!ex_.buffer(r.tier).host_data()) continue;  // a disk tier: only transfers touch it
     std::memset(ex_.arena(r.tier).data() + r.offset, fill_, r.bytes);
     filled_bytes_ += r.bytes;
   }
@@ -58,6 +59,7 @@ uint64_t first_other_byte(const unsigned char* bytes, uint64_t begin, uint64_t e
 std::string DeadBufferFill::find_stray_bytes() const {
   const Program& p = ex_.program();
   for (Tier t : kAllTiers) {
+    if (!ex_.buffer(t).host_data() && ex_.buffer(t).size() > 0) continue;  // no sentinel to scan
     const Arena& a = ex_.arena(t);
     const auto* bytes = reinterpret_cast<const unsigned char*>(a.data());
     const uint64_t i = first_other_byte(bytes, persistent_top_[size_t(t)], a.size(), fill_, Arena::kSentinel);

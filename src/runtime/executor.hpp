@@ -19,6 +19,7 @@
 #include "memory/arena.hpp"
 #include "runtime/collective_op.hpp"
 #include "runtime/compile.hpp"
+#include "runtime/transfer_engine.hpp"
 
 namespace memfit {
 
@@ -42,12 +43,21 @@ class UpdateGate {
   virtual bool apply_update(const StepContext& ctx) = 0;
 };
 
+// Where the disk tier's file goes (memory/disk_file.hpp): one file per rank under a directory.
+struct ExecutorOptions {
+  BufferSite disk;
+};
+
 class Executor {
  public:
-  // Throws [runtime] when a tier other than device is planned (no transfer engine runs yet)
-  // or a tier's buffer type cannot be read by the host, and [kernels] when an op has no kernel. Collective ops run through the
-  // communicator of their group in `groups` (not owned; a world of one when null).
-  Executor(const CompiledProgram& compiled, Backend& backend, const CommGroups* groups = nullptr);
+  // Allocates each tier's buffer at the plan's peak from the backend's buffer type for it (a
+  // disk tier's file under options.disk). Throws [runtime] when a disk tier is planned with no
+  // directory or an op other than a transfer touches a tier the host cannot address, [memory]
+  // when a buffer cannot be had, and [kernels] when an op has no kernel. Collective ops run
+  // through the communicator of their group in `groups` (not owned; a world of one when null);
+  // transfers through the executor's transfer engine (runtime/transfer_engine.hpp).
+  Executor(const CompiledProgram& compiled, Backend& backend, const CommGroups* groups = nullptr,
+           const ExecutorOptions& options = {});
 
   const Program& program() const { return program_; }
   const MemoryPlan& plan() const { return plan_; }
@@ -97,9 +107,11 @@ class Executor {
     return value;
   }
 
-  // Every tier's buffer is a sentinel-measured arena while only host-readable tiers run.
-  const Arena& arena(Tier t) const { return static_cast<const Arena&>(*buffers_[size_t(t)]); }
-  Arena& arena(Tier t) { return static_cast<Arena&>(*buffers_[size_t(t)]); }
+  // A tier's buffer: its size and measured high-water mark, whatever the tier is.
+  const Buffer& buffer(Tier t) const { return *buffers_[size_t(t)]; }
+  // A tier held in a host arena (device and host on the CPU backend), for the leak guard's
+  // poisoning and scans; throws [runtime] for any other buffer.
+  Arena& arena(Tier t) const;
 
   // Time spent per op (seconds, summed over runs) when timing is on.
   void set_timing(bool on) { timing_ = on; }
@@ -116,6 +128,8 @@ class Executor {
   // runtime/ copies through read/write instead.
   std::byte* data(TensorId id) const { return pointers_[size_t(id)]; }
 
+  void allocate_tiers(const Backend& backend, const ExecutorOptions& options);
+  void prepare_ops(Backend& backend, const CommGroups& groups);
   void run_range(int begin, int end, const StepContext& ctx);
   // The tensor's placement after checking that bytes [byte_offset, byte_offset + bytes) lie in it.
   const TensorPlacement& placed_range(TensorId id, uint64_t byte_offset, uint64_t bytes) const;
@@ -125,6 +139,8 @@ class Executor {
   std::array<std::unique_ptr<Buffer>, kNumTiers> buffers_;
   std::vector<std::byte*> pointers_;
   std::vector<std::unique_ptr<PreparedOp>> prepared_;  // null for load_input
+  // Declared after buffers_, so destroyed before them: in-flight transfers finish first.
+  std::unique_ptr<TransferEngine> transfers_;  // built when the program has transfers
   InputHandler input_;
   std::unique_ptr<CommGroups> own_groups_;  // when none are given
   const CommGroups* groups_ = nullptr;

@@ -32,6 +32,7 @@ bool LeakGuard::poison_unfinished() {
   for (size_t i = 0; i < ran_.ran.size(); ++i) ran_before_[i + 1] = ran_before_[i] + ran_.ran[i];
   for (const Transient& t : transients_) {
     if (ran_.ran[size_t(t.last)] || ran_before_[size_t(t.last) + 1] == ran_before_[size_t(t.first)]) continue;
+    if (!ex_.buffer(t.tier).host_data()) continue;  // a disk tier: only transfers touch it
     std::memset(ex_.arena(t.tier).data() + t.offset, poison_.fill(), t.bytes);
     report_.unfinished_bytes += t.bytes;
   }

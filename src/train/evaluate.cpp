@@ -89,7 +89,7 @@ nlohmann::json run_evaluation(const RunConfig& config, int64_t max_batches, std:
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double mean = sum / double(batches);
   const uint64_t planned = compiled.plan.tier(Tier::device).peak_bytes;
-  const uint64_t measured = ex.arena(Tier::device).measured_high_water();
+  const uint64_t measured = ex.buffer(Tier::device).measured_high_water();
   const uint64_t rss = peak_resident_set_bytes();
   const double tokens_per_second = double(batches * tokens_per_batch) / seconds;
   log << fmt::format("eval: model {} on {}: {} batches of {} x {} ({} tokens)\n", spec.name, data.description(),
@@ -109,7 +109,7 @@ nlohmann::json run_evaluation(const RunConfig& config, int64_t max_batches, std:
   report["perplexity"] = std::exp(mean);
   report["tokens_per_second"] = tokens_per_second;
   TierBytes measured_tiers{};
-  for (Tier t : kAllTiers) measured_tiers[size_t(t)] = ex.arena(t).measured_high_water();
+  for (Tier t : kAllTiers) measured_tiers[size_t(t)] = ex.buffer(t).measured_high_water();
   report["memory"] = memory_json(program, compiled.plan, measured_tiers);
   report["memory"]["planned_peak_bytes"] = planned;
   report["memory"]["measured_peak_bytes"] = measured;

@@ -290,7 +290,7 @@ void ProfileHooks::after_run(Executor& ex, nlohmann::json& report, std::ostream&
   const Program& p = run_->compiled.program;
   const MemoryPlan& plan = run_->compiled.plan;
   const std::span<const TraceEvent> events = recorder_->events();
-  const ProfileAnalysis a = analyse_profile(p, plan, events, ex.arena(Tier::device).measured_high_water());
+  const ProfileAnalysis a = analyse_profile(p, plan, events, ex.buffer(Tier::device).measured_high_water());
 
   const nlohmann::json data = profile_page_data(*run_, config_.steps, a);
   const nlohmann::json other = {{"model", data["model"]}, {"policy", data["policy"]}, {"steps", config_.steps}};

@@ -86,7 +86,7 @@ nlohmann::json finish_run(RunState& s, const LoopRecord& rec, RunHooks* hooks) {
   std::ostream& log = s.out();
   const uint64_t planned = s.run.compiled.plan.tier(Tier::device).peak_bytes;
   TierBytes measured{};
-  for (Tier t : kAllTiers) measured[size_t(t)] = ex.arena(t).measured_high_water();
+  for (Tier t : kAllTiers) measured[size_t(t)] = ex.buffer(t).measured_high_water();
   const uint64_t rss = max_rss_bytes();
   // Every rank checks its own arena; the report says whether all of them matched their plans.
   int32_t mismatched = planned == measured[0] ? 0 : 1;

@@ -85,7 +85,9 @@ TEST(Executor, SameWithEightBitAdamWClippingAndAccumulation) {
   expect_steps_allocate_nothing(pol);
 }
 
-TEST(Executor, RefusesTiersTheBackendCannotRun) {
+// The host tier is the CPU backend's second arena: ops run on it and it is measured as planned
+// (the disk tier, which only transfers reach, is tests/runtime/transfer_engine_test.cpp's).
+TEST(Executor, RunsTheHostTierAsItsOwnArena) {
   Program p;
   TensorDesc d;
   d.name = "host.state";
@@ -98,12 +100,19 @@ TEST(Executor, RefusesTiersTheBackendCannotRun) {
   fill.kind = OpKind::fill;
   fill.name = "host.fill";
   fill.outputs = {id};
-  fill.attrs = FillAttrs{0};
+  fill.modes = {WriteMode::overwrite};
+  fill.attrs = FillAttrs{1.5f};
   p.add_op(fill);
   p.end_section();
   auto backend = make_cpu_backend();
   const CompiledProgram c = compile_program(std::move(p), *backend);
-  EXPECT_THROW(Executor(c, *backend), Error);
+  Executor ex(c, *backend);
+  ex.run_section(SectionKind::micro, StepContext{});
+  std::vector<float> values(16);
+  ex.read_as<float>(c.program.find_tensor("host.state"), values);
+  EXPECT_EQ(values, std::vector<float>(16, 1.5f));
+  EXPECT_EQ(ex.buffer(Tier::host).measured_high_water(), c.plan.tier(Tier::host).peak_bytes);
+  EXPECT_EQ(c.plan.tier(Tier::host).peak_bytes, 64u);
 }
 
 }  // namespace

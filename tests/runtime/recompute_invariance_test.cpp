@@ -72,7 +72,7 @@ Result run_micro(const std::string& recompute, AttentionKind attention, int accu
   for (const ParamEntry& e : p.params()) r.grads.push_back(test::tensor_values<float>(ex, e.grad));
   r.loss = ex.read_scalar<float>(p.find_tensor(kLoss));
   r.planned = c.plan.tier(Tier::device).peak_bytes;
-  r.measured = ex.arena(Tier::device).measured_high_water();
+  r.measured = ex.buffer(Tier::device).measured_high_water();
   r.recompute_flops = recompute_flops(p);
   return r;
 }
