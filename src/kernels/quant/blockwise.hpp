@@ -1,0 +1,63 @@
+// Blockwise quantise / dequantise of weights (formats in quant_format.hpp), bit for bit what
+// bitsandbytes 0.50 computes on the CPU:
+//   quantize_4bit    absmax = max |x| per block; s = clamp(x * (1 / max(absmax, 1e-38)), -1, 1),
+//                    but s = x / max(absmax, 1e-38) in a partial last block (bnb's torch code
+//                    divides there); the code is the number of sorted-table midpoints below s
+//                    (a value on a midpoint takes the lower level), mapped back to bnb's code
+//                    order (fp4: a value in (0, 1/384] gets code 8, the "-0" level, as bnb's).
+//                    An odd element count pads the last byte with the code of 0.
+//   double quant     offset = torch's fp32 mean of the absmax values (its summation order,
+//                    torch_float_mean); each (absmax - offset) is coded with the dynamic map in
+//                    blocks of 256: a2 = max |v| per block, the entry nearest to v / a2 (ties to
+//                    the lower entry, distances in fp32 as bnb's C++ kernel).
+//   dequantise       code value * block absmax in fp32, then rounded to the output type
+//                    (bf16: to nearest even, subnormals kept; bnb's outputs keep them).
+//                    fp4 code 8 decodes to -0, or to +0 where bnb takes its torch path (an odd
+//                    last dimension, or blocks of 2048 or more).
+//   int8             absmax per block; code = round-to-even(x * (127 / absmax)); value =
+//                    code * absmax * (1/127 in fp32), as bnb's int8_vectorwise_(de)quant.
+// All functions work on caller-provided spans (no allocation) and check sizes ([kernels]).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/half.hpp"
+#include "kernels/quant/quant_format.hpp"
+
+namespace memfit {
+
+// Codes and plain absmax of `in` (float or bf16_t) as nf4 or fp4 with spec.block; codes has
+// ceil(n / 2) bytes, absmax one float per block.
+template <class T>
+void quantize_4bit(std::span<const T> in, const QuantSpec& spec, std::span<uint8_t> codes, std::span<float> absmax);
+
+// Double quantisation of plain absmax values: writes one code per value, one fp32 absmax per
+// 256 values, and returns the offset.
+float double_quantize_absmax(std::span<const float> absmax, std::span<uint8_t> codes, std::span<float> absmax2);
+
+// int8 codes (int8 stored as uint8 bytes) and fp32 absmax per block. An all-zero block has
+// absmax 0 and codes 0 (bnb divides by zero there).
+template <class T>
+void quantize_int8(std::span<const T> in, const QuantSpec& spec, std::span<uint8_t> codes, std::span<float> absmax);
+
+// Elements [begin, end) of the flattened dequantised weight into out (end - begin elements of
+// float or bf16_t). Any range works; a dequantising product asks for whole rows.
+template <class T>
+void dequantize_range(const QuantizedWeight& w, int64_t begin, int64_t end, std::span<T> out);
+
+// torch.Tensor.mean() of a contiguous fp32 tensor on this machine's PyTorch CPU build with one
+// thread: sum in fp32 in torch's order (8-lane vectors, 4 accumulators, a 4-level cascade),
+// then divided by n. Bit-exact with torch 2.15 up to 32768 values; above that torch splits the
+// sum over its threads and its own result depends on their number.
+float torch_float_mean(std::span<const float> values);
+
+// Writes bf16 rounded to nearest even without flushing subnormals (torch's and bnb's rounding;
+// memfit's narrow<bf16_t> flushes them, as the AVX512-BF16 instructions do).
+inline bf16_t round_to_bf16(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x40u)};  // NaN, quieted
+  return bf16_t{uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+
+}  // namespace memfit
