@@ -15,6 +15,7 @@ Every case <c> of bnb.safetensors holds
 for <q> in nf4, fp4 (bnb dequantises an odd last dimension with torch, an even one with its C++
 kernel: "awkward" is [23, 37], "awkward32" [24, 38]); the block size is in the metadata (<c>.block). The int8 cases hold bnb's
 row-wise int8 (int8_vectorwise_quant / _dequant), which is blockwise absmax with one row per block.
+blockwise8.values / .codes / .absmax: bnb.functional.quantize_blockwise (blocks of 256).
 mean<n>.values / .mean hold torch's fp32 mean of n values.
 The matmul cases hold x, y = F.linear(x, dequant(W)) and dy, dx = dy @ dequant(W) in bf16
 (dequant(W) of the double-quantised "random" weight for mm_random_*).
@@ -59,6 +60,8 @@ def awkward_weight(rows, cols, seed):
         x = np.float32(2.0 * m)
         near += [x, np.nextafter(x, np.float32(9)), np.nextafter(x, np.float32(-9))]
     w[210:210 + len(near)] = torch.tensor(np.array(near, dtype=np.float32))
+    tail = rows * cols - (rows * cols) % 64
+    w[tail:] = torch.randn(rows * cols - tail, generator=gen) * 1e-39  # partial last block, subnormal
     return w.reshape(rows, cols)
 
 
@@ -123,8 +126,24 @@ def main():
     int8_w = torch.randn(12, 64, generator=gen) * 0.1
     int8_w[3] = 0.25                     # equal values: every code 127
     int8_w[4, 5] = 1.0                   # one outlier
-    int8_w[5, :] = torch.tensor([(k + 0.5) / 127 for k in range(64)])  # halfway cases
+    int8_w[5, :] = torch.tensor([(k + 0.5) / 127 for k in range(64)])  # near-halfway cases
+    # Exact halfway cases: absmax 127 makes the scale fl(1/127) * 127 = 1, so x * scale = k + 0.5.
+    int8_w[6, :] = torch.tensor([127.0] + [(k + 0.5) * (1 if k % 2 else -1) for k in range(63)])
     int8_case(tensors, meta, "int8", int8_w.to(torch.bfloat16))
+
+    # bnb's 8-bit dynamic blockwise quantisation (the second level of double quantisation) on
+    # values exactly on, and next to, the midpoints between map entries (absmax 1).
+    dyn = tensors["dynamic_map"].numpy()
+    probe = [np.float32(1.0)]
+    for i in range(0, 255, 3):
+        mid = np.float32((dyn[i] + dyn[i + 1]) / np.float32(2))
+        probe += [mid, np.nextafter(mid, np.float32(2)), np.nextafter(mid, np.float32(-2))]
+    probe = torch.tensor(np.array(probe, dtype=np.float32))
+    values = torch.cat([probe, torch.randn(512 - probe.numel(), generator=gen)])
+    codes8, state8 = bnbf.quantize_blockwise(values, blocksize=256)
+    tensors["blockwise8.values"] = values
+    tensors["blockwise8.codes"] = codes8
+    tensors["blockwise8.absmax"] = state8.absmax
 
     # torch's fp32 mean (the double-quantisation offset) for sizes across its summation paths.
     for n in (3, 7, 8, 9, 15, 16, 17, 33, 64, 100, 257, 515, 1000, 2100):

@@ -132,6 +132,15 @@ TEST(QuantCodec, Fp32WeightsWithExactMidpointsMatchBitsandbytes) {
   for (QuantKind kind : {QuantKind::nf4, QuantKind::fp4}) check_case<float>("awkward_f32", kind);
 }
 
+TEST(QuantCodec, DynamicBlockwiseTiesMatchBitsandbytes) {
+  const std::vector<float> values = load<float>("blockwise8.values");
+  std::vector<uint8_t> codes(values.size());
+  std::vector<float> absmax(size_t(quant_blocks(int64_t(values.size()), 256)));
+  quantize_dynamic_blockwise(values, 0.0f, 256, codes, absmax);
+  expect_bits_equal(codes, load<uint8_t>("blockwise8.codes"), "8-bit codes");
+  expect_bits_equal(absmax, load<float>("blockwise8.absmax"), "8-bit absmax");
+}
+
 TEST(QuantCodec, TorchMeanOrder) {
   for (int n : {3, 7, 8, 9, 15, 16, 17, 33, 64, 100, 257, 515, 1000, 2100}) {
     const std::string name = "mean" + std::to_string(n);

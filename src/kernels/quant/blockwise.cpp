@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <cfloat>
 #include <cmath>
+#include <type_traits>
 
 #include "core/error.hpp"
 
@@ -56,16 +56,32 @@ void check_sizes(uint64_t got, uint64_t want, const char* what) {
   MEMFIT_CHECK(got == want, "kernels", "quantisation: {} has {} elements, expected {}", what, got, want);
 }
 
-// The entry of the dynamic map nearest to x, as bnb's quantize_block: the last entry not above
-// x, then one up if that one is strictly nearer in fp32.
-uint8_t nearest_dynamic_code(const QuantMap& map, float x) {
-  int64_t idx = int64_t(std::upper_bound(map.begin(), map.end(), x) - map.begin()) - 1;
-  idx = std::clamp<int64_t>(idx, 0, kQuantMapSize - 1);
-  if (idx < kQuantMapSize - 1) {
-    const float left = std::fabs(x - map[size_t(idx)]), right = std::fabs(x - map[size_t(idx + 1)]);
-    if (right < left) ++idx;
-  }
-  return uint8_t(idx);
+// bnb 0.50's CPU 8-bit quantiser does not search the map: it rounds the normalised value to
+// one of 65536 points of [-1, 1] and looks the code up in a table built once per map (the
+// entry whose midpoints bracket the point). This is that table for bnb's dynamic map.
+constexpr int kLutSize = 65536;
+
+const std::array<uint8_t, kLutSize>& dynamic_map_lut() {
+  static const std::array<uint8_t, kLutSize> lut = [] {
+    const QuantMap& map = bnb_dynamic_map_signed();
+    std::array<float, kQuantMapSize - 1> midpoints{};
+    for (int i = 0; i + 1 < kQuantMapSize; ++i) midpoints[size_t(i)] = 0.5f * (map[size_t(i)] + map[size_t(i + 1)]);
+    std::array<uint8_t, kLutSize> table{};
+    int code = 0;
+    for (int i = 0; i < kLutSize; ++i) {
+      const float point = -1.0f + (2.0f * float(i)) / float(kLutSize - 1);
+      while (code < kQuantMapSize - 1 && midpoints[size_t(code)] < point) ++code;
+      table[size_t(i)] = uint8_t(code);
+    }
+    return table;
+  }();
+  return lut;
+}
+
+uint8_t dynamic_code(float normalised) {
+  const float x = std::clamp(normalised, -1.0f, 1.0f);
+  const float point = (x + 1.0f) * 0.5f * float(kLutSize - 1) + 0.5f;  // truncated below
+  return dynamic_map_lut()[size_t(uint16_t(point))];
 }
 
 // torch's fp32 sum (aten/src/ATen/native/cpu/SumKernel.cpp): rows of L lanes are summed by
@@ -160,20 +176,26 @@ void quantize_4bit(std::span<const T> in, const QuantSpec& spec, std::span<uint8
   if (n % 2 == 1) codes[size_t(n / 2)] |= table.encode(0.0f);
 }
 
-float double_quantize_absmax(std::span<const float> absmax, std::span<uint8_t> codes, std::span<float> absmax2) {
-  const int64_t n = int64_t(absmax.size());
-  check_sizes(codes.size(), absmax.size(), "the absmax code array");
-  check_sizes(absmax2.size(), uint64_t(quant_blocks(n, kDoubleQuantBlock)), "the second-level absmax array");
-  const float offset = torch_float_mean(absmax);
-  const QuantMap& map = bnb_dynamic_map_signed();
-  for (int64_t b = 0; b * kDoubleQuantBlock < n; ++b) {
-    const int64_t begin = b * kDoubleQuantBlock, end = std::min(n, begin + kDoubleQuantBlock);
-    float a2 = -FLT_MAX;
-    for (int64_t i = begin; i < end; ++i) a2 = std::fmax(a2, std::fabs(absmax[size_t(i)] - offset));
-    absmax2[size_t(b)] = a2;
+void quantize_dynamic_blockwise(std::span<const float> values, float offset, int64_t block, std::span<uint8_t> codes,
+                                std::span<float> absmax) {
+  MEMFIT_CHECK(block >= 1, "kernels", "dynamic blockwise quantisation with block {}", block);
+  const int64_t n = int64_t(values.size());
+  check_sizes(codes.size(), values.size(), "the 8-bit code array");
+  check_sizes(absmax.size(), uint64_t(quant_blocks(n, block)), "the 8-bit absmax array");
+  for (int64_t b = 0; b * block < n; ++b) {
+    const int64_t begin = b * block, end = std::min(n, begin + block);
+    float am = 0.0f;
+    for (int64_t i = begin; i < end; ++i) am = std::max(am, std::fabs(values[size_t(i)] - offset));
+    absmax[size_t(b)] = am;
+    const float reciprocal = 1.0f / am;
     for (int64_t i = begin; i < end; ++i)
-      codes[size_t(i)] = nearest_dynamic_code(map, (absmax[size_t(i)] - offset) / a2);
+      codes[size_t(i)] = am == 0.0f ? uint8_t(0) : dynamic_code((values[size_t(i)] - offset) * reciprocal);
   }
+}
+
+float double_quantize_absmax(std::span<const float> absmax, std::span<uint8_t> codes, std::span<float> absmax2) {
+  const float offset = torch_float_mean(absmax);
+  quantize_dynamic_blockwise(absmax, offset, kDoubleQuantBlock, codes, absmax2);
   return offset;
 }
 

@@ -8,8 +8,7 @@
 //                    An odd element count pads the last byte with the code of 0.
 //   double quant     offset = torch's fp32 mean of the absmax values (its summation order,
 //                    torch_float_mean); each (absmax - offset) is coded with the dynamic map in
-//                    blocks of 256: a2 = max |v| per block, the entry nearest to v / a2 (ties to
-//                    the lower entry, distances in fp32 as bnb's C++ kernel).
+//                    blocks of 256 as bnb's CPU 8-bit kernel (quantize_dynamic_blockwise).
 //   dequantise       code value * block absmax in fp32, then rounded to the output type
 //                    (bf16: to nearest even, subnormals kept; bnb's outputs keep them).
 //                    fp4 code 8 decodes to -0, or to +0 where bnb takes its torch path (an odd
@@ -19,6 +18,7 @@
 // All functions work on caller-provided spans (no allocation) and check sizes ([kernels]).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <span>
 
@@ -31,6 +31,14 @@ namespace memfit {
 // ceil(n / 2) bytes, absmax one float per block.
 template <class T>
 void quantize_4bit(std::span<const T> in, const QuantSpec& spec, std::span<uint8_t> codes, std::span<float> absmax);
+
+// bnb's quantize_blockwise (8-bit, dynamic map) of values - offset (fp32 subtraction), as its
+// CPU kernel computes it: per block a = max |v| (fp32), then the code of clamp(v * (1 / a), -1,
+// 1) from a table over 65536 points of [-1, 1] (the point is ((s + 1) * 0.5) * 65535 + 0.5,
+// truncated): within ~1/65535 of a midpoint between two map entries this is not always the
+// nearest entry, and it is still bnb's code. A block with a = 0 gets codes 0.
+void quantize_dynamic_blockwise(std::span<const float> values, float offset, int64_t block, std::span<uint8_t> codes,
+                                std::span<float> absmax);
 
 // Double quantisation of plain absmax values: writes one code per value, one fp32 absmax per
 // 256 values, and returns the offset.
