@@ -242,13 +242,27 @@ void dequantize_range(const QuantizedWeight& w, int64_t begin, int64_t end, std:
   // bnb dequantises with torch instead of its C++ kernel when the last dimension is odd or the
   // block is 2048 or more, and torch's fp4 table has +0 where the kernel's has -0 (code 8).
   if (w.spec.kind == QuantKind::fp4 && (w.cols % 2 == 1 || block >= 2048)) values[8] = 0.0f;
+  // Per block, the 16 levels times its absmax, rounded once (the same value and rounding as
+  // level * absmax element by element); then one byte gives two outputs by lookup.
+  std::array<T, 16> scaled{};
+  const uint8_t* codes = w.codes.data();
+  T* dst = out.data();  // dst[i - begin] is element i
   for (int64_t i = begin; i < end;) {
     const int64_t b = i / block, stop = std::min(end, (b + 1) * block);
     const float am = w.block_absmax(b);
-    for (; i < stop; ++i) {
-      const uint8_t byte = w.codes[size_t(i / 2)];
-      const uint8_t code = i % 2 == 0 ? uint8_t(byte >> 4) : uint8_t(byte & 0x0f);
-      out[size_t(i - begin)] = store_as<T>(values[code] * am);
+    for (int c = 0; c < 16; ++c) scaled[size_t(c)] = store_as<T>(values[size_t(c)] * am);
+    if (i % 2 == 1) {  // a low nibble first
+      dst[i - begin] = scaled[codes[i / 2] & 0x0f];
+      ++i;
+    }
+    for (; i + 1 < stop; i += 2) {
+      const uint8_t byte = codes[i / 2];
+      dst[i - begin] = scaled[byte >> 4];
+      dst[i + 1 - begin] = scaled[byte & 0x0f];
+    }
+    if (i < stop) {  // a high nibble last
+      dst[i - begin] = scaled[codes[i / 2] >> 4];
+      ++i;
     }
   }
 }
