@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "core/error.hpp"
+#include "kernels/cpu/parallel.hpp"
 
 namespace memfit {
 namespace {
@@ -160,19 +161,23 @@ void quantize_4bit(std::span<const T> in, const QuantSpec& spec, std::span<uint8
   check_sizes(absmax.size(), uint64_t(quant_blocks(n, block)), "the absmax array");
   const SortedTable& table = sorted_table(spec.kind);
   std::fill(codes.begin(), codes.end(), uint8_t(0));
-  for (int64_t b = 0; b * block < n; ++b) {
-    const int64_t begin = b * block, end = std::min(n, begin + block);
-    float am = 0.0f;
-    for (int64_t i = begin; i < end; ++i) am = std::max(am, std::fabs(widen(in[size_t(i)])));
-    const bool partial = end - begin < block;
-    const float clamped = std::max(am, kMinAbsmax), reciprocal = 1.0f / clamped;
-    absmax[size_t(b)] = partial ? clamped : am;  // bnb stores the clamped value of a partial block
-    for (int64_t i = begin; i < end; ++i) {
-      const float x = widen(in[size_t(i)]);
-      const float s = std::clamp(partial ? x / clamped : x * reciprocal, -1.0f, 1.0f);
-      codes[size_t(i / 2)] |= uint8_t(table.encode(s) << (i % 2 == 0 ? 4 : 0));
+  // Blocks are independent and start on even elements (the block is even), so threads that
+  // take whole blocks never share a code byte.
+  parallel_for(quant_blocks(n, block), std::max<int64_t>(1, kParallelGrain / block), [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      const int64_t begin = b * block, end = std::min(n, begin + block);
+      float am = 0.0f;
+      for (int64_t i = begin; i < end; ++i) am = std::max(am, std::fabs(widen(in[size_t(i)])));
+      const bool partial = end - begin < block;
+      const float clamped = std::max(am, kMinAbsmax), reciprocal = 1.0f / clamped;
+      absmax[size_t(b)] = partial ? clamped : am;  // bnb stores the clamped value of a partial block
+      for (int64_t i = begin; i < end; ++i) {
+        const float x = widen(in[size_t(i)]);
+        const float s = std::clamp(partial ? x / clamped : x * reciprocal, -1.0f, 1.0f);
+        codes[size_t(i / 2)] |= uint8_t(table.encode(s) << (i % 2 == 0 ? 4 : 0));
+      }
     }
-  }
+  });
   if (n % 2 == 1) codes[size_t(n / 2)] |= table.encode(0.0f);
 }
 
