@@ -16,7 +16,8 @@ for <q> in nf4, fp4 (bnb dequantises an odd last dimension with torch, an even o
 kernel: "awkward" is [23, 37], "awkward32" [24, 38]); the block size is in the metadata (<c>.block). The int8 cases hold bnb's
 row-wise int8 (int8_vectorwise_quant / _dequant), which is blockwise absmax with one row per block.
 blockwise8.values / .codes / .absmax: bnb.functional.quantize_blockwise (blocks of 256).
-mean<n>.values / .mean hold torch's fp32 mean of n values.
+mean<n>.values / .mean hold torch's fp32 mean of n values; mean_hashed<n>.threads<t> the mean of a
+hashed sequence the test rebuilds, with torch on t threads.
 The matmul cases hold x, y = F.linear(x, dequant(W)) and dy, dx = dy @ dequant(W) in bf16
 (dequant(W) of the double-quantised "random" weight for mm_random_*).
 """
@@ -150,6 +151,18 @@ def main():
         v = torch.rand(n, generator=gen) * 3.0
         tensors[f"mean{n}.values"] = v
         tensors[f"mean{n}.mean"] = v.mean().reshape(1)
+
+    # Above 32768 values torch splits its sum over threads: the mean of a hashed sequence
+    # (values_i = fl(fl(fl(u32(i * 2654435761)) * 2^-32) * 3), rebuilt by the test) for several
+    # sizes and thread counts.
+    for n in (32768, 40000, 70001, 262144):
+        idx = np.arange(n, dtype=np.uint64)
+        h = ((idx * np.uint64(2654435761)) % np.uint64(2**32)).astype(np.uint32)
+        v = (h.astype(np.float32) * np.float32(2.0**-32)) * np.float32(3.0)
+        for threads in (1, 2, 3, 8):
+            torch.set_num_threads(threads)
+            tensors[f"mean_hashed{n}.threads{threads}"] = torch.from_numpy(v).mean().reshape(1)
+    torch.set_num_threads(1)
 
     matmul_case(tensors, "mm_awkward", "awkward", "nf4", 5, 11)
     matmul_case(tensors, "mm_random_nf4", "random", "nf4", 6, 12)

@@ -2,7 +2,8 @@
 // tools/gen_quant_fixtures.py), bit for bit: NF4 / FP4 codes and absmax of bf16 and fp32
 // weights (zeros, equal values, subnormals, absmax ties, values on and next to the code
 // midpoints, partial last blocks, blocks 32 to 4096), the double-quantisation fields, both of
-// bnb's dequantisation paths, bnb's row-wise int8, torch's fp32 mean; storage sizes against
+// bnb's dequantisation paths, bnb's row-wise int8, torch's fp32 mean (on 1 to 8 threads);
+// storage sizes against
 // their closed forms; bad input refused with [kernels].
 #include <gtest/gtest.h>
 
@@ -146,6 +147,20 @@ TEST(QuantCodec, TorchMeanOrder) {
     const std::string name = "mean" + std::to_string(n);
     const std::vector<float> values = load<float>(name + ".values");
     expect_bits_equal(std::vector<float>{torch_float_mean(values)}, load<float>(name + ".mean"), name);
+  }
+}
+
+TEST(QuantCodec, TorchMeanSplitOverThreads) {
+  for (int64_t n : {32768, 40000, 70001, 262144}) {
+    std::vector<float> values(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t h = uint32_t(uint64_t(i) * 2654435761u);
+      values[size_t(i)] = (float(h) * 0x1p-32f) * 3.0f;
+    }
+    for (int threads : {1, 2, 3, 8}) {
+      const std::string name = "mean_hashed" + std::to_string(n) + ".threads" + std::to_string(threads);
+      expect_bits_equal(std::vector<float>{torch_float_mean(values, threads)}, load<float>(name), name);
+    }
   }
 }
 

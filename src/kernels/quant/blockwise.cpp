@@ -4,6 +4,7 @@
 #include "kernels/quant/blockwise.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <type_traits>
@@ -147,9 +148,24 @@ float torch_float_sum(std::span<const float> x) {
 
 }  // namespace
 
-float torch_float_mean(std::span<const float> values) {
+float torch_float_mean(std::span<const float> values, int torch_threads) {
   MEMFIT_CHECK(!values.empty(), "kernels", "the mean of no absmax values");
-  return torch_float_sum(values) / float(values.size());
+  MEMFIT_CHECK(torch_threads >= 1, "kernels", "torch's sum on {} threads", torch_threads);
+  // at::parallel_reduce: below GRAIN_SIZE one serial sum; above, min(threads, ceil(n / grain))
+  // chunks of ceil(n / chunks) values, each summed as above into its thread's slot (0 + sum),
+  // then the slots (one per thread, unused ones 0) summed the same way.
+  constexpr int64_t kTorchGrain = 32768;
+  const int64_t n = int64_t(values.size());
+  if (n < kTorchGrain || torch_threads == 1) return torch_float_sum(values) / float(n);
+  const int64_t chunks = std::min<int64_t>(torch_threads, (n + kTorchGrain - 1) / kTorchGrain);
+  const int64_t chunk = (n + chunks - 1) / chunks;
+  constexpr int kMaxThreads = 1024;
+  MEMFIT_CHECK(torch_threads <= kMaxThreads, "kernels", "torch's sum on {} threads (at most {})", torch_threads,
+               kMaxThreads);
+  std::array<float, kMaxThreads> slots{};
+  for (int64_t c = 0; c * chunk < n; ++c)
+    slots[size_t(c)] = 0.0f + torch_float_sum(values.subspan(size_t(c * chunk), size_t(std::min(chunk, n - c * chunk))));
+  return torch_float_sum(std::span<const float>(slots.data(), size_t(torch_threads))) / float(n);
 }
 
 template <class T>
@@ -198,8 +214,9 @@ void quantize_dynamic_blockwise(std::span<const float> values, float offset, int
   }
 }
 
-float double_quantize_absmax(std::span<const float> absmax, std::span<uint8_t> codes, std::span<float> absmax2) {
-  const float offset = torch_float_mean(absmax);
+float double_quantize_absmax(std::span<const float> absmax, std::span<uint8_t> codes, std::span<float> absmax2,
+                             int torch_threads) {
+  const float offset = torch_float_mean(absmax, torch_threads);
   quantize_dynamic_blockwise(absmax, offset, kDoubleQuantBlock, codes, absmax2);
   return offset;
 }

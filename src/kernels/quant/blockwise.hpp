@@ -6,16 +6,18 @@
 //                    (a value on a midpoint takes the lower level), mapped back to bnb's code
 //                    order (fp4: a value in (0, 1/384] gets code 8, the "-0" level, as bnb's).
 //                    An odd element count pads the last byte with the code of 0.
-//   double quant     offset = torch's fp32 mean of the absmax values (its summation order,
-//                    torch_float_mean); each (absmax - offset) is coded with the dynamic map in
+//   double quant     offset = torch's fp32 mean of the absmax values (its summation order and
+//                    thread split, torch_float_mean); each (absmax - offset) is coded with the dynamic map in
 //                    blocks of 256 as bnb's CPU 8-bit kernel (quantize_dynamic_blockwise).
 //   dequantise       code value * block absmax in fp32, then rounded to the output type
 //                    (bf16: to nearest even, subnormals kept; bnb's outputs keep them).
 //                    fp4 code 8 decodes to -0, or to +0 where bnb takes its torch path (an odd
 //                    last dimension, or blocks of 2048 or more).
-//   int8             absmax per block; code = round-to-even(x * (127 / absmax)); value =
-//                    code * absmax * (1/127 in fp32), as bnb's int8_vectorwise_(de)quant.
-// All functions work on caller-provided spans (no allocation) and check sizes ([kernels]).
+//   int8             absmax per block; code = round-to-even(x * ((1 / absmax) * 127)) (torch's
+//                    127 / t is a reciprocal times 127); value = (code * absmax) * fl(1/127), as
+//                    bnb's int8_vectorwise_quant / _dequant.
+// All functions work on caller-provided spans and check sizes ([kernels]). They allocate
+// nothing themselves; quantize_4bit's OpenMP region may build the thread team on first use.
 #pragma once
 
 #include <bit>
@@ -41,8 +43,10 @@ void quantize_dynamic_blockwise(std::span<const float> values, float offset, int
                                 std::span<float> absmax);
 
 // Double quantisation of plain absmax values: writes one code per value, one fp32 absmax per
-// 256 values, and returns the offset.
-float double_quantize_absmax(std::span<const float> absmax, std::span<uint8_t> codes, std::span<float> absmax2);
+// 256 values, and returns the offset. torch_threads: see torch_float_mean (it matters only
+// above 32768 blocks, 2M parameters at block 64).
+float double_quantize_absmax(std::span<const float> absmax, std::span<uint8_t> codes, std::span<float> absmax2,
+                             int torch_threads = 1);
 
 // int8 codes (int8 stored as uint8 bytes) and fp32 absmax per block. An all-zero block has
 // absmax 0 and codes 0 (bnb divides by zero there).
@@ -54,11 +58,12 @@ void quantize_int8(std::span<const T> in, const QuantSpec& spec, std::span<uint8
 template <class T>
 void dequantize_range(const QuantizedWeight& w, int64_t begin, int64_t end, std::span<T> out);
 
-// torch.Tensor.mean() of a contiguous fp32 tensor on this machine's PyTorch CPU build with one
-// thread: sum in fp32 in torch's order (8-lane vectors, 4 accumulators, a 4-level cascade),
-// then divided by n. Bit-exact with torch 2.15 up to 32768 values; above that torch splits the
-// sum over its threads and its own result depends on their number.
-float torch_float_mean(std::span<const float> values);
+// torch.Tensor.mean() of a contiguous fp32 tensor on this machine's PyTorch CPU build (2.15):
+// an fp32 sum in torch's order (8-lane vectors, 4 accumulators, a 4-level cascade), divided by
+// n. Above 32768 values torch splits the sum over its threads, so its result depends on how
+// many it ran on (torch.get_num_threads() where bnb quantised: the machine's cores unless set);
+// torch_threads says which, and the result is bit-exact for that count.
+float torch_float_mean(std::span<const float> values, int torch_threads = 1);
 
 // Writes bf16 rounded to nearest even without flushing subnormals (torch's and bnb's rounding;
 // memfit's narrow<bf16_t> flushes them, as the AVX512-BF16 instructions do).
