@@ -9,11 +9,13 @@ Every case <c> of bnb.safetensors holds
   <c>.w                  the weight (bf16 or f32), 2-D
   <c>.<q>.codes          bnb's packed 4-bit codes (uint8, two per byte, first element high)
   <c>.<q>.absmax         fp32 absmax per block
-  <c>.<q>.dequant        bnb.functional.dequantize_4bit in the weight's dtype (not for "random")
+  <c>.<q>.dequant        bnb.functional.dequantize_4bit in the weight's dtype (not for "random",
+                         whose fp4 .dq.dequant is left out too)
   <c>.<q>.dq.codes / .dq.absmax_codes / .dq.absmax2 / .dq.offset / .dq.dequant
                          the same with compress_statistics=True (double quantisation)
-for <q> in nf4, fp4 (bnb dequantises an odd last dimension with torch, an even one with its C++
-kernel: "awkward" is [23, 37], "awkward32" [24, 38]); the block size is in the metadata (<c>.block). The int8 cases hold bnb's
+for <q> in nf4, fp4 (bnb dequantises an odd last dimension or blocks >= 2048 with torch, a
+last dimension that is a multiple of 16 with its AVX-512 kernel, others with its scalar C++
+kernel: "awkward" is [23, 37], "awkward32" [24, 38], "avx512_path" [16, 64]); the block size is in the metadata (<c>.block). The int8 cases hold bnb's
 row-wise int8 (int8_vectorwise_quant / _dequant), which is blockwise absmax with one row per block.
 blockwise8.values / .codes / .absmax: bnb.functional.quantize_blockwise (blocks of 256).
 mean<n>.values / .mean hold torch's fp32 mean of n values; mean_hashed<n>.threads<t> the mean of a
@@ -118,6 +120,9 @@ def main():
     quantize_case(tensors, meta, "awkward", awkward_weight(23, 37, 1).to(torch.bfloat16), 64)
     quantize_case(tensors, meta, "awkward32", awkward_weight(24, 38, 2).to(torch.bfloat16), 32)
     quantize_case(tensors, meta, "awkward_f32", awkward_weight(24, 40, 3), 64)
+    # A last dimension that is a multiple of 16 takes bnb's AVX-512 dequantisation kernel.
+    quantize_case(tensors, meta, "avx512_path", awkward_weight(16, 64, 4).to(torch.bfloat16), 64)
+    quantize_case(tensors, meta, "avx512_path_f32", awkward_weight(8, 64, 5), 32)
     gen = torch.Generator().manual_seed(7)
     quantize_case(tensors, meta, "random", (torch.randn(72, 232, generator=gen) * 0.02).to(torch.bfloat16), 64,
                   plain_dequant=False)
@@ -167,6 +172,7 @@ def main():
     matmul_case(tensors, "mm_awkward", "awkward", "nf4", 5, 11)
     matmul_case(tensors, "mm_random_nf4", "random", "nf4", 6, 12)
     matmul_case(tensors, "mm_random_fp4", "random", "fp4", 6, 13)
+    del tensors["random.fp4.dq.dequant"]  # used above; left out to keep the fixture small
 
     os.makedirs(OUT, exist_ok=True)
     meta["made_by"] = "tools/gen_quant_fixtures.py"

@@ -260,10 +260,14 @@ void dequantize_range(const QuantizedWeight& w, int64_t begin, int64_t end, std:
     }
     return;
   }
+  // bnb 0.50 (x86 with AVX-512) dequantises in one of three ways, and they differ in two bits:
+  // torch (an odd last dimension, or blocks of 2048 or more) and its AVX-512 kernel (a last
+  // dimension that is a multiple of 16) decode fp4 code 8 as +0 where its scalar kernel has -0;
+  // the AVX-512 kernel narrows to bf16 flushing subnormals, the others keep them.
+  const bool torch_path = w.cols % 2 == 1 || block >= 2048;
+  const bool avx512_path = !torch_path && w.cols % 16 == 0;
   std::array<float, 16> values = code_values(w.spec.kind);
-  // bnb dequantises with torch instead of its C++ kernel when the last dimension is odd or the
-  // block is 2048 or more, and torch's fp4 table has +0 where the kernel's has -0 (code 8).
-  if (w.spec.kind == QuantKind::fp4 && (w.cols % 2 == 1 || block >= 2048)) values[8] = 0.0f;
+  if (w.spec.kind == QuantKind::fp4 && (torch_path || avx512_path)) values[8] = 0.0f;
   // Per block, the 16 levels times its absmax, rounded once (the same value and rounding as
   // level * absmax element by element); then one byte gives two outputs by lookup.
   std::array<T, 16> scaled{};
@@ -272,7 +276,14 @@ void dequantize_range(const QuantizedWeight& w, int64_t begin, int64_t end, std:
   for (int64_t i = begin; i < end;) {
     const int64_t b = i / block, stop = std::min(end, (b + 1) * block);
     const float am = w.block_absmax(b);
-    for (int c = 0; c < 16; ++c) scaled[size_t(c)] = store_as<T>(values[size_t(c)] * am);
+    for (int c = 0; c < 16; ++c) {
+      const float v = values[size_t(c)] * am;
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        scaled[size_t(c)] = avx512_path ? narrow<bf16_t>(v) : round_to_bf16(v);
+      } else {
+        scaled[size_t(c)] = v;
+      }
+    }
     if (i % 2 == 1) {  // a low nibble first
       dst[i - begin] = scaled[codes[i / 2] & 0x0f];
       ++i;

@@ -10,9 +10,14 @@
 //                    thread split, torch_float_mean); each (absmax - offset) is coded with the dynamic map in
 //                    blocks of 256 as bnb's CPU 8-bit kernel (quantize_dynamic_blockwise).
 //   dequantise       code value * block absmax in fp32, then rounded to the output type
-//                    (bf16: to nearest even, subnormals kept; bnb's outputs keep them).
-//                    fp4 code 8 decodes to -0, or to +0 where bnb takes its torch path (an odd
-//                    last dimension, or blocks of 2048 or more).
+//                    (bf16: to nearest even). bnb 0.50 on an AVX-512 CPU picks one of three
+//                    kernels by shape, and memfit reproduces each one's two quirks: fp4 code 8
+//                    is +0 on its torch path (odd last dimension, or block >= 2048) and its
+//                    AVX-512 path (last dimension a multiple of 16), -0 on its scalar path;
+//                    bf16 subnormals are flushed to zero on the AVX-512 path only. (bnb's
+//                    AVX-512 kernel also indexes absmax per row, which is wrong for a last
+//                    dimension that is not a multiple of the block: there memfit decodes
+//                    bnb's codes correctly and does not equal bnb's output.)
 //   int8             absmax per block; code = round-to-even(x * ((1 / absmax) * 127)) (torch's
 //                    127 / t is a reciprocal times 127); value = (code * absmax) * fl(1/127), as
 //                    bnb's int8_vectorwise_quant / _dequant.
