@@ -11,12 +11,14 @@ Every case <c> of bnb.safetensors holds
   <c>.<q>.absmax         fp32 absmax per block
   <c>.<q>.dequant        bnb.functional.dequantize_4bit in the weight's dtype (not for "random",
                          whose fp4 .dq.dequant is left out too)
-  <c>.<q>.dq.codes / .dq.absmax_codes / .dq.absmax2 / .dq.offset / .dq.dequant
-                         the same with compress_statistics=True (double quantisation)
+  <c>.<q>.dq.absmax_codes / .dq.absmax2 / .dq.offset / .dq.dequant
+                         the same with compress_statistics=True (double quantisation; the
+                         4-bit codes are the same)
 for <q> in nf4, fp4 (bnb dequantises an odd last dimension or blocks >= 2048 with torch, a
 last dimension that is a multiple of 16 with its AVX-512 kernel, others with its scalar C++
-kernel: "awkward" is [23, 37], "awkward32" [24, 38], "avx512_path" [16, 64]); the block size is in the metadata (<c>.block). The int8 cases hold bnb's
-row-wise int8 (int8_vectorwise_quant / _dequant), which is blockwise absmax with one row per block.
+kernel: "awkward" is [23, 37], "awkward32" [24, 38], "avx512_path" [16, 64]); the block size is
+in the metadata (<c>.block). The int8 cases hold bnb's row-wise int8 (int8_vectorwise_quant /
+_dequant), which is blockwise absmax with one row per block.
 blockwise8.values / .codes / .absmax: bnb.functional.quantize_blockwise (blocks of 256).
 mean<n>.values / .mean hold torch's fp32 mean of n values; mean_hashed<n>.threads<t> the mean of a
 hashed sequence the test rebuilds, with torch on t threads.
