@@ -116,12 +116,12 @@ void check_case(const std::string& c, QuantKind kind) {
   expect_bits_equal(part, std::vector<T>(out.begin() + begin, out.begin() + end), q + " range");
 }
 
-TEST(QuantCodec, DynamicMapIsBitsandbytes) {
+TEST(BnbCodec, DynamicMapIsBitsandbytes) {
   const QuantMap& map = bnb_dynamic_map_signed();
   expect_bits_equal(std::vector<float>(map.begin(), map.end()), load<float>("dynamic_map"), "dynamic map");
 }
 
-TEST(QuantCodec, Bf16WeightsMatchBitsandbytes) {
+TEST(BnbCodec, Bf16WeightsMatchBitsandbytes) {
   for (const char* c : {"awkward", "awkward32", "random", "big_block", "block128", "avx512_path"})
     for (QuantKind kind : {QuantKind::nf4, QuantKind::fp4}) {
       SCOPED_TRACE(std::string(c) + " " + quant_kind_name(kind));
@@ -129,14 +129,14 @@ TEST(QuantCodec, Bf16WeightsMatchBitsandbytes) {
     }
 }
 
-TEST(QuantCodec, Fp32WeightsWithExactMidpointsMatchBitsandbytes) {
+TEST(BnbCodec, Fp32WeightsWithExactMidpointsMatchBitsandbytes) {
   for (QuantKind kind : {QuantKind::nf4, QuantKind::fp4}) {
     check_case<float>("awkward_f32", kind);
     check_case<float>("avx512_path_f32", kind);
   }
 }
 
-TEST(QuantCodec, DynamicBlockwiseTiesMatchBitsandbytes) {
+TEST(BnbCodec, DynamicBlockwiseTiesMatchBitsandbytes) {
   const std::vector<float> values = load<float>("blockwise8.values");
   std::vector<uint8_t> codes(values.size());
   std::vector<float> absmax(size_t(quant_blocks(int64_t(values.size()), 256)));
@@ -145,7 +145,7 @@ TEST(QuantCodec, DynamicBlockwiseTiesMatchBitsandbytes) {
   expect_bits_equal(absmax, load<float>("blockwise8.absmax"), "8-bit absmax");
 }
 
-TEST(QuantCodec, TorchMeanOrder) {
+TEST(BnbCodec, TorchMeanOrder) {
   for (int n : {3, 7, 8, 9, 15, 16, 17, 33, 64, 100, 257, 515, 1000, 2100}) {
     const std::string name = "mean" + std::to_string(n);
     const std::vector<float> values = load<float>(name + ".values");
@@ -153,7 +153,7 @@ TEST(QuantCodec, TorchMeanOrder) {
   }
 }
 
-TEST(QuantCodec, TorchMeanSplitOverThreads) {
+TEST(BnbCodec, TorchMeanSplitOverThreads) {
   for (int64_t n : {32768, 40000, 70001, 262144}) {
     std::vector<float> values(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
@@ -167,7 +167,7 @@ TEST(QuantCodec, TorchMeanSplitOverThreads) {
   }
 }
 
-TEST(QuantCodec, Int8RowwiseMatchesBitsandbytes) {
+TEST(BnbCodec, Int8RowwiseMatchesBitsandbytes) {
   const std::vector<bf16_t> w = load<bf16_t>("int8.w");
   const QuantSpec spec{QuantKind::int8, block_of("int8"), false};
   std::vector<uint8_t> codes(w.size());
@@ -182,7 +182,7 @@ TEST(QuantCodec, Int8RowwiseMatchesBitsandbytes) {
   expect_bits_equal(out, load<float>("int8.int8.dequant"), "int8 dequantised");
 }
 
-TEST(QuantCodec, StorageClosedForms) {
+TEST(BnbCodec, StorageClosedForms) {
   const QuantSpec nf4_dq{QuantKind::nf4, 64, true};
   const double closed = 4.0 + 8.0 / 64 + 32.0 / (64 * 256);
   EXPECT_EQ(quant_bits_per_parameter(nf4_dq), closed);
@@ -215,7 +215,7 @@ void expect_kernels_error(F&& f, const std::string& needle) {
   }
 }
 
-TEST(QuantCodec, BadInputIsRefused) {
+TEST(BnbCodec, BadInputIsRefused) {
   std::vector<float> w(100, 1.0f);
   std::vector<uint8_t> codes(50);
   std::vector<float> absmax(2);
