@@ -103,7 +103,8 @@ nlohmann::json deepspeed_config(const Policy& p, double lr) {
   j["gradient_accumulation_steps"] = p.grad_accum;
   if (p.precision == Precision::bf16) j["bf16"] = {{"enabled", true}};
   if (p.precision == Precision::fp16) j["fp16"] = {{"enabled", true}};
-  if (p.precision != Precision::fp32 && p.grad_dtype == DType::f32) j["data_types"] = {{"grad_accum_dtype", "fp32"}};
+  // Always under mixed precision: the reader's default gradient dtype is not every run's.
+  if (p.precision != Precision::fp32) j["data_types"] = {{"grad_accum_dtype", dtype_name(p.grad_dtype)}};
   nlohmann::json zero = {{"stage", p.zero_stage}, {"overlap_comm", p.overlap_comm}};
   auto device = [](Tier t) { return t == Tier::host ? "cpu" : "nvme"; };
   if (p.offload_optimizer != Tier::device) zero["offload_optimizer"] = {{"device", device(p.offload_optimizer)}, {"pin_memory", true}};
@@ -118,6 +119,13 @@ nlohmann::json deepspeed_config(const Policy& p, double lr) {
                       {"eps", p.adamw.eps},
                       {"weight_decay", p.adamw.weight_decay}}}};
   if (p.grad_clip > 0) j["gradient_clipping"] = p.grad_clip;
+  // What the plan depends on and DeepSpeed has no key for (memfit's reader takes it back).
+  nlohmann::json own = {{"seq", p.seq}, {"recompute", p.recompute.to_string()}, {"attention", attention_name(p.attention)}};
+  if (!p.fp32_ops.empty()) own["fp32_ops"] = p.fp32_ops;
+  if (!p.freeze.empty()) own["freeze"] = p.freeze;
+  if (p.update_in_backward) own["optimizer_in_backward"] = true;
+  if (p.classifier_chunk_rows > 0) own["classifier_chunk_rows"] = p.classifier_chunk_rows;
+  j["memfit"] = own;
   return j;
 }
 

@@ -72,6 +72,47 @@ std::string RecomputePolicy::to_string() const {
   return "?";
 }
 
+namespace {
+
+// One run of blocks_to_string's output, "attention+norms x10", appended to `out`.
+void parse_block_run(std::string_view run, std::string_view whole_text, std::vector<BlockRecompute>& out) {
+  const auto x = run.rfind(" x");
+  int count = 0;
+  const std::string_view n = x == std::string_view::npos ? std::string_view{} : run.substr(x + 2);
+  auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), count);
+  MEMFIT_CHECK(x != std::string_view::npos && ec == std::errc() && end == n.data() + n.size() && count >= 1, "policy",
+               "recompute choice '{}': '{}' is not '<what> x<count>'", whole_text, run);
+  BlockRecompute b;
+  const std::string_view what = run.substr(0, x);
+  if (what == "full" || what == "whole") {
+    b.whole = true;
+    b.keep_input = what == "full";
+  } else if (what != "none") {
+    for (std::string_view rest = what; !rest.empty();) {
+      const auto plus = rest.find('+');
+      const std::string_view name = rest.substr(0, plus);
+      if (name == "attention") b.attention = true;
+      else if (name == "mlp_activation") b.mlp_activation = true;
+      else if (name == "norms") b.norms = true;
+      else throw Error("policy", fmt::format("recompute choice '{}': unknown part '{}'", whole_text, name));
+      rest = plus == std::string_view::npos ? std::string_view{} : rest.substr(plus + 1);
+    }
+  }
+  out.insert(out.end(), size_t(count), b);
+}
+
+}  // namespace
+
+std::vector<BlockRecompute> blocks_from_string(std::string_view text, std::string_view whole_text) {
+  std::vector<BlockRecompute> blocks;
+  for (std::string_view rest = text; !rest.empty();) {
+    const auto comma = rest.find(',');
+    parse_block_run(rest.substr(0, comma), whole_text, blocks);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  }
+  return blocks;
+}
+
 RecomputePolicy parse_recompute(std::string_view s) {
   RecomputePolicy r;
   const auto colon = s.find(':');
@@ -82,8 +123,9 @@ RecomputePolicy parse_recompute(std::string_view s) {
     r.mode = RecomputeMode::full;
     return r;
   }
-  if (head == "auto" && tail.empty()) {
+  if (head == "auto") {
     r.mode = RecomputeMode::automatic;
+    if (!tail.empty()) r.blocks = blocks_from_string(tail, s);  // a resolved choice, as to_string writes it
     return r;
   }
   if (head == "every") {

@@ -46,6 +46,8 @@ struct RecomputePolicy {
 };
 RecomputePolicy parse_recompute(std::string_view s);
 std::string blocks_to_string(const std::vector<BlockRecompute>& blocks);  // "full x2,attention x10"
+// The inverse of blocks_to_string; throws [policy] naming `whole_text` on anything else.
+std::vector<BlockRecompute> blocks_from_string(std::string_view text, std::string_view whole_text);
 
 struct AdamWConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;

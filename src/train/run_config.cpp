@@ -116,6 +116,58 @@ double parse_real_text(std::string_view field, std::string_view text) {
 
 using json = nlohmann::json;
 
+namespace {
+
+// memfit's own keys (at the top level, or inside a "memfit" block, which is where memfit's
+// --emit deepspeed puts what DeepSpeed has no key for). False: not one of memfit's keys.
+bool apply_memfit_key(const std::string& key, const json& v, RunConfig& c) {
+  Policy& p = c.policy;
+  namespace range = input_range;
+  if (key == "model") c.model = get_as<std::string>(v, key);
+  else if (key == "backend") c.backend = get_as<std::string>(v, key);
+  else if (key == "data") c.data = get_as<std::string>(v, key);
+  else if (key == "tokenizer") c.tokenizer = get_as<std::string>(v, key);
+  else if (key == "steps" || key == "train_iters") c.steps = get_integer(v, key, range::steps);
+  else if (key == "batch") p.batch = get_integer(v, key, range::batch);
+  else if (key == "seq" || key == "seq_len") p.seq = get_integer(v, key, range::batch);
+  else if (key == "grad_accum") p.grad_accum = int(get_integer(v, key, range::accumulation));
+  else if (key == "lr") c.lr = get_real(v, key, range::non_negative);
+  else if (key == "seed") c.seed = get_unsigned(v, key);
+  else if (key == "shuffle") c.shuffle = get_as<bool>(v, key);
+  else if (key == "val_fraction") c.val_fraction = get_real(v, key, range::fraction);
+  else if (key == "eval_every") c.eval_every = get_integer(v, key, range::interval);
+  else if (key == "eval_batches") c.eval_batches = get_integer(v, key, range::steps);
+  else if (key == "warmup_steps") c.warmup_steps = get_integer(v, key, range::interval);
+  else if (key == "lr_schedule") c.lr_schedule = parse_lr_schedule(get_as<std::string>(v, key));
+  else if (key == "min_lr") c.min_lr = get_real(v, key, range::non_negative);
+  else if (key == "decay_steps") c.decay_steps = get_integer(v, key, range::interval);
+  else if (key == "keep_checkpoints") c.keep_checkpoints = int(get_integer(v, key, range::kept_checkpoints));
+  else if (key == "precision") p.precision = parse_precision(get_as<std::string>(v, key));
+  else if (key == "grad_dtype") p.grad_dtype = parse_dtype(get_as<std::string>(v, key));
+  else if (key == "fp32_ops") p.fp32_ops = get_as<std::vector<std::string>>(v, key);
+  else if (key == "freeze")
+    p.freeze = v.is_string() ? split_freeze_patterns(get_as<std::string>(v, key)) : get_as<std::vector<std::string>>(v, key);
+  else if (key == "loss_scaler") c.loss_scale.convention = parse_loss_scale_convention(get_as<std::string>(v, key));
+  else if (key == "optimizer_in_backward") {
+    p.update_in_backward = get_as<bool>(v, key);
+  } else if (key == "comm_timeout") {
+    c.comm_timeout = get_real(v, key, range::comm_timeout);
+  } else if (key == "grad_clip") {
+    p.grad_clip = get_real(v, key, range::non_negative);
+  } else if (key == "recompute") {
+    p.recompute = parse_recompute(get_as<std::string>(v, key));
+  } else if (key == "attention") {
+    p.attention = parse_attention(get_as<std::string>(v, key));
+  } else if (key == "classifier_chunk_rows") {
+    p.classifier_chunk_rows = get_integer(v, key, range::chunk_rows);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void apply_config_file(const std::string& path, RunConfig& c) {
   std::ifstream in(path);
   MEMFIT_CHECK(in.good(), "config", "cannot open config file '{}'", path);
@@ -126,44 +178,15 @@ void apply_config_file(const std::string& path, RunConfig& c) {
     throw Error("config", fmt::format("'{}' is not valid JSON: {}", path, e.what()));
   }
   MEMFIT_CHECK(j.is_object(), "config", "'{}' must hold a JSON object", path);
-  Policy& p = c.policy;
-  namespace range = input_range;
   for (const auto& [key, v] : j.items()) {
-    if (apply_deepspeed_key(key, v, c)) continue;
-    if (key == "model") c.model = get_as<std::string>(v, key);
-    else if (key == "backend") c.backend = get_as<std::string>(v, key);
-    else if (key == "data") c.data = get_as<std::string>(v, key);
-    else if (key == "tokenizer") c.tokenizer = get_as<std::string>(v, key);
-    else if (key == "steps" || key == "train_iters") c.steps = get_integer(v, key, range::steps);
-    else if (key == "batch") p.batch = get_integer(v, key, range::batch);
-    else if (key == "seq" || key == "seq_len") p.seq = get_integer(v, key, range::batch);
-    else if (key == "grad_accum") p.grad_accum = int(get_integer(v, key, range::accumulation));
-    else if (key == "lr") c.lr = get_real(v, key, range::non_negative);
-    else if (key == "seed") c.seed = get_unsigned(v, key);
-    else if (key == "shuffle") c.shuffle = get_as<bool>(v, key);
-    else if (key == "val_fraction") c.val_fraction = get_real(v, key, range::fraction);
-    else if (key == "eval_every") c.eval_every = get_integer(v, key, range::interval);
-    else if (key == "eval_batches") c.eval_batches = get_integer(v, key, range::steps);
-    else if (key == "warmup_steps") c.warmup_steps = get_integer(v, key, range::interval);
-    else if (key == "lr_schedule") c.lr_schedule = parse_lr_schedule(get_as<std::string>(v, key));
-    else if (key == "min_lr") c.min_lr = get_real(v, key, range::non_negative);
-    else if (key == "decay_steps") c.decay_steps = get_integer(v, key, range::interval);
-    else if (key == "keep_checkpoints") c.keep_checkpoints = int(get_integer(v, key, range::kept_checkpoints));
-    else if (key == "precision") p.precision = parse_precision(get_as<std::string>(v, key));
-    else if (key == "grad_dtype") p.grad_dtype = parse_dtype(get_as<std::string>(v, key));
-    else if (key == "fp32_ops") p.fp32_ops = get_as<std::vector<std::string>>(v, key);
-    else if (key == "freeze")
-      p.freeze = v.is_string() ? split_freeze_patterns(get_as<std::string>(v, key)) : get_as<std::vector<std::string>>(v, key);
-    else if (key == "loss_scaler") c.loss_scale.convention = parse_loss_scale_convention(get_as<std::string>(v, key));
-    else if (key == "optimizer_in_backward") {
-      p.update_in_backward = get_as<bool>(v, key);
-    } else if (key == "comm_timeout") {
-      c.comm_timeout = get_real(v, key, range::comm_timeout);
-    } else if (key == "grad_clip") {
-      p.grad_clip = get_real(v, key, range::non_negative);
-    } else {
-      throw Error("config", fmt::format("unknown key '{}' in '{}'", key, path));
+    if (apply_deepspeed_key(key, v, c) || apply_memfit_key(key, v, c)) continue;
+    if (key == "memfit") {
+      MEMFIT_CHECK(v.is_object(), "config", "key 'memfit' must be an object");
+      for (const auto& [sub, sv] : v.items())
+        if (!apply_memfit_key(sub, sv, c)) throw Error("config", fmt::format("unknown key 'memfit.{}' in '{}'", sub, path));
+      continue;
     }
+    throw Error("config", fmt::format("unknown key '{}' in '{}'", key, path));
   }
   // The file alone must be consistent; flags given later are settled again (cli/options.cpp).
   resolve_batch_keys(c, c.topology.data, c.config_note);

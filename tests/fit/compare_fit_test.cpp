@@ -8,6 +8,9 @@
 #include <chrono>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
 #include "fit/compare.hpp"
 #include "fit/fit_search.hpp"
 #include "fit/hardware.hpp"
@@ -154,6 +157,51 @@ TEST(PlanCli, CpuHardwareSpeedsAreMeasuredUnlessGiven) {
   r = test::run_memfit("plan --model gpt2-tiny --seq 64 --hardware cpu --efficiency 0");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("--efficiency must be in (0, 1]"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// --emit deepspeed round-trips: the --fit winner's config, read back, plans the same run (the
+// same policy and the same per-rank estimate, byte for byte), on three models and two clusters.
+TEST(Emit, FitWinnersReadBackAsTheSameRun) {
+  const struct {
+    const char* model;
+    const char* cluster;
+  } cases[] = {{"gpt2", "--hardware rtx4090-24gb"},
+               {"llama-2-7b", "--hardware h100-80gb"},
+               {"mistral-7b", "--hardware a100-40gb --world-size 8"},
+               {"llama-2-70b", "--hardware h100-80gb --world-size 8"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.model);
+    const std::string dir = test::temp_dir(), emitted = dir + "/" + c.model + ".ds.json";
+    const std::string base = std::string("plan --model ") + c.model + " " + c.cluster + " --json";
+    const auto fit = test::run_memfit(base + " --fit --emit deepspeed " + emitted);
+    ASSERT_EQ(fit.status, 0) << fit.err;
+    const auto back = test::run_memfit(base + " --config " + emitted);
+    ASSERT_EQ(back.status, 0) << back.err;
+    const auto a = nlohmann::json::parse(fit.out), b = nlohmann::json::parse(back.out);
+    EXPECT_EQ(a["policy"], b["policy"]);
+    EXPECT_EQ(a["estimate"], b["estimate"]);
+    EXPECT_TRUE(a["estimate"].contains("device_bytes") || !a["estimate"].empty());
+  }
+}
+
+TEST(Emit, RecomputeChoicesOfAutoReadBack) {
+  RecomputePolicy r;
+  r.mode = RecomputeMode::automatic;
+  BlockRecompute full, selective;
+  full.whole = true;
+  selective.attention = selective.norms = true;
+  r.blocks = {full, full, selective, BlockRecompute{}, selective};
+  const RecomputePolicy back = parse_recompute(r.to_string());
+  EXPECT_EQ(back.mode, RecomputeMode::automatic);
+  EXPECT_EQ(back.blocks, r.blocks);
+  EXPECT_THROW(parse_recompute("auto:full x0"), Error);
+  EXPECT_THROW(parse_recompute("auto:sideways x2"), Error);
 }
 
 }  // namespace
