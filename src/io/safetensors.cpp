@@ -268,13 +268,18 @@ const std::byte* SafetensorsReader::data(const SafetensorsEntry& entry) const {
   return file_.data() + data_start_ + entry.begin;
 }
 
-void SafetensorsReader::read_f32(std::string_view name, const Shape& expected, float* dst, bool transpose2d) const {
+const SafetensorsEntry& SafetensorsReader::float_entry_or_throw(std::string_view name, const Shape& expected) const {
   const SafetensorsEntry& e = entry_or_throw(name);
   MEMFIT_CHECK(e.supported && dtype_is_float(e.dtype), kPiece,
                "{}: tensor '{}' has dtype {}; only F32, BF16 and F16 can be read as fp32", path(), e.name,
                e.file_dtype);
   MEMFIT_CHECK(e.shape == expected, kPiece, "{}: tensor '{}' has shape {}, expected {}", path(), e.name,
                e.shape.to_string(), expected.to_string());
+  return e;
+}
+
+void SafetensorsReader::read_f32(std::string_view name, const Shape& expected, float* dst, bool transpose2d) const {
+  const SafetensorsEntry& e = float_entry_or_throw(name, expected);
   const std::byte* src = data(e);
   // The weights live on in dst: the file's pages are given back as they are copied, so that
   // loading adds at most one chunk of mapped pages to RSS, not the whole file.
@@ -303,12 +308,7 @@ void SafetensorsReader::read_f32(std::string_view name, const Shape& expected, f
 
 void SafetensorsReader::read_f32_range(std::string_view name, const Shape& expected, int64_t first,
                                        std::span<float> dst) const {
-  const SafetensorsEntry& e = entry_or_throw(name);
-  MEMFIT_CHECK(e.supported && dtype_is_float(e.dtype), kPiece,
-               "{}: tensor '{}' has dtype {}; only F32, BF16 and F16 can be read as fp32", path(), e.name,
-               e.file_dtype);
-  MEMFIT_CHECK(e.shape == expected, kPiece, "{}: tensor '{}' has shape {}, expected {}", path(), e.name,
-               e.shape.to_string(), expected.to_string());
+  const SafetensorsEntry& e = float_entry_or_throw(name, expected);
   MEMFIT_CHECK(first >= 0 && first <= e.shape.numel() && int64_t(dst.size()) <= e.shape.numel() - first, kPiece,
                "{}: elements [{}, {}) lie outside tensor '{}' of {}", path(), first, first + int64_t(dst.size()),
                e.name, e.shape.numel());

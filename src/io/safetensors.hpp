@@ -65,6 +65,8 @@ class SafetensorsReader {
 
  private:
   const SafetensorsEntry& entry_or_throw(std::string_view name) const;
+  // The entry after checking it holds floats of shape `expected` (what read_f32* convert).
+  const SafetensorsEntry& float_entry_or_throw(std::string_view name, const Shape& expected) const;
   void check_data_fully_indexed(const std::string& path, uint64_t data_size) const;
 
   MappedFile file_;

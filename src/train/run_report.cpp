@@ -1,6 +1,5 @@
 #include "train/run_report.hpp"
 
-#include <sys/resource.h>
 
 #include <cstdio>
 #include <fstream>
@@ -11,18 +10,13 @@
 #include "graph/zero.hpp"
 #include "plan/plan_report.hpp"
 #include "train/run_checks.hpp"
+#include "runtime/rss.hpp"
 #include "train/weights.hpp"
 #include "train/whole_weights.hpp"
 
 namespace memfit {
 
 namespace {
-
-uint64_t max_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return uint64_t(u.ru_maxrss) * 1024;
-}
 
 // Time per step by phase, over the training sections (validation excluded). Communication is
 // the time the step spends in collective ops: starting them, and waiting for those that
@@ -87,7 +81,7 @@ nlohmann::json finish_run(RunState& s, const LoopRecord& rec, RunHooks* hooks) {
   const uint64_t planned = s.run.compiled.plan.tier(Tier::device).peak_bytes;
   TierBytes measured{};
   for (Tier t : kAllTiers) measured[size_t(t)] = ex.buffer(t).measured_high_water();
-  const uint64_t rss = max_rss_bytes();
+  const uint64_t rss = peak_resident_set_bytes();
   // Every rank checks its own arena; the report says whether all of them matched their plans.
   int32_t mismatched = planned == measured[0] ? 0 : 1;
   s.comm->all_reduce(&mismatched, 1, DType::i32, ReduceOp::max);
