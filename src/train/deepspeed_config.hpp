@@ -9,10 +9,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "graph/program.hpp"
 #include "train/run_config.hpp"
 
 namespace memfit {
+
+class Program;
 
 // Applies one top-level key of a config file when it is one of DeepSpeed's; returns false when
 // it is not (the caller then tries memfit's own keys). Throws [config] naming the key.

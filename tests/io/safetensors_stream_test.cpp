@@ -15,7 +15,7 @@
 #include "core/error.hpp"
 #include "core/half.hpp"
 #include "io/safetensors.hpp"
-#include "support/run_cli.hpp"
+#include "io/io_test_util.hpp"
 
 namespace memfit {
 namespace {
@@ -36,7 +36,8 @@ struct TwoTensors {
 
 TEST(SafetensorsStream, RangesReadWhatTheWholeReadReads) {
   const TwoTensors t;
-  const std::string path = test::temp_dir() + "/two.safetensors";
+  const test::ScratchDir scratch;
+  const std::string path = scratch.file("two.safetensors");
   const SafetensorsTensor tensors[] = {{"a", DType::f32, Shape{1000}, t.a.data()},
                                        {"b", DType::bf16, Shape{3, 257}, t.b.data()}};
   write_safetensors(path, tensors);
@@ -58,7 +59,8 @@ TEST(SafetensorsStream, RangesReadWhatTheWholeReadReads) {
 
 TEST(SafetensorsStream, ProducersWriteTheSameFileAsPointers) {
   const TwoTensors t;
-  const std::string dir = test::temp_dir();
+  const test::ScratchDir scratch;
+  const std::string dir = scratch.path().string();
   const SafetensorsTensor plain[] = {{"a", DType::f32, Shape{1000}, t.a.data()},
                                      {"b", DType::bf16, Shape{3, 257}, t.b.data()}};
   write_safetensors(dir + "/plain.safetensors", plain);
@@ -84,7 +86,8 @@ TEST(SafetensorsStream, ProducersWriteTheSameFileAsPointers) {
 
 TEST(SafetensorsStream, AProducerOfTheWrongSizeIsRefusedAndTheEarlierFileKept) {
   const TwoTensors t;
-  const std::string path = test::temp_dir() + "/kept.safetensors";
+  const test::ScratchDir scratch;
+  const std::string path = scratch.file("kept.safetensors");
   const SafetensorsTensor first[] = {{"a", DType::f32, Shape{1000}, t.a.data()}};
   write_safetensors(path, first);
   const std::string before = file_bytes(path);
