@@ -37,27 +37,47 @@ RecomputePolicy recompute_level(int level, AttentionKind attention) {
   }
 }
 
-// What the planned program depends on.
-using ProgramKey = std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool>;
+// What the planned program depends on; the last two are the ZeRO stage and world size of a
+// rank program (0 and 1: the unsharded program).
+using ProgramKey = std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool, int, int>;
 
 class Planner {
  public:
-  Planner(const ModelSpec& spec, const Hardware& hw, const EstimateOptions& o) : spec_(spec), hw_(hw), o_(o) {}
-  const ProgramSummary& summary(const Policy& p, int level) {
-    const ProgramKey key{p.precision, p.attention, level, p.optimizer, p.batch, p.grad_accum > 1};
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    Policy q = p;
-    q.grad_accum = p.grad_accum > 1 ? 2 : 1;  // memory and per-micro work are the same for every k > 1
-    ++planned_;
-    return cache_.emplace(key, plan_summary(spec_, q, hw_, o_)).first->second;
+  Planner(const ModelSpec& spec, const Hardware& hw, const EstimateOptions& o, int world)
+      : spec_(spec), hw_(hw), o_(o), world_(world) {}
+  // The unsharded program (the FLOPs bound, and the analytic sharding of offload families).
+  const ProgramSummary& summary(const Policy& p, int level) { return lookup(p, level, 0, 1); }
+  // What the family's estimate starts from: rank 0's own program of the world at its stage
+  // where the builder expresses the policy, else the unsharded program.
+  const ProgramSummary& for_estimate(const Policy& p, int level) {
+    if (!zero_from_program(p, world_)) return summary(p, level);
+    return lookup(p, level, p.zero_stage, world_);
   }
   int planned() const { return planned_; }
 
  private:
+  const ProgramSummary& lookup(const Policy& p, int level, int stage, int world) {
+    const ProgramKey key{p.precision, p.attention, level, p.optimizer, p.batch, p.grad_accum > 1, stage, world};
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    Policy q = p;
+    q.grad_accum = p.grad_accum > 1 ? 2 : 1;  // memory and per-micro work are the same for every k > 1
+    q.zero_stage = stage;
+    ProgramSummary s;
+    if (stage == 0 && world == 1) {
+      s = plan_summary(spec_, q, hw_, o_);
+    } else {
+      const ProgramSummary& unsharded = summary(p, level);
+      s = plan_rank_summary(spec_, q, world, hw_, o_, unsharded);
+    }
+    ++planned_;
+    return cache_.emplace(key, std::move(s)).first->second;
+  }
+
   const ModelSpec& spec_;
   const Hardware& hw_;
   const EstimateOptions& o_;
+  int world_;
   std::map<ProgramKey, ProgramSummary> cache_;
   int planned_ = 0;
 };
@@ -85,7 +105,7 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
     return options.global_batch ? int((options.global_batch + b * W - 1) / (b * W)) : base.grad_accum;
   };
 
-  Planner planner(spec, cluster.hw, eo);
+  Planner planner(spec, cluster.hw, eo, W);
   FitResult r;
   std::vector<FitCandidate> found;
   double best_per_token = 0;  // seconds per token per rank of the keep-th best so far (0: none yet)
@@ -142,7 +162,7 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
               Policy q = f;
               q.batch = b;
               q.grad_accum = accumulation(b);
-              return std::pair{q, estimate_from_summary(planner.summary(q, level), q, cluster, eo)};
+              return std::pair{q, estimate_from_summary(planner.for_estimate(q, level), q, cluster, eo)};
             };
             auto fits = [&](int64_t b) {
               const auto [q, e] = estimate_at(b);
