@@ -104,7 +104,13 @@ TEST(PlanCli, HardwareFitCompareAndErrors) {
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["estimate"]["world_size"], 8);
-  EXPECT_TRUE(j["estimate"]["sharding_is_estimate"].get<bool>());
+  EXPECT_FALSE(j["estimate"]["sharding_is_estimate"].get<bool>());  // rank 0's own program
+  EXPECT_EQ(j["estimate"]["rank"], 0);
+  // Offload: the builder refuses it (issue 16), so sharding and offload stay the labelled model.
+  r = test::run_memfit("plan --model llama-2-7b --hardware a100-80gb --world-size 8 --zero 3 --offload-optimizer host "
+                       "--precision bf16 --grad-dtype bf16 --seq 128 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["estimate"]["sharding_is_estimate"].get<bool>());
   r = test::run_memfit("plan --model gpt2-tiny --hardware h100-80gb --world-size 2 --seq 64 --fit --global-batch 24 --json");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto fit = nlohmann::json::parse(r.out)["fit"];

@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "fit/estimate.hpp"
 #include "graph/training_program.hpp"
+#include "graph/zero.hpp"
 #include "kernels/backend.hpp"
 #include "runtime/compile.hpp"
 #include "support/tiny_run.hpp"
@@ -42,6 +43,44 @@ TEST(Estimate, OneRankEqualsThePlanAndTheExecutedPeak) {
       EXPECT_EQ(e.host_bytes, 0u);
       EXPECT_EQ(e.comm_seconds, 0);
     }
+}
+
+// ZeRO 0-3 on 2 and 3 ranks: the estimate is rank 0's planned program (built and compiled
+// here through the runtime's path), not a model of it: its peak, packing and collective bytes.
+// Rank 0 holds the first piece of every bucket and none of the padding; the other ranks' plans
+// (built here too) never exceed its peak, so the figure bounds every rank.
+TEST(Estimate, ZeroStagesAreRankZerosPlannedProgramAndBoundEveryRank) {
+  auto backend = make_cpu_backend();
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  EstimateOptions eo;
+  eo.prepare = [&](Program& p) { attach_backend_scratch(p, *backend); };
+  for (int world : {2, 3})
+    for (int accum : {1, 2})
+      for (int stage = 0; stage <= 3; ++stage) {
+        SCOPED_TRACE(testing::Message() << "world " << world << " stage " << stage << " accumulation " << accum);
+        Policy pol;
+        pol.batch = 2;
+        pol.seq = 32;
+        pol.grad_accum = accum;
+        pol.zero_stage = stage;
+        Cluster c = one("cpu");
+        c.gpus_per_node = world;
+        const RankEstimate e = estimate_run(spec, pol, c, eo);
+        EXPECT_TRUE(e.from_program);
+        for (int rank = 0; rank < world; ++rank) {
+          const CompiledProgram run =
+              compile_program(build_training_program(spec, pol, Topology{world, 1, rank}, cpu_capabilities()), *backend);
+          const TierPlan& dev = run.plan.tier(Tier::device);
+          if (rank > 0) {
+            EXPECT_LE(dev.peak_bytes, e.device_bytes) << "rank " << rank;
+            continue;
+          }
+          EXPECT_EQ(e.device_bytes, dev.peak_bytes);
+          EXPECT_EQ(e.packing_overhead, dev.peak_bytes - dev.max_live_bytes);
+          EXPECT_NEAR(e.comm_bytes, communication_bytes_per_step(run.program), 1e-9 * e.comm_bytes);
+          EXPECT_EQ(e.by_tier[size_t(Tier::device)], dev.live_by_category[size_t(e.peak_op)]);
+        }
+      }
 }
 
 TEST(Estimate, ShardingLowersTheDevicePeakAndOffloadMovesItToTheHost) {
