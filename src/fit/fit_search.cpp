@@ -67,8 +67,10 @@ class Planner {
     if (stage == 0 && world == 1) {
       s = plan_summary(spec_, q, hw_, o_);
     } else {
-      const ProgramSummary& unsharded = summary(p, level);
-      s = plan_rank_summary(spec_, q, world, hw_, o_, unsharded);
+      // Only the unsharded model-state elements are taken from it: the same at every micro-batch.
+      Policy one = p;
+      one.batch = 1;
+      s = plan_rank_summary(spec_, q, world, hw_, o_, summary(one, level));
     }
     ++planned_;
     return cache_.emplace(key, std::move(s)).first->second;
