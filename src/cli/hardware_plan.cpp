@@ -174,7 +174,8 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     policy = r.ranked.front().policy;
   }
   const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo);
-  const RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
+  RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
+  plan_every_rank(spec, policy, cluster, eo, e);  // the budget is checked on the largest
   if (as_json) {
     j["model"] = model_json(spec, s.parameters);
     j["policy"] = policy_json(policy);

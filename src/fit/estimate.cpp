@@ -326,11 +326,29 @@ RankEstimate estimate_run(const ModelSpec& spec, const Policy& policy, const Clu
                                cluster, options);
 }
 
+void plan_every_rank(const ModelSpec& spec, const Policy& policy, const Cluster& cluster, const EstimateOptions& options,
+                     RankEstimate& e, int max_world) {
+  const int W = cluster.world_size();
+  if (!e.from_program || W == 1 || W > max_world) return;
+  e.ranks_planned = W;
+  e.largest_rank = 0;
+  e.largest_rank_device_bytes = e.device_bytes;
+  for (int rank = 1; rank < W; ++rank) {
+    Program p = build_training_program(spec, policy, Topology{W, 1, rank}, cluster.hw.capabilities);
+    if (options.prepare) options.prepare(p);
+    const uint64_t bytes = plan_memory(p, options.alignments).tier(Tier::device).peak_bytes + e.fixed_overhead;
+    if (bytes > e.largest_rank_device_bytes) {
+      e.largest_rank_device_bytes = bytes;
+      e.largest_rank = rank;
+    }
+  }
+}
+
 Overflow check_fit(const RankEstimate& e, const Cluster& cluster, uint64_t device_budget) {
   // Per tier: what the run needs and what there is. Host and disk are shared by a node's ranks.
   const uint64_t ranks = uint64_t(cluster.gpus_per_node);
   const std::pair<uint64_t, uint64_t> need_and_capacity[] = {
-      {e.device_bytes, device_budget},
+      {e.device_bytes_of_largest_rank(), device_budget},
       {e.host_bytes * ranks, cluster.hw.host_memory_bytes},
       {e.disk_bytes * ranks, cluster.hw.disk_bytes}};
   Overflow o;

@@ -2,15 +2,15 @@
 // the engine knows, including those this machine cannot execute. The step program is built
 // and planned by the same builder and planner that execute memfit's runs. ZeRO on W ranks is
 // rank 0's own program (Topology{data = W, rank = 0}, the real stage: graph/zero.hpp), planned
-// as it would run; every rank's shards are equal (buckets are padded to W x align), so its
-// figures hold for every rank. Only where the builder cannot express the policy (offload,
+// as it would run (plan_every_rank plans the others too: their pieces differ, so their peaks
+// may differ by a few KiB). Only where the builder cannot express the policy (offload,
 // until issue 16; frozen parameters or the update in backward with ZeRO) is the unsharded
 // program planned and sharding and offload applied to its per-op live bytes
 // (fit/model_states.hpp, a labelled estimate). The rank's fixed runtime overheads are added.
 //
 // Invariant (tested): without offload the device peak is the rank program's planned peak plus
 // the hardware's fixed overheads, and on the "cpu" hardware (backend scratch attached, none
-// fixed) it is the peak the executed run measures on every rank, for any stage and world.
+// fixed) it is the peak the executed run measures on rank 0, for any stage and world.
 //
 // Step time, stated plainly: every op is timed by a roofline, max(flops / (peak of its dtype
 // x efficiency), bytes it reads and writes / (memory bandwidth x 0.8)); recomputed ops are
@@ -19,6 +19,7 @@
 // the disk), and an offloaded optimizer runs at host memory bandwidth.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <string>
@@ -101,6 +102,12 @@ struct RankEstimate {
   Phase peak_phase = Phase::forward;
   // True when the figures are rank 0's planned program (no analytic sharding or offload).
   bool from_program = true;
+  // The other ranks (plan_every_rank): their pieces of the buckets differ, and with them the
+  // number of piece tensors and 8-bit scale blocks, so a rank may plan a few KiB more than 0.
+  int ranks_planned = 1;
+  int largest_rank = 0;
+  uint64_t largest_rank_device_bytes = 0;  // incl. fixed overheads; 0: only rank 0 planned
+  uint64_t device_bytes_of_largest_rank() const { return std::max(device_bytes, largest_rank_device_bytes); }
   // Model states per rank. From a rank program: device holds the most live bytes of each
   // category at any op (shards plus gathered buckets and transient gradients); full is unsharded.
   ShardedStates states;
@@ -115,9 +122,14 @@ RankEstimate estimate_from_summary(const ProgramSummary& summary, const Policy& 
                                    const EstimateOptions& options);
 RankEstimate estimate_run(const ModelSpec& spec, const Policy& policy, const Cluster& cluster,
                           const EstimateOptions& options);
+// Plans ranks 1..W-1 of a rank-program estimate too (one build and plan each) and records the
+// largest; does nothing for the labelled model, one rank, or more than `max_world` ranks.
+inline constexpr int kMaxRanksPlanned = 64;
+void plan_every_rank(const ModelSpec& spec, const Policy& policy, const Cluster& cluster, const EstimateOptions& options,
+                     RankEstimate& e, int max_world = kMaxRanksPlanned);
 
-// Where the estimate does not fit: the tier and the category holding the most bytes there,
-// and the excess over the capacity. Empty when it fits.
+// Where the estimate does not fit (on its largest planned rank): the tier and the category
+// holding the most bytes there, and the excess over the capacity. Empty when it fits.
 struct Overflow {
   Tier tier = Tier::device;
   Category category = Category::activations;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -83,6 +84,31 @@ class Planner {
   std::map<ProgramKey, ProgramSummary> cache_;
   int planned_ = 0;
 };
+
+// The search planned rank 0; the winners are planned on every rank (their pieces of the
+// buckets differ by a few KiB) and step their micro-batch down where another rank does not fit.
+std::vector<FitCandidate> plan_winners_on_every_rank(std::vector<FitCandidate> found, const ModelSpec& spec,
+                                                     const Cluster& cluster, const EstimateOptions& eo, uint64_t budget,
+                                                     int64_t global_batch, const std::function<int(int64_t)>& accumulation,
+                                                     int& rank_plans) {
+  const int W = cluster.world_size();
+  std::vector<FitCandidate> checked;
+  for (FitCandidate& f : found) {
+    plan_every_rank(spec, f.policy, cluster, eo, f.estimate);
+    while (!check_fit(f.estimate, cluster, budget).fits() && f.policy.batch > 1) {
+      int64_t b = f.policy.batch - 1;
+      if (global_batch)
+        while ((global_batch / W) % b != 0) --b;
+      f.policy.batch = b;
+      f.policy.grad_accum = accumulation(b);
+      f.estimate = estimate_run(spec, f.policy, cluster, eo);
+      plan_every_rank(spec, f.policy, cluster, eo, f.estimate);
+    }
+    rank_plans += f.estimate.ranks_planned - 1;
+    if (check_fit(f.estimate, cluster, budget).fits()) checked.push_back(std::move(f));
+  }
+  return checked;
+}
 
 }  // namespace
 
@@ -192,14 +218,19 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
             found.push_back({q, e, family_name(q)});
           }
         }
-  std::sort(found.begin(), found.end(), [](const FitCandidate& a, const FitCandidate& b) {
+  auto faster = [](const FitCandidate& a, const FitCandidate& b) {
     return a.estimate.tokens_per_second > b.estimate.tokens_per_second;
-  });
+  };
+  std::sort(found.begin(), found.end(), faster);
   if (int(found.size()) > options.keep) found.resize(size_t(options.keep));
-  r.ranked = std::move(found);
+  int rank_plans = 0;
+  std::vector<FitCandidate> checked = plan_winners_on_every_rank(
+      std::move(found), spec, cluster, eo, budget, options.global_batch, accumulation, rank_plans);
+  std::sort(checked.begin(), checked.end(), faster);
+  r.ranked = std::move(checked);
   std::sort(r.rejected.begin(), r.rejected.end(),
             [](const RejectedFamily& a, const RejectedFamily& b) { return a.overflow.excess < b.overflow.excess; });
-  r.programs_planned = planner.planned();
+  r.programs_planned = planner.planned() + rank_plans;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
@@ -216,7 +247,7 @@ std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
                        "(peak at '{}')\n",
                        i == 0 ? "winner:" : fmt::format("{:>6}.", i + 1), f.family, f.policy.batch, f.policy.seq,
                        f.policy.grad_accum, f.estimate.tokens_per_second, f.estimate.step_seconds,
-                       format_bytes(f.estimate.device_bytes), f.estimate.peak_op_name);
+                       format_bytes(f.estimate.device_bytes_of_largest_rank()), f.estimate.peak_op_name);
   }
   if (!r.rejected.empty()) {
     out += fmt::format("rejected families (do not fit at micro-batch 1; {} in all, closest first):\n", r.rejected.size());

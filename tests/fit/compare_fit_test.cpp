@@ -11,6 +11,7 @@
 #include "fit/compare.hpp"
 #include "fit/fit_search.hpp"
 #include "fit/hardware.hpp"
+#include "kernels/backend.hpp"
 #include "support/run_cli.hpp"
 #include "train/run_config.hpp"
 
@@ -89,6 +90,43 @@ TEST(Fit, Llama2SeventyBillionOnEightH100) {
   for (const RejectedFamily& f : r.rejected)
     if (f.family.find("adamw zero=0 offload=none") != std::string::npos) states_rejected = true;
   EXPECT_TRUE(states_rejected);
+}
+
+// The search plans rank 0; with 8-bit AdamW on 5 ranks another rank plans a few KiB more. With
+// the budget set to rank 0's peak of a family at the largest micro-batch allowed, that family
+// only fits rank 0 there: every listed winner must fit its largest rank (all ranks planned).
+TEST(Fit, WinnersFitEveryRankNotOnlyRankZero) {
+  Cluster c;
+  c.hw = hardware_preset("cpu");
+  c.hw.capabilities = cpu_capabilities();
+  c.gpus_per_node = 5;
+  Policy base;
+  base.seq = 32;
+  base.precision = Precision::bf16;
+  base.grad_dtype = DType::bf16;
+  base.attention = AttentionKind::flash;
+  base.optimizer = OptimizerKind::adamw8bit;
+  base.zero_stage = 2;
+  base.batch = 4;
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  RankEstimate tight = estimate_run(spec, base, c, {});
+  plan_every_rank(spec, base, c, {}, tight);
+  ASSERT_GT(tight.largest_rank_device_bytes, tight.device_bytes);  // the case this test is about
+  FitOptions o;
+  o.budget = tight.device_bytes;
+  o.max_batch = 4;
+  o.keep = 1000;  // every family that fits
+  const FitResult r = fit_search(spec, base, c, {}, o);
+  bool stepped_down = false;
+  for (const FitCandidate& f : r.ranked) {
+    EXPECT_EQ(f.estimate.ranks_planned, f.estimate.from_program ? 5 : 1) << f.family;  // offload: the model
+    EXPECT_LE(f.estimate.device_bytes_of_largest_rank(), o.budget) << f.family;
+    if (f.family == family_name(base)) {
+      EXPECT_LT(f.policy.batch, 4);
+      stepped_down = true;
+    }
+  }
+  EXPECT_TRUE(stepped_down);
 }
 
 TEST(PlanCli, HardwareFitCompareAndErrors) {
