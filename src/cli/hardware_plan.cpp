@@ -146,9 +146,13 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
   eo.efficiency = efficiency_ > 0 ? efficiency_ : hw.default_efficiency;
   eo.comm_overlap = comm_overlap_;
   // On this machine the plan is the executed run's: the backend's scratch is part of it.
-  if (hw.executes_here) eo.prepare = [&](Program& p) { attach_backend_scratch(p, *backend); };
+  if (hw.executes_here) {
+    eo.prepare = [&](Program& p) { attach_backend_scratch(p, *backend); };
+    for (Tier t : kAllTiers) eo.alignments[size_t(t)] = backend->buffer_type(t).alignment();
+  }
 
   Policy policy = config.policy;
+  policy.with_eval = config.val_fraction > 0;  // as `memfit train` builds it (train/trainer.cpp)
   MEMFIT_CHECK(policy.recompute.mode != RecomputeMode::automatic, "policy",
                "--recompute auto is not searched on other hardware; use --fit (it searches recomputation too)");
   nlohmann::json j;
@@ -169,8 +173,9 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
                  format_bytes(budget), cluster.world_size(), hw.name);
     policy = r.ranked.front().policy;
   }
-  const ProgramSummary s = plan_summary(spec, policy, hw, eo);
-  const RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
+  const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo);
+  RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
+  plan_every_rank(spec, policy, cluster, eo, e);  // the budget is checked on the largest
   if (as_json) {
     j["model"] = model_json(spec, s.parameters);
     j["policy"] = policy_json(policy);

@@ -18,7 +18,8 @@ class HardwarePlanOptions {
   explicit HardwarePlanOptions(CLI::App& plan);
   // True when the run needs the estimate: other hardware, --fit, --compare, --emit, or
   // offload (not a program transformation yet). A ZeRO run on this machine's backend (only
-  // --world-size / --zero given) is planned from its real per-rank program instead.
+  // --world-size / --zero given) gets plan's full memory table of rank 0's program; the
+  // estimate plans the same program (fit/estimate.hpp), so both report the same peak.
   bool requested(const RunConfig& config) const;
   // --world-size when given (0 otherwise), for the real per-rank program.
   int world_size() const { return world_size_; }

@@ -47,8 +47,13 @@ Policy planning_policy(const Policy& policy) {
   p.zero_stage = 0;
   p.offload_optimizer = Tier::device;
   p.offload_params = Tier::device;
-  p.with_eval = false;
   return p;
+}
+
+bool zero_from_program(const Policy& policy, int world) {
+  if (policy.offload_optimizer != Tier::device || policy.offload_params != Tier::device) return false;
+  const bool data_parallel = policy.zero_stage > 0 || world > 1;
+  return !data_parallel || (policy.freeze.empty() && !policy.update_in_backward);
 }
 
 ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan, const Hardware& hw,
@@ -59,6 +64,12 @@ ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan,
   s.live = dev.live_by_category;
   s.plan_peak = dev.peak_bytes;
   s.packing_overhead = dev.peak_bytes - dev.max_live_bytes;
+  for (Tier t : kAllTiers) {
+    s.tier_peak[size_t(t)] = plan.tier(t).peak_bytes;
+    s.tier_at_peak[size_t(t)] = plan.tier(t).at_peak;
+  }
+  for (const CategoryBytes& live : s.live)
+    for (size_t c = 0; c < live.size(); ++c) s.category_peak[c] = std::max(s.category_peak[c], live[c]);
   s.states = model_state_elements(program);
   s.parameters = program.parameter_count();
   s.phase.reserve(program.ops().size());
@@ -80,6 +91,16 @@ ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan,
     const Op& op = program.op(i);
     s.phase.push_back(op.phase);
     s.op_name.push_back(op.name);
+    const int section = program.section_of_op(i);
+    const SectionKind kind = section >= 0 ? program.sections()[size_t(section)].kind : SectionKind::micro;
+    if (kind == SectionKind::eval) continue;  // validation: memory of the run, no part of its step
+    const bool in_micro = kind == SectionKind::micro;
+    // Collectives are timed by their ring volume over the links (estimate_from_summary), not
+    // by the roofline; their waits cost no compute.
+    if (is_collective_kind(op.kind) || op.kind == OpKind::wait) {
+      (in_micro ? s.micro_comm_bytes : s.step_comm_bytes) += op.comm_bytes;
+      continue;
+    }
     const double t = op_seconds(program, op, hw, options.efficiency);
     if (opt && i >= opt->begin && i < opt->end) {
       s.optimizer_flops += op.flops;
@@ -99,24 +120,79 @@ ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan,
   return s;
 }
 
-ProgramSummary plan_summary(const ModelSpec& spec, const Policy& policy, const Hardware& hw,
-                            const EstimateOptions& options) {
-  Program p = build_training_program(spec, planning_policy(policy), Topology{}, hw.capabilities);
+namespace {
+
+ProgramSummary summarize_built(Program p, const Hardware& hw, const EstimateOptions& options) {
   if (options.prepare) options.prepare(p);
-  const MemoryPlan plan = plan_memory(p);
+  const MemoryPlan plan = plan_memory(p, options.alignments);
   return summarize_program(p, plan, hw, options);
 }
 
-RankEstimate estimate_from_summary(const ProgramSummary& s, const Policy& policy, const Cluster& cluster,
-                                   const EstimateOptions& options) {
-  const int W = cluster.world_size();
+}  // namespace
+
+ProgramSummary plan_summary(const ModelSpec& spec, const Policy& policy, const Hardware& hw,
+                            const EstimateOptions& options) {
+  return summarize_built(build_training_program(spec, planning_policy(policy), Topology{}, hw.capabilities), hw,
+                         options);
+}
+
+ProgramSummary plan_rank_summary(const ModelSpec& spec, const Policy& policy, int world, const Hardware& hw,
+                                 const EstimateOptions& options, const ProgramSummary& unsharded) {
+  MEMFIT_CHECK(zero_from_program(policy, world), "fit",
+               "the training program cannot express this policy on {} ranks (offload, or frozen parameters or the "
+               "update in backward with ZeRO)",
+               world);
+  ProgramSummary s = world == 1 && policy.zero_stage == 0
+                         ? unsharded
+                         : summarize_built(build_training_program(spec, policy, Topology{world, 1, 0}, hw.capabilities),
+                                           hw, options);
+  // The rank's tensors are shards and bucket views; ZeRO divides the unsharded states.
+  s.states = unsharded.states;
+  s.zero_from_program = true;
+  s.zero_stage = policy.zero_stage;
+  s.world = world;
+  return s;
+}
+
+ProgramSummary plan_run_summary(const ModelSpec& spec, const Policy& policy, int world, const Hardware& hw,
+                                const EstimateOptions& options) {
+  ProgramSummary unsharded = plan_summary(spec, policy, hw, options);
+  if (!zero_from_program(policy, world)) return unsharded;
+  return plan_rank_summary(spec, policy, world, hw, options, unsharded);
+}
+
+namespace {
+
+// The memory of a rank program, as planned: nothing is modelled.
+void program_memory(const ProgramSummary& s, RankEstimate& e) {
+  e.from_program = true;
+  e.states = shard_model_states(s.states, 0, 1);  // unsharded bytes in `full`
+  e.states.device = {};
+  for (Category c : {Category::parameters, Category::gradients, Category::master_weights, Category::optimizer_state})
+    e.states.device[size_t(c)] = s.category_peak[size_t(c)];
+  uint64_t best = 0;
+  for (size_t i = 0; i < s.live.size(); ++i) {
+    uint64_t total = 0;
+    for (uint64_t v : s.live[i]) total += v;
+    if (total > best || e.peak_op < 0) {
+      best = total;
+      e.peak_op = int(i);
+    }
+  }
+  if (e.peak_op >= 0) e.by_tier[size_t(Tier::device)] = s.live[size_t(e.peak_op)];
+  e.by_tier[size_t(Tier::host)] = s.tier_at_peak[size_t(Tier::host)];
+  e.by_tier[size_t(Tier::disk)] = s.tier_at_peak[size_t(Tier::disk)];
+  e.host_bytes = s.tier_peak[size_t(Tier::host)];
+  e.disk_bytes = s.tier_peak[size_t(Tier::disk)];
+  e.packing_overhead = s.packing_overhead;  // this program's own packing
+  e.device_bytes = s.plan_peak + e.fixed_overhead;
+}
+
+// ZeRO and offload applied to the unsharded program's categories (fit/model_states.hpp).
+void analytic_memory(const ProgramSummary& s, const Policy& policy, int W, RankEstimate& e) {
   const int stage = policy.zero_stage;
-  MEMFIT_CHECK(W >= 1, "hardware", "world size must be at least 1 (got {})", W);
-  MEMFIT_CHECK(policy.offload_params == Tier::device || stage == 3, "policy",
-               "offloading parameters needs ZeRO stage 3 (parameters are gathered layer by layer); got stage {}",
-               stage);
-  const Hardware& hw = cluster.hw;
-  RankEstimate e;
+  e.from_program = stage == 0 && W == 1 && policy.offload_optimizer == Tier::device &&
+                   policy.offload_params == Tier::device;
   e.states = shard_model_states(s.states, stage, W, policy.offload_optimizer, policy.offload_params);
   // Collective working buffers of the sharded stages.
   int64_t grad_elems = 0;
@@ -128,20 +204,16 @@ RankEstimate estimate_from_summary(const ProgramSummary& s, const Policy& policy
   const bool params_stream = W > 1 || policy.offload_params != Tier::device;
   if (stage >= 2 && grads_stream) comm += dtype_bytes(s.grad_dtype, std::min(grad_elems, kReduceBucketElements));
   if (stage == 3 && params_stream) comm += 2 * dtype_bytes(s.param_dtype, s.largest_layer_parameters);  // current + prefetched
-
+  auto scaled = [&](size_t i, int c) {
+    const uint64_t v = s.live[i][size_t(c)];
+    if (!is_model_state(Category(c)) || e.states.full[size_t(c)] == 0) return v;
+    // Live model state scales with the rank's share of it (transient gradients included).
+    return uint64_t(double(v) * double(e.states.device[size_t(c)]) / double(e.states.full[size_t(c)]) + 0.5);
+  };
   uint64_t best = 0;
   for (size_t i = 0; i < s.live.size(); ++i) {
     uint64_t total = comm;
-    for (int c = 0; c < kNumCategories; ++c) {
-      const uint64_t v = s.live[i][size_t(c)];
-      if (is_model_state(Category(c)) && e.states.full[size_t(c)] > 0) {
-        // Live model state scales with the rank's share of it (transient gradients included).
-        const double share = double(e.states.device[size_t(c)]) / double(e.states.full[size_t(c)]);
-        total += uint64_t(double(v) * share + 0.5);
-      } else {
-        total += v;
-      }
-    }
+    for (int c = 0; c < kNumCategories; ++c) total += scaled(i, c);
     if (total > best || e.peak_op < 0) {
       best = total;
       e.peak_op = int(i);
@@ -149,15 +221,8 @@ RankEstimate estimate_from_summary(const ProgramSummary& s, const Policy& policy
   }
   CategoryBytes& dev = e.by_tier[size_t(Tier::device)];
   if (e.peak_op >= 0) {
-    for (int c = 0; c < kNumCategories; ++c) {
-      const uint64_t v = s.live[size_t(e.peak_op)][size_t(c)];
-      dev[size_t(c)] = is_model_state(Category(c)) && e.states.full[size_t(c)] > 0
-                           ? uint64_t(double(v) * double(e.states.device[size_t(c)]) / double(e.states.full[size_t(c)]) + 0.5)
-                           : v;
-    }
+    for (int c = 0; c < kNumCategories; ++c) dev[size_t(c)] = scaled(size_t(e.peak_op), c);
     dev[size_t(Category::communication)] += comm;
-    e.peak_op_name = s.op_name[size_t(e.peak_op)];
-    e.peak_phase = s.phase[size_t(e.peak_op)];
   }
   for (int c = 0; c < kNumCategories; ++c) {
     e.by_tier[size_t(Tier::host)][size_t(c)] = e.states.host[size_t(c)];
@@ -165,27 +230,36 @@ RankEstimate estimate_from_summary(const ProgramSummary& s, const Policy& policy
     e.host_bytes += e.states.host[size_t(c)];
     e.disk_bytes += e.states.disk[size_t(c)];
   }
+  // The unsharded plan's packing, carried over: no sharded program was packed (labelled).
   e.packing_overhead = s.packing_overhead;
-  e.fixed_overhead = cluster.fixed_overhead_bytes();
   e.device_bytes = best + s.packing_overhead + e.fixed_overhead;
+}
 
-  // --- time per optimizer step ---
-  const int k = policy.grad_accum;
+// Communication of the analytic path: ring volumes of the collectives ZeRO would add.
+double analytic_comm_bytes(int stage, int W, int k, double grad_bytes, double param_bytes) {
+  if (W == 1) return 0;
   const double frac = double(W - 1) / double(W);
-  const double grad_bytes = double(dtype_bytes(s.grad_dtype, grad_elems));
-  int64_t param_elems = 0;
-  for (const auto& [key, n] : s.states)
+  if (stage <= 1) return 2 * frac * grad_bytes;                       // all-reduce once
+  if (stage == 2) return k * frac * grad_bytes + frac * param_bytes;  // reduce-scatter per micro, all-gather
+  return k * frac * (2 * param_bytes + grad_bytes);                   // gather fwd + bwd, reduce-scatter
+}
+
+void step_time(const ProgramSummary& s, const Policy& policy, const Cluster& cluster, const EstimateOptions& options,
+               RankEstimate& e) {
+  const Hardware& hw = cluster.hw;
+  const int W = cluster.world_size(), stage = policy.zero_stage, k = policy.grad_accum;
+  int64_t grad_elems = 0, param_elems = 0;
+  for (const auto& [key, n] : s.states) {
+    if (key.first == Category::gradients) grad_elems += n;
     if (key.first == Category::parameters) param_elems += n;
-  const double param_bytes = double(dtype_bytes(s.param_dtype, param_elems));
-  double comm_bytes = 0;
-  if (W > 1) {
-    if (stage <= 1) comm_bytes = 2 * frac * grad_bytes;                                   // all-reduce once
-    else if (stage == 2) comm_bytes = k * frac * grad_bytes + frac * param_bytes;         // reduce-scatter per micro, all-gather
-    else comm_bytes = k * frac * (2 * param_bytes + grad_bytes);                          // gather fwd + bwd, reduce-scatter
   }
-  e.comm_bytes = comm_bytes;
-  e.comm_seconds = comm_bytes / cluster.collective_bandwidth();
-  double optimizer_seconds = stage >= 1 ? s.optimizer_seconds / W : s.optimizer_seconds;
+  const double grad_bytes = double(dtype_bytes(s.grad_dtype, grad_elems));
+  const double param_bytes = double(dtype_bytes(s.param_dtype, param_elems));
+  // A rank program carries its collectives (and its optimizer already updates only its shard).
+  e.comm_bytes = s.zero_from_program ? k * s.micro_comm_bytes + s.step_comm_bytes
+                                     : analytic_comm_bytes(stage, W, k, grad_bytes, param_bytes);
+  e.comm_seconds = e.comm_bytes / cluster.collective_bandwidth();
+  double optimizer_seconds = stage >= 1 && !s.zero_from_program ? s.optimizer_seconds / W : s.optimizer_seconds;
   double offload_bytes = 0, offload_seconds = 0;
   if (policy.offload_optimizer != Tier::device) {
     // Gradients down, updated 16-bit parameters up; the update runs on the host's cores,
@@ -215,23 +289,66 @@ RankEstimate estimate_from_summary(const ProgramSummary& s, const Policy& policy
   e.step_seconds = e.compute_seconds + e.recompute_seconds + e.comm_seconds * (1 - options.comm_overlap) + offload_seconds;
   const double tokens = double(policy.batch) * double(policy.seq) * k * W;
   e.tokens_per_second = e.step_seconds > 0 ? tokens / e.step_seconds : 0;
-  // Model FLOPs (no recomputation) per second over the ranks' peak.
+  // Model FLOPs of all ranks (no recomputation) per second over the ranks' peak.
   const double model_flops = (k * s.micro_flops + s.optimizer_flops) * W;
   const double peak = hw.peak_flops(s.param_dtype == DType::f32 ? DType::f32 : DType::bf16) * W;
   e.model_flops_utilization = e.step_seconds > 0 ? model_flops / e.step_seconds / peak : 0;
+}
+
+}  // namespace
+
+RankEstimate estimate_from_summary(const ProgramSummary& s, const Policy& policy, const Cluster& cluster,
+                                   const EstimateOptions& options) {
+  const int W = cluster.world_size();
+  const int stage = policy.zero_stage;
+  MEMFIT_CHECK(W >= 1, "hardware", "world size must be at least 1 (got {})", W);
+  MEMFIT_CHECK(policy.offload_params == Tier::device || stage == 3, "policy",
+               "offloading parameters needs ZeRO stage 3 (parameters are gathered layer by layer); got stage {}",
+               stage);
+  MEMFIT_CHECK(!s.zero_from_program || (s.zero_stage == stage && s.world == W && zero_from_program(policy, W)), "fit",
+               "a rank program of stage {} on {} ranks cannot estimate stage {} on {} ranks", s.zero_stage, s.world,
+               stage, W);
+  RankEstimate e;
+  e.fixed_overhead = cluster.fixed_overhead_bytes();
+  if (s.zero_from_program) program_memory(s, e);
+  else analytic_memory(s, policy, W, e);
+  if (e.peak_op >= 0) {
+    e.peak_op_name = s.op_name[size_t(e.peak_op)];
+    e.peak_phase = s.phase[size_t(e.peak_op)];
+  }
+  step_time(s, policy, cluster, options, e);
   return e;
 }
 
 RankEstimate estimate_run(const ModelSpec& spec, const Policy& policy, const Cluster& cluster,
                           const EstimateOptions& options) {
-  return estimate_from_summary(plan_summary(spec, policy, cluster.hw, options), policy, cluster, options);
+  return estimate_from_summary(plan_run_summary(spec, policy, cluster.world_size(), cluster.hw, options), policy,
+                               cluster, options);
+}
+
+void plan_every_rank(const ModelSpec& spec, const Policy& policy, const Cluster& cluster, const EstimateOptions& options,
+                     RankEstimate& e, int max_world) {
+  const int W = cluster.world_size();
+  if (!e.from_program || W == 1 || W > max_world) return;
+  e.ranks_planned = W;
+  e.largest_rank = 0;
+  e.largest_rank_device_bytes = e.device_bytes;
+  for (int rank = 1; rank < W; ++rank) {
+    Program p = build_training_program(spec, policy, Topology{W, 1, rank}, cluster.hw.capabilities);
+    if (options.prepare) options.prepare(p);
+    const uint64_t bytes = plan_memory(p, options.alignments).tier(Tier::device).peak_bytes + e.fixed_overhead;
+    if (bytes > e.largest_rank_device_bytes) {
+      e.largest_rank_device_bytes = bytes;
+      e.largest_rank = rank;
+    }
+  }
 }
 
 Overflow check_fit(const RankEstimate& e, const Cluster& cluster, uint64_t device_budget) {
   // Per tier: what the run needs and what there is. Host and disk are shared by a node's ranks.
   const uint64_t ranks = uint64_t(cluster.gpus_per_node);
   const std::pair<uint64_t, uint64_t> need_and_capacity[] = {
-      {e.device_bytes, device_budget},
+      {e.device_bytes_of_largest_rank(), device_budget},
       {e.host_bytes * ranks, cluster.hw.host_memory_bytes},
       {e.disk_bytes * ranks, cluster.hw.disk_bytes}};
   Overflow o;

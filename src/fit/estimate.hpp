@@ -1,13 +1,16 @@
 // What a run needs per rank on given hardware, and how long its step takes, for any policy
 // the engine knows, including those this machine cannot execute. The step program is built
-// and planned by the same builder and planner that execute memfit's runs (ZeRO stage,
-// offload and the world size set aside); sharding and offload are then applied to the plan's
-// per-op live bytes (fit/model_states.hpp, a labelled estimate: the search does not build N-way per-rank programs),
-// and the rank's fixed runtime overheads are added.
+// and planned by the same builder and planner that execute memfit's runs. ZeRO on W ranks is
+// rank 0's own program (Topology{data = W, rank = 0}, the real stage: graph/zero.hpp), planned
+// as it would run (plan_every_rank plans the others too: their pieces differ, so their peaks
+// may differ by a few KiB). Only where the builder cannot express the policy (offload,
+// until issue 16; frozen parameters or the update in backward with ZeRO) is the unsharded
+// program planned and sharding and offload applied to its per-op live bytes
+// (fit/model_states.hpp, a labelled estimate). The rank's fixed runtime overheads are added.
 //
-// Invariant (tested): with one rank, stage 0 and no offload, the device peak is the plan's
-// peak exactly, and on the "cpu" hardware (backend scratch attached) it is the peak the
-// executed run measures.
+// Invariant (tested): without offload the device peak is the rank program's planned peak plus
+// the hardware's fixed overheads, and on the "cpu" hardware (backend scratch attached, none
+// fixed) it is the peak the executed run measures on rank 0, for any stage and world.
 //
 // Step time, stated plainly: every op is timed by a roofline, max(flops / (peak of its dtype
 // x efficiency), bytes it reads and writes / (memory bandwidth x 0.8)); recomputed ops are
@@ -16,6 +19,8 @@
 // the disk), and an offloaded optimizer runs at host memory bandwidth.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -34,6 +39,8 @@ struct EstimateOptions {
   double comm_overlap = 0.0;  // share of collective time hidden behind compute
   // Called on the built program before planning (the CPU backend's scratch on "cpu").
   std::function<void(Program&)> prepare;
+  // Offsets per tier are multiples of these (the backend's buffer types on "cpu").
+  TierAlignments alignments = kDefaultTierAlignments;
 };
 
 // A planned program reduced to what estimates need (cheap to keep for many candidates).
@@ -44,6 +51,7 @@ struct ProgramSummary {
   uint64_t packing_overhead = 0;    // planned peak - largest live total (fragmentation)
   uint64_t plan_peak = 0;
   StateElements states;
+  // Unsharded model-state elements (also for a rank's sharded program: what ZeRO divides).
   int64_t parameters = 0;
   int64_t largest_layer_parameters = 0;   // elements of the largest block's (or embedding's) parameters
   int64_t largest_tensor_parameters = 0;  // elements of the largest parameter tensor (DeepSpeed's "largest layer")
@@ -51,14 +59,36 @@ struct ProgramSummary {
   double micro_flops = 0, recompute_flops = 0, optimizer_flops = 0;  // one execution each
   double micro_seconds = 0, recompute_seconds = 0, optimizer_seconds = 0, optimizer_bytes = 0;
   int ops = 0;
+  // Rank programs (zero_from_program): the stage and data-parallel degree the program was
+  // built for, and the bytes its collectives send per rank (ring volumes, Op::comm_bytes).
+  bool zero_from_program = false;
+  int zero_stage = 0, world = 1;
+  double micro_comm_bytes = 0, step_comm_bytes = 0;  // per micro-step; once per step (sync, optimizer)
+  std::array<uint64_t, kNumTiers> tier_peak{};       // planned arena bytes per tier
+  std::array<CategoryBytes, kNumTiers> tier_at_peak{};
+  CategoryBytes category_peak{};                     // device: most live bytes of each category at any op
 };
 
-// The program a policy plans with: zero stage, offload and world size set aside.
+// The unsharded program a policy plans with: zero stage and offload set aside (the eval
+// section stays as the policy says: the run holds its memory; its ops are not timed).
 Policy planning_policy(const Policy& policy);
+// Whether the training program itself expresses the policy on `world` ranks: no offload (the
+// builder refuses it until issue 16), and with ZeRO or more than one rank neither frozen
+// parameters nor the update in backward (refused too). Else sharding is the labelled estimate.
+bool zero_from_program(const Policy& policy, int world);
 ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan, const Hardware& hw,
                                  const EstimateOptions& options);
+// The unsharded program's summary (planning_policy).
 ProgramSummary plan_summary(const ModelSpec& spec, const Policy& policy, const Hardware& hw,
                             const EstimateOptions& options);
+// Rank 0's program of `world` data-parallel ranks at the policy's stage (zero_from_program
+// must hold); `unsharded` is plan_summary's, whose model-state elements it keeps.
+ProgramSummary plan_rank_summary(const ModelSpec& spec, const Policy& policy, int world, const Hardware& hw,
+                                 const EstimateOptions& options, const ProgramSummary& unsharded);
+// What an estimate of the policy on `world` ranks starts from: the rank program where
+// zero_from_program holds, else the unsharded program.
+ProgramSummary plan_run_summary(const ModelSpec& spec, const Policy& policy, int world, const Hardware& hw,
+                                const EstimateOptions& options);
 
 struct RankEstimate {
   // Memory per rank.
@@ -70,6 +100,16 @@ struct RankEstimate {
   int peak_op = -1;
   std::string peak_op_name;
   Phase peak_phase = Phase::forward;
+  // True when the figures are rank 0's planned program (no analytic sharding or offload).
+  bool from_program = true;
+  // The other ranks (plan_every_rank): their pieces of the buckets differ, and with them the
+  // number of piece tensors and 8-bit scale blocks, so a rank may plan a few KiB more than 0.
+  int ranks_planned = 1;
+  int largest_rank = 0;
+  uint64_t largest_rank_device_bytes = 0;  // incl. fixed overheads; 0: only rank 0 planned
+  uint64_t device_bytes_of_largest_rank() const { return std::max(device_bytes, largest_rank_device_bytes); }
+  // Model states per rank. From a rank program: device holds the most live bytes of each
+  // category at any op (shards plus gathered buckets and transient gradients); full is unsharded.
   ShardedStates states;
   // Time per optimizer step.
   double compute_seconds = 0, recompute_seconds = 0, comm_seconds = 0, offload_seconds = 0, step_seconds = 0;
@@ -82,9 +122,14 @@ RankEstimate estimate_from_summary(const ProgramSummary& summary, const Policy& 
                                    const EstimateOptions& options);
 RankEstimate estimate_run(const ModelSpec& spec, const Policy& policy, const Cluster& cluster,
                           const EstimateOptions& options);
+// Plans ranks 1..W-1 of a rank-program estimate too (one build and plan each) and records the
+// largest; does nothing for the labelled model, one rank, or more than `max_world` ranks.
+inline constexpr int kMaxRanksPlanned = 64;
+void plan_every_rank(const ModelSpec& spec, const Policy& policy, const Cluster& cluster, const EstimateOptions& options,
+                     RankEstimate& e, int max_world = kMaxRanksPlanned);
 
-// Where the estimate does not fit: the tier and the category holding the most bytes there,
-// and the excess over the capacity. Empty when it fits.
+// Where the estimate does not fit (on its largest planned rank): the tier and the category
+// holding the most bytes there, and the excess over the capacity. Empty when it fits.
 struct Overflow {
   Tier tier = Tier::device;
   Category category = Category::activations;

@@ -30,9 +30,19 @@ std::string format_estimate(const RankEstimate& e, const Cluster& c, const Estim
   out += fmt::format("  {:<18}{:>14}{:>14}{:>14}   of {} device memory\n", "total", format_bytes(e.device_bytes),
                      format_bytes(e.host_bytes), format_bytes(e.disk_bytes), format_bytes(c.hw.memory_bytes));
   out += fmt::format("  peak at op {} '{}' ({})\n", e.peak_op, e.peak_op_name, phase_name(e.peak_phase));
-  if (c.world_size() > 1 || e.host_bytes + e.disk_bytes > 0)
-    out += "  (ZeRO sharding and offload applied to the plan's model-state categories: an estimate; on this "
-           "machine's backend, --world-size N --zero S alone plans the real per-rank program)\n";
+  if (!e.from_program)
+    out += "  (offload or frozen parameters: ZeRO sharding and offload applied to the unsharded plan's model-state "
+           "categories, an estimate; the training program cannot express them yet)\n";
+  else if (c.world_size() > 1 && e.ranks_planned == 1)
+    out += fmt::format("  (rank 0's planned program of {} ranks; the others' pieces differ and may plan a few KiB more "
+                       "or less)\n",
+                       c.world_size());
+  else if (c.world_size() > 1)
+    out += e.largest_rank_device_bytes > e.device_bytes
+               ? fmt::format("  (rank 0's planned program; all {} ranks planned: the largest is rank {}, {} more, {} in all)\n",
+                             e.ranks_planned, e.largest_rank, format_bytes(e.largest_rank_device_bytes - e.device_bytes),
+                             format_bytes(e.largest_rank_device_bytes))
+               : fmt::format("  (rank 0's planned program; all {} ranks planned, none holds more)\n", e.ranks_planned);
   out += fmt::format("step time estimate: {} = compute {} + recompute {} + communication {} ({} per rank{}) + "
                      "offload {} ({}); {:.0f} tokens/s, MFU {:.0f}% (compute at {:.0f}% of peak)\n",
                      seconds(e.step_seconds), seconds(e.compute_seconds), seconds(e.recompute_seconds),
@@ -73,7 +83,10 @@ nlohmann::json estimate_json(const RankEstimate& e, const Cluster& c, const Esti
             {"packing_overhead_bytes", e.packing_overhead},
             {"fixed_overhead_bytes", e.fixed_overhead},
             {"peak_op", {{"index", e.peak_op}, {"name", e.peak_op_name}, {"phase", phase_name(e.peak_phase)}}}}},
-          {"sharding_is_estimate", c.world_size() > 1 || e.host_bytes + e.disk_bytes > 0},
+          {"sharding_is_estimate", !e.from_program},
+          {"rank", 0},
+          {"ranks_planned", e.ranks_planned},
+          {"largest_rank", {{"rank", e.largest_rank}, {"device_bytes", e.device_bytes_of_largest_rank()}}},
           {"step",
            {{"seconds", e.step_seconds},
             {"compute_seconds", e.compute_seconds},

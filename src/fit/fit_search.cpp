@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -37,30 +38,77 @@ RecomputePolicy recompute_level(int level, AttentionKind attention) {
   }
 }
 
-// What the planned program depends on.
-using ProgramKey = std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool>;
+// What the planned program depends on; the last two are the ZeRO stage and world size of a
+// rank program (0 and 1: the unsharded program).
+using ProgramKey = std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool, int, int>;
 
 class Planner {
  public:
-  Planner(const ModelSpec& spec, const Hardware& hw, const EstimateOptions& o) : spec_(spec), hw_(hw), o_(o) {}
-  const ProgramSummary& summary(const Policy& p, int level) {
-    const ProgramKey key{p.precision, p.attention, level, p.optimizer, p.batch, p.grad_accum > 1};
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    Policy q = p;
-    q.grad_accum = p.grad_accum > 1 ? 2 : 1;  // memory and per-micro work are the same for every k > 1
-    ++planned_;
-    return cache_.emplace(key, plan_summary(spec_, q, hw_, o_)).first->second;
+  Planner(const ModelSpec& spec, const Hardware& hw, const EstimateOptions& o, int world)
+      : spec_(spec), hw_(hw), o_(o), world_(world) {}
+  // The unsharded program (the FLOPs bound, and the analytic sharding of offload families).
+  const ProgramSummary& summary(const Policy& p, int level) { return lookup(p, level, 0, 1); }
+  // What the family's estimate starts from: rank 0's own program of the world at its stage
+  // where the builder expresses the policy, else the unsharded program.
+  const ProgramSummary& for_estimate(const Policy& p, int level) {
+    if (!zero_from_program(p, world_)) return summary(p, level);
+    return lookup(p, level, p.zero_stage, world_);
   }
   int planned() const { return planned_; }
 
  private:
+  const ProgramSummary& lookup(const Policy& p, int level, int stage, int world) {
+    const ProgramKey key{p.precision, p.attention, level, p.optimizer, p.batch, p.grad_accum > 1, stage, world};
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    Policy q = p;
+    q.grad_accum = p.grad_accum > 1 ? 2 : 1;  // memory and per-micro work are the same for every k > 1
+    q.zero_stage = stage;
+    ProgramSummary s;
+    if (stage == 0 && world == 1) {
+      s = plan_summary(spec_, q, hw_, o_);
+    } else {
+      // Only the unsharded model-state elements are taken from it: the same at every micro-batch.
+      Policy one = p;
+      one.batch = 1;
+      s = plan_rank_summary(spec_, q, world, hw_, o_, summary(one, level));
+    }
+    ++planned_;
+    return cache_.emplace(key, std::move(s)).first->second;
+  }
+
   const ModelSpec& spec_;
   const Hardware& hw_;
   const EstimateOptions& o_;
+  int world_;
   std::map<ProgramKey, ProgramSummary> cache_;
   int planned_ = 0;
 };
+
+// The search planned rank 0; the winners are planned on every rank (their pieces of the
+// buckets differ by a few KiB) and step their micro-batch down where another rank does not fit.
+std::vector<FitCandidate> plan_winners_on_every_rank(std::vector<FitCandidate> found, const ModelSpec& spec,
+                                                     const Cluster& cluster, const EstimateOptions& eo, uint64_t budget,
+                                                     int64_t global_batch, const std::function<int(int64_t)>& accumulation,
+                                                     int& rank_plans) {
+  const int W = cluster.world_size();
+  std::vector<FitCandidate> checked;
+  for (FitCandidate& f : found) {
+    plan_every_rank(spec, f.policy, cluster, eo, f.estimate);
+    while (!check_fit(f.estimate, cluster, budget).fits() && f.policy.batch > 1) {
+      int64_t b = f.policy.batch - 1;
+      if (global_batch)
+        while ((global_batch / W) % b != 0) --b;
+      f.policy.batch = b;
+      f.policy.grad_accum = accumulation(b);
+      f.estimate = estimate_run(spec, f.policy, cluster, eo);
+      plan_every_rank(spec, f.policy, cluster, eo, f.estimate);
+    }
+    rank_plans += f.estimate.ranks_planned - 1;
+    if (check_fit(f.estimate, cluster, budget).fits()) checked.push_back(std::move(f));
+  }
+  return checked;
+}
 
 }  // namespace
 
@@ -85,7 +133,7 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
     return options.global_batch ? int((options.global_batch + b * W - 1) / (b * W)) : base.grad_accum;
   };
 
-  Planner planner(spec, cluster.hw, eo);
+  Planner planner(spec, cluster.hw, eo, W);
   FitResult r;
   std::vector<FitCandidate> found;
   double best_per_token = 0;  // seconds per token per rank of the keep-th best so far (0: none yet)
@@ -142,7 +190,7 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
               Policy q = f;
               q.batch = b;
               q.grad_accum = accumulation(b);
-              return std::pair{q, estimate_from_summary(planner.summary(q, level), q, cluster, eo)};
+              return std::pair{q, estimate_from_summary(planner.for_estimate(q, level), q, cluster, eo)};
             };
             auto fits = [&](int64_t b) {
               const auto [q, e] = estimate_at(b);
@@ -170,14 +218,19 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
             found.push_back({q, e, family_name(q)});
           }
         }
-  std::sort(found.begin(), found.end(), [](const FitCandidate& a, const FitCandidate& b) {
+  auto faster = [](const FitCandidate& a, const FitCandidate& b) {
     return a.estimate.tokens_per_second > b.estimate.tokens_per_second;
-  });
+  };
+  std::sort(found.begin(), found.end(), faster);
   if (int(found.size()) > options.keep) found.resize(size_t(options.keep));
-  r.ranked = std::move(found);
+  int rank_plans = 0;
+  std::vector<FitCandidate> checked = plan_winners_on_every_rank(
+      std::move(found), spec, cluster, eo, budget, options.global_batch, accumulation, rank_plans);
+  std::sort(checked.begin(), checked.end(), faster);
+  r.ranked = std::move(checked);
   std::sort(r.rejected.begin(), r.rejected.end(),
             [](const RejectedFamily& a, const RejectedFamily& b) { return a.overflow.excess < b.overflow.excess; });
-  r.programs_planned = planner.planned();
+  r.programs_planned = planner.planned() + rank_plans;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
@@ -194,7 +247,7 @@ std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
                        "(peak at '{}')\n",
                        i == 0 ? "winner:" : fmt::format("{:>6}.", i + 1), f.family, f.policy.batch, f.policy.seq,
                        f.policy.grad_accum, f.estimate.tokens_per_second, f.estimate.step_seconds,
-                       format_bytes(f.estimate.device_bytes), f.estimate.peak_op_name);
+                       format_bytes(f.estimate.device_bytes_of_largest_rank()), f.estimate.peak_op_name);
   }
   if (!r.rejected.empty()) {
     out += fmt::format("rejected families (do not fit at micro-batch 1; {} in all, closest first):\n", r.rejected.size());

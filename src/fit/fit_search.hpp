@@ -5,15 +5,15 @@
 // and the accumulation follows from the global batch (or the run's --grad-accum). Families
 // are ranked by estimated tokens/s (fit/estimate.hpp).
 //
-// Candidates are planned cheaply: the planned program depends only on (precision, attention,
-// recomputation, optimizer, micro-batch) — ZeRO and offload act on its categories — so one
-// plan serves every stage and offload choice, and plans are memoised. The micro-batch is
-// guessed from the batch-1 plan (activations grow about linearly) and then checked by
-// planning the guess and its neighbour. Two prunings, both exact for the ranking: a family
-// whose sharded model states and fixed overheads alone exceed the budget is rejected without
-// planning activations; and a program key whose batch-1 compute time per token already
-// exceeds the best step time per token found is not searched further (communication and
-// offload only add time).
+// Candidates are planned by the builder and planner that run them: a family without offload
+// on W ranks is rank 0's program at its ZeRO stage (fit/estimate.hpp); offload families shard
+// the unsharded program's categories (the labelled model). Plans are memoised per (precision,
+// attention, recomputation, optimizer, micro-batch, accumulation on, ZeRO stage, world). The
+// micro-batch is guessed from the micro-batch 1 and 2 plans (activations grow about linearly)
+// and then checked by planning the guess and its neighbour. Two prunings: a family that does
+// not fit at micro-batch 1 is rejected; and a program key whose batch-1 compute time per token
+// already exceeds the k-th best step time per token is not searched further (communication
+// and offload only add time).
 #pragma once
 
 #include <string>

@@ -1,15 +1,15 @@
 // Model states (parameters, gradients, master weights, optimizer state) of a program, and
 // what ZeRO sharding and offload do to them per rank.
 //
-// LABELLED ESTIMATE: ZeRO as a program transformation (issue 6) is being built separately;
-// until it lands, planning applies sharding here, to the categories of the unsharded
-// program, as the ZeRO paper describes: stage 1 shards optimizer state and master weights,
-// stage 2 also gradients, stage 3 also parameters, each flattened per dtype and padded to a
-// multiple of the world size (every rank holds ceil(elements / world) of them). Offload
+// LABELLED ESTIMATE, kept where the training program cannot express the policy (offload until
+// issue 16; frozen parameters or the update in backward with ZeRO) and as the test oracle of
+// the rank programs (fit/estimate.hpp plans those): sharding applied to the categories of the
+// unsharded program, as the ZeRO paper describes: stage 1 shards optimizer state and master
+// weights, stage 2 also gradients, stage 3 also parameters, each flattened per dtype and padded
+// to a multiple of the world size (every rank holds ceil(elements / world) of them). Offload
 // moves the optimizer state and master weights (and the fp32 gradient copy the host update
 // reads) or the parameters to the host or disk tier; from stage 2 on, an offloaded optimizer's
 // gradients stream to the host as they are produced and the device keeps none of them.
-// Replace with the real pass when it merges.
 #pragma once
 
 #include <array>

@@ -14,6 +14,7 @@
 #include "fit/compare.hpp"
 #include "fit/fit_search.hpp"
 #include "fit/hardware.hpp"
+#include "kernels/backend.hpp"
 #include "support/run_cli.hpp"
 #include "train/run_config.hpp"
 
@@ -94,6 +95,43 @@ TEST(Fit, Llama2SeventyBillionOnEightH100) {
   EXPECT_TRUE(states_rejected);
 }
 
+// The search plans rank 0; with 8-bit AdamW on 5 ranks another rank plans a few KiB more. With
+// the budget set to rank 0's peak of a family at the largest micro-batch allowed, that family
+// only fits rank 0 there: every listed winner must fit its largest rank (all ranks planned).
+TEST(Fit, WinnersFitEveryRankNotOnlyRankZero) {
+  Cluster c;
+  c.hw = hardware_preset("cpu");
+  c.hw.capabilities = cpu_capabilities();
+  c.gpus_per_node = 5;
+  Policy base;
+  base.seq = 32;
+  base.precision = Precision::bf16;
+  base.grad_dtype = DType::bf16;
+  base.attention = AttentionKind::flash;
+  base.optimizer = OptimizerKind::adamw8bit;
+  base.zero_stage = 2;
+  base.batch = 4;
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  RankEstimate tight = estimate_run(spec, base, c, {});
+  plan_every_rank(spec, base, c, {}, tight);
+  ASSERT_GT(tight.largest_rank_device_bytes, tight.device_bytes);  // the case this test is about
+  FitOptions o;
+  o.budget = tight.device_bytes;
+  o.max_batch = 4;
+  o.keep = 1000;  // every family that fits
+  const FitResult r = fit_search(spec, base, c, {}, o);
+  bool stepped_down = false;
+  for (const FitCandidate& f : r.ranked) {
+    EXPECT_EQ(f.estimate.ranks_planned, f.estimate.from_program ? 5 : 1) << f.family;  // offload: the model
+    EXPECT_LE(f.estimate.device_bytes_of_largest_rank(), o.budget) << f.family;
+    if (f.family == family_name(base)) {
+      EXPECT_LT(f.policy.batch, 4);
+      stepped_down = true;
+    }
+  }
+  EXPECT_TRUE(stepped_down);
+}
+
 TEST(PlanCli, HardwareFitCompareAndErrors) {
   const std::string out = test::temp_dir() + "/ds.json";
   auto r = test::run_memfit("plan --model gpt2 --hardware l4-24gb --world-size 2 --seq 512 --fit --compare --emit deepspeed " + out);
@@ -107,7 +145,13 @@ TEST(PlanCli, HardwareFitCompareAndErrors) {
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["estimate"]["world_size"], 8);
-  EXPECT_TRUE(j["estimate"]["sharding_is_estimate"].get<bool>());
+  EXPECT_FALSE(j["estimate"]["sharding_is_estimate"].get<bool>());  // rank 0's own program
+  EXPECT_EQ(j["estimate"]["rank"], 0);
+  // Offload: the builder refuses it (issue 16), so sharding and offload stay the labelled model.
+  r = test::run_memfit("plan --model llama-2-7b --hardware a100-80gb --world-size 8 --zero 3 --offload-optimizer host "
+                       "--precision bf16 --grad-dtype bf16 --seq 128 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["estimate"]["sharding_is_estimate"].get<bool>());
   r = test::run_memfit("plan --model gpt2-tiny --hardware h100-80gb --world-size 2 --seq 64 --fit --global-batch 24 --json");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto fit = nlohmann::json::parse(r.out)["fit"];

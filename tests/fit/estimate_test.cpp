@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "fit/estimate.hpp"
 #include "graph/training_program.hpp"
+#include "graph/zero.hpp"
 #include "kernels/backend.hpp"
 #include "runtime/compile.hpp"
 #include "support/tiny_run.hpp"
@@ -42,6 +43,72 @@ TEST(Estimate, OneRankEqualsThePlanAndTheExecutedPeak) {
       EXPECT_EQ(e.host_bytes, 0u);
       EXPECT_EQ(e.comm_seconds, 0);
     }
+}
+
+// ZeRO 0-3 on 2 to 5 ranks: the estimate is rank 0's planned program (built and compiled here
+// through the runtime's path), not a model of it: its peak, packing and collective bytes; and
+// plan_every_rank finds the largest of every rank's planned peak.
+TEST(Estimate, ZeroStagesAreRankZerosPlannedProgramAndEveryRankIsPlanned) {
+  auto backend = make_cpu_backend();
+  EstimateOptions eo;
+  eo.prepare = [&](Program& p) { attach_backend_scratch(p, *backend); };
+  struct Case {
+    const char* model;
+    int world, accum;
+    OptimizerKind optimizer;
+  };
+  // 8-bit AdamW aligns pieces to its 256-element blocks; 5 ranks leave uneven padding.
+  for (const Case& k : {Case{"gpt2-tiny", 2, 1, OptimizerKind::adamw}, Case{"gpt2-tiny", 3, 2, OptimizerKind::adamw},
+                        Case{"gpt2-tiny", 5, 1, OptimizerKind::adamw8bit}, Case{"llama-tiny", 4, 2, OptimizerKind::adamw},
+                        Case{"llama-tiny", 3, 1, OptimizerKind::adamw8bit}})
+    for (int stage = 0; stage <= 3; ++stage) {
+      SCOPED_TRACE(testing::Message() << k.model << " world " << k.world << " accumulation " << k.accum << " "
+                                      << optimizer_name(k.optimizer) << " stage " << stage);
+      const ModelSpec spec = model_preset(k.model);
+      Policy pol;
+      pol.batch = 2;
+      pol.seq = 32;
+      pol.grad_accum = k.accum;
+      pol.optimizer = k.optimizer;
+      pol.zero_stage = stage;
+      Cluster c = one("cpu");
+      c.gpus_per_node = k.world;
+      RankEstimate e = estimate_run(spec, pol, c, eo);
+      EXPECT_TRUE(e.from_program);
+      plan_every_rank(spec, pol, c, eo, e);
+      EXPECT_EQ(e.ranks_planned, k.world);
+      uint64_t largest = 0;
+      int largest_rank = 0;
+      for (int rank = 0; rank < k.world; ++rank) {
+        const CompiledProgram run =
+            compile_program(build_training_program(spec, pol, Topology{k.world, 1, rank}, cpu_capabilities()), *backend);
+        const TierPlan& dev = run.plan.tier(Tier::device);
+        if (dev.peak_bytes > largest) {
+          largest = dev.peak_bytes;
+          largest_rank = rank;
+        }
+        if (rank > 0) continue;
+        EXPECT_EQ(e.device_bytes, dev.peak_bytes);
+        EXPECT_EQ(e.packing_overhead, dev.peak_bytes - dev.max_live_bytes);
+        EXPECT_NEAR(e.comm_bytes, communication_bytes_per_step(run.program), 1e-9 * e.comm_bytes);
+        EXPECT_EQ(e.by_tier[size_t(Tier::device)], dev.live_by_category[size_t(e.peak_op)]);
+      }
+      EXPECT_EQ(e.device_bytes_of_largest_rank(), largest);
+      EXPECT_EQ(e.largest_rank, largest_rank);
+    }
+  // The pieces differ by rank: with 8-bit state on 5 ranks another rank plans more than rank 0
+  // (more piece tensors and scale blocks), which is why every rank is planned.
+  Policy pol;
+  pol.batch = 2;
+  pol.seq = 32;
+  pol.optimizer = OptimizerKind::adamw8bit;
+  pol.zero_stage = 2;
+  Cluster c = one("cpu");
+  c.gpus_per_node = 5;
+  RankEstimate e = estimate_run(model_preset("gpt2-tiny"), pol, c, eo);
+  plan_every_rank(model_preset("gpt2-tiny"), pol, c, eo, e);
+  EXPECT_GT(e.largest_rank_device_bytes, e.device_bytes);
+  EXPECT_NE(e.largest_rank, 0);
 }
 
 TEST(Estimate, ShardingLowersTheDevicePeakAndOffloadMovesItToTheHost) {
