@@ -57,7 +57,7 @@ bool HardwarePlanOptions::requested(const RunConfig& c) const {
   for (const char* flag : {"--hardware", "--hardware-file", "--hardware-set", "--device-memory", "--gpus-per-node",
                            "--nodes", "--fit", "--compare", "--emit", "--efficiency", "--comm-overlap"})
     if (app_.get_option(flag)->count() > 0) return true;
-  return other_hardware || c.policy.offload_optimizer != Tier::device || c.policy.offload_params != Tier::device;
+  return other_hardware || c.policy.offload_params != Tier::device;
 }
 
 namespace {

@@ -133,6 +133,13 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    [](RunConfig& c, std::string v) { c.policy.offload_optimizer = parse_tier(v); });
   add<std::string>(app, "--offload-params", "device | host | disk",
                    [](RunConfig& c, std::string v) { c.policy.offload_params = parse_tier(v); });
+  add<std::string>(app, "--offload-dir", "directory of the disk tier's files (one per rank) for disk offload",
+                   [](RunConfig& c, std::string v) { c.offload_dir = std::move(v); });
+  add<int64_t>(app, "--offload-chunk-elements",
+               "elements per staging chunk of optimizer offload (a multiple of 4096; default 4194304)",
+               [](RunConfig& c, int64_t v) {
+                 c.policy.offload_chunk_elements = require_in("--offload-chunk-elements", v, input_range::offload_chunk);
+               });
   add<double>(app, "--weight-decay", "AdamW weight decay (matrices and embeddings)", [](RunConfig& c, double v) {
     c.policy.adamw.weight_decay = float(require_in("--weight-decay", v, input_range::weight_decay));
   });

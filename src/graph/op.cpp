@@ -98,7 +98,9 @@ Engine queue_engine(Queue q) {
   MEMFIT_ASSERT(false, "unknown queue {}", int(q));
 }
 
-int queue_depth(Queue) { return 1; }
+// Transfers use no library scratch, and optimizer offload starts several per chunk (master, m,
+// v, 8-bit absmax) that must all be in flight while the previous chunk is updated.
+int queue_depth(Queue q) { return queue_engine(q) == Engine::transfer ? kTransferQueueDepth : 1; }
 
 std::string_view comm_group_name(CommGroup g) {
   switch (g) {

@@ -118,9 +118,11 @@ enum class Queue : uint8_t { compute, comm_reduce, comm_gather, transfer_out, tr
 inline constexpr int kNumQueues = 5;
 std::string_view queue_name(Queue q);  // "compute", "comm.reduce", "comm.gather", "transfer.out", "transfer.in"
 Engine queue_engine(Queue q);
-// Ops of a queue that may be in flight at once (graph/schedule_async.hpp). 1 for every queue:
-// each queue has one scratch (runtime/compile.hpp), which a depth of 2 would have to double.
+// Ops of a queue that may be in flight at once (graph/schedule_async.hpp). 1 for the compute
+// and communicator queues: each has one scratch (runtime/compile.hpp), which a depth of 2
+// would have to double. Transfer queues keep up to kTransferQueueDepth.
 int queue_depth(Queue q);
+inline constexpr int kTransferQueueDepth = 8;  // the transfer engine's request slots per queue
 // The queue an op of this kind runs on by default: reductions and gathers are separate
 // streams (a gradient reduction may stay in flight while the next block is gathered);
 // transfers go out to a slower tier or in to a faster one (`outward`).

@@ -73,6 +73,7 @@ struct Policy {
   bool overlap_comm = true;  // collectives run asynchronously, overlapping compute (graph/schedule_async.hpp)
   Tier offload_optimizer = Tier::device;
   Tier offload_params = Tier::device;
+  int64_t offload_chunk_elements = 0;  // optimizer offload's staging chunk (graph/offload.hpp); 0: the default
   int64_t classifier_chunk_rows = 0;  // 0: chosen by the builder (logits chunk of at most 128 MiB)
   bool with_eval = true;              // add the "eval" section (validation loss)
 };

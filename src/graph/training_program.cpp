@@ -10,6 +10,7 @@
 #include "graph/eval_program.hpp"
 #include "graph/forward_rewrite.hpp"
 #include "graph/model_forward.hpp"
+#include "graph/offload.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
 #include "graph/recompute.hpp"
@@ -61,7 +62,7 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
                "rank {} of a world of {} x {} ranks (data x tensor)", topo.rank, topo.data, topo.tensor);
   if (p.update_in_backward && (p.zero_stage > 0 || topo.world() > 1))
     unsupported("updating in the backward pass with data parallelism (ZeRO)");
-  if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) unsupported("offload");
+  if (const std::string why = offload_refusal(p); !why.empty()) throw Error("policy", why);
 }
 
 }  // namespace
@@ -168,6 +169,8 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   // Last: ZeRO re-homes parameters and gradients with their final dtypes (frozen parameters:
   // see graph/zero.hpp).
   if (policy.zero_stage > 0 || topology.world() > 1) apply_zero(p, policy, topology);
+  // After ZeRO, whose update ops name this rank's pieces: those pieces are what moves.
+  apply_optimizer_offload(p, policy);
   schedule_async(p, AsyncOptions{.overlap_comm = policy.overlap_comm});
   p.validate();
   return p;

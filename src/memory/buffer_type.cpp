@@ -9,13 +9,17 @@ namespace {
 
 class HostArenaBufferType final : public BufferType {
  public:
-  std::string_view name() const override { return "host-arena"; }
-  uint64_t alignment() const override { return 64; }  // a cache line, one AVX-512 vector
+  explicit HostArenaBufferType(uint64_t alignment) : alignment_(alignment) {}
+  std::string_view name() const override { return alignment_ == 64 ? "host-arena" : "host-staging-arena"; }
+  uint64_t alignment() const override { return alignment_; }
   bool host_readable() const override { return true; }
   HighWaterMethod high_water_method() const override { return HighWaterMethod::sentinel_scan; }
   std::unique_ptr<Buffer> allocate(Tier tier, uint64_t bytes, const BufferSite&) const override {
     return std::make_unique<Arena>(tier, bytes);
   }
+
+ private:
+  uint64_t alignment_;
 };
 
 class DiskFileBufferType final : public BufferType {
@@ -32,7 +36,12 @@ class DiskFileBufferType final : public BufferType {
 }  // namespace
 
 const BufferType& host_arena_buffer_type() {
-  static const HostArenaBufferType type;
+  static const HostArenaBufferType type(64);  // a cache line, one AVX-512 vector
+  return type;
+}
+
+const BufferType& host_staging_buffer_type() {
+  static const HostArenaBufferType type(kDiskAlignment);
   return type;
 }
 
@@ -42,7 +51,12 @@ const BufferType& disk_file_buffer_type() {
 }
 
 const BufferType& default_buffer_type(Tier tier) {
-  return tier == Tier::disk ? disk_file_buffer_type() : host_arena_buffer_type();
+  switch (tier) {
+    case Tier::device: return host_arena_buffer_type();
+    case Tier::host: return host_staging_buffer_type();
+    case Tier::disk: return disk_file_buffer_type();
+  }
+  return host_arena_buffer_type();
 }
 
 }  // namespace memfit

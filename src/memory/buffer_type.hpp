@@ -42,6 +42,8 @@ class Buffer {
   virtual void read(uint64_t offset, std::span<std::byte> bytes) const = 0;
   // One past the highest byte the run used, measured as the type's HighWaterMethod says.
   virtual uint64_t measured_high_water() const = 0;
+  // Where the bytes are and how they move, for the run log ("" for memory).
+  virtual std::string describe() const { return ""; }
 };
 
 class BufferType {
@@ -58,9 +60,13 @@ class BufferType {
 
 // Anonymous host RAM, mapped once and sentinel-measured (memory/arena.hpp); 64-byte aligned.
 const BufferType& host_arena_buffer_type();
+// The same, 4 KiB aligned: the host tier, whose staging buffers the disk tier's file is read
+// into and written from with O_DIRECT (the address, offset and length must all be aligned).
+const BufferType& host_staging_buffer_type();
 // One preallocated file per rank, 4 KiB aligned (ready for O_DIRECT), highest-write measured.
 const BufferType& disk_file_buffer_type();
-// What a backend without its own memory uses: host arenas for device and host, a file on disk.
+// What a backend without its own memory uses: host arenas for device and host (the host's 4 KiB
+// aligned), a file on disk.
 const BufferType& default_buffer_type(Tier tier);
 
 }  // namespace memfit

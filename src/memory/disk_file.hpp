@@ -1,8 +1,13 @@
 // DiskFile: the disk tier's buffer, one file per rank (`memfit-rank<R>.tier`) under a
 // directory, preallocated with posix_fallocate to the planned size before the first step, so
-// a run never meets ENOSPC halfway. Bytes move with pread/pwrite; every offset the plan hands
-// out is a multiple of 4 KiB, so the same file can later be opened with O_DIRECT. The
-// high-water mark is the highest byte ever written (a file has no sentinel to scan cheaply).
+// a run never meets ENOSPC halfway. Bytes move with pread/pwrite on a second descriptor
+// opened with O_DIRECT (no page cache: the state streamed every step would otherwise fill the
+// machine's memory with cached pages and be copied twice) wherever the memory address, the
+// file offset and the length are multiples of 4 KiB: every offset the plan hands out on the
+// disk tier and on the host tier that stages it is, so only the unaligned tail of a tensor
+// goes through the page cache. Where the filesystem refuses O_DIRECT (tmpfs), everything goes
+// through the page cache and describe() says so. The high-water mark is the highest byte ever
+// written (a file has no sentinel to scan cheaply).
 // Invariant: the file's length equals size() from construction to destruction; the file is
 // removed when the buffer is destroyed.
 #pragma once
@@ -32,14 +37,20 @@ class DiskFile final : public Buffer {
   void read(uint64_t offset, std::span<std::byte> bytes) const override;
   uint64_t measured_high_water() const override { return highest_written_; }
 
+  std::string describe() const override;
+
   const std::string& path() const { return path_; }
-  int fd() const { return fd_; }  // for the transfer engine's pread/pwrite
+  bool direct() const { return direct_fd_ >= 0; }
+  int fd() const { return fd_; }                // the page-cache descriptor (tests break it)
+  int direct_fd() const { return direct_fd_; }  // the O_DIRECT one, -1 when refused
 
  private:
   Tier tier_;
   uint64_t size_;
   std::string path_;
   int fd_ = -1;
+  int direct_fd_ = -1;  // the same file with O_DIRECT; -1 where the filesystem refuses it
+  std::string no_direct_reason_;
   uint64_t highest_written_ = 0;
 };
 

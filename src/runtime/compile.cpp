@@ -26,8 +26,9 @@ void attach_backend_scratch(Program& p, const Backend& backend) {
     if (largest[size_t(q)] == 0) continue;
     const Queue queue = Queue(q);
     // One scratch serves one op at a time: a deeper queue would need one per op in flight.
-    MEMFIT_ASSERT(queue_depth(queue) == 1, "queue {} keeps {} ops in flight but has one scratch", queue_name(queue),
-                  queue_depth(queue));
+    MEMFIT_CHECK(queue_depth(queue) == 1, "kernels",
+                 "the backend asks for scratch on queue {}, but queue {} keeps {} ops in flight and a queue has one "
+                 "scratch", queue_name(queue), queue_name(queue), queue_depth(queue));
     TensorDesc d;
     d.name = queue == Queue::compute ? std::string("library.scratch") : "library.scratch." + std::string(queue_name(queue));
     d.shape = Shape{int64_t(largest[size_t(q)])};

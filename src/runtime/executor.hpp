@@ -113,6 +113,15 @@ class Executor {
   // poisoning and scans; throws [runtime] for any other buffer.
   Arena& arena(Tier t) const;
 
+  // What the transfer engine's queues moved (asynchronous transfers: their workers' busy time);
+  // zeros when the program has no transfers.
+  TransferEngine::QueueStats transfer_stats(Queue q) const {
+    return transfers_ ? transfers_->stats(q) : TransferEngine::QueueStats{};
+  }
+  void reset_transfer_stats() {
+    if (transfers_) transfers_->reset_stats();
+  }
+
   // Time spent per op (seconds, summed over runs) when timing is on.
   void set_timing(bool on) { timing_ = on; }
   void reset_op_seconds() { std::fill(op_seconds_.begin(), op_seconds_.end(), 0.0); }

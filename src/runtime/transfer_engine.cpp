@@ -1,5 +1,6 @@
 #include "runtime/transfer_engine.hpp"
 
+#include <chrono>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -72,16 +73,34 @@ void TransferEngine::run_worker(Worker& w) {
     Request& r = w.slots[size_t(w.order[size_t(w.head % kSlots)])];
     lock.unlock();
     std::exception_ptr error;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       copy(r.src, r.dst, r.bytes);
     } catch (...) {
       error = std::current_exception();
     }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
+    w.stats.bytes += r.bytes;
+    w.stats.seconds += seconds;
+    ++w.stats.transfers;
     r.error = error;
     r.done = true;
     ++w.head;
     w.finished.notify_all();
+  }
+}
+
+TransferEngine::QueueStats TransferEngine::stats(Queue q) const {
+  const Worker& w = workers_[size_t(worker_of(q))];
+  std::lock_guard lock(w.mutex);
+  return w.stats;
+}
+
+void TransferEngine::reset_stats() {
+  for (Worker& w : workers_) {
+    std::lock_guard lock(w.mutex);
+    w.stats = QueueStats{};
   }
 }
 

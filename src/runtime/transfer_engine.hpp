@@ -8,7 +8,7 @@
 //
 // Invariants: every request slot is allocated when the engine is built, so starting and
 // waiting allocate nothing; at most kSlots transfers per queue are in flight (the scheduler's
-// queue depth is 1); a failure in a worker (a short write, ENOSPC, EIO) is kept with its
+// queue depth for transfers, graph/op.hpp); a failure in a worker (a short write, ENOSPC, EIO) is kept with its
 // transfer and thrown as [io] by that transfer's wait, naming the op; the engine's destructor
 // lets in-flight transfers finish before the workers stop, so no worker writes into a buffer
 // after the executor has freed it.
@@ -41,7 +41,7 @@ using StartedTransfers = std::map<int, StartedTransfer*>;
 
 class TransferEngine {
  public:
-  static constexpr int kSlots = 4;  // per queue
+  static constexpr int kSlots = kTransferQueueDepth;  // per queue: the scheduler's depth
 
   TransferEngine();
   ~TransferEngine();
@@ -58,6 +58,15 @@ class TransferEngine {
   // Copies `bytes` from src to dst now (in the calling thread). Throws [memory]/[io] from the buffers.
   static void copy(const TransferEnd& src, const TransferEnd& dst, uint64_t bytes);
 
+  // What each worker moved since construction (or reset_stats): bytes, and seconds spent
+  // copying them (the worker's busy time, so bytes / seconds is the achieved bandwidth).
+  struct QueueStats {
+    uint64_t bytes = 0, transfers = 0;
+    double seconds = 0;
+  };
+  QueueStats stats(Queue q) const;
+  void reset_stats();
+
  private:
   friend class StartedTransfer;
   struct Request {
@@ -71,7 +80,8 @@ class TransferEngine {
     std::array<int, kSlots> order{};  // slot indices in start order: [head, tail) are queued
     int head = 0, tail = 0, in_flight = 0;
     bool stopping = false;
-    std::mutex mutex;
+    QueueStats stats;  // guarded by mutex
+    mutable std::mutex mutex;
     std::condition_variable work, finished;
     std::thread thread;
   };

@@ -46,6 +46,10 @@ std::vector<Technique> techniques(const Policy& p) {
   if (p.optimizer != OptimizerKind::adamw8bit)
     out.push_back({"--optimizer adamw8bit", ChangeCost::lower_precision,
                    [](RunConfig& c) { c.policy.optimizer = OptimizerKind::adamw8bit; }});
+  // Host offload saves nothing here (the host tier is the same memory); disk offload does.
+  if (p.offload_optimizer != Tier::disk && !p.update_in_backward)
+    out.push_back({"--offload-optimizer disk --offload-dir DIR", ChangeCost::more_io,
+                   [](RunConfig& c) { c.policy.offload_optimizer = Tier::disk; }});
   return out;
 }
 
@@ -55,6 +59,7 @@ std::string cost_words(const FitSuggestion& s) {
     case ChangeCost::more_compute: return fmt::format("{:+.0f}% compute", 100.0 * s.extra_compute);
     case ChangeCost::lower_precision: return "lower precision";
     case ChangeCost::different_run: return "a different run";
+    case ChangeCost::more_io: return "optimizer state and masters read and written on disk every step";
   }
   return "?";
 }
@@ -89,7 +94,7 @@ class Diagnoser {
         continue;
       }
       if (add(out, c, t.flags, t.cost, "", false, &cand)) continue;
-      if (cand.peak >= run_.compiled.plan.tier(Tier::device).peak_bytes || p.batch <= 1) continue;
+      if (cand.peak >= memory_peak(run_.compiled.plan) || p.batch <= 1) continue;
       const int64_t b = largest_fitting_batch(c, backend_, budget_, p.batch - 1);
       if (b >= 1)
         add(out, with_batch(c, b), fmt::format("{} --batch {}", t.flags, b), ChangeCost::different_run,
@@ -145,7 +150,7 @@ class Diagnoser {
     const CandidatePlan cand = planned ? *planned : plan_candidate(c, backend_);
     if (!cand.built) return false;
     const bool fits = cand.peak <= budget_;
-    const uint64_t current = run_.compiled.plan.tier(Tier::device).peak_bytes;
+    const uint64_t current = memory_peak(run_.compiled.plan);
     if (!fits && (only_if_fits || cand.peak >= current)) return false;
     FitSuggestion s;
     s.flags = std::move(flags);
@@ -174,7 +179,7 @@ BudgetDiagnosis diagnose_budget(const RunConfig& c, const PreparedRun& run, uint
   const TierPlan& t = plan.tier(Tier::device);
   BudgetDiagnosis d;
   d.budget = budget;
-  d.peak = t.peak_bytes;
+  d.peak = memory_peak(plan);
   d.peak_op = t.peak_op;
   for (Category cat : kAllCategories)
     if (t.at_peak[size_t(cat)] > t.at_peak[size_t(d.largest_category)]) d.largest_category = cat;
@@ -183,7 +188,8 @@ BudgetDiagnosis diagnose_budget(const RunConfig& c, const PreparedRun& run, uint
 
   const uint64_t over = d.peak > budget ? d.peak - budget : 0;
   std::string& r = d.report;
-  r += fmt::format("  budget        {:>12} ({} bytes), device tier\n", format_bytes(budget), budget);
+  r += fmt::format("  budget        {:>12} ({} bytes), {}\n", format_bytes(budget), budget,
+                   plan.tier(Tier::host).peak_bytes > 0 ? "device and host tiers (both this machine's memory)" : "device tier");
   r += fmt::format("  planned peak  {:>12} ({} bytes): {} ({} bytes) over\n", format_bytes(d.peak), d.peak,
                    format_bytes(over), over);
   if (d.peak_op >= 0) {
@@ -241,7 +247,7 @@ BudgetDiagnosis diagnose_budget(const RunConfig& c, const PreparedRun& run, uint
 
 void enforce_memory_budget(const RunConfig& c, const PreparedRun& run, uint64_t budget, const Backend& backend,
                            std::ostream& log) {
-  if (run.compiled.plan.tier(Tier::device).peak_bytes <= budget) return;
+  if (memory_peak(run.compiled.plan) <= budget) return;
   const BudgetDiagnosis d = diagnose_budget(c, run, budget, backend);
   log << "memory budget exceeded: the run stops before step 1\n" << d.report << std::flush;
   throw Error("plan", d.summary);

@@ -22,14 +22,15 @@
 
 namespace memfit {
 
-enum class ChangeCost : uint8_t { same_math, more_compute, lower_precision, different_run };
+// Cheapest first. more_io: the same math, with bytes streamed to and from disk every step.
+enum class ChangeCost : uint8_t { same_math, more_compute, more_io, lower_precision, different_run };
 
 struct FitSuggestion {
   std::string flags;     // e.g. "--batch 2 --grad-accum 2"
   std::string effect;    // e.g. "same global batch (8 sequences per optimizer step)"
   ChangeCost cost = ChangeCost::same_math;
   double extra_compute = 0;  // FLOPs per token relative to the current run, minus one
-  uint64_t peak = 0;         // planned device peak with the change
+  uint64_t peak = 0;         // planned bytes in memory with the change (train/candidates.hpp memory_peak)
   bool fits = false;
 };
 

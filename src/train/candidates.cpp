@@ -22,7 +22,7 @@ CandidatePlan plan_candidate(const RunConfig& c, const Backend& backend) {
     const PreparedRun run = prepare_run(c, backend);
     const TierPlan& t = run.compiled.plan.tier(Tier::device);
     out.built = true;
-    out.peak = t.peak_bytes;
+    out.peak = memory_peak(run.compiled.plan);
     out.peak_op = t.peak_op;
     out.flops_per_token = flops_per_token(run.compiled.program, run.policy);
   } catch (const Error& e) {
@@ -30,6 +30,10 @@ CandidatePlan plan_candidate(const RunConfig& c, const Backend& backend) {
     out.unsupported = e.piece() == "policy" && out.refused.find("not supported") != std::string::npos;
   }
   return out;
+}
+
+uint64_t memory_peak(const MemoryPlan& plan) {
+  return plan.tier(Tier::device).peak_bytes + plan.tier(Tier::host).peak_bytes;
 }
 
 RunConfig with_batch(RunConfig c, int64_t batch) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "graph/program.hpp"
+#include "plan/memory_plan.hpp"
 #include "kernels/backend.hpp"
 #include "train/run_config.hpp"
 
@@ -18,12 +19,16 @@ struct CandidatePlan {
   bool built = false;
   bool unsupported = false;  // refused by this build ([policy] "not supported")
   std::string refused;       // the refusal, when not built
-  uint64_t peak = 0;         // planned device peak
+  uint64_t peak = 0;         // planned bytes in memory (memory_peak)
   int peak_op = -1;
   double flops_per_token = 0;  // arithmetic work per trained token (micro-steps x repeats + optimizer)
 };
 
 CandidatePlan plan_candidate(const RunConfig& config, const Backend& backend);
+// The planned bytes held in this machine's memory, which the budget bounds: the device tier
+// plus the host tier (on the CPU backend both are RAM; optimizer offload to the host moves
+// bytes between them without saving any). The disk tier is bounded by its filesystem.
+uint64_t memory_peak(const MemoryPlan& plan);
 double flops_per_token(const Program& program, const Policy& policy);
 
 // Largest micro-batch in [1, hi] whose plan fits `budget` (0 when none), `config`'s other

@@ -187,7 +187,10 @@ void apply_zero_block(const json& v, RunConfig& c) {
     if (is_auto(sv)) continue;
     if (sub == "stage") p.zero_stage = int(get_integer(sv, name, range::zero_stage));
     else if (sub == "overlap_comm") p.overlap_comm = get_as<bool>(sv, name);
-    else if (sub == "offload_optimizer") apply_offload_block(name, sv, p.offload_optimizer, c.offload_optimizer_keys);
+    else if (sub == "offload_optimizer") {
+      apply_offload_block(name, sv, p.offload_optimizer, c.offload_optimizer_keys);
+      if (c.offload_dir.empty()) c.offload_dir = c.offload_optimizer_keys.nvme_path;
+    }
     else if (sub == "offload_param") apply_offload_block(name, sv, p.offload_params, c.offload_param_keys);
     else if (sub == "contiguous_gradients")
       require_switch(sv, name, true, "memfit's gradients always live in contiguous planned buckets");

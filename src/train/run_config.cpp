@@ -160,6 +160,12 @@ bool apply_memfit_key(const std::string& key, const json& v, RunConfig& c) {
     p.attention = parse_attention(get_as<std::string>(v, key));
   } else if (key == "classifier_chunk_rows") {
     p.classifier_chunk_rows = get_integer(v, key, range::chunk_rows);
+  } else if (key == "offload_optimizer") {
+    p.offload_optimizer = parse_tier(get_as<std::string>(v, key));
+  } else if (key == "offload_dir") {
+    c.offload_dir = get_as<std::string>(v, key);
+  } else if (key == "offload_chunk_elements") {
+    p.offload_chunk_elements = get_integer(v, key, range::offload_chunk);
   } else {
     return false;
   }

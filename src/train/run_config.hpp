@@ -54,6 +54,7 @@ struct RunConfig {
     bool pin_memory = false;
     int64_t buffer_count = 0, buffer_size = 0, max_in_cpu = 0;
   } offload_optimizer_keys, offload_param_keys;
+  std::string offload_dir;  // --offload-dir (or the offload blocks' nvme_path): the disk tier's files
   uint64_t seed = 1337;
   bool shuffle = false;
   double val_fraction = 0.1;  // share of the data held out at its end; 0: no validation
@@ -98,6 +99,7 @@ inline constexpr IntRange steps{1, kMaxSteps};            // steps, eval batches
 inline constexpr IntRange interval{0, kMaxSteps};         // warmup, decay, eval/log/checkpoint every N (0: off)
 inline constexpr IntRange batch{1, kMaxKernelDim};        // batch and sequence length (rows bounded by policy)
 inline constexpr IntRange chunk_rows{0, kMaxKernelDim};   // classifier chunk rows (0: automatic)
+inline constexpr IntRange offload_chunk{0, int64_t(1) << 40};  // optimizer offload's staging chunk (0: default)
 inline constexpr IntRange accumulation{1, INT32_MAX};
 inline constexpr IntRange zero_stage{0, 3};
 inline constexpr IntRange threads{1, kMaxThreads};

@@ -78,22 +78,42 @@ nlohmann::json finish_run(RunState& s, const LoopRecord& rec, RunHooks* hooks) {
   const Policy& pol = s.run.policy;
   Executor& ex = s.ex();
   std::ostream& log = s.out();
-  const uint64_t planned = s.run.compiled.plan.tier(Tier::device).peak_bytes;
   TierBytes measured{};
   for (Tier t : kAllTiers) measured[size_t(t)] = ex.buffer(t).measured_high_water();
   const uint64_t rss = peak_resident_set_bytes();
-  // Every rank checks its own arena; the report says whether all of them matched their plans.
-  int32_t mismatched = planned == measured[0] ? 0 : 1;
+  // Every rank checks each of its tiers (arenas, the disk tier's file); the report says
+  // whether all of them matched their plans.
+  int32_t mismatched = 0;
+  for (Tier t : kAllTiers) {
+    const uint64_t planned = s.run.compiled.plan.tier(t).peak_bytes;
+    if (t != Tier::device && planned == 0 && measured[size_t(t)] == 0) continue;
+    const bool equal = planned == measured[size_t(t)];
+    mismatched |= equal ? 0 : 1;
+    log << fmt::format("memory: {} planned peak {} ({} bytes), measured high-water {} ({} bytes){}", tier_name(t),
+                       format_bytes(planned), planned, format_bytes(measured[size_t(t)]), measured[size_t(t)],
+                       equal ? ", equal" : ", DIFFERENT");
+    log << (t == Tier::device ? fmt::format("; max RSS {}\n", format_bytes(rss)) : std::string("\n"));
+  }
   s.comm->all_reduce(&mismatched, 1, DType::i32, ReduceOp::max);
-  log << fmt::format("memory: device planned peak {} ({} bytes), measured high-water {} ({} bytes){}; max RSS {}\n",
-                     format_bytes(planned), planned, format_bytes(measured[0]), measured[0],
-                     planned == measured[0] ? ", equal" : ", DIFFERENT", format_bytes(rss));
   const double tokens_per_step = double(s.global_batch() * pol.seq * pol.grad_accum);
   const double seconds = rec.timed_seconds, steps = double(rec.timed_steps);
   const double tps = rec.timed_steps ? tokens_per_step * steps / seconds : 0.0;
   if (rec.timed_steps)
     log << fmt::format("speed: {:.0f} tokens/s, {:.1f} ms/step over steps 2..{}\n", tps, 1e3 * seconds / steps, c.steps);
   const std::map<std::string, double> phase_ms = phase_milliseconds(s, rec);
+  nlohmann::json transfers = nlohmann::json::object();
+  for (Queue q : {Queue::transfer_out, Queue::transfer_in}) {
+    const TransferEngine::QueueStats t = ex.transfer_stats(q);
+    if (t.transfers == 0 || rec.timed_steps == 0) continue;
+    const double gbps = t.seconds > 0 ? double(t.bytes) / t.seconds / 1e9 : 0.0;
+    transfers[std::string(queue_name(q))] = {{"bytes_per_step", double(t.bytes) / double(rec.timed_steps)},
+                                             {"busy_ms_per_step", 1e3 * t.seconds / double(rec.timed_steps)},
+                                             {"transfers_per_step", double(t.transfers) / double(rec.timed_steps)},
+                                             {"gigabytes_per_second", gbps}};
+    log << fmt::format("transfers {}: {} per step in {:.1f} ms of the worker's time ({:.2f} GB/s)\n", queue_name(q),
+                       format_bytes(t.bytes / uint64_t(rec.timed_steps)), 1e3 * t.seconds / double(rec.timed_steps),
+                       gbps);
+  }
   // Once per run, after the last update: no weight file or report comes from a diverged state.
   require_finite_state(ex, c, c.steps, s.staging,
                        c.save.empty() ? "the run's report" : fmt::format("--save '{}'", c.save));
@@ -105,6 +125,7 @@ nlohmann::json finish_run(RunState& s, const LoopRecord& rec, RunHooks* hooks) {
   report["tokens_per_step"] = tokens_per_step;
   report["tokens_per_second"] = tps;
   report["ms_per_step_by_phase"] = phase_ms;
+  report["transfers"] = transfers;
   report["ms_per_step"] = rec.timed_steps ? 1e3 * seconds / steps : 0.0;
   // CPU time of all threads: on a shared machine it varies far less than wall time, so
   // benchmarks compare it too (with one thread it is the step's work alone).

@@ -86,8 +86,12 @@ void build_executor(RunState& s, RunHooks* hooks) {
   const Program& prog = s.program();
   std::ostream& log = s.out();
   s.groups.emplace(*s.comm, c.topology);
-  s.executor.emplace(s.run.compiled, *s.backend, &*s.groups);
+  ExecutorOptions options;
+  options.disk = BufferSite{s.config.offload_dir, s.rank};
+  s.executor.emplace(s.run.compiled, *s.backend, &*s.groups, options);
   Executor& ex = s.ex();
+  if (const std::string where = ex.buffer(Tier::disk).describe(); !where.empty())
+    log << fmt::format("disk tier: {}\n", where);
   ex.set_timing(true);  // two clock reads per op: the report's time per phase
   if (c.load.empty()) {
     initialize_parameters(ex, s.run.spec, c.seed, s.staging);

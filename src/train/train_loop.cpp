@@ -97,7 +97,10 @@ LoopRecord run_train_loop(RunState& s, RunHooks* hooks) {
     }
     if (step > s.first_step)
       rec.timed_seconds += dt, rec.timed_cpu_seconds += process_cpu_seconds() - cpu0, ++rec.timed_steps;
-    if (step == s.first_step) ex.reset_op_seconds();  // per-phase times skip the warm-up step too
+    if (step == s.first_step) {  // per-phase times and transfer rates skip the warm-up step too
+      ex.reset_op_seconds();
+      ex.reset_transfer_stats();
+    }
     const std::string scaling = runner.loss_scaling() ? fmt::format(" | scale {:g}{} | skipped {}", r.scale,
                                                                     r.applied ? "" : " (overflow: step skipped)",
                                                                     runner.skipped_steps())

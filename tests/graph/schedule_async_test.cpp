@@ -164,7 +164,7 @@ struct TransferProgram {
     op(OpKind::transfer, "a.out", {a}, {a_host});  // in flight until `a` is written again
     op(OpKind::fill, "fill_b", {}, {b});
     op(OpKind::fill, "fill_a", {}, {a});
-    op(OpKind::transfer, "b.out", {b}, {b_host});  // in flight until the next transfer out
+    op(OpKind::transfer, "b.out", {b}, {b_host});  // in flight to the section's end (queue depth 8)
     op(OpKind::fill, "fill_c", {}, {c});
     op(OpKind::transfer, "c.out", {c}, {c_host});  // in flight to the section's end
     op(OpKind::transfer, "v.in", {v_host}, {v});   // read at once: blocking
@@ -197,8 +197,8 @@ TEST(ScheduleAsync, TransfersStartEarlyAndWaitWhereTheRulesSay) {
     std::vector<std::string> expected = {
         "fill_x", "w.in (start)", "fill_y", "z=x+y", "w.in.wait",                // before the first reader of w
         "a=z+w", "a.out (start)", "fill_b", "a.out.wait", "fill_a",              // before `a` is overwritten
-        "b.out (start)", "fill_c", "b.out.wait",                                 // before the next op of its queue
-        "c.out (start)", "v.in", "e=v+v", "c.out.wait",                          // at the end of its section
+        "b.out (start)", "fill_c",                                               // still in flight at c.out's start
+        "c.out (start)", "v.in", "e=v+v", "b.out.wait", "c.out.wait",            // at the end of its section
     };
     if (overlap_comm) expected.insert(expected.end(), {"g.all_reduce (start)", "fill_h", "g.all_reduce.wait", "h=g+h"});
     else expected.insert(expected.end(), {"g.all_reduce", "fill_h", "h=g+h"});

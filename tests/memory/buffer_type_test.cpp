@@ -102,7 +102,8 @@ TEST(BufferType, DiskFileRefusesAMissingOrUnwritableDirectory) {
 TEST(BufferType, BackendsServeTiersWithTheDefaultTypesUnlessTheySayOtherwise) {
   auto backend = make_cpu_backend();
   EXPECT_EQ(&backend->buffer_type(Tier::device), &host_arena_buffer_type());
-  EXPECT_EQ(&backend->buffer_type(Tier::host), &host_arena_buffer_type());
+  EXPECT_EQ(&backend->buffer_type(Tier::host), &host_staging_buffer_type());
+  EXPECT_EQ(host_staging_buffer_type().alignment(), 4096u);  // O_DIRECT transfers to and from disk
   EXPECT_EQ(&backend->buffer_type(Tier::disk), &disk_file_buffer_type());
 }
 

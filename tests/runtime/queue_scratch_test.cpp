@@ -9,6 +9,7 @@
 #include <map>
 
 #include "graph/training_program.hpp"
+#include "core/error.hpp"
 #include "plan/memory_plan.hpp"
 #include "runtime/compile.hpp"
 #include "kernels/backend.hpp"
@@ -44,14 +45,16 @@ Program queues_program() {
     return p.add_tensor(std::move(d));
   };
   const TensorId host = tensor("host", Tier::host), dev = tensor("dev", Tier::device), g = tensor("g", Tier::device);
+  const TensorId whole = tensor("whole", Tier::device);
   auto op = [&](OpKind kind, const std::string& name, std::vector<TensorId> in, std::vector<TensorId> out) {
     test::add_plain_op(p, kind, name, std::move(in), std::move(out));
   };
   p.begin_section(SectionKind::micro);
   op(OpKind::fill, "small", {}, {dev});
-  op(OpKind::transfer, "in.1", {host}, {dev});
+  op(OpKind::all_gather, "gather.1", {dev}, {whole});
   op(OpKind::fill, "large", {}, {g});
-  op(OpKind::transfer, "in.2", {host}, {dev});
+  op(OpKind::all_gather, "gather.2", {dev}, {whole});
+  op(OpKind::transfer, "in", {host}, {dev});
   op(OpKind::all_reduce, "reduce", {}, {g});
   op(OpKind::transfer, "out", {dev}, {host});
   p.end_section();
@@ -59,11 +62,11 @@ Program queues_program() {
 }
 
 TEST(QueueScratch, EachQueueGetsItsOwnScratchSizedForItsOps) {
-  const ScratchOnlyBackend backend({{"small", 1000}, {"large", 3000}, {"in.1", 500}, {"in.2", 700}, {"reduce", 200}});
+  const ScratchOnlyBackend backend({{"small", 1000}, {"large", 3000}, {"gather.1", 500}, {"gather.2", 700}, {"reduce", 200}});
   const CompiledProgram c = compile_program(queues_program(), backend);
   const Program& p = c.program;
   const std::map<std::string, uint64_t> expected = {
-      {"library.scratch", 3000}, {"library.scratch.transfer.in", 700}, {"library.scratch.comm.reduce", 200}};
+      {"library.scratch", 3000}, {"library.scratch.comm.gather", 700}, {"library.scratch.comm.reduce", 200}};
   std::map<std::string, uint64_t> got;
   for (const TensorDesc& t : p.tensors())
     if (t.name.starts_with("library.scratch")) {
@@ -74,8 +77,8 @@ TEST(QueueScratch, EachQueueGetsItsOwnScratchSizedForItsOps) {
   EXPECT_EQ(got, expected);
   const std::map<std::string, std::string> scratch_of = {{"small", "library.scratch"},
                                                          {"large", "library.scratch"},
-                                                         {"in.1", "library.scratch.transfer.in"},
-                                                         {"in.2", "library.scratch.transfer.in"},
+                                                         {"gather.1", "library.scratch.comm.gather"},
+                                                         {"gather.2", "library.scratch.comm.gather"},
                                                          {"reduce", "library.scratch.comm.reduce"}};
   for (const Op& op : p.ops()) {
     SCOPED_TRACE(op.name);
@@ -96,6 +99,18 @@ TEST(QueueScratch, EachQueueGetsItsOwnScratchSizedForItsOps) {
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].second, ranges[i].first);
+}
+
+// Transfer queues keep several ops in flight (graph/op.hpp), so one scratch per queue would be
+// shared by ops running at once: a backend asking for it is refused.
+TEST(QueueScratch, ScratchOnADeepQueueIsRefused) {
+  const ScratchOnlyBackend backend({{"in", 64}});
+  try {
+    compile_program(queues_program(), backend);
+    FAIL() << "compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("queue transfer.in keeps 8 ops in flight"), std::string::npos) << e.what();
+  }
 }
 
 TEST(QueueScratch, ProgramsWithComputeScratchOnlyPlanAsUnderOneSharedScratch) {

@@ -162,6 +162,9 @@ TEST(TransferEngine, AFailingDiskIsReportedByTheWaitNotACrashOrAHang) {
   const int read_only = ::open("/dev/null", O_RDONLY);
   ASSERT_GE(read_only, 0);
   ASSERT_EQ(::dup2(read_only, file.fd()), file.fd());
+  if (file.direct_fd() >= 0) {
+    ASSERT_EQ(::dup2(read_only, file.direct_fd()), file.direct_fd());
+  }
   ::close(read_only);
   const std::string error = test::error_of([&] { ex.run_section(SectionKind::micro, StepContext{}); });
   EXPECT_NE(error.find("[io] transfer 'to_disk' failed"), std::string::npos) << error;

@@ -19,7 +19,8 @@ struct TinyRun {
   std::vector<int32_t> batch_tokens, batch_targets;  // sized once: the handler fills and writes them
 
   explicit TinyRun(const Policy& policy, uint64_t seed = 7);
-  TinyRun(CompiledProgram compiled, uint64_t seed = 7);  // a program compiled (or altered) by the caller
+  // A program compiled (or altered) by the caller; `options` place a disk tier's file.
+  TinyRun(CompiledProgram compiled, uint64_t seed = 7, const ExecutorOptions& options = {});
   TinyRun(const TinyRun&) = delete;  // the executor refers to `compiled`
   TinyRun& operator=(const TinyRun&) = delete;
   void step(int64_t step);  // one optimizer step at lr 1e-3

@@ -1,0 +1,269 @@
+#include "graph/offload.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "core/error.hpp"
+
+namespace memfit {
+
+std::string offload_refusal(const Policy& p) {
+  if (p.offload_params != Tier::device)
+    return "parameter offload (--offload-params) is not supported by this build yet; offload the optimizer "
+           "(--offload-optimizer host|disk) instead";
+  if (p.offload_optimizer == Tier::device) return "";
+  if (p.update_in_backward) return "optimizer offload with the update in the backward pass is not supported";
+  if (p.offload_chunk_elements < 0 || p.offload_chunk_elements % kOffloadChunkGranule != 0)
+    return fmt::format("the offload chunk must be a positive multiple of {} elements (got {})", kOffloadChunkGranule,
+                       p.offload_chunk_elements);
+  return "";
+}
+
+namespace {
+
+// One update op's per-parameter slots: grads [n] -> outputs [target, state roles...] x n.
+struct UpdateSlots {
+  size_t n = 0, roles = 0;
+  bool clips = false;
+};
+
+UpdateSlots slots_of(const Op& op) {
+  const AdamWAttrs& a = std::get<AdamWAttrs>(op.attrs);
+  UpdateSlots s;
+  s.clips = a.max_grad_norm > 0;
+  s.n = op.inputs.size() - (s.clips ? 1 : 0);
+  s.roles = op.kind == OpKind::adamw8bit ? 5 : 3;
+  MEMFIT_ASSERT(s.n > 0 && op.outputs.size() == s.n * s.roles, "update op '{}': {} outputs for {} gradients", op.name,
+                op.outputs.size(), s.n);
+  return s;
+}
+
+bool is_update(const Op& op) { return op.kind == OpKind::adamw || op.kind == OpKind::adamw8bit; }
+
+class OptimizerOffload {
+ public:
+  OptimizerOffload(Program& p, const Policy& policy)
+      : p_(p), tier_(policy.offload_optimizer),
+        chunk_(policy.offload_chunk_elements > 0 ? policy.offload_chunk_elements : kDefaultOffloadChunk) {}
+
+  void run() {
+    const Section* opt = p_.find_section(SectionKind::optimizer);
+    MEMFIT_ASSERT(opt != nullptr, "optimizer offload on a program without an optimizer section");
+    const int sec = p_.section_of_op(opt->begin);
+    std::vector<Op> old = p_.ops();
+    std::vector<int> section_of(old.size());
+    for (size_t i = 0; i < old.size(); ++i) section_of[i] = p_.section_of_op(int(i));
+
+    // The tensors that move (roots: a master or state piece may be a view of a flat buffer)
+    // and, per offloaded master, the cast that narrows it into the 16-bit parameter.
+    for (int i = opt->begin; i < opt->end; ++i) {
+      const Op& op = old[size_t(i)];
+      if (is_update(op)) collect_offloaded(op);
+    }
+    for (int i = opt->begin; i < opt->end; ++i) {
+      const Op& op = old[size_t(i)];
+      if (op.kind == OpKind::cast && offloaded_.count(p_.root_of(op.inputs[0]))) narrow_to_[op.inputs[0]] = op.outputs[0];
+    }
+    check_only_optimizer_touches(old, *opt);
+    move_to_offload_tier();
+    // The host tier is memory the optimizer's kernels reach (ZeRO-Offload's CPU Adam): the
+    // update runs where its state lives and nothing streams.
+    if (tier_ == Tier::host) return;
+
+    std::vector<Op> ops;
+    std::vector<int> sections;
+    auto push = [&](Op op, int s) {
+      ops.push_back(std::move(op));
+      sections.push_back(s);
+    };
+    for (size_t i = 0; i < old.size(); ++i) {
+      const Op& op = old[i];
+      if (section_of[i] != sec) {
+        push(op, section_of[i]);
+        continue;
+      }
+      if (is_update(op)) {
+        for (Op& streamed : stream_update(op)) push(std::move(streamed), sec);
+      } else if (!(op.kind == OpKind::cast && narrow_to_.count(op.inputs[0]))) {
+        push(op, sec);  // casts of offloaded masters run inside the chunk loop
+      }
+    }
+    p_.replace_ops(std::move(ops), sections);
+  }
+
+ private:
+  void collect_offloaded(const Op& op) {
+    const UpdateSlots s = slots_of(op);
+    for (size_t i = 0; i < s.n; ++i) {
+      const TensorId target = op.outputs[i];
+      if (p_.tensor(target).category == Category::master_weights) offloaded_.insert(p_.root_of(target));
+      for (size_t r = 1; r < s.roles; ++r) offloaded_.insert(p_.root_of(op.outputs[r * s.n + i]));
+    }
+  }
+
+  // The offloaded bytes are reachable by transfers only (on a GPU the host tier is not the
+  // kernels' memory): nothing outside the optimizer's updates and narrowing casts may name them.
+  void check_only_optimizer_touches(const std::vector<Op>& old, const Section& opt) const {
+    for (int i = 0; i < int(old.size()); ++i) {
+      const Op& op = old[size_t(i)];
+      const bool inside = i >= opt.begin && i < opt.end;
+      if (inside && (is_update(op) || (op.kind == OpKind::cast && narrow_to_.count(op.inputs[0])))) continue;
+      for (const auto* list : {&op.inputs, &op.outputs, &op.workspace})
+        for (TensorId id : *list)
+          MEMFIT_CHECK(!offloaded_.count(p_.root_of(id)), "policy",
+                       "op '{}' reads or writes '{}', which optimizer offload moves off the device; this combination "
+                       "is not supported", op.name, p_.tensor(id).name);
+    }
+  }
+
+  void move_to_offload_tier() {
+    for (TensorId root : offloaded_) {
+      TensorDesc& t = p_.tensor(root);
+      MEMFIT_ASSERT(t.lifetime == Lifetime::persistent, "offloaded tensor {} is not persistent", t.name);
+      t.tier = tier_;
+    }
+    for (TensorId id = 0; id < TensorId(p_.tensors().size()); ++id)
+      if (p_.tensor(id).is_view() && offloaded_.count(p_.tensor(id).view_of)) p_.tensor(id).tier = tier_;
+  }
+
+  // A chunk of `of`: elements [lo, lo + n) of a tensor of `elements` elements (8-bit absmax
+  // tensors hold one value per block, so their chunk is the blocks of [lo, lo + n)).
+  TensorId piece(TensorId of, int64_t lo, int64_t n, int64_t elements, const std::string& tag) {
+    const TensorDesc& t = p_.tensor(of);
+    int64_t first = lo, count = n;
+    if (t.numel() != elements) {  // blockwise: one value per `block` elements
+      const int64_t block = block_;
+      MEMFIT_ASSERT(lo % block == 0 && t.numel() == (elements + block - 1) / block, "{}: not {} blocks of {}", t.name,
+                    t.numel(), block);
+      first = lo / block;
+      count = (n + block - 1) / block;
+    }
+    if (first == 0 && count == t.numel()) return of;
+    return p_.add_view(of, t.name + tag, Shape{count}, t.dtype, dtype_bytes(t.dtype, first));
+  }
+
+  TensorId staging(TensorId like, const std::string& tag) {
+    const TensorDesc& t = p_.tensor(like);
+    TensorDesc d;
+    d.name = "offload.staging." + t.name + tag;
+    d.shape = t.shape;
+    d.dtype = t.dtype;
+    d.category = Category::offload_staging;
+    d.tier = Tier::host;  // 4 KiB aligned (memory/buffer_type.hpp): the disk file is read and written with O_DIRECT
+    d.lifetime = Lifetime::transient;
+    d.layer = t.layer;
+    return p_.add_tensor(std::move(d));
+  }
+
+  Op transfer(const std::string& name, TensorId src, TensorId dst, int layer) const {
+    Op op;
+    op.kind = OpKind::transfer;
+    op.name = name;
+    op.phase = Phase::transfer;
+    op.layer = layer;
+    op.inputs = {src};
+    op.outputs = {dst};
+    op.modes = {WriteMode::overwrite};
+    const bool outward = p_.tensor(dst).tier > p_.tensor(src).tier;
+    op.queue = outward ? Queue::transfer_out : Queue::transfer_in;
+    return op;
+  }
+
+  // One chunk of one parameter's update: its transfers in, the update, the narrowing cast and
+  // its transfers out.
+  struct Chunk {
+    std::vector<Op> in, work, out;
+  };
+
+  Chunk chunk_of(const Op& op, const UpdateSlots& s, size_t i, int64_t lo, int64_t n, double total) {
+    const TensorId grad = op.inputs[i];
+    const int64_t elements = p_.tensor(grad).numel();
+    const std::string tag = elements > n ? fmt::format("[{}:{}]", lo, lo + n) : "";
+    Chunk c;
+    Op update = op;
+    update.name = op.name + "." + p_.tensor(op.outputs[i]).name + tag;
+    update.inputs = {piece(grad, lo, n, elements, tag)};
+    if (s.clips) update.inputs.push_back(op.inputs.back());
+    update.outputs.clear();
+    const int layer = p_.tensor(grad).layer;
+    update.layer = layer;
+    TensorId target_staging = kNoTensor;
+    for (size_t r = 0; r < s.roles; ++r) {
+      const TensorId whole = op.outputs[r * s.n + i];
+      const TensorId part = piece(whole, lo, n, elements, tag);
+      if (!offloaded_.count(p_.root_of(whole))) {
+        update.outputs.push_back(part);  // a parameter the optimizer updates in place
+        continue;
+      }
+      const TensorId stage = staging(part, tag.empty() ? "" : tag);
+      c.in.push_back(transfer("offload.in." + p_.tensor(part).name, part, stage, layer));
+      c.out.push_back(transfer("offload.out." + p_.tensor(part).name, stage, part, layer));
+      update.outputs.push_back(stage);
+      if (r == 0) target_staging = stage;
+    }
+    update.modes.assign(update.outputs.size(), WriteMode::update);
+    AdamWAttrs& a = std::get<AdamWAttrs>(update.attrs);
+    const AdamWAttrs& group = std::get<AdamWAttrs>(op.attrs);
+    a.weight_decay = {group.weight_decay.empty() ? 0.0f : group.weight_decay[i]};
+    update.flops = op.flops * double(n) / std::max(1.0, total);
+    c.work.push_back(std::move(update));
+    if (auto it = narrow_to_.find(op.outputs[i]); it != narrow_to_.end()) {
+      const TensorId value = piece(it->second, lo, n, p_.tensor(it->second).numel(), tag);
+      Op cast;
+      cast.kind = OpKind::cast;
+      cast.name = "cast." + p_.tensor(it->second).name + tag;
+      cast.phase = Phase::optimizer;
+      cast.layer = layer;
+      cast.inputs = {target_staging};
+      cast.outputs = {value};
+      cast.modes = {WriteMode::overwrite};
+      cast.flops = double(n);
+      c.work.push_back(std::move(cast));
+    }
+    return c;
+  }
+
+  // The update op as chunks, each chunk's transfers in emitted before the previous chunk's
+  // update (read ahead by one chunk), its transfers out right after its own update.
+  std::vector<Op> stream_update(const Op& op) {
+    const UpdateSlots s = slots_of(op);
+    block_ = std::get<AdamWAttrs>(op.attrs).block;
+    double total = 0;
+    for (size_t i = 0; i < s.n; ++i) total += double(p_.tensor(op.inputs[i]).numel());
+    std::vector<Chunk> chunks;
+    for (size_t i = 0; i < s.n; ++i) {
+      const int64_t elements = p_.tensor(op.inputs[i]).numel();
+      for (int64_t lo = 0; lo < elements; lo += chunk_) chunks.push_back(chunk_of(op, s, i, lo, std::min(chunk_, elements - lo), total));
+    }
+    std::vector<Op> out;
+    auto append = [&out](std::vector<Op>& ops) {
+      for (Op& o : ops) out.push_back(std::move(o));
+    };
+    if (!chunks.empty()) append(chunks[0].in);
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      if (k + 1 < chunks.size()) append(chunks[k + 1].in);
+      append(chunks[k].work);
+      append(chunks[k].out);
+    }
+    return out;
+  }
+
+  Program& p_;
+  Tier tier_;
+  int64_t chunk_;
+  int64_t block_ = 256;  // the update op's quantisation block (8-bit AdamW)
+  std::set<TensorId> offloaded_;
+  std::map<TensorId, TensorId> narrow_to_;  // offloaded master (as the update names it) -> 16-bit parameter
+};
+
+}  // namespace
+
+void apply_optimizer_offload(Program& p, const Policy& policy) {
+  if (policy.offload_optimizer == Tier::device) return;
+  const std::string why = offload_refusal(policy);
+  MEMFIT_CHECK(why.empty(), "policy", "{}", why);
+  OptimizerOffload(p, policy).run();
+}
+
+}  // namespace memfit
