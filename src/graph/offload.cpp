@@ -1,6 +1,7 @@
 #include "graph/offload.hpp"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 
@@ -41,6 +42,9 @@ UpdateSlots slots_of(const Op& op) {
 
 bool is_update(const Op& op) { return op.kind == OpKind::adamw || op.kind == OpKind::adamw8bit; }
 
+constexpr int kStagingSets = 3;                // read ahead, update, write behind
+constexpr uint64_t kStagingAlignment = 4096;  // O_DIRECT: every staged tensor starts on a block
+
 class OptimizerOffload {
  public:
   OptimizerOffload(Program& p, const Policy& policy)
@@ -77,6 +81,12 @@ class OptimizerOffload {
       ops.push_back(std::move(op));
       sections.push_back(s);
     };
+    // All update ops stream as one pipeline, where the first of them was (the updates are
+    // independent of each other, and the read-ahead then crosses from one op to the next).
+    std::vector<const Op*> updates;
+    for (int i = opt->begin; i < opt->end; ++i)
+      if (is_update(old[size_t(i)])) updates.push_back(&old[size_t(i)]);
+    bool streamed = false;
     for (size_t i = 0; i < old.size(); ++i) {
       const Op& op = old[i];
       if (section_of[i] != sec) {
@@ -84,7 +94,9 @@ class OptimizerOffload {
         continue;
       }
       if (is_update(op)) {
-        for (Op& streamed : stream_update(op)) push(std::move(streamed), sec);
+        if (!streamed)
+          for (Op& o : stream_updates(updates)) push(std::move(o), sec);
+        streamed = true;
       } else if (!(op.kind == OpKind::cast && narrow_to_.count(op.inputs[0]))) {
         push(op, sec);  // casts of offloaded masters run inside the chunk loop
       }
@@ -143,17 +155,52 @@ class OptimizerOffload {
     return p_.add_view(of, t.name + tag, Shape{count}, t.dtype, dtype_bytes(t.dtype, first));
   }
 
-  TensorId staging(TensorId like, const std::string& tag) {
-    const TensorDesc& t = p_.tensor(like);
-    TensorDesc d;
-    d.name = "offload.staging." + t.name + tag;
-    d.shape = t.shape;
-    d.dtype = t.dtype;
-    d.category = Category::offload_staging;
-    d.tier = Tier::host;  // 4 KiB aligned (memory/buffer_type.hpp): the disk file is read and written with O_DIRECT
-    d.lifetime = Lifetime::transient;
-    d.layer = t.layer;
-    return p_.add_tensor(std::move(d));
+  // One chunk of one parameter's update: which op and parameter slot, and its elements.
+  struct ChunkSpec {
+    const Op* op;
+    size_t slot;
+    int64_t lo, n;
+  };
+
+  // Bytes of each update output role of a chunk that stream (offloaded roles), laid out one
+  // after another in a staging set, each starting on a 4 KiB boundary (O_DIRECT); 0 for roles
+  // that stay put. Returns the end of the last one.
+  uint64_t staging_layout(const ChunkSpec& c, std::vector<uint64_t>& offsets) const {
+    const UpdateSlots s = slots_of(*c.op);
+    const int64_t elements = p_.tensor(c.op->inputs[c.slot]).numel();
+    offsets.assign(s.roles, 0);
+    uint64_t end = 0;
+    for (size_t r = 0; r < s.roles; ++r) {
+      const TensorId whole = c.op->outputs[r * s.n + c.slot];
+      if (!offloaded_.count(p_.root_of(whole))) continue;
+      const TensorDesc& t = p_.tensor(whole);
+      const int64_t count = t.numel() == elements ? c.n : (c.n + block_ - 1) / block_;
+      offsets[r] = (end + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
+      end = offsets[r] + dtype_bytes(t.dtype, count);
+    }
+    return end;
+  }
+
+  // The ring of staging sets: chunk k stages in set k % kStagingSets. Each set is sized for the
+  // largest chunk it holds, so that chunk's transfer in writes its last byte and the host
+  // tier's measured high-water mark meets the plan.
+  void make_staging_sets(const std::vector<ChunkSpec>& chunks) {
+    std::array<uint64_t, kStagingSets> bytes{};
+    std::vector<uint64_t> offsets;
+    for (size_t k = 0; k < chunks.size(); ++k)
+      bytes[k % kStagingSets] = std::max(bytes[k % kStagingSets], staging_layout(chunks[k], offsets));
+    for (int set = 0; set < kStagingSets; ++set) {
+      sets_[size_t(set)] = kNoTensor;
+      if (bytes[size_t(set)] == 0) continue;
+      TensorDesc d;
+      d.name = fmt::format("offload.staging.{}", set);
+      d.shape = Shape{int64_t(bytes[size_t(set)])};
+      d.dtype = DType::u8;
+      d.category = Category::offload_staging;
+      d.tier = Tier::host;  // 4 KiB aligned (memory/buffer_type.hpp): the disk file moves with O_DIRECT
+      d.lifetime = Lifetime::transient;
+      sets_[size_t(set)] = p_.add_tensor(std::move(d));
+    }
   }
 
   Op transfer(const std::string& name, TensorId src, TensorId dst, int layer) const {
@@ -176,7 +223,14 @@ class OptimizerOffload {
     std::vector<Op> in, work, out;
   };
 
-  Chunk chunk_of(const Op& op, const UpdateSlots& s, size_t i, int64_t lo, int64_t n, double total) {
+  Chunk chunk_of(const ChunkSpec& spec, size_t k, double total) {
+    const Op& op = *spec.op;
+    const UpdateSlots s = slots_of(op);
+    const size_t i = spec.slot;
+    const int64_t lo = spec.lo, n = spec.n;
+    std::vector<uint64_t> offsets;
+    staging_layout(spec, offsets);
+    const TensorId set = sets_[k % kStagingSets];
     const TensorId grad = op.inputs[i];
     const int64_t elements = p_.tensor(grad).numel();
     const std::string tag = elements > n ? fmt::format("[{}:{}]", lo, lo + n) : "";
@@ -196,7 +250,8 @@ class OptimizerOffload {
         update.outputs.push_back(part);  // a parameter the optimizer updates in place
         continue;
       }
-      const TensorId stage = staging(part, tag.empty() ? "" : tag);
+      const TensorDesc& pt = p_.tensor(part);
+      const TensorId stage = p_.add_view(set, "offload.staging." + pt.name, pt.shape, pt.dtype, offsets[r]);
       c.in.push_back(transfer("offload.in." + p_.tensor(part).name, part, stage, layer));
       c.out.push_back(transfer("offload.out." + p_.tensor(part).name, stage, part, layer));
       update.outputs.push_back(stage);
@@ -207,6 +262,7 @@ class OptimizerOffload {
     const AdamWAttrs& group = std::get<AdamWAttrs>(op.attrs);
     a.weight_decay = {group.weight_decay.empty() ? 0.0f : group.weight_decay[i]};
     update.flops = op.flops * double(n) / std::max(1.0, total);
+    (void)s;
     c.work.push_back(std::move(update));
     if (auto it = narrow_to_.find(op.outputs[i]); it != narrow_to_.end()) {
       const TensorId value = piece(it->second, lo, n, p_.tensor(it->second).numel(), tag);
@@ -224,18 +280,25 @@ class OptimizerOffload {
     return c;
   }
 
-  // The update op as chunks, each chunk's transfers in emitted before the previous chunk's
-  // update (read ahead by one chunk), its transfers out right after its own update.
-  std::vector<Op> stream_update(const Op& op) {
-    const UpdateSlots s = slots_of(op);
-    block_ = std::get<AdamWAttrs>(op.attrs).block;
-    double total = 0;
-    for (size_t i = 0; i < s.n; ++i) total += double(p_.tensor(op.inputs[i]).numel());
-    std::vector<Chunk> chunks;
-    for (size_t i = 0; i < s.n; ++i) {
-      const int64_t elements = p_.tensor(op.inputs[i]).numel();
-      for (int64_t lo = 0; lo < elements; lo += chunk_) chunks.push_back(chunk_of(op, s, i, lo, std::min(chunk_, elements - lo), total));
+  // The update ops as chunks, each chunk's transfers in emitted before the previous chunk's
+  // update (read ahead by one chunk), its transfers out right after its own update. Chunk k+3
+  // reuses chunk k's staging set, so schedule_async waits for chunk k's writes before chunk
+  // k+3's reads start: read k+1, update k, write k-1, and never more.
+  std::vector<Op> stream_updates(const std::vector<const Op*>& updates) {
+    std::vector<ChunkSpec> specs;
+    std::map<const Op*, double> totals;
+    for (const Op* op : updates) {
+      const UpdateSlots s = slots_of(*op);
+      block_ = std::get<AdamWAttrs>(op->attrs).block;
+      for (size_t i = 0; i < s.n; ++i) {
+        const int64_t elements = p_.tensor(op->inputs[i]).numel();
+        totals[op] += double(elements);
+        for (int64_t lo = 0; lo < elements; lo += chunk_) specs.push_back({op, i, lo, std::min(chunk_, elements - lo)});
+      }
     }
+    make_staging_sets(specs);
+    std::vector<Chunk> chunks;
+    for (size_t k = 0; k < specs.size(); ++k) chunks.push_back(chunk_of(specs[k], k, totals.at(specs[k].op)));
     std::vector<Op> out;
     auto append = [&out](std::vector<Op>& ops) {
       for (Op& o : ops) out.push_back(std::move(o));
@@ -252,7 +315,8 @@ class OptimizerOffload {
   Program& p_;
   Tier tier_;
   int64_t chunk_;
-  int64_t block_ = 256;  // the update op's quantisation block (8-bit AdamW)
+  int64_t block_ = 256;  // 8-bit AdamW's quantisation block (every update op of a program has the same)
+  std::array<TensorId, kStagingSets> sets_{};
   std::set<TensorId> offloaded_;
   std::map<TensorId, TensorId> narrow_to_;  // offloaded master (as the update names it) -> 16-bit parameter
 };
