@@ -1,5 +1,6 @@
 #include "runtime/trace.hpp"
 
+#include <map>
 #include <string>
 
 #include "plan/buffers.hpp"
@@ -70,7 +71,7 @@ void TraceRecorder::after_op(int op, const StepContext& ctx) {
 
 namespace {
 
-constexpr int kPid = 1, kOpsTid = 1, kStepsTid = 2;
+constexpr int kPid = 1, kOpsTid = 1, kStepsTid = 2, kTransferOutTid = 3, kTransferInTid = 4;
 
 nlohmann::json metadata(const char* what, int tid, const std::string& name) {
   nlohmann::json e = {{"ph", "M"}, {"name", what}, {"pid", kPid}, {"args", {{"name", name}}}};
@@ -80,6 +81,35 @@ nlohmann::json metadata(const char* what, int tid, const std::string& name) {
 
 nlohmann::json counter(const std::string& name, double ts, nlohmann::json args) {
   return {{"ph", "C"}, {"name", name}, {"pid", kPid}, {"ts", ts}, {"args", std::move(args)}};
+}
+
+// Asynchronous transfers on their own tracks (one per queue): a slice from the start op's
+// begin to its wait's end, the longest the bytes can have been in flight, with their size and
+// the rate that span implies (a lower bound on the worker's own rate).
+void add_transfer_slices(const Program& p, std::span<const TraceEvent> events, nlohmann::json& out) {
+  std::map<int, int> start_of;  // async id -> op index of its start
+  for (int i = 0; i < int(p.ops().size()); ++i)
+    if (p.op(i).kind == OpKind::transfer && p.op(i).async_id >= 0) start_of[p.op(i).async_id] = i;
+  if (start_of.empty()) return;
+  out.push_back(metadata("thread_name", kTransferOutTid, "transfer.out"));
+  out.push_back(metadata("thread_name", kTransferInTid, "transfer.in"));
+  std::map<int, double> began;  // start op -> its latest begin
+  for (const TraceEvent& e : events) {
+    const Op& op = p.op(e.op);
+    if (op.kind == OpKind::transfer && op.async_id >= 0) began[e.op] = e.begin;
+    if (op.kind != OpKind::wait || !start_of.count(op.async_id)) continue;
+    const int start = start_of.at(op.async_id);
+    const auto it = began.find(start);
+    if (it == began.end()) continue;
+    const Op& t = p.op(start);
+    const uint64_t bytes = p.tensor(t.inputs[0]).bytes();
+    const double seconds = e.end - it->second;
+    out.push_back({{"ph", "X"}, {"name", t.name}, {"cat", "in flight"}, {"pid", kPid},
+                   {"tid", t.queue == Queue::transfer_out ? kTransferOutTid : kTransferInTid},
+                   {"ts", it->second * 1e6}, {"dur", seconds * 1e6},
+                   {"args", {{"bytes", bytes}, {"GB/s over start..wait", seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0},
+                             {"from", tier_name(p.tensor(t.inputs[0]).tier)}, {"to", tier_name(p.tensor(t.outputs[0]).tier)}}}});
+  }
 }
 
 }  // namespace
@@ -159,6 +189,7 @@ nlohmann::json chrome_trace(const Program& p, const MemoryPlan& plan, std::span<
       out.push_back(counter(kTraceMeasuredLive, ts, std::move(by_cat)));
     }
   }
+  add_transfer_slices(p, events, out);
   nlohmann::json other = other_data.is_object() ? other_data : nlohmann::json::object();
   other["measured arena top"] =
       measured_tops

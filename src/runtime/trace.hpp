@@ -4,7 +4,8 @@
 // dropped. chrome_trace() turns the records and the plan into trace-event JSON (Perfetto,
 // chrome://tracing): a slice per op with its phase and layer, a slice per step, and counter
 // tracks sampled at each op's start: live bytes per category (planned and measured) and per
-// tier, and the arena top (planned and measured).
+// tier, and the arena top (planned and measured); asynchronous transfers get a track per queue
+// (transfer.out, transfer.in), a slice from each start to its wait with the bytes it moved.
 // The measurements, taken right after the op ran and before the buffers that died there are
 // returned to the sentinel (a DeadBufferFill added after the recorder does that):
 //   * arena top: the highest byte of each arena that differs from the sentinel;

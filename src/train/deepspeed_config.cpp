@@ -255,11 +255,35 @@ const std::map<std::string, std::string, std::less<>>& refused_features() {
       {"curriculum_learning", "curriculum learning is not supported"},
       {"data_efficiency", "data efficiency sampling is not supported"},
       {"autotuning", "use memfit plan --fit"},
-      {"aio", "asynchronous disk I/O settings take effect with disk offload, which this build refuses"},
       {"communication_data_type", "memfit communicates gradients in the gradient dtype (data_types.grad_accum_dtype)"},
       {"dump_state", "not supported"},
   };
   return kRefused;
+}
+
+// DeepSpeed's asynchronous I/O settings for NVMe offload: the disk tier's request size and the
+// requests kept in flight (memory/disk_file.hpp). The rest shape how DeepSpeed's own library
+// submits (memfit submits a transfer's requests as one batch and polls their completions).
+void apply_aio_block(const json& v, RunConfig& c) {
+  for (const auto& [sub, sv] : object_at(v, "aio").items()) {
+    const std::string key = "aio." + sub;
+    if (is_auto(sv)) continue;
+    if (sub == "block_size") {
+      const int64_t b = get_count(sv, key, IntRange{4096, int64_t(1) << 30});
+      refuse_unless(b % 4096 == 0, key, "the block size must be a multiple of 4096 bytes (O_DIRECT)");
+      c.disk_io.block_size = uint64_t(b);
+    } else if (sub == "queue_depth") {
+      c.disk_io.queue_depth = int(get_count(sv, key, IntRange{1, 1024}));
+    } else if (sub == "thread_count" || sub == "intra_op_parallelism") {
+      get_count(sv, key, IntRange{1, 1024});  // one submitting thread per direction (the transfer engine's)
+    } else if (sub == "single_submit" || sub == "overlap_events") {
+      get_as<bool>(sv, key);
+    } else if (sub == "use_gds") {
+      require_switch(sv, key, false, "GPUDirect Storage needs a GPU backend");
+    } else {
+      unknown_key(key);
+    }
+  }
 }
 
 void set_batch_key(std::optional<int64_t>& into, const json& v, const std::string& key) {
@@ -286,6 +310,7 @@ bool apply_deepspeed_key(const std::string& key, const json& v, RunConfig& c) {
   else if (key == "scheduler") apply_scheduler_block(v, c);
   else if (key == "zero_optimization") apply_zero_block(v, c);
   else if (key == "activation_checkpointing") apply_activation_checkpointing_block(v, c);
+  else if (key == "aio") apply_aio_block(v, c);
   else if (key == "data_types") {
     for (const auto& [sub, sv] : object_at(v, key).items()) {
       if (sub == "grad_accum_dtype") c.policy.grad_dtype = parse_dtype(get_as<std::string>(sv, "data_types." + sub));

@@ -55,6 +55,11 @@ struct RunConfig {
     int64_t buffer_count = 0, buffer_size = 0, max_in_cpu = 0;
   } offload_optimizer_keys, offload_param_keys;
   std::string offload_dir;  // --offload-dir (or the offload blocks' nvme_path): the disk tier's files
+  // DeepSpeed's aio block: the disk tier's request size in bytes and requests in flight.
+  struct DiskIoKeys {
+    uint64_t block_size = 1 << 20;
+    int queue_depth = 8;
+  } disk_io;
   uint64_t seed = 1337;
   bool shuffle = false;
   double val_fraction = 0.1;  // share of the data held out at its end; 0: no validation

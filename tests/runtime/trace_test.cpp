@@ -9,11 +9,14 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <map>
 
 #include "plan/buffers.hpp"
 #include "runtime/dead_buffers.hpp"
 #include "runtime/trace.hpp"
 #include "support/alloc_counter.hpp"
+#include "support/run_cli.hpp"
 #include "support/tiny_run.hpp"
 #include "support/tensor_values.hpp"
 
@@ -116,6 +119,57 @@ TEST(Trace, FullBufferDropsRecordsWithoutAllocating) {
   run.step(1);
   EXPECT_EQ(rec.events().size(), 10u);
   EXPECT_EQ(rec.dropped(), ops_per_step(run.compiled.program) - 10);
+}
+
+// Disk offload's transfers on their own tracks: one slice per started transfer and step, on
+// the track of its queue, carrying its bytes; per step they move the offloaded tensors' bytes
+// once each way.
+TEST(Trace, DiskOffloadTransfersGetATrackPerQueue) {
+  Policy pol;
+  pol.batch = 2;
+  pol.seq = 32;
+  pol.offload_optimizer = Tier::disk;
+  pol.offload_chunk_elements = 4096;
+  const std::string dir = test::temp_dir() + "/trace-offload";
+  std::filesystem::create_directories(dir);
+  TinyRun run(test::compile_tiny(pol), 7, ExecutorOptions{BufferSite{dir, 0}});
+  const Program& p = run.compiled.program;
+  TraceRecorder rec(ops_per_step(p) * 2, nullptr);
+  run.ex->add_observer(&rec);
+  run.step(1);
+  run.step(2);
+  const nlohmann::json trace = chrome_trace(p, run.compiled.plan, rec.events(), false, {});
+  uint64_t offloaded = 0;
+  for (const TensorDesc& t : p.tensors())
+    if (!t.is_view() && t.tier == Tier::disk) offloaded += t.bytes();
+  std::map<std::string, uint64_t> bytes;  // track name -> bytes over both steps
+  std::map<int, std::string> track_name;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") track_name[e.value("tid", 0)] = e["args"]["name"];
+  int slices = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || e["cat"] != "in flight") continue;
+    ++slices;
+    ASSERT_TRUE(e.contains("tid") && e["args"].contains("bytes")) << e.dump();
+    bytes[track_name.at(e["tid"].get<int>())] += e["args"]["bytes"].get<uint64_t>();
+  }
+  // Every transfer of the program moves its bytes once per step, both ways in all; the started
+  // ones (all but those whose result the very next op needs) are the slices.
+  int started = 0;
+  std::map<std::string, uint64_t> all, async;
+  for (const Op& op : p.ops()) {
+    if (op.kind != OpKind::transfer) continue;
+    const std::string queue(queue_name(op.queue));
+    all[queue] += p.tensor(op.inputs[0]).bytes();
+    if (op.async_id >= 0) async[queue] += p.tensor(op.inputs[0]).bytes(), ++started;
+  }
+  EXPECT_EQ(all["transfer.in"], offloaded);
+  EXPECT_EQ(all["transfer.out"], offloaded);
+  EXPECT_EQ(slices, 2 * started);
+  EXPECT_GT(async["transfer.out"], offloaded * 9 / 10);
+  EXPECT_EQ(bytes["transfer.in"], 2 * async["transfer.in"]);
+  EXPECT_EQ(bytes["transfer.out"], 2 * async["transfer.out"]);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -91,6 +91,25 @@ TEST(DeepSpeedConfig, DocumentedZeroExamplesAreReadAsDeepSpeedMeansThem) {
   EXPECT_EQ(c3.zero_bounds.prefetch_bucket, 10'000'000);
 }
 
+// ZeRO-Infinity's optimizer offload to NVMe, as DeepSpeed's documentation writes it: the tier,
+// the directory and the I/O settings, which memfit runs (tests/train/offload_test.cpp).
+TEST(DeepSpeedConfig, NvmeOffloadAndAioKeysMeanWhatTheySayInDeepSpeed) {
+  const RunConfig c = config_of(json::parse(R"({
+    "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme",
+                          "pin_memory": true, "buffer_count": 4, "fast_init": false}},
+    "aio": {"block_size": 262144, "queue_depth": 32, "thread_count": 1, "single_submit": false,
+            "overlap_events": true, "use_gds": false}})"));
+  EXPECT_EQ(c.policy.offload_optimizer, Tier::disk);
+  EXPECT_EQ(c.offload_dir, "/local_nvme");
+  EXPECT_EQ(c.disk_io.block_size, 262144u);
+  EXPECT_EQ(c.disk_io.queue_depth, 32);
+  EXPECT_EQ(c.offload_optimizer_keys.buffer_count, 4);
+  EXPECT_NE(config_error(json::parse(R"({"aio": {"block_size": 5000}})")).find("multiple of 4096"), std::string::npos);
+  EXPECT_NE(config_error(json::parse(R"({"aio": {"use_gds": true}})")).find("GPU"), std::string::npos);
+  EXPECT_NE(config_error(json::parse(R"({"aio": {"queue_deep": 8}})")).find("unknown key 'aio.queue_deep'"),
+            std::string::npos);
+}
+
 TEST(DeepSpeedConfig, HfTrainersAutoConfigLeavesTheSettingsToMemfit) {
   const json hf = json::parse(R"({
     "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
