@@ -81,8 +81,22 @@ inline std::vector<double> numeric_grad(std::vector<double>& x, const std::funct
   return g;
 }
 
+// Index of the first element whose bits differ, or -1 (sizes must match).
+inline int64_t first_bit_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return int64_t(i);
+  return -1;
+}
+
+inline uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
 // Runs fn with 1, 2 and 3 OpenMP threads and checks that the float buffers it fills are
-// bitwise equal each time.
+// bitwise equal each time. A failure says how many elements differ and shows the first in both
+// runs: one ulp in every row reads as a summation order, scattered garbage as a race.
 inline void expect_thread_count_independent(const std::function<std::vector<std::vector<float>>()>& fn) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
@@ -91,9 +105,19 @@ inline void expect_thread_count_independent(const std::function<std::vector<std:
     omp_set_num_threads(threads);
     const std::vector<std::vector<float>> many = fn();
     ASSERT_EQ(one.size(), many.size());
-    for (size_t i = 0; i < one.size(); ++i)
-      EXPECT_EQ(0, std::memcmp(one[i].data(), many[i].data(), one[i].size() * sizeof(float)))
-          << "buffer " << i << " differs with " << threads << " threads";
+    for (size_t i = 0; i < one.size(); ++i) {
+      if (one[i].size() != many[i].size()) {
+        ADD_FAILURE() << "buffer " << i << " has " << many[i].size() << " elements with " << threads << " threads";
+        continue;
+      }
+      const int64_t at = first_bit_difference(one[i], many[i]);
+      if (at < 0) continue;
+      int64_t count = 0;
+      for (size_t k = size_t(at); k < one[i].size(); ++k) count += float_bits(one[i][k]) != float_bits(many[i][k]);
+      ADD_FAILURE() << "buffer " << i << " differs with " << threads << " threads: " << count << " of "
+                    << one[i].size() << " elements, first [" << at << "] = " << std::hexfloat << one[i][size_t(at)]
+                    << " (1 thread) vs " << many[i][size_t(at)] << std::defaultfloat;
+    }
   }
   omp_set_num_threads(saved);
 }

@@ -3,6 +3,11 @@
 // layernorm_backward, the backward makes two passes: threads own fixed column blocks and sum
 // every row in order (groups of kRowGroup rows in float, then in double), then threads own
 // rows and write dx. The column pass goes first so that dx may overwrite dy.
+//
+// dx's row sum spells its order out (row_dot) rather than leaving it to `omp simd
+// reduction`, whose order is whatever the vectoriser manages: parallel_for runs the row loop
+// inline for one thread and as an outlined copy for a team, GCC 12 vectorised only the inline
+// copy, and dx depended on the thread count.
 #include "kernels/cpu/rmsnorm.hpp"
 
 #include <algorithm>
@@ -14,6 +19,33 @@
 #include "kernels/cpu/reduce.hpp"
 
 namespace memfit {
+namespace {
+
+// sum over c of (dy * w) * (x * rs) in a fixed order: L lanes, one 64-byte vector of T (16 for
+// fp32, 32 for 16-bit types); lane j fuses in columns j, j + L, ... of the whole blocks, the
+// tail is fused into lane 0, then the lanes are added in order. That is the order GCC 12 gave
+// the inline copy for fp32 and bf16, so their results keep their bits; written out, it no
+// longer depends on whether or how a copy vectorises. (The outlined copy read w through the
+// lambda's closure inside the loop, which needs a gather, and GCC 12's generic tuning, which
+// -march=native picks on a CPU it does not know, has gathers off: that copy summed serially.)
+template <class T>
+inline float row_dot(const T* dy, const T* w, const T* x, float rs, int64_t C) {
+  constexpr int64_t L = 64 / int64_t(sizeof(T));
+  float lane[L] = {};
+  int64_t c = 0;
+  for (; c + L <= C; c += L)
+#pragma omp simd
+    for (int64_t j = 0; j < L; ++j)
+      lane[j] = std::fma(widen(dy[c + j]) * widen(w[c + j]), widen(x[c + j]) * rs, lane[j]);
+  // std::fma, not +=: left to contraction, GCC vectorised the tail's products and added them
+  // unfused.
+  for (; c < C; ++c) lane[0] = std::fma(widen(dy[c]) * widen(w[c]), widen(x[c]) * rs, lane[0]);
+  float s = 0;
+  for (int64_t j = 0; j < L; ++j) s += lane[j];
+  return s;
+}
+
+}  // namespace
 
 template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* y, float* rstd, int64_t N, int64_t C, float eps) {
@@ -56,9 +88,7 @@ void rmsnorm_backward(const T* dy, const T* x, const T* w, const float* rstd, T*
       const T* xr = x + n * C;
       T* dxr = dx + n * C;
       const float rs = rstd[n];
-      float sgx = 0;
-#pragma omp simd reduction(+ : sgx)
-      for (int64_t c = 0; c < C; ++c) sgx += widen(dyr[c]) * widen(w[c]) * (widen(xr[c]) * rs);
+      const float sgx = row_dot(dyr, w, xr, rs, C);
       // rs * mean(g * xhat) folded into one factor of x: dx = rs * g - x * k.
       const float k = rs * rs * (sgx / float(C));
       if (acc_dx) {

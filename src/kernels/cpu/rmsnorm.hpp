@@ -18,8 +18,8 @@ void rmsnorm_forward(const T* x, const T* w, T* y, float* rstd, int64_t N, int64
 
 // dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * w, xhat = x * rstd;
 // dw = sum over rows of dy * narrow<T>(xhat), the value the forward multiplied w by. Each
-// output has its own accumulate flag and may be nullptr. dx may be dy. dw is bit-identical
-// for any thread count.
+// output has its own accumulate flag and may be nullptr. dx may be dy. dx and dw are
+// bit-identical for any thread count and buffer alignment.
 template <class T, class G>
 void rmsnorm_backward(const T* dy, const T* x, const T* w, const float* rstd, T* dx, G* dw, int64_t N, int64_t C,
                       bool acc_dx, bool acc_dw);
