@@ -31,8 +31,10 @@ std::string format_estimate(const RankEstimate& e, const Cluster& c, const Estim
                      format_bytes(e.host_bytes), format_bytes(e.disk_bytes), format_bytes(c.hw.memory_bytes));
   out += fmt::format("  peak at op {} '{}' ({})\n", e.peak_op, e.peak_op_name, phase_name(e.peak_phase));
   if (!e.from_program)
-    out += "  (offload or frozen parameters: ZeRO sharding and offload applied to the unsharded plan's model-state "
-           "categories, an estimate; the training program cannot express them yet)\n";
+    out += "  (offload, or frozen parameters with ZeRO: the analytic model, ZeRO sharding and offload applied to the "
+           "unsharded plan's model-state categories as DeepSpeed places them on a GPU (gradients streamed to the "
+           "host), an estimate; on this machine `memfit plan` without --hardware plans optimizer offload's real "
+           "program)\n";
   else if (c.world_size() > 1 && e.ranks_planned == 1)
     out += fmt::format("  (rank 0's planned program of {} ranks; the others' pieces differ and may plan a few KiB more "
                        "or less)\n",

@@ -118,7 +118,7 @@ void max_batch_command(const RunConfig& config, bool seq_auto, bool verify, bool
                        a.batch, format_bytes(check.measured), check.measured);
   for (int64_t b : {a.batch, a.batch + 1}) {
     const PreparedRun run = prepare_run(with_batch(at, b), *backend);
-    const uint64_t peak = run.compiled.plan.tier(Tier::device).peak_bytes;
+    const uint64_t peak = memory_peak(run.compiled.plan);
     out << fmt::format("plan at batch {} ({}):\n", b,
                        peak <= budget ? "fits" : fmt::format("does not fit: {} over", format_bytes(peak - budget)));
     out << format_memory_table(run.compiled.program, run.compiled.plan);
