@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "graph/tensor.hpp"
 
@@ -24,10 +25,24 @@ enum class HighWaterMethod {
   highest_write,  // the highest byte ever written through write()
 };
 
+// How a file-backed buffer moves its bytes: O_DIRECT transfers split into blocks of
+// block_size bytes (a multiple of 4 KiB), up to queue_depth of them in flight at once, so one
+// caller keeps the disk's queue full (DeepSpeed's aio.block_size and aio.queue_depth).
+struct DiskIo {
+  uint64_t block_size = uint64_t(1) << 20;
+  int queue_depth = 8;
+};
+
 // Where a buffer that lives in a file goes. Ignored by memory-backed types.
 struct BufferSite {
   std::string directory;  // one file per rank under it
   int rank = 0;
+  DiskIo io;
+
+  // Not an aggregate, so that BufferSite{dir, rank} keeps the default io without a
+  // missing-initializer warning.
+  BufferSite() = default;
+  BufferSite(std::string dir, int r, DiskIo disk_io = {}) : directory(std::move(dir)), rank(r), io(disk_io) {}
 };
 
 class Buffer {

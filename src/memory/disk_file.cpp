@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
@@ -18,12 +20,32 @@ void check_range(const DiskFile& f, uint64_t offset, size_t bytes, const char* v
                verb, bytes, offset, f.path(), f.size());
 }
 
+// The engine's two workers (one per direction) and a synchronous transfer on the compute
+// thread may move bytes at once; a caller that finds every ring held uses pread/pwrite.
+constexpr int kRings = 4;
+
+// MEMFIT_DISK_IO picks how transfers move: io_uring (the default) or pread (pread/pwrite,
+// for tests of that path and for comparison).
+bool pread_forced() {
+  const char* env = std::getenv("MEMFIT_DISK_IO");
+  const std::string_view how = env ? env : "";
+  MEMFIT_CHECK(how.empty() || how == "io_uring" || how == "pread", "memory",
+               "MEMFIT_DISK_IO must be io_uring or pread, not '{}'", how);
+  return how == "pread";
+}
+
 }  // namespace
 
 DiskFile::DiskFile(Tier tier, uint64_t bytes, const BufferSite& site) : tier_(tier), size_(bytes) {
   MEMFIT_CHECK(!site.directory.empty(), "memory", "the {} tier needs a directory for its file (--offload-dir)",
                tier_name(tier));
   path_ = fmt::format("{}/memfit-rank{}.tier", site.directory, site.rank);
+  if (pread_forced()) {
+    pread_reason_ = "MEMFIT_DISK_IO=pread";
+  } else {
+    uring_ = std::make_unique<UringIo>(kRings, site.io.queue_depth, site.io.block_size);
+    if (!uring_->available()) pread_reason_ = "io_uring unavailable: " + uring_->unavailable_reason();
+  }
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   MEMFIT_CHECK(fd_ >= 0, "memory", "cannot create {}: {}", path_, std::strerror(errno));
   if (bytes == 0) return;
@@ -39,7 +61,10 @@ DiskFile::DiskFile(Tier tier, uint64_t bytes, const BufferSite& site) : tier_(ti
 }
 
 std::string DiskFile::describe() const {
-  return fmt::format("{} ({}, {})", path_, format_bytes(size_),
+  const std::string how = uses_io_uring() ? fmt::format("io_uring queue depth {} x {}", uring_->queue_depth(),
+                                                         format_bytes(uring_->block_size()))
+                                          : "pread/pwrite: " + pread_reason_;
+  return fmt::format("{} ({}, {}, {})", path_, format_bytes(size_), how,
                      direct() ? "O_DIRECT" : "through the page cache: O_DIRECT refused, " + no_direct_reason_);
 }
 
@@ -57,33 +82,40 @@ static size_t direct_prefix(int direct_fd, const void* data, uint64_t offset, si
   return bytes / kDiskAlignment * kDiskAlignment;
 }
 
+void DiskFile::transfer(IoDirection dir, uint64_t offset, std::byte* data, size_t bytes) const {
+  const size_t direct = direct_prefix(direct_fd_, data, offset, bytes);
+  auto move = [&](IoFiles files, std::byte* at, uint64_t where, size_t n) {
+    IoResult r;
+    if (n > 0 && !(uses_io_uring() && uring_->transfer(dir, files, at, where, n, r))) {
+      r = sync_transfer(dir, files, at, where, n);
+    }
+    return r;
+  };
+  IoResult r = move(IoFiles{direct_fd_, fd_}, data, offset, direct);
+  if (r.ok()) r = move(IoFiles{fd_, fd_}, data + direct, offset + direct, bytes - direct);
+  if (r.ok()) return;
+  const bool reading = dir == IoDirection::read;
+  throw Error("memory", fmt::format("cannot {} {}: {}", reading ? "read" : "write", path_,
+                                    r.error != 0 ? std::strerror(r.error)
+                                    : reading    ? "the file was truncated"
+                                                 : "no progress"));
+}
+
 void DiskFile::write(uint64_t offset, std::span<const std::byte> bytes) {
   check_range(*this, offset, bytes.size(), "write");
-  const size_t direct = direct_prefix(direct_fd_, bytes.data(), offset, bytes.size());
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const bool d = done < direct;
-    const ssize_t n = ::pwrite(d ? direct_fd_ : fd_, bytes.data() + done, (d ? direct : bytes.size()) - done,
-                               off_t(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    MEMFIT_CHECK(n > 0, "memory", "cannot write {}: {}", path_, n < 0 ? std::strerror(errno) : "no progress");
-    done += size_t(n);
+  if (bytes.empty()) return;  // wrote nothing: the high-water mark stays
+  // The bytes are only read: one transfer routine serves both directions.
+  transfer(IoDirection::write, offset, const_cast<std::byte*>(bytes.data()), bytes.size());
+  // Writers on several threads: the highest end wins, whichever finishes last.
+  const uint64_t end = offset + bytes.size();
+  uint64_t high = highest_written_.load(std::memory_order_relaxed);
+  while (end > high && !highest_written_.compare_exchange_weak(high, end, std::memory_order_acq_rel)) {
   }
-  if (offset + bytes.size() > highest_written_) highest_written_ = offset + bytes.size();
 }
 
 void DiskFile::read(uint64_t offset, std::span<std::byte> bytes) const {
   check_range(*this, offset, bytes.size(), "read");
-  const size_t direct = direct_prefix(direct_fd_, bytes.data(), offset, bytes.size());
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const bool d = done < direct;
-    const ssize_t n = ::pread(d ? direct_fd_ : fd_, bytes.data() + done, (d ? direct : bytes.size()) - done,
-                              off_t(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    MEMFIT_CHECK(n > 0, "memory", "cannot read {}: {}", path_, n < 0 ? std::strerror(errno) : "the file was truncated");
-    done += size_t(n);
-  }
+  transfer(IoDirection::read, offset, bytes.data(), bytes.size());
 }
 
 }  // namespace memfit
