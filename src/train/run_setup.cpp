@@ -87,7 +87,8 @@ void build_executor(RunState& s, RunHooks* hooks) {
   std::ostream& log = s.out();
   s.groups.emplace(*s.comm, c.topology);
   ExecutorOptions options;
-  options.disk = BufferSite{s.config.offload_dir, s.rank};
+  options.disk = BufferSite{s.config.offload_dir, s.rank,
+                            DiskIo{s.config.disk_io.block_size, s.config.disk_io.queue_depth}};
   s.executor.emplace(s.run.compiled, *s.backend, &*s.groups, options);
   Executor& ex = s.ex();
   if (const std::string where = ex.buffer(Tier::disk).describe(); !where.empty())
