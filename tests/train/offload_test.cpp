@@ -10,6 +10,7 @@
 // (c) steps allocate nothing (host offload, disk offload);
 // (d) a checkpoint written during an offloaded run resumes bit for bit, and resuming it
 //     without offload gives the same losses (the checkpoint does not depend on the layout);
+// (e') `memfit plan` with the run's flags prints the per-tier figures `memfit train` measures;
 // (e) bad input and faults end in one line: disk offload with no directory, a directory that
 //     is a file, no room for the tier's file, the file truncated under a running job (and
 //     the checkpoint saved before the fault still resumes).
@@ -30,6 +31,7 @@
 #include "graph/training_program.hpp"
 #include "kernels/backend.hpp"
 #include "support/alloc_counter.hpp"
+#include "support/run_cli.hpp"
 #include "support/tiny_run.hpp"
 #include "train/run_config.hpp"
 #include "train/trainer.hpp"
@@ -182,6 +184,23 @@ TEST(OptimizerOffload, CheckpointsResumeBitForBitWithAndWithoutOffload) {
     resumed.resume = root + "/ckpt/step-000004";
     EXPECT_EQ(loss_bits(train(resumed)), tail);
   }
+}
+
+TEST(OptimizerOffload, PlanGivesTheFiguresTheRunMeasures) {
+  const std::string dir = scratch("plan");
+  const std::string flags = "--model gpt2-tiny --batch 2 --seq 32 --precision bf16 --offload-optimizer disk "
+                            "--offload-chunk-elements 8192 --offload-dir " + dir;
+  const auto plan = run_memfit("plan --json " + flags);
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  const std::string report = dir + "/report.json";
+  const auto train = run_memfit("train --steps 2 --val-fraction 0 " + flags + " --report-json " + report);
+  ASSERT_EQ(train.status, 0) << train.err;
+  std::ifstream in(report);
+  const nlohmann::json measured = nlohmann::json::parse(in)["memory"]["measured_peak_bytes"];
+  const nlohmann::json planned = nlohmann::json::parse(plan.out)["memory"]["planned_peak_bytes"];
+  for (const char* t : {"device", "host", "disk"}) EXPECT_EQ(planned[t], measured[t]) << t;
+  EXPECT_GT(planned["disk"].get<uint64_t>(), 0u);
+  EXPECT_GT(planned["host"].get<uint64_t>(), 0u);
 }
 
 // The run's error as one line, and that it is not a crash.
