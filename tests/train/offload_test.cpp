@@ -188,12 +188,12 @@ TEST(OptimizerOffload, CheckpointsResumeBitForBitWithAndWithoutOffload) {
 
 TEST(OptimizerOffload, PlanGivesTheFiguresTheRunMeasures) {
   const std::string dir = scratch("plan");
-  const std::string flags = "--model gpt2-tiny --batch 2 --seq 32 --precision bf16 --offload-optimizer disk "
-                            "--offload-chunk-elements 8192 --offload-dir " + dir;
-  const auto plan = run_memfit("plan --json " + flags);
+  const std::string flags = "--model gpt2-tiny --batch 2 --seq 32 --precision bf16 --val-fraction 0 "
+                            "--offload-optimizer disk --offload-chunk-elements 8192 --offload-dir " + dir;
+  const auto plan = test::run_memfit("plan --json " + flags);
   ASSERT_EQ(plan.status, 0) << plan.err;
   const std::string report = dir + "/report.json";
-  const auto train = run_memfit("train --steps 2 --val-fraction 0 " + flags + " --report-json " + report);
+  const auto train = test::run_memfit("train --steps 2 " + flags + " --report-json " + report);
   ASSERT_EQ(train.status, 0) << train.err;
   std::ifstream in(report);
   const nlohmann::json measured = nlohmann::json::parse(in)["memory"]["measured_peak_bytes"];
