@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 
 #include "dist/communicator.hpp"
-#include "support/alloc_counter.hpp"
+#include "support/mpi_test.hpp"
 #include "train/trainer.hpp"
 
 namespace memfit {
@@ -24,21 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = make_mpi_communicator();
-  return *c;
-}
-
-class CountAllocations final : public RunHooks {
- public:
-  void before_step(int64_t step) override {
-    if (step >= 2) test::alloc_counter_start();
-  }
-  void after_step(int64_t step, float) override {
-    if (step >= 2) allocations += test::alloc_counter_stop().memfit_allocations;
-  }
-  int64_t allocations = 0;
-};
+Communicator& comm() { return test::world(); }
 
 RunConfig config(const std::string& model, const Policy& policy, const std::string& dir) {
   RunConfig c;
@@ -86,7 +72,7 @@ TEST(OptimizerOffloadZero, EveryStageBitwiseThatOfTheResidentOptimizer) {
         const nlohmann::json resident = run_training(config(model, p, dir), log, nullptr, &comm());
         p.offload_optimizer = tier;
         p.offload_chunk_elements = 4096;
-        CountAllocations count;
+        test::StepAllocations count;
         const nlohmann::json offloaded = run_training(config(model, p, dir), log, &count, &comm());
         EXPECT_EQ(bits_of(offloaded), bits_of(resident));
         for (const char* t : {"device", "host", "disk"})
@@ -106,11 +92,4 @@ TEST(OptimizerOffloadZero, EveryStageBitwiseThatOfTheResidentOptimizer) {
 }  // namespace
 }  // namespace memfit
 
-int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
-  if (memfit::comm().rank() != 0) {  // one report, from rank 0; every rank's failures still fail the run
-    auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return memfit::test::run_mpi_tests(argc, argv); }
