@@ -1,6 +1,7 @@
 #include "memory/disk_file.hpp"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -45,6 +46,14 @@ DiskFile::DiskFile(Tier tier, uint64_t bytes, const BufferSite& site) : tier_(ti
   } else {
     uring_ = std::make_unique<UringIo>(kRings, site.io.queue_depth, site.io.block_size);
     if (!uring_->available()) pread_reason_ = "io_uring unavailable: " + uring_->unavailable_reason();
+  }
+  // Room first, from the filesystem's own count, so that a full disk is named with both sizes
+  // before anything is created (posix_fallocate below still reserves the bytes for the run).
+  struct statvfs fs {};
+  if (bytes > 0 && ::statvfs(site.directory.c_str(), &fs) == 0) {
+    const uint64_t available = uint64_t(fs.f_bavail) * uint64_t(fs.f_frsize);
+    MEMFIT_CHECK(available >= bytes, "memory", "the {} tier needs {} in {}, whose filesystem has {} free", tier_name(tier),
+                 format_bytes(bytes), site.directory, format_bytes(available));
   }
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   MEMFIT_CHECK(fd_ >= 0, "memory", "cannot create {}: {}", path_, std::strerror(errno));

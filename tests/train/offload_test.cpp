@@ -240,6 +240,21 @@ TEST(OptimizerOffload, BadDirectoriesAndFullDisksEndInOneLine) {
   EXPECT_EQ(full.find('\n'), std::string::npos) << full;
 }
 
+// A filesystem without room: a 1 MiB tmpfs (mounting needs root, as in CI; skipped otherwise).
+TEST(OptimizerOffload, AFullFilesystemIsNamedBeforeStepOne) {
+  const std::string mnt = scratch("small-fs");
+  if (std::system(("mount -t tmpfs -o size=1m tmpfs " + mnt + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
+  RunConfig c = tiny("gpt2-tiny", Precision::fp32, OptimizerKind::adamw, 2);
+  c.policy.offload_optimizer = Tier::disk;
+  c.offload_dir = mnt;
+  const std::string error = failure(c);
+  std::system(("umount " + mnt).c_str());
+  EXPECT_NE(error.find("[memory] the disk tier needs 6.76 MiB in " + mnt + ", whose filesystem has 1.00 MiB free"),
+            std::string::npos)
+      << error;
+}
+
 // Truncates the disk tier's file before a step, as a user or a full /tmp cleaner might.
 class TruncateTierFile : public RunHooks {
  public:
