@@ -137,6 +137,13 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<uint32_t>& sym
   flush_unk();
 }
 
+bool BpeModel::unk_may_cross_newline() const {
+  if (!unk_id_ || token_id("\n")) return false;
+  bool every_byte = byte_fallback_;
+  for (const auto& b : byte_tokens_) every_byte = every_byte && b.has_value();
+  return !every_byte;  // else every character has byte tokens: no <unk> ever
+}
+
 void BpeModel::encode_word(std::string_view word, std::vector<uint32_t>& ids) const {
   if (word.size() > kMaxCachedWordBytes) {
     merge_word(word, ids);

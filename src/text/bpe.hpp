@@ -38,6 +38,14 @@ class BpeModel {
   // its words, and merging is most of the time spent.
   void encode_word(std::string_view word, std::vector<uint32_t>& ids) const;
   std::optional<uint32_t> token_id(std::string_view token) const;
+  bool has_byte_token(uint8_t byte) const { return byte_fallback_ && byte_tokens_[byte].has_value(); }
+  // Whether an <unk> from before a line start can come out after it. Like `tokenizers`, a
+  // pending <unk> is emitted at the next vocabulary symbol or unknown character, or at the
+  // word's end: characters that fall back to <0xNN> bytes pass it by. So when unknowns can
+  // occur and the newline is not a vocabulary symbol (it falls back to bytes, or is itself the
+  // pending unknown), the <unk> crosses the line start in the whole text but not in a chunk
+  // cut there, and with fuse_unk it also swallows the next line's leading unknowns.
+  bool unk_may_cross_newline() const;
   const std::string* token_of(uint32_t id) const;  // nullptr when id is not in the vocabulary
   uint32_t max_id() const { return max_id_; }
   const TokenMap& vocab() const { return vocab_; }

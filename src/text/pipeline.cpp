@@ -225,6 +225,17 @@ PreTokenizer PreTokenizer::from_json(const nlohmann::json& spec) {
   return p;
 }
 
+bool PreTokenizer::prefixes_every_split_piece() const {
+  bool after_split = false;
+  for (const Step& s : steps_) {
+    const bool prefixes = (s.kind == Kind::byte_level && s.add_prefix_space) ||
+                          (s.kind == Kind::metaspace && s.prepend == Prepend::always);
+    if (after_split && prefixes) return true;
+    after_split = after_split || s.kind == Kind::split || (s.kind == Kind::byte_level && s.regex);
+  }
+  return false;
+}
+
 void PreTokenizer::apply(std::vector<Piece>& pieces) const {
   for (const Step& step : steps_) apply_step(step, pieces);
 }

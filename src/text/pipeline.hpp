@@ -68,6 +68,10 @@ class PreTokenizer {
  public:
   static PreTokenizer from_json(const nlohmann::json& spec);  // null: the text is one pre-token
   void apply(std::vector<Piece>& pieces) const;
+  // A step after a split that puts a prefix (ByteLevel's space, Metaspace's "always" mark) on
+  // every piece: a piece starting a line then gets one in the whole text, but not as the
+  // continuing first piece of a chunk cut at that line start (tokenizer_fuzz found it).
+  bool prefixes_every_split_piece() const;
 
  private:
   enum class Kind { byte_level, split, metaspace };

@@ -118,6 +118,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::strin
 bool Tokenizer::check_line_start_splits() const {
   for (const auto& a : added_)
     if (a.content.find('\n') != std::string::npos) return false;
+  if (model_.unk_may_cross_newline() || pre_tokenizer_.prefixes_every_split_piece()) return false;  // tokenizer_fuzz
   for (const auto& [token, id] : model_.vocab()) {
     std::string plain = token;
     replace_all(plain, "\xE2\x96\x81", " ");  // SentencePiece's "▁"

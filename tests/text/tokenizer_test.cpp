@@ -108,6 +108,60 @@ TEST_P(TokenizerParity, ChunksCutAtLineStartsGiveTheWholeTextsIds) {
   }
 }
 
+// A byte-fallback newline does not flush a pending <unk> (as in `tokenizers`): with fuse_unk,
+// "x\ny" is one <unk> whole and two when cut at the line start; without it, x's <unk> in
+// "x\nb" comes out after the newline's byte, so a chunk ending there ends differently. Such a tokenizer must not
+// claim that it splits at line starts (tokenizer_fuzz found both); with the newline in the
+// vocabulary, or a byte token for every byte (no <unk> ever), it may.
+TEST(Tokenizer, FusedUnknownsAcrossANewlineForbidLineStartSplits) {
+  auto make = [](bool fuse, bool newline_in_vocab) {
+    nlohmann::json vocab = {{"<unk>", 0}, {"<0x0A>", 1}, {"a", 2}};
+    if (newline_in_vocab) vocab["\n"] = 3;
+    const nlohmann::json j = {
+        {"added_tokens", nlohmann::json::array()}, {"normalizer", nullptr}, {"pre_tokenizer", nullptr},
+        {"decoder", nullptr},
+        {"model", {{"type", "BPE"}, {"unk_token", "<unk>"}, {"fuse_unk", fuse}, {"byte_fallback", true},
+                   {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+    return Tokenizer::from_json_text(j.dump(), "test tokenizer.json");
+  };
+  const Tokenizer fused = make(true, false);
+  EXPECT_EQ(fused.encode("x\ny"), (std::vector<uint32_t>{1, 0}));
+  std::vector<uint32_t> chunked;
+  fused.encode_into("x\n", true, chunked);
+  fused.encode_into("y", false, chunked);
+  EXPECT_EQ(chunked, (std::vector<uint32_t>{1, 0, 0}));
+  EXPECT_FALSE(fused.splits_at_line_starts());
+  const Tokenizer unfused = make(false, false);
+  EXPECT_EQ(unfused.encode("x\nb"), (std::vector<uint32_t>{1, 0, 0}));  // x's <unk> waits for b's
+  EXPECT_FALSE(unfused.splits_at_line_starts());
+  EXPECT_TRUE(make(true, true).splits_at_line_starts());
+  EXPECT_TRUE(make(false, true).splits_at_line_starts());
+}
+
+// A prefix put on every piece after a split (ByteLevel's add_prefix_space in a Sequence after a
+// Split) lands on a line's first piece in the whole text but not on a chunk's continuing first
+// piece: no line-start splits then (tokenizer_fuzz found it); without the prefix, the same
+// pre-tokenizer splits, as Llama 3's and Qwen2's do.
+TEST(Tokenizer, APrefixOnEverySplitPieceForbidsLineStartSplits) {
+  auto spec = nlohmann::json::parse(read_file(kDir + "bytelevel.json"));
+  auto with_prefix = [&](bool prefix) {
+    spec["pre_tokenizer"] = {{"type", "Sequence"},
+                             {"pretokenizers",
+                              {{{"type", "Split"}, {"pattern", {{"Regex", "\\s*[\\r\\n]+|[^\\r\\n]+"}}},
+                                {"behavior", "Isolated"}, {"invert", false}},
+                               {{"type", "ByteLevel"}, {"add_prefix_space", prefix}, {"trim_offsets", false},
+                                {"use_regex", false}}}}};
+    return Tokenizer::from_json_text(spec.dump(), "test tokenizer.json");
+  };
+  const Tokenizer prefixed = with_prefix(true);
+  EXPECT_FALSE(prefixed.splits_at_line_starts());
+  std::vector<uint32_t> chunked;
+  prefixed.encode_into("ab\n", true, chunked);
+  prefixed.encode_into("cd", false, chunked);
+  EXPECT_NE(chunked, prefixed.encode("ab\ncd")) << "the check guards a real difference";
+  EXPECT_TRUE(with_prefix(false).splits_at_line_starts());
+}
+
 TEST(Tokenizer, LineStartsAreANewlineThenAnythingButWhitespace) {
   auto starts = [](const std::string& s) { return Tokenizer::is_line_start(s, 1); };
   EXPECT_TRUE(starts("\nA"));
