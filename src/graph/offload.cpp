@@ -155,11 +155,13 @@ class OptimizerOffload {
     return p_.add_view(of, t.name + tag, Shape{count}, t.dtype, dtype_bytes(t.dtype, first));
   }
 
-  // One chunk of one parameter's update: which op and parameter slot, and its elements.
+  // One chunk of one parameter's update: which op and parameter slot, its elements, and where
+  // each streamed role sits in its staging set (staging_layout, filled by make_staging_sets).
   struct ChunkSpec {
     const Op* op;
     size_t slot;
     int64_t lo, n;
+    std::vector<uint64_t> offsets;
   };
 
   // Bytes of each update output role of a chunk that stream (offloaded roles), laid out one
@@ -184,11 +186,10 @@ class OptimizerOffload {
   // The ring of staging sets: chunk k stages in set k % kStagingSets. Each set is sized for the
   // largest chunk it holds, so that chunk's transfer in writes its last byte and the host
   // tier's measured high-water mark meets the plan.
-  void make_staging_sets(const std::vector<ChunkSpec>& chunks) {
+  void make_staging_sets(std::vector<ChunkSpec>& chunks) {
     std::array<uint64_t, kStagingSets> bytes{};
-    std::vector<uint64_t> offsets;
     for (size_t k = 0; k < chunks.size(); ++k)
-      bytes[k % kStagingSets] = std::max(bytes[k % kStagingSets], staging_layout(chunks[k], offsets));
+      bytes[k % kStagingSets] = std::max(bytes[k % kStagingSets], staging_layout(chunks[k], chunks[k].offsets));
     for (int set = 0; set < kStagingSets; ++set) {
       sets_[size_t(set)] = kNoTensor;
       if (bytes[size_t(set)] == 0) continue;
@@ -228,8 +229,7 @@ class OptimizerOffload {
     const UpdateSlots s = slots_of(op);
     const size_t i = spec.slot;
     const int64_t lo = spec.lo, n = spec.n;
-    std::vector<uint64_t> offsets;
-    staging_layout(spec, offsets);
+    const std::vector<uint64_t>& offsets = spec.offsets;
     const TensorId set = sets_[k % kStagingSets];
     const TensorId grad = op.inputs[i];
     const int64_t elements = p_.tensor(grad).numel();
@@ -262,7 +262,6 @@ class OptimizerOffload {
     const AdamWAttrs& group = std::get<AdamWAttrs>(op.attrs);
     a.weight_decay = {group.weight_decay.empty() ? 0.0f : group.weight_decay[i]};
     update.flops = op.flops * double(n) / std::max(1.0, total);
-    (void)s;
     c.work.push_back(std::move(update));
     if (auto it = narrow_to_.find(op.outputs[i]); it != narrow_to_.end()) {
       const TensorId value = piece(it->second, lo, n, p_.tensor(it->second).numel(), tag);
@@ -293,7 +292,7 @@ class OptimizerOffload {
       for (size_t i = 0; i < s.n; ++i) {
         const int64_t elements = p_.tensor(op->inputs[i]).numel();
         totals[op] += double(elements);
-        for (int64_t lo = 0; lo < elements; lo += chunk_) specs.push_back({op, i, lo, std::min(chunk_, elements - lo)});
+        for (int64_t lo = 0; lo < elements; lo += chunk_) specs.push_back({op, i, lo, std::min(chunk_, elements - lo), {}});
       }
     }
     make_staging_sets(specs);

@@ -232,9 +232,11 @@ BudgetDiagnosis diagnose_budget(const RunConfig& c, const PreparedRun& run, uint
   }
 
   const Op* op = d.peak_op >= 0 ? &p.op(d.peak_op) : nullptr;
-  d.summary = fmt::format("the run needs {} on the device tier but the budget is {} ({} over); the peak is at op '{}' "
+  d.summary = fmt::format("the run needs {} {} but the budget is {} ({} over); the peak is at op '{}' "
                           "({}), where {} is the largest category with {}",
-                          format_bytes(d.peak), format_bytes(budget), format_bytes(over), op ? op->name : "?",
+                          format_bytes(d.peak),
+                          plan.tier(Tier::host).peak_bytes > 0 ? "on the device and host tiers" : "on the device tier",
+                          format_bytes(budget), format_bytes(over), op ? op->name : "?",
                           op ? phase_name(op->phase) : "?", category_name(d.largest_category),
                           format_bytes(t.at_peak[size_t(d.largest_category)]));
   if (fitting > 0)
