@@ -56,6 +56,13 @@ void derive_requires_grad(Program& p, int begin, bool grad_enabled) {
 ForwardRewrites forward_rewrites_for(const Policy& policy) {
   ForwardRewrites passes;
   if (!policy.freeze.empty()) passes.push_back(std::make_shared<FreezeByPattern>(policy.freeze));
+  MEMFIT_CHECK(!policy.lora.enabled(), "policy", "LoRA (--lora-rank) is not built yet");
+  if (policy.quantize_base.enabled()) {
+    MEMFIT_CHECK(policy.lora.enabled() || !policy.freeze.empty(), "policy",
+                 "--quantize-base {} quantises frozen base weights: add LoRA (--lora-rank) or --freeze",
+                 base_quant_name(policy.quantize_base.kind));
+    throw Error("policy", "--quantize-base is not built yet");
+  }
   return passes;
 }
 

@@ -38,6 +38,40 @@ OptimizerKind parse_optimizer(std::string_view s) {
   throw Error("policy", fmt::format("unknown optimizer '{}' (expected adamw or adamw8bit)", s));
 }
 
+std::string_view lora_bias_name(LoraBias b) {
+  switch (b) {
+    case LoraBias::none: return "none";
+    case LoraBias::all: return "all";
+    case LoraBias::lora_only: return "lora_only";
+  }
+  return "?";
+}
+
+LoraBias parse_lora_bias(std::string_view s) {
+  if (s == "none") return LoraBias::none;
+  if (s == "all") return LoraBias::all;
+  if (s == "lora_only") return LoraBias::lora_only;
+  throw Error("policy", fmt::format("unknown LoRA bias '{}' (expected none, all or lora_only, as PEFT)", s));
+}
+
+std::string_view base_quant_name(BaseQuant q) {
+  switch (q) {
+    case BaseQuant::none: return "none";
+    case BaseQuant::nf4: return "nf4";
+    case BaseQuant::fp4: return "fp4";
+    case BaseQuant::int8: return "int8";
+  }
+  return "?";
+}
+
+BaseQuant parse_base_quant(std::string_view s) {
+  if (s == "none") return BaseQuant::none;
+  if (s == "nf4") return BaseQuant::nf4;
+  if (s == "fp4") return BaseQuant::fp4;
+  if (s == "int8") return BaseQuant::int8;
+  throw Error("policy", fmt::format("unknown base quantisation '{}' (expected nf4, fp4, int8 or none)", s));
+}
+
 std::string blocks_to_string(const std::vector<BlockRecompute>& blocks) {
   // Runs of equal blocks: "full x2,attention+norms x10".
   auto one = [](const BlockRecompute& b) {

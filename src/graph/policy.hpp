@@ -54,6 +54,38 @@ struct AdamWConfig {
   float weight_decay = 0.01f;  // PyTorch's default; applied to matrices and embeddings only
 };
 
+// LoRA (graph/lora.hpp): every base parameter frozen, low-rank adapters A [r, in], B [out, r]
+// on the targeted linear layers, y = x W^T + (alpha / r) * dropout(x) A^T B^T. PEFT's
+// LoraConfig gives the defaults (alpha 8, dropout 0, bias none).
+enum class LoraBias : uint8_t { none, all, lora_only };
+std::string_view lora_bias_name(LoraBias b);
+LoraBias parse_lora_bias(std::string_view s);  // PEFT's "none" | "all" | "lora_only"; throws [policy]
+struct LoraPolicy {
+  int64_t rank = 0;  // 0: no LoRA
+  double alpha = 8;
+  double dropout = 0;
+  // Module names matched against the last components of a linear layer's name ("q_proj",
+  // "self_attn.q_proj") or "all-linear" (every linear but the output head); empty: PEFT's
+  // default for the architecture. target_regex (PEFT's string form) full-matches the module
+  // path instead.
+  std::vector<std::string> targets;
+  std::string target_regex;
+  LoraBias bias = LoraBias::none;
+  bool enabled() const { return rank > 0; }
+  double scale() const { return alpha / double(rank); }
+};
+
+// Frozen base weights stored quantised (QLoRA; kernels/quant/quant_format.hpp has the formats).
+enum class BaseQuant : uint8_t { none, nf4, fp4, int8 };
+std::string_view base_quant_name(BaseQuant q);
+BaseQuant parse_base_quant(std::string_view s);  // none | nf4 | fp4 | int8; throws [policy]
+struct BaseQuantPolicy {
+  BaseQuant kind = BaseQuant::none;
+  int64_t block = 64;         // bitsandbytes' default blocksize
+  bool double_quant = false;  // bnb's compress_statistics (4-bit kinds)
+  bool enabled() const { return kind != BaseQuant::none; }
+};
+
 struct Policy {
   int64_t batch = 4;    // micro-batch rows (B)
   int64_t seq = 64;     // sequence length (T)
@@ -64,6 +96,8 @@ struct Policy {
                                           // op names, or name prefixes ending in '*'
   RecomputePolicy recompute;
   std::vector<std::string> freeze;  // glob patterns (fnmatch) over parameter names: frozen parameters
+  LoraPolicy lora;
+  BaseQuantPolicy quantize_base;
   AttentionKind attention = AttentionKind::plain;
   OptimizerKind optimizer = OptimizerKind::adamw;
   AdamWConfig adamw;

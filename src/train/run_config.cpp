@@ -37,6 +37,8 @@ std::vector<std::string> split_freeze_patterns(const std::string& text) {
   return patterns;
 }
 
+
+
 LrSchedule lr_schedule_of(const RunConfig& c) {
   LrSchedule s;
   s.kind = c.lr_schedule;
@@ -114,9 +116,94 @@ double parse_real_text(std::string_view field, std::string_view text) {
   return v;
 }
 
+int64_t require_quant_block(std::string_view field, int64_t block) {
+  require_in(field, block, input_range::quant_block);
+  MEMFIT_CHECK((block & (block - 1)) == 0, input_piece(field),
+               "{}: block size {} is not one bitsandbytes supports (32, 64, 128, ..., 4096)", field, block);
+  return block;
+}
+
 using json = nlohmann::json;
 
 namespace {
+
+// PEFT's LoraConfig (adapter_config.json's keys). Keys that only describe the adapter file
+// (peft_type, task_type, base_model_name_or_path, ...) are accepted and ignored; a key that
+// would change the model in a way memfit does not build is refused.
+void apply_lora_config(const json& j, RunConfig& c) {
+  MEMFIT_CHECK(j.is_object(), "config", "key 'lora' must be an object (PEFT's LoraConfig)");
+  LoraPolicy& l = c.policy.lora;
+  namespace range = input_range;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "r") l.rank = get_integer(v, "lora.r", range::lora_rank);
+    else if (key == "lora_alpha") l.alpha = get_real(v, "lora.lora_alpha", range::positive);
+    else if (key == "lora_dropout") l.dropout = get_real(v, "lora.lora_dropout", range::fraction);
+    else if (key == "bias") l.bias = parse_lora_bias(get_as<std::string>(v, "lora.bias"));
+    else if (key == "target_modules") {
+      l.targets.clear();
+      l.target_regex.clear();
+      if (v.is_null()) continue;
+      if (v.is_string()) {
+        // PEFT: a string is a regular expression over module names, except "all-linear".
+        const std::string t = get_as<std::string>(v, "lora.target_modules");
+        if (t == "all-linear") l.targets = {t};
+        else l.target_regex = t;
+      } else {
+        l.targets = get_as<std::vector<std::string>>(v, "lora.target_modules");
+      }
+    } else if (key == "peft_type") {
+      MEMFIT_CHECK(v.is_null() || get_as<std::string>(v, "lora.peft_type") == "LORA", "config",
+                   "lora.peft_type must be LORA");
+    } else if (key == "use_dora" || key == "use_rslora" || key == "fan_in_fan_out") {
+      // fan_in_fan_out describes GPT-2's Conv1D storage, which memfit reads as HF stores it.
+      if (key != "fan_in_fan_out")
+        MEMFIT_CHECK(!v.is_boolean() || !v.get<bool>(), "config", "lora.{}: true is not supported", key);
+    } else if (key == "modules_to_save" || key == "layers_to_transform" || key == "rank_pattern" ||
+               key == "alpha_pattern") {
+      MEMFIT_CHECK(v.is_null() || (v.is_object() && v.empty()) || (v.is_array() && v.empty()), "config",
+                   "lora.{} is not supported (leave it null or empty)", key);
+    } else if (key == "task_type" || key == "base_model_name_or_path" || key == "inference_mode" ||
+               key == "revision" || key == "init_lora_weights" || key == "auto_mapping" || key == "layers_pattern" ||
+               key == "megatron_config" || key == "megatron_core" || key == "loftq_config" || key == "layer_replication" ||
+               key == "runtime_config" || key == "eva_config" || key == "exclude_modules" || key == "lora_bias" ||
+               key == "trainable_token_indices" || key == "corda_config" || key == "target_parameters" ||
+               key == "qalora_group_size" || key == "use_qalora" || key == "peft_version") {
+      continue;
+    } else {
+      throw Error("config", fmt::format("unknown key 'lora.{}' (PEFT's LoraConfig keys)", key));
+    }
+  }
+}
+
+// transformers' BitsAndBytesConfig (a model's quantization_config).
+void apply_quantization_config(const json& j, RunConfig& c) {
+  MEMFIT_CHECK(j.is_object(), "config", "key 'quantization_config' must be an object (BitsAndBytesConfig)");
+  BaseQuantPolicy& q = c.policy.quantize_base;
+  bool four = false, eight = false;
+  std::string type = "fp4";  // bitsandbytes' default bnb_4bit_quant_type
+  for (const auto& [key, v] : j.items()) {
+    if (key == "load_in_4bit") four = get_as<bool>(v, key);
+    else if (key == "load_in_8bit") eight = get_as<bool>(v, key);
+    else if (key == "bnb_4bit_quant_type") type = get_as<std::string>(v, key);
+    else if (key == "bnb_4bit_use_double_quant") q.double_quant = get_as<bool>(v, key);
+    else if (key == "bnb_4bit_compute_dtype") {
+      const std::string d = get_as<std::string>(v, key);
+      MEMFIT_CHECK(d == "bfloat16" || d == "bf16", "config",
+                   "quantization_config.bnb_4bit_compute_dtype '{}': memfit computes in the precision of the run "
+                   "(use \"precision\": \"bf16\")", d);
+      c.policy.precision = Precision::bf16;
+    } else if (key == "quant_method" || key == "bnb_4bit_quant_storage" || key == "llm_int8_skip_modules" ||
+               key == "llm_int8_threshold" || key == "llm_int8_has_fp16_weight" ||
+               key == "llm_int8_enable_fp32_cpu_offload" || key == "_load_in_4bit" || key == "_load_in_8bit") {
+      continue;
+    } else {
+      throw Error("config", fmt::format("unknown key 'quantization_config.{}'", key));
+    }
+  }
+  MEMFIT_CHECK(!(four && eight), "config", "quantization_config: load_in_4bit and load_in_8bit are both true");
+  if (four) q.kind = parse_base_quant(type);
+  else if (eight) q.kind = BaseQuant::int8;
+}
 
 // memfit's own keys (at the top level, or inside a "memfit" block, which is where memfit's
 // --emit deepspeed puts what DeepSpeed has no key for). False: not one of memfit's keys.
@@ -166,6 +253,16 @@ bool apply_memfit_key(const std::string& key, const json& v, RunConfig& c) {
     c.offload_dir = get_as<std::string>(v, key);
   } else if (key == "offload_chunk_elements") {
     p.offload_chunk_elements = get_integer(v, key, range::offload_chunk);
+  } else if (key == "lora") {
+    apply_lora_config(v, c);
+  } else if (key == "quantization_config") {
+    apply_quantization_config(v, c);
+  } else if (key == "quantize_base") {
+    p.quantize_base.kind = parse_base_quant(get_as<std::string>(v, key));
+  } else if (key == "quant_block") {
+    p.quantize_base.block = require_quant_block(key, get_integer(v, key, range::quant_block));
+  } else if (key == "double_quant") {
+    p.quantize_base.double_quant = get_as<bool>(v, key);
   } else {
     return false;
   }

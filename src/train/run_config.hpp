@@ -106,6 +106,8 @@ inline constexpr IntRange batch{1, kMaxKernelDim};        // batch and sequence 
 inline constexpr IntRange chunk_rows{0, kMaxKernelDim};   // classifier chunk rows (0: automatic)
 inline constexpr IntRange offload_chunk{0, int64_t(1) << 40};  // optimizer offload's staging chunk (0: default)
 inline constexpr IntRange accumulation{1, INT32_MAX};
+inline constexpr IntRange lora_rank{1, kMaxKernelDim};    // checked against each target's shape by graph/lora
+inline constexpr IntRange quant_block{32, 4096};          // and a power of two (bitsandbytes' block sizes)
 inline constexpr IntRange zero_stage{0, 3};
 inline constexpr IntRange threads{1, kMaxThreads};
 inline constexpr IntRange hysteresis{1, INT32_MAX};
@@ -114,7 +116,7 @@ inline constexpr double kInf = std::numeric_limits<double>::infinity();
 inline constexpr RealRange non_negative{0, kInf, false, true};  // lr, min lr, eps, weight decay, clipping
 inline constexpr RealRange beta{0, 1, false, true};              // AdamW betas: 0 <= beta < 1 (PyTorch's check)
 inline constexpr RealRange fraction{0, 1, false, true};          // the validation share
-inline constexpr RealRange positive{0, kInf, true, true};        // the minimum loss scale
+inline constexpr RealRange positive{0, kInf, true, true};        // the minimum loss scale, LoRA alpha
 inline constexpr RealRange initial_scale{0, 0x1p100, true, false};
 inline constexpr RealRange comm_timeout{0, 1e7};  // seconds (0: no limit); 1e7 s is 116 days
 inline constexpr RealRange weight_decay{0, std::numeric_limits<float>::max()};  // stored as float
@@ -134,6 +136,8 @@ LrSchedule lr_schedule_of(const RunConfig& config);
 
 // Freeze patterns from "h.*.attn.*,wte.weight" (--freeze, or the config key as one string).
 std::vector<std::string> split_freeze_patterns(const std::string& text);
+// A quantisation block size, range-checked and a power of two; throws [cli]/[config] naming `field`.
+int64_t require_quant_block(std::string_view field, int64_t block);
 
 // Applies a JSON config file on top of `config` (flags given on the command line are
 // applied after it by the CLI). Throws [config] on malformed files and unknown keys.

@@ -57,6 +57,17 @@ nlohmann::json policy_json(const Policy& p) {
           {"grad_dtype", dtype_name(p.grad_dtype)},
           {"fp32_ops", p.fp32_ops},
           {"freeze", p.freeze},
+          {"lora", p.lora.enabled() ? nlohmann::json{{"r", p.lora.rank}, {"lora_alpha", p.lora.alpha},
+                                                      {"lora_dropout", p.lora.dropout},
+                                                      {"target_modules", p.lora.target_regex.empty()
+                                                                             ? nlohmann::json(p.lora.targets)
+                                                                             : nlohmann::json(p.lora.target_regex)},
+                                                      {"bias", lora_bias_name(p.lora.bias)}}
+                                    : nlohmann::json(nullptr)},
+          {"quantize_base", p.quantize_base.enabled() ? nlohmann::json{{"kind", base_quant_name(p.quantize_base.kind)},
+                                                                        {"block", p.quantize_base.block},
+                                                                        {"double_quant", p.quantize_base.double_quant}}
+                                                      : nlohmann::json(nullptr)},
           {"recompute", p.recompute.to_string()},
           {"attention", attention_name(p.attention)},
           {"optimizer", optimizer_name(p.optimizer)},
