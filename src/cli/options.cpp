@@ -114,26 +114,7 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                    });
   add<std::string>(app, "--freeze", "parameters to freeze (no gradient, master or optimizer state): comma-separated globs over HF names, e.g. h.*.attn.*,wte.weight",
                    [](RunConfig& c, std::string v) { c.policy.freeze = split_freeze_patterns(v); });
-  add<int64_t>(app, "--lora-rank", "LoRA: adapters of this rank on the target layers, every base weight frozen",
-               [](RunConfig& c, int64_t v) { c.policy.lora.rank = require_in("--lora-rank", v, input_range::lora_rank); });
-  add<double>(app, "--lora-alpha", "LoRA: the adapters' output is scaled by alpha / rank (default 8, as PEFT)",
-              [](RunConfig& c, double v) { c.policy.lora.alpha = require_in("--lora-alpha", v, input_range::positive); });
-  add<double>(app, "--lora-dropout", "LoRA: dropout on the adapters' input (default 0)",
-              [](RunConfig& c, double v) { c.policy.lora.dropout = require_in("--lora-dropout", v, input_range::fraction); });
-  add<std::string>(app, "--lora-targets",
-                   "LoRA: comma-separated module names (q_proj,v_proj; c_attn) or all-linear (default: PEFT's for the model)",
-                   [](RunConfig& c, std::string v) {
-                     c.policy.lora.targets = split_freeze_patterns(v);
-                     c.policy.lora.target_regex.clear();
-                   });
-  add<std::string>(app, "--lora-bias", "LoRA: which biases train: none | all | lora_only (as PEFT)",
-                   [](RunConfig& c, std::string v) { c.policy.lora.bias = parse_lora_bias(v); });
-  add<std::string>(app, "--quantize-base", "store the frozen base weights quantised: nf4 | fp4 | int8 | none (QLoRA)",
-                   [](RunConfig& c, std::string v) { c.policy.quantize_base.kind = parse_base_quant(v); });
-  add_flag(app, "--double-quant", "quantise the 4-bit weights' absmax again (bitsandbytes' compress_statistics)",
-           [](RunConfig& c, bool v) { c.policy.quantize_base.double_quant = v; });
-  add<int64_t>(app, "--quant-block", "elements per quantisation block (a power of two in [32, 4096]; default 64)",
-               [](RunConfig& c, int64_t v) { c.policy.quantize_base.block = require_quant_block("--quant-block", v); });
+  add_fine_tuning_options(app);
   add<std::string>(app, "--recompute", "none | full | every:K | selective[:ops] | auto",
                    [](RunConfig& c, std::string v) { c.policy.recompute = parse_recompute(v); });
   add<std::string>(app, "--attention", "plain | flash",
@@ -194,6 +175,30 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                 c.val_fraction = require_in("--val-fraction", v, input_range::fraction);
               });
   if (training) add_training_options(app);
+}
+
+// LoRA and the quantised base (graph/lora.hpp, graph/quantize_base.hpp).
+void RunOptions::add_fine_tuning_options(CLI::App& app) {
+  add<int64_t>(app, "--lora-rank", "LoRA: adapters of this rank on the target layers, every base weight frozen",
+               [](RunConfig& c, int64_t v) { c.policy.lora.rank = require_in("--lora-rank", v, input_range::lora_rank); });
+  add<double>(app, "--lora-alpha", "LoRA: the adapters' output is scaled by alpha / rank (default 8, as PEFT)",
+              [](RunConfig& c, double v) { c.policy.lora.alpha = require_in("--lora-alpha", v, input_range::positive); });
+  add<double>(app, "--lora-dropout", "LoRA: dropout on the adapters' input (default 0)",
+              [](RunConfig& c, double v) { c.policy.lora.dropout = require_in("--lora-dropout", v, input_range::fraction); });
+  add<std::string>(app, "--lora-targets",
+                   "LoRA: comma-separated module names (q_proj,v_proj; c_attn) or all-linear (default: PEFT's for the model)",
+                   [](RunConfig& c, std::string v) {
+                     c.policy.lora.targets = split_freeze_patterns(v);
+                     c.policy.lora.target_regex.clear();
+                   });
+  add<std::string>(app, "--lora-bias", "LoRA: which biases train: none | all | lora_only (as PEFT)",
+                   [](RunConfig& c, std::string v) { c.policy.lora.bias = parse_lora_bias(v); });
+  add<std::string>(app, "--quantize-base", "store the frozen base weights quantised: nf4 | fp4 | int8 | none (QLoRA)",
+                   [](RunConfig& c, std::string v) { c.policy.quantize_base.kind = parse_base_quant(v); });
+  add_flag(app, "--double-quant", "quantise the 4-bit weights' absmax again (bitsandbytes' compress_statistics)",
+           [](RunConfig& c, bool v) { c.policy.quantize_base.double_quant = v; });
+  add<int64_t>(app, "--quant-block", "elements per quantisation block (a power of two in [32, 4096]; default 64)",
+               [](RunConfig& c, int64_t v) { c.policy.quantize_base.block = require_quant_block("--quant-block", v); });
 }
 
 // Flags of `train` and `profile` only: data, schedule, checkpoints, loss scaling.

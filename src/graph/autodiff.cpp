@@ -66,6 +66,17 @@ void Autodiff::backward_of(const Op& fwd) {
   switch (fwd.kind) {
     case OpKind::matmul: return matmul_backward(fwd, dy);
     case OpKind::add: return add_backward(fwd, dy);
+    case OpKind::add_columns: return add_backward(fwd, dy);
+    case OpKind::dropout_forward: {
+      // The same keep mask, drawn again from the same key: nothing is saved for the backward.
+      const TensorId x = fwd.inputs[0];
+      if (!needs(x)) return;
+      auto [dx, mode] = contribute(x);
+      std::vector<std::pair<int, int>> inplace;
+      if (mode == WriteMode::overwrite) inplace.push_back({0, 0});
+      b_.emit({OpKind::dropout_backward, bname, {dy}, {dx}, fwd.attrs, fwd.flops, {mode}, {}, inplace});
+      return;
+    }
     case OpKind::embedding_forward: {
       const TensorId tokens = fwd.inputs[0], wte = fwd.inputs[1];
       const TensorId wpe = fwd.inputs.size() > 2 ? fwd.inputs[2] : kNoTensor;  // llama: no position table
@@ -193,7 +204,9 @@ void Autodiff::matmul_backward(const Op& fwd, TensorId dy) {
 }
 
 void Autodiff::add_backward(const Op& fwd, TensorId dy) {
+  // add_columns (y = a, y[:, block] += d) is the same for a; d's gradient is dy's column block.
   const TensorId a = fwd.inputs[0], b = fwd.inputs[1];
+  const bool columns = fwd.kind == OpKind::add_columns;
   // d(a + b)/da = d(a + b)/db = dy. The first input takes dy's buffer as its gradient when it
   // has none yet: every contribution to dy has already been made (its consumers come later
   // in forward order, so earlier in this reverse walk), and later contributions to a's
@@ -207,6 +220,11 @@ void Autodiff::add_backward(const Op& fwd, TensorId dy) {
       continue;
     }
     auto [dx, mode] = contribute(x);
+    if (columns && which == 1) {
+      b_.emit({OpKind::slice_columns, fwd.name + ".bwd_d", {dy}, {dx}, fwd.attrs, double(p_.tensor(x).numel()),
+               {mode}});
+      continue;
+    }
     b_.emit({OpKind::accumulate, fwd.name + (which == 0 ? ".bwd_a" : ".bwd_b"), {dy}, {dx}, NoAttrs{},
              double(p_.tensor(dy).numel()), {mode}});
   }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "graph/lora.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
 
@@ -56,7 +57,7 @@ void derive_requires_grad(Program& p, int begin, bool grad_enabled) {
 ForwardRewrites forward_rewrites_for(const Policy& policy) {
   ForwardRewrites passes;
   if (!policy.freeze.empty()) passes.push_back(std::make_shared<FreezeByPattern>(policy.freeze));
-  MEMFIT_CHECK(!policy.lora.enabled(), "policy", "LoRA (--lora-rank) is not built yet");
+  if (policy.lora.enabled()) passes.push_back(make_lora_rewrite(policy.lora));
   if (policy.quantize_base.enabled()) {
     MEMFIT_CHECK(policy.lora.enabled() || !policy.freeze.empty(), "policy",
                  "--quantize-base {} quantises frozen base weights: add LoRA (--lora-rank) or --freeze",

@@ -59,6 +59,14 @@ enum class OpKind : uint16_t {
   flash_attention_backward,  // in [dy, qkv, y, lse] out [dqkv]; the kernel's tiles and its per-row
                              //   D = rowsum(dy * y) live in the backend's library scratch
   add,                 // in [a, b] out [y = a + b]      y may overwrite a or b
+  add_columns,         // in [a (M,N), d (M,W)] out [y (M,N)]: y = a, then y[:, begin:begin+W] += d;
+                       //   ColumnsAttrs; y may overwrite a (a LoRA branch on one part of a fused
+                       //   projection, e.g. q_proj's rows of llama's qkv weight)
+  slice_columns,       // in [x (M,N)] out [y (M,W)]: y = x[:, begin:begin+W] (y += in accumulate modes)
+  dropout_forward,     // in [x] out [y]: y = x * keep / (1 - p), keep drawn per element from a
+                       //   counter-based hash of (run seed, step, micro-step, salt, index); DropoutAttrs
+  dropout_backward,    // in [dy] out [dx]: dx = dy * keep / (1 - p), the same keep (no mask is stored);
+                       //   dx may overwrite dy
   accumulate,          // in [x] out [y]: y = x (overwrite) or y += x (accumulate)
   classifier,          // in [x (N,C), wte (Vp,C), targets (N)] out [losses (N), dx (N,C), dwte]
                        //   fused logits + softmax + cross-entropy + gradient, chunked over rows;
@@ -190,6 +198,14 @@ struct GradNormAttrs {
   //   sqrt_of_input   in [s (1)] out [norm (1)]: sqrt(s) (no workspace).
   enum class Form : uint8_t { norm, sum_of_squares, sqrt_of_input } form = Form::norm;
 };
+struct ColumnsAttrs {
+  int64_t rows = 0, cols = 0;        // M, N: the wide tensor
+  int64_t begin = 0, width = 0;      // the column block [begin, begin + width)
+};
+struct DropoutAttrs {
+  float p = 0;          // probability of dropping an element, in (0, 1)
+  uint64_t salt = 0;    // distinguishes the dropout sites of a program (a hash of the op's name)
+};
 struct FillAttrs {
   float value = 0;
 };
@@ -205,7 +221,8 @@ struct CollectiveAttrs {
   bool max = false;  // all_reduce: maximum instead of sum (overflow flags)
 };
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
-                             ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs>;
+                             ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs, ColumnsAttrs,
+                             DropoutAttrs>;
 
 struct Op {
   OpKind kind = OpKind::fill;

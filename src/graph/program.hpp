@@ -51,7 +51,9 @@ struct StoredTensor {
 // is stored only in another form, e.g. quantised codes); a parameter without a value tensor
 // is frozen. A frozen parameter has no gradient, no master and no optimizer state, and its
 // tensors do not require gradients, so autodiff emits only the input-gradient path through it.
-enum class ParamInit : uint8_t { normal, zeros, ones };
+// normal: N(0, init_std); uniform: U(-init_std, init_std) (LoRA's A: PyTorch's
+// kaiming_uniform_(a = sqrt(5)), whose bound is 1 / sqrt(fan_in)).
+enum class ParamInit : uint8_t { normal, zeros, ones, uniform };
 struct ParamEntry {
   std::string name;  // HF-style name without the "transformer." prefix, e.g. "h.0.attn.c_attn.weight"
   TensorId value = kNoTensor;

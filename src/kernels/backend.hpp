@@ -22,6 +22,7 @@ struct StepContext {
   float loss_scale = 1;     // multiplies d(loss)/d(logits) (fp16 loss scaling); 1 otherwise
   int micro = 0;            // index of the micro-step within the optimizer step
   int micro_count = 1;      // micro-steps per optimizer step
+  uint64_t seed = 0;        // the run's seed: dropout masks are a function of (seed, step, micro)
 };
 
 // Whether an output written with `mode` is accumulated into (true) or overwritten (false).

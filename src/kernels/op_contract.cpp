@@ -135,6 +135,31 @@ void check_pointwise(const Program& p, const Op& op) {
   if (op.kind == OpKind::swiglu_forward) require_overwrite(op, 0);
 }
 
+// add_columns / slice_columns: a column block of a [rows, cols] tensor; one dtype throughout.
+void check_columns(const Program& p, const Op& op) {
+  const bool add = op.kind == OpKind::add_columns;
+  check_arity(op, add ? 2 : 1, 1);
+  const ColumnsAttrs a = std::get<ColumnsAttrs>(op.attrs);
+  MEMFIT_CHECK(a.rows > 0 && a.width > 0 && a.begin >= 0 && a.begin + a.width <= a.cols, "kernels",
+               "op '{}': column block [{}, {}) outside {} columns", op.name, a.begin, a.begin + a.width, a.cols);
+  const TensorId wide = add ? op.outputs[0] : op.inputs[0];
+  const TensorId block = add ? op.inputs[1] : op.outputs[0];
+  check_numel(p, op, wide, a.rows * a.cols, "wide tensor");
+  check_numel(p, op, block, a.rows * a.width, "column block");
+  if (add) check_numel(p, op, op.inputs[0], a.rows * a.cols, "a");
+  const DType dt = p.tensor(wide).dtype;
+  for (TensorId id : op.inputs) require_dtype(p, op, id, dt);
+  require_dtype(p, op, op.outputs[0], dt);
+}
+
+void check_dropout(const Program& p, const Op& op) {
+  check_arity(op, 1, 1);
+  const DropoutAttrs a = std::get<DropoutAttrs>(op.attrs);
+  MEMFIT_CHECK(a.p > 0 && a.p < 1, "kernels", "op '{}': dropout probability {} outside (0, 1)", op.name, a.p);
+  check_numel(p, op, op.inputs[0], p.tensor(op.outputs[0]).numel(), "input");
+  require_dtype(p, op, op.inputs[0], p.tensor(op.outputs[0]).dtype);
+}
+
 void check_matmul(const Program& p, const Op& op) {
   MEMFIT_CHECK((op.inputs.size() == 2 || op.inputs.size() == 3) && op.outputs.size() == 1, "kernels",
                "op '{}' (matmul) needs inputs [A, B, (bias)] and output [C]", op.name);
@@ -351,6 +376,10 @@ void check_op_contract(const Program& program, const Op& op) {
     case OpKind::add:
     case OpKind::accumulate:
     case OpKind::cast: return check_pointwise(program, op);
+    case OpKind::add_columns:
+    case OpKind::slice_columns: return check_columns(program, op);
+    case OpKind::dropout_forward:
+    case OpKind::dropout_backward: return check_dropout(program, op);
     case OpKind::matmul: return check_matmul(program, op);
     case OpKind::bias_grad: return check_bias_grad(program, op);
     case OpKind::rope_forward:

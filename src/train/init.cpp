@@ -17,16 +17,19 @@ static_assert(TensorStaging::kElements % kStream == 0, "a staging chunk holds wh
 
 // Draws elements [first, first + x.size()) of parameter e into x.
 void draw_values(const ParamEntry& e, uint64_t base, int64_t first, std::span<float> x) {
-  if (e.init != ParamInit::normal) {
+  if (e.init == ParamInit::zeros || e.init == ParamInit::ones) {
     std::fill(x.begin(), x.end(), e.init == ParamInit::ones ? 1.0f : 0.0f);
     return;
   }
+  const bool uniform = e.init == ParamInit::uniform;  // U(-init_std, init_std)
   const int64_t end = first + int64_t(x.size());
 #pragma omp parallel for schedule(static)
   for (int64_t c = first / kStream; c < (end + kStream - 1) / kStream; ++c) {
     Rng rng(base + uint64_t(c) * 0x9E3779B97F4A7C15ull);
     const int64_t stop = std::min(end, (c + 1) * kStream);
-    for (int64_t i = c * kStream; i < stop; ++i) x[size_t(i - first)] = float(rng.normal() * double(e.init_std));
+    for (int64_t i = c * kStream; i < stop; ++i)
+      x[size_t(i - first)] =
+          float(uniform ? (2.0 * rng.uniform() - 1.0) * double(e.init_std) : rng.normal() * double(e.init_std));
   }
 }
 

@@ -70,6 +70,7 @@ LoopRecord run_train_loop(RunState& s, RunHooks* hooks) {
     StepContext ctx;
     ctx.step = s.applied + 1;
     ctx.lr = s.schedule.at(s.applied + 1);
+    ctx.seed = c.seed;
     if (hooks) hooks->before_step(step);
     s.fault.before_step(step);
     const auto t0 = Clock::now();

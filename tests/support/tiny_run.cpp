@@ -12,10 +12,11 @@ CompiledProgram compile_tiny(const Policy& policy) {
 
 TinyRun::TinyRun(const Policy& policy, uint64_t seed) : TinyRun(compile_tiny(policy), seed) {}
 
-TinyRun::TinyRun(CompiledProgram c, uint64_t seed, const ExecutorOptions& options)
-    : backend(make_cpu_backend()), compiled(std::move(c)) {
+TinyRun::TinyRun(CompiledProgram c, uint64_t seed, const ExecutorOptions& options, const std::string& model,
+                 std::unique_ptr<Backend> be)
+    : backend(be ? std::move(be) : make_cpu_backend()), compiled(std::move(c)) {
   ex = std::make_unique<Executor>(compiled, *backend, nullptr, options);
-  initialize_parameters(*ex, model_preset("gpt2-tiny"), seed);
+  initialize_parameters(*ex, model_preset(model), seed);
   zero_persistent_state(*ex);
   const Program& p = compiled.program;
   const TensorId toks[] = {p.find_tensor(kTokens), p.find_tensor(kEvalTokens)};

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "graph/policy.hpp"
@@ -20,7 +21,10 @@ struct TinyRun {
 
   explicit TinyRun(const Policy& policy, uint64_t seed = 7);
   // A program compiled (or altered) by the caller; `options` place a disk tier's file.
-  TinyRun(CompiledProgram compiled, uint64_t seed = 7, const ExecutorOptions& options = {});
+  // `model`: the preset the program was built from (its initialisation); `backend`: the one
+  // the program was compiled for (default: the CPU backend).
+  TinyRun(CompiledProgram compiled, uint64_t seed = 7, const ExecutorOptions& options = {},
+          const std::string& model = "gpt2-tiny", std::unique_ptr<Backend> backend = nullptr);
   TinyRun(const TinyRun&) = delete;  // the executor refers to `compiled`
   TinyRun& operator=(const TinyRun&) = delete;
   void step(int64_t step);  // one optimizer step at lr 1e-3

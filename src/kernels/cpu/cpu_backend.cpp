@@ -30,7 +30,8 @@ OpCapabilities make_cpu_capabilities() {
   c.allow({OpKind::embedding_forward, OpKind::embedding_backward, OpKind::layernorm_forward,
            OpKind::layernorm_backward, OpKind::rmsnorm_forward, OpKind::rmsnorm_backward, OpKind::rope_forward,
            OpKind::rope_backward, OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::bias_grad,
-           OpKind::gelu_forward, OpKind::gelu_backward, OpKind::add, OpKind::accumulate, OpKind::loss_mean,
+           OpKind::gelu_forward, OpKind::gelu_backward, OpKind::add, OpKind::add_columns, OpKind::slice_columns,
+           OpKind::dropout_forward, OpKind::dropout_backward, OpKind::accumulate, OpKind::loss_mean,
            OpKind::cast, OpKind::check_finite, OpKind::flash_attention_forward, OpKind::flash_attention_backward,
            OpKind::grad_norm, OpKind::adamw, OpKind::adamw8bit, OpKind::load_input},
           {DType::bf16, DType::f16});
@@ -89,6 +90,10 @@ class CpuBackend final : public Backend {
       case OpKind::gelu_forward:
       case OpKind::gelu_backward:
       case OpKind::add:
+      case OpKind::add_columns:
+      case OpKind::slice_columns:
+      case OpKind::dropout_forward:
+      case OpKind::dropout_backward:
       case OpKind::accumulate:
       case OpKind::cast: return prepare_pointwise(program, op, binding);
       case OpKind::rope_forward:

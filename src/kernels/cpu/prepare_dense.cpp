@@ -4,7 +4,9 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_prepare.hpp"
+#include "kernels/cpu/columns.hpp"
 #include "kernels/cpu/elementwise.hpp"
+#include "core/dropout_mask.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gelu.hpp"
 #include "kernels/cpu/matmul.hpp"
@@ -101,6 +103,37 @@ Prepared prepare_gelu(const Program& p, const Op& op, const OpBinding& b) {
 }
 
 // add: all tensors of one type. accumulate and cast: y (+)= x between any two float types.
+Prepared prepare_columns(const Program& p, const Op& op, const OpBinding& b) {
+  const ColumnsAttrs a = attrs_of<ColumnsAttrs>(op);
+  Prepared out;
+  dispatch_t(op, dtype_of(p, op.outputs[0]), [&](auto t) {
+    using T = decltype(t);
+    if (op.kind == OpKind::add_columns)
+      out = make_op([=, x = in_t<T>(b, 0), d = in_t<T>(b, 1), y = out_t<T>(b, 0), mode = op.modes[0]](
+                        const StepContext& ctx) {
+        add_columns_forward(x, d, y, a.rows, a.cols, a.begin, a.width, accumulates(mode, ctx));
+      });
+    else
+      out = make_op([=, x = in_t<T>(b, 0), y = out_t<T>(b, 0), mode = op.modes[0]](const StepContext& ctx) {
+        slice_columns_forward(x, y, a.rows, a.cols, a.begin, a.width, accumulates(mode, ctx));
+      });
+  });
+  return out;
+}
+
+Prepared prepare_dropout(const Program& p, const Op& op, const OpBinding& b) {
+  const DropoutAttrs a = attrs_of<DropoutAttrs>(op);
+  const int64_t n = p.tensor(op.outputs[0]).numel();
+  Prepared out;
+  dispatch_t(op, dtype_of(p, op.outputs[0]), [&](auto t) {
+    using T = decltype(t);
+    out = make_op([=, x = in_t<T>(b, 0), y = out_t<T>(b, 0), mode = op.modes[0]](const StepContext& ctx) {
+      dropout_apply(x, y, n, a.p, dropout_key(ctx.seed, ctx.step, ctx.micro, a.salt), accumulates(mode, ctx));
+    });
+  });
+  return out;
+}
+
 Prepared prepare_elementwise(const Program& p, const Op& op, const OpBinding& b) {
   const int64_t n = p.tensor(op.outputs[0]).numel();
   const DType ty = dtype_of(p, op.outputs[0]);
@@ -166,6 +199,10 @@ Prepared prepare_pointwise(const Program& p, const Op& op, const OpBinding& b) {
     case OpKind::gelu_backward: return prepare_gelu(p, op, b);
     case OpKind::swiglu_forward:
     case OpKind::swiglu_backward: return prepare_swiglu(p, op, b);
+    case OpKind::add_columns:
+    case OpKind::slice_columns: return prepare_columns(p, op, b);
+    case OpKind::dropout_forward:
+    case OpKind::dropout_backward: return prepare_dropout(p, op, b);
     default: return prepare_elementwise(p, op, b);
   }
 }

@@ -47,6 +47,13 @@ void gelu_backward(const F* dy, const F* x, F* dx, int64_t n, bool acc);
 
 template <class F>
 void add(const F* a, const F* b, F* y, int64_t n, bool acc);
+// y = a (y += a when acc), then y[:, begin:begin+width] += d.
+void add_columns(const float* a, const float* d, float* y, int64_t rows, int64_t cols, int64_t begin, int64_t width,
+                 bool acc);
+// y = x[:, begin:begin+width] (y += it when acc).
+void slice_columns(const float* x, float* y, int64_t rows, int64_t cols, int64_t begin, int64_t width, bool acc);
+// y = x * keep / (1 - p) (y += that when acc), keep from core/dropout_mask.hpp.
+void dropout(const float* x, float* y, int64_t n, float p, uint64_t key, bool acc);
 template <class F>
 void accumulate(const F* x, F* y, int64_t n, bool acc);
 template <class F>

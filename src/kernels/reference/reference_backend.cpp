@@ -13,6 +13,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/closure_op.hpp"
+#include "core/dropout_mask.hpp"
 #include "kernels/op_contract.hpp"
 #include "kernels/reference/reference.hpp"
 #include "kernels/reference/reference_llama.hpp"
@@ -91,6 +92,26 @@ Prepared prepare_dense(const Program& p, const Op& op, const OpBinding& b) {
     case OpKind::add:
       return make_op(
           [=](const StepContext& ctx) { ref::add(in(b, 0), in(b, 1), out(b, 0), n0, accumulates(m0, ctx)); });
+    case OpKind::add_columns: {
+      const ColumnsAttrs a = attrs_of<ColumnsAttrs>(op);
+      return make_op([=](const StepContext& ctx) {
+        ref::add_columns(in(b, 0), in(b, 1), out(b, 0), a.rows, a.cols, a.begin, a.width, accumulates(m0, ctx));
+      });
+    }
+    case OpKind::slice_columns: {
+      const ColumnsAttrs a = attrs_of<ColumnsAttrs>(op);
+      return make_op([=](const StepContext& ctx) {
+        ref::slice_columns(in(b, 0), out(b, 0), a.rows, a.cols, a.begin, a.width, accumulates(m0, ctx));
+      });
+    }
+    case OpKind::dropout_forward:
+    case OpKind::dropout_backward: {
+      const DropoutAttrs a = attrs_of<DropoutAttrs>(op);
+      return make_op([=](const StepContext& ctx) {
+        ref::dropout(in(b, 0), out(b, 0), n0, a.p, dropout_key(ctx.seed, ctx.step, ctx.micro, a.salt),
+                     accumulates(m0, ctx));
+      });
+    }
     case OpKind::accumulate:
     case OpKind::cast:  // fp32 to fp32: a copy
       return make_op([=](const StepContext& ctx) { ref::accumulate(in(b, 0), out(b, 0), n0, accumulates(m0, ctx)); });

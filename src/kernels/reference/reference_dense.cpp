@@ -8,6 +8,8 @@
 #include "core/error.hpp"
 #include "kernels/reference/reference.hpp"
 
+#include "core/dropout_mask.hpp"
+
 namespace memfit::ref {
 namespace {
 
@@ -209,5 +211,32 @@ void adamw(F* param, const F* grad, F* m, F* v, int64_t n, double lr, double bet
 MEMFIT_REF_INSTANTIATE(float)
 MEMFIT_REF_INSTANTIATE(double)
 #undef MEMFIT_REF_INSTANTIATE
+
+void add_columns(const float* a, const float* d, float* y, int64_t rows, int64_t cols, int64_t begin, int64_t width,
+                 bool acc) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      double v = a[r * cols + c];
+      if (c >= begin && c < begin + width) v += d[r * width + (c - begin)];
+      y[r * cols + c] = float(acc ? double(y[r * cols + c]) + v : v);
+    }
+}
+
+void slice_columns(const float* x, float* y, int64_t rows, int64_t cols, int64_t begin, int64_t width, bool acc) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < width; ++c) {
+      const float v = x[r * cols + begin + c];
+      y[r * width + c] = acc ? y[r * width + c] + v : v;
+    }
+}
+
+void dropout(const float* x, float* y, int64_t n, float p, uint64_t key, bool acc) {
+  const uint32_t threshold = dropout_threshold(p);
+  const float scale = float(1.0 / (1.0 - double(p)));
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = dropout_keeps(key, i, threshold) ? x[i] * scale : 0.0f;
+    y[i] = acc ? y[i] + v : v;
+  }
+}
 
 }  // namespace memfit::ref

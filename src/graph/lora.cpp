@@ -1,0 +1,215 @@
+#include "graph/lora.hpp"
+
+#include <cmath>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "core/error.hpp"
+#include "core/dropout_mask.hpp"
+
+namespace memfit {
+
+namespace {
+
+constexpr const char* kWeightSuffix = ".weight";
+
+std::string module_of(const std::string& weight) { return weight.substr(0, weight.size() - 7); }
+
+bool is_embedding_or_head(const std::string& module) {
+  const std::string last = module.substr(module.rfind('.') + 1);
+  return last == "wte" || last == "wpe" || last == "embed_tokens" || last == "lm_head";
+}
+
+const ParamEntry* find_param(const Program& p, const std::string& name) {
+  for (const ParamEntry& e : p.params())
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+// PEFT: a target names a module when it equals the module's name or is a dotted suffix of it.
+bool matches_target(const std::string& module, const std::string& target) {
+  return module == target || (module.size() > target.size() && module.ends_with(target) &&
+                              module[module.size() - target.size() - 1] == '.');
+}
+
+// PEFT's defaults (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING) for memfit's families.
+std::vector<std::string> default_targets(const std::vector<LinearModule>& modules) {
+  for (const LinearModule& m : modules)
+    if (m.short_name() == "c_attn") return {"c_attn"};
+  return {"q_proj", "v_proj"};
+}
+
+class LoraRewrite final : public ForwardRewrite {
+ public:
+  explicit LoraRewrite(LoraPolicy lora) : lora_(std::move(lora)) {}
+  std::string name() const override { return "lora"; }
+  void declare(GraphBuilder& b) override;
+  bool rewrite(const Op& op, GraphBuilder& b) override;
+
+ private:
+  struct Branch {
+    LinearModule module;
+    TensorId a = kNoTensor, b = kNoTensor;
+  };
+  LoraPolicy lora_;
+  std::map<TensorId, std::vector<Branch>> branches_;  // by the base weight's value tensor
+};
+
+void LoraRewrite::declare(GraphBuilder& b) {
+  branches_.clear();
+  Program& p = b.program();
+  const std::vector<LinearModule> targets = lora_targets(p, lora_);
+  std::set<std::string> trainable_biases;
+  for (const LinearModule& m : targets)
+    if (lora_.bias == LoraBias::lora_only && !m.bias.empty()) trainable_biases.insert(m.bias);
+  for (ParamEntry& e : p.params()) {
+    const bool bias = e.name.ends_with(".bias");
+    const bool keep = (bias && lora_.bias == LoraBias::all) || trainable_biases.count(e.name) > 0;
+    if (e.trainable && !keep) freeze_parameter(p, e);
+  }
+  for (const LinearModule& m : targets) {
+    // Copies: declaring parameters grows the parameter and tensor tables.
+    const TensorId w = find_param(p, m.weight)->value;
+    b.set_layer(p.tensor(w).layer);
+    Branch br{m};
+    const float bound = float(1.0 / std::sqrt(double(m.cols)));
+    br.a = b.parameter(lora_a_name(m.name), Shape{lora_.rank, m.cols}, ParamInit::uniform, bound, true);
+    br.b = b.parameter(lora_b_name(m.name), Shape{m.rows, lora_.rank}, ParamInit::zeros, 0.0f, true);
+    branches_[w].push_back(br);
+  }
+}
+
+bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
+  if (op.kind != OpKind::matmul || op.inputs.size() < 2) return false;
+  const auto it = branches_.find(op.inputs[1]);
+  if (it == branches_.end()) return false;
+  Program& p = b.program();
+  const MatmulAttrs& a = std::get<MatmulAttrs>(op.attrs);
+  MEMFIT_ASSERT(a.trans_b && !a.trans_a, "linear {} is not x @ W^T", op.name);
+  const TensorId x = op.inputs[0], y = op.outputs[0];
+  const Shape ys = p.tensor(y).shape;
+  const DType dt = p.tensor(y).dtype;
+  const int64_t r = lora_.rank;
+  // The base product keeps the op's name, inputs and attributes (so --fp32-ops, recompute
+  // selections and a quantising pass still find it).
+  TensorId sum = b.transient(op.name + ".base.y", ys, Category::activations, dt);
+  b.emit({OpKind::matmul, op.name, op.inputs, {sum}, op.attrs, op.flops});
+  const std::vector<Branch>& branches = it->second;
+  for (size_t i = 0; i < branches.size(); ++i) {
+    const Branch& br = branches[i];
+    const std::string site = op.name + "." + br.module.short_name();
+    TensorId in = x;
+    if (lora_.dropout > 0 && b.grad_enabled()) {
+      in = b.transient(site + ".lora_dropout.y", p.tensor(x).shape, Category::activations, p.tensor(x).dtype);
+      const std::string salt = br.module.name + ".lora_dropout";
+      b.emit({OpKind::dropout_forward, site + ".lora_dropout", {x}, {in},
+              DropoutAttrs{float(lora_.dropout), dropout_salt(salt.c_str())}, double(p.tensor(x).numel())});
+    }
+    std::vector<int64_t> mid = ys.dims();
+    mid.back() = r;
+    const TensorId xa = b.transient(site + ".lora_A.y", Shape(mid), Category::activations, dt);
+    b.emit({OpKind::matmul, site + ".lora_A", {in, br.a}, {xa}, MatmulAttrs{a.m, r, a.k, false, true, 1.0f},
+            2.0 * double(a.m) * double(r) * double(a.k)});
+    std::vector<int64_t> out = ys.dims();
+    out.back() = br.module.rows;
+    const TensorId d = b.transient(site + ".lora_B.y", Shape(out), Category::activations, dt);
+    b.emit({OpKind::matmul, site + ".lora_B", {xa, br.b}, {d},
+            MatmulAttrs{a.m, br.module.rows, r, false, true, float(lora_.scale())},
+            2.0 * double(a.m) * double(br.module.rows) * double(r)});
+    const bool last = i + 1 == branches.size();
+    const TensorId next = last ? y : b.transient(site + ".lora_sum", ys, Category::activations, dt);
+    if (br.module.whole())
+      b.emit({OpKind::add, site + ".lora_add", {sum, d}, {next}, NoAttrs{}, double(ys.numel()), {}, {},
+              {{0, 0}, {0, 1}}});
+    else
+      b.emit({OpKind::add_columns, site + ".lora_add", {sum, d}, {next},
+              ColumnsAttrs{a.m, a.n, br.module.row_begin, br.module.rows}, double(p.tensor(d).numel()), {}, {},
+              {{0, 0}}});
+    sum = next;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string LinearModule::short_name() const { return name.substr(name.rfind('.') + 1); }
+
+std::vector<LinearModule> linear_modules(const Program& p) {
+  std::vector<LinearModule> out;
+  for (const ParamEntry& e : p.params()) {
+    if (!e.name.ends_with(kWeightSuffix) || e.name.find(".lora_") != std::string::npos) continue;
+    const Shape s = p.tensor(e.value != kNoTensor ? e.value : e.storage.front().id).shape;
+    const std::string module = module_of(e.name);
+    if (s.rank() != 2 || is_embedding_or_head(module)) continue;
+    LinearModule m{module, e.name, "", 0, s[0], s[1], s[0]};
+    if (find_param(p, module + ".bias")) m.bias = module + ".bias";
+    if (!module.ends_with(".qkv_proj")) {
+      out.push_back(m);
+      continue;
+    }
+    // Fused q, k, v rows: q has as many rows as o_proj has columns (heads x head size), and
+    // k and v share the rest.
+    const std::string prefix = module.substr(0, module.size() - 8);
+    const ParamEntry* o = find_param(p, prefix + "o_proj.weight");
+    MEMFIT_ASSERT(o != nullptr, "fused {} without an o_proj", module);
+    const int64_t q = p.tensor(o->value != kNoTensor ? o->value : o->storage.front().id).shape[1];
+    const int64_t kv = (s[0] - q) / 2;
+    MEMFIT_ASSERT(q > 0 && kv > 0 && q + 2 * kv == s[0], "fused {}: {} rows do not split as q + 2 kv", module, s[0]);
+    const int64_t begins[3] = {0, q, q + kv}, rows[3] = {q, kv, kv};
+    const char* names[3] = {"q_proj", "k_proj", "v_proj"};
+    for (int i = 0; i < 3; ++i) out.push_back({prefix + names[i], e.name, m.bias, begins[i], rows[i], s[1], s[0]});
+  }
+  return out;
+}
+
+std::vector<LinearModule> lora_targets(const Program& p, const LoraPolicy& lora) {
+  const std::vector<LinearModule> modules = linear_modules(p);
+  MEMFIT_CHECK(!modules.empty(), "policy", "LoRA: the model has no linear layer");
+  std::set<std::string> kinds;
+  for (const LinearModule& m : modules) kinds.insert(m.short_name());
+  std::string known;
+  for (const std::string& k : kinds) known += (known.empty() ? "" : ", ") + k;
+  std::vector<bool> chosen(modules.size(), false);
+  if (!lora.target_regex.empty()) {
+    std::regex re;
+    try {
+      re = std::regex(lora.target_regex, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw Error("policy", fmt::format("LoRA target_modules '{}' is not a valid regular expression", lora.target_regex));
+    }
+    bool any = false;
+    for (size_t i = 0; i < modules.size(); ++i)
+      for (const char* prefix : {"", "model.", "transformer."})
+        if (std::regex_match(prefix + modules[i].name, re)) chosen[i] = any = true;
+    MEMFIT_CHECK(any, "policy", "LoRA target_modules '{}' matches no linear layer (modules: {})", lora.target_regex,
+                 known);
+  } else {
+    const std::vector<std::string> targets = lora.targets.empty() ? default_targets(modules) : lora.targets;
+    for (const std::string& t : targets) {
+      bool any = false;
+      for (size_t i = 0; i < modules.size(); ++i)
+        if (t == "all-linear" || matches_target(modules[i].name, t)) chosen[i] = any = true;
+      MEMFIT_CHECK(any, "policy", "LoRA target '{}' matches no linear layer of this model (its linear layers: {})", t,
+                   known);
+    }
+  }
+  std::vector<LinearModule> out;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (!chosen[i]) continue;
+    const LinearModule& m = modules[i];
+    MEMFIT_CHECK(lora.rank <= std::min(m.rows, m.cols), "policy",
+                 "LoRA rank {} is larger than min(in, out) = min({}, {}) of {}", lora.rank, m.cols, m.rows, m.name);
+    out.push_back(m);
+  }
+  return out;
+}
+
+std::string lora_a_name(const std::string& module) { return module + ".lora_A" + kWeightSuffix; }
+std::string lora_b_name(const std::string& module) { return module + ".lora_B" + kWeightSuffix; }
+
+std::shared_ptr<ForwardRewrite> make_lora_rewrite(const LoraPolicy& lora) {
+  return std::make_shared<LoraRewrite>(lora);
+}
+
+}  // namespace memfit

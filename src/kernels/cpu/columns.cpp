@@ -1,0 +1,62 @@
+#include "kernels/cpu/columns.hpp"
+
+#include <cstring>
+
+#include "core/half.hpp"
+#include "kernels/cpu/parallel.hpp"
+#include "core/dropout_mask.hpp"
+
+namespace memfit {
+
+template <class T>
+void add_columns_forward(const T* a, const T* d, T* y, int64_t rows, int64_t cols, int64_t begin, int64_t width,
+                         bool acc) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* ar = a + r * cols;
+    T* yr = y + r * cols;
+    const T* dr = d + r * width;
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = widen(ar[c]);
+      if (c >= begin && c < begin + width) v += widen(dr[c - begin]);
+      yr[c] = narrow<T>(acc ? widen(yr[c]) + v : v);
+    }
+  }
+}
+
+template <class T>
+void slice_columns_forward(const T* x, T* y, int64_t rows, int64_t cols, int64_t begin, int64_t width, bool acc) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols + begin;
+    T* yr = y + r * width;
+    if (!acc) {
+      std::memcpy(static_cast<void*>(yr), xr, sizeof(T) * size_t(width));
+      continue;
+    }
+    for (int64_t c = 0; c < width; ++c) yr[c] = narrow<T>(widen(yr[c]) + widen(xr[c]));
+  }
+}
+
+template <class T>
+void dropout_apply(const T* x, T* y, int64_t n, float p, uint64_t key, bool acc) {
+  const uint32_t threshold = dropout_threshold(p);
+  const float scale = float(1.0 / (1.0 - double(p)));
+  parallel_for(n, kParallelGrain, [=](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float v = dropout_keeps(key, i, threshold) ? widen(x[i]) * scale : 0.0f;
+      y[i] = narrow<T>(acc ? widen(y[i]) + v : v);
+    }
+  });
+}
+
+#define MEMFIT_COLUMNS(T)                                                                                   \
+  template void add_columns_forward<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t, bool); \
+  template void slice_columns_forward<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, bool);         \
+  template void dropout_apply<T>(const T*, T*, int64_t, float, uint64_t, bool);
+MEMFIT_COLUMNS(float)
+MEMFIT_COLUMNS(bf16_t)
+MEMFIT_COLUMNS(fp16_t)
+#undef MEMFIT_COLUMNS
+
+}  // namespace memfit
