@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
+#include "fit/fit_search.hpp"
 #include "fit/lora_estimate.hpp"
 #include "graph/precision.hpp"
 #include "graph/training_program.hpp"
@@ -181,6 +182,32 @@ TEST(LoraEstimate, QloraOnLlama65bFitsOneA6000) {
   full.lora = {};
   full.quantize_base = {};
   EXPECT_GT(estimate_run(s, full, c, {}).device_bytes, 10 * c.hw.memory_bytes);
+}
+
+// --fit proposes LoRA only when nothing training every weight fits without offload, after
+// every such family, labelled; and never when a plain family fits.
+TEST(LoraEstimate, FitProposesLoraLastAndOnlyWhenNothingElseFitsOnTheDevice) {
+  Policy p;
+  p.seq = 512;
+  FitOptions fo;
+  fo.keep = 3;
+  const Cluster c = one("a6000-48gb");
+  const FitResult r = fit_search(model_preset("llama-65b"), p, c, {}, fo);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_FALSE(r.ranked.front().changes_training);
+  EXPECT_NE(r.ranked.front().policy.offload_params, Tier::device);  // the base fits only offloaded
+  bool seen = false;
+  for (const FitCandidate& f : r.ranked) {
+    if (seen) EXPECT_TRUE(f.changes_training) << f.family;  // nothing unlabelled after a LoRA one
+    seen = seen || f.changes_training;
+    EXPECT_EQ(f.changes_training, f.policy.lora.enabled()) << f.family;
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_NE(format_fit(r, c, c.hw.memory_bytes).find("changes what trains"), std::string::npos);
+  p.seq = 128;
+  const FitResult small = fit_search(model_preset("gpt2-tiny"), p, c, {}, fo);
+  ASSERT_FALSE(small.ranked.empty());
+  for (const FitCandidate& f : small.ranked) EXPECT_FALSE(f.changes_training) << f.family;
 }
 
 }  // namespace
