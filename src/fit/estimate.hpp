@@ -34,6 +34,16 @@
 
 namespace memfit {
 
+// Bytes of each part of a quantised base weight of numel elements (codes, absmax, absmax2,
+// offset): kernels/quant's quant_storage(), which fit/ may not include (it sits below kernels);
+// the caller that may (cli, tests) sets EstimateOptions::quant_storage to it. Throws for a bad
+// block.
+struct QuantParts {
+  uint64_t codes = 0, absmax = 0, absmax2 = 0, offset = 0;
+  uint64_t total() const { return codes + absmax + absmax2 + offset; }
+};
+using QuantStorageFn = std::function<QuantParts(const BaseQuantPolicy&, int64_t numel)>;
+
 struct EstimateOptions {
   double efficiency = 0.45;   // share of peak FLOP/s compute-bound ops reach
   double comm_overlap = 0.0;  // share of collective time hidden behind compute
@@ -41,6 +51,8 @@ struct EstimateOptions {
   std::function<void(Program&)> prepare;
   // Offsets per tier are multiples of these (the backend's buffer types on "cpu").
   TierAlignments alignments = kDefaultTierAlignments;
+  // Needed only for a quantised base (--quantize-base): see QuantParts.
+  QuantStorageFn quant_storage;
 };
 
 // What LoRA and a quantised base change in an estimate (fit/lora_estimate.hpp); `on` false

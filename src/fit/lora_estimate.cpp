@@ -12,7 +12,6 @@
 #include "graph/precision.hpp"
 #include "graph/recompute.hpp"
 #include "graph/training_program.hpp"
-#include "kernels/quant/quant_format.hpp"
 
 namespace memfit {
 
@@ -137,15 +136,6 @@ Bytes category_bytes(const StateElements& st) {
   return b;
 }
 
-QuantSpec quant_spec(const BaseQuantPolicy& q) {
-  QuantSpec s;
-  s.kind = q.kind == BaseQuant::nf4 ? QuantKind::nf4 : q.kind == BaseQuant::fp4 ? QuantKind::fp4 : QuantKind::int8;
-  s.block = q.block;
-  s.double_quant = q.double_quant;
-  check_quant_spec(s);
-  return s;
-}
-
 // A trainable parameter of n elements as the builder declares it: value in the compute dtype,
 // gradient, fp32 master under 16-bit compute, AdamW state (8-bit from kMin8bitElements on).
 void add_trainable(StateElements& st, const Policy& policy, int64_t n) {
@@ -163,11 +153,11 @@ void add_trainable(StateElements& st, const Policy& policy, int64_t n) {
 
 // The model states of the LoRA run, from the proxy's parameters; fills the breakdown's bytes.
 StateElements lora_states(const Program& p, const Policy& policy, const std::vector<LoraLinear>& targets,
-                          const std::set<std::string>& linear_params, LoraBreakdown& br) {
+                          const std::set<std::string>& linear_params, const QuantStorageFn& storage,
+                          LoraBreakdown& br) {
   std::set<std::string> targeted;
   for (const LoraLinear& t : targets) targeted.insert(t.param);
   const bool quant = policy.quantize_base.enabled();
-  const QuantSpec qs = quant ? quant_spec(policy.quantize_base) : QuantSpec{};
   StateElements st;
   auto add = [&](TensorId id) {
     if (id == kNoTensor) return;
@@ -184,10 +174,11 @@ StateElements lora_states(const Program& p, const Policy& policy, const std::vec
     }
     const TensorDesc& v = p.tensor(e.value);
     if (quant && linear_params.contains(e.name)) {
-      const QuantStorage q = quant_storage(qs, v.numel());
+      const QuantParts q = storage(policy.quantize_base, v.numel());
+      const bool dq = policy.quantize_base.double_quant;
       // Codes (and double quantisation's 8-bit absmax codes) are bytes; the rest fp32.
-      st[{Category::parameters, DType::u8}] += int64_t(q.codes + (qs.double_quant ? q.absmax : 0));
-      st[{Category::parameters, DType::f32}] += int64_t(((qs.double_quant ? 0 : q.absmax) + q.absmax2 + q.offset) / 4);
+      st[{Category::parameters, DType::u8}] += int64_t(q.codes + (dq ? q.absmax : 0));
+      st[{Category::parameters, DType::f32}] += int64_t(((dq ? 0 : q.absmax) + q.absmax2 + q.offset) / 4);
       br.quantized_bytes += q.total();
       ++br.quantized_tensors;
       br.quantized_elements += v.numel();
@@ -343,12 +334,11 @@ void retime(const Program& p, const ModelSpec& spec, const Policy& policy, const
     }
   }
   if (!quantized.empty()) {
-    const QuantSpec qs = quant_spec(policy.quantize_base);
     for (const LoraLinear& q : quantized) {
       const double numel = double(q.in) * double(q.out);
       // Codes and scales read, the tile written and read back by the product: forward and
       // input gradient, and once more where the block is recomputed.
-      const double pass = roofline_seconds(0, double(quant_storage(qs, int64_t(numel)).total()) + 2 * e * numel, cdt, hw,
+      const double pass = roofline_seconds(0, double(o.quant_storage(policy.quantize_base, int64_t(numel)).total()) + 2 * e * numel, cdt, hw,
                                            o.efficiency);
       s.micro_seconds += 2 * pass;
       if (blocks[size_t(q.layer)].whole) s.recompute_seconds += pass;
@@ -384,6 +374,8 @@ ProgramSummary plan_lora_summary(const ModelSpec& spec, const Policy& policy, co
   MEMFIT_CHECK(!policy.quantize_base.enabled() || policy.lora.enabled() || !policy.freeze.empty(), "policy",
                "--quantize-base {} quantises frozen base weights: add LoRA (--lora-rank) or --freeze",
                base_quant_name(policy.quantize_base.kind));
+  MEMFIT_CHECK(!policy.quantize_base.enabled() || options.quant_storage, "fit",
+               "a quantised base is estimated with kernels/quant's storage sizes: EstimateOptions::quant_storage is unset");
   const std::vector<LoraLinear> targets =
       policy.lora.enabled() ? lora_targets(spec, policy.lora) : std::vector<LoraLinear>{};
   Program p = build_training_program(spec, lora_proxy_policy(spec, planning_policy(policy)), Topology{},
@@ -400,7 +392,7 @@ ProgramSummary plan_lora_summary(const ModelSpec& spec, const Policy& policy, co
                            policy.quantize_base.double_quant ? ", double quantisation" : "");
   std::set<std::string> linear_params;
   for (const LoraLinear& l : model_linears(spec)) linear_params.insert(l.param);
-  const StateElements states = lora_states(p, policy, targets, linear_params, br);
+  const StateElements states = lora_states(p, policy, targets, linear_params, options.quant_storage, br);
   const Bytes before = category_bytes(s.states), after = category_bytes(states);
   for (CategoryBytes& live : s.live)
     for (Category c : {Category::parameters, Category::gradients, Category::master_weights, Category::optimizer_state}) {

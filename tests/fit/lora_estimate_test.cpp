@@ -17,6 +17,19 @@
 namespace memfit {
 namespace {
 
+// kernels/quant's sizes, as the CLI hands them to fit/.
+EstimateOptions with_quant() {
+  EstimateOptions o;
+  o.quant_storage = [](const BaseQuantPolicy& q, int64_t numel) {
+    QuantSpec spec{q.kind == BaseQuant::nf4 ? QuantKind::nf4 : q.kind == BaseQuant::fp4 ? QuantKind::fp4 : QuantKind::int8,
+                   q.block, q.double_quant};
+    check_quant_spec(spec);
+    const QuantStorage s = quant_storage(spec, numel);
+    return QuantParts{s.codes, s.absmax, s.absmax2, s.offset};
+  };
+  return o;
+}
+
 Cluster one(const std::string& hw) {
   Cluster c;
   c.hw = hardware_preset(hw);
@@ -25,7 +38,7 @@ Cluster one(const std::string& hw) {
 
 std::string error_of(const ModelSpec& spec, const Policy& p) {
   try {
-    estimate_run(spec, p, one("a100-80gb"), {});
+    estimate_run(spec, p, one("a100-80gb"), with_quant());
   } catch (const Error& e) {
     return e.what();
   }
@@ -50,7 +63,7 @@ TEST(LoraEstimate, ModelStatesEqualTheClosedFormOfAdaptersAndQuantisedWeights) {
   p.lora.targets = {"all-linear"};
   p.quantize_base.kind = BaseQuant::nf4;
   p.quantize_base.double_quant = true;
-  const ProgramSummary sum = plan_summary(s, p, one("a100-80gb").hw, {});
+  const ProgramSummary sum = plan_summary(s, p, one("a100-80gb").hw, with_quant());
   // Per block: q, k, v, o, gate, up, down as HF holds them.
   const int64_t per_block = r * ((C + s.n_head * HS) + 2 * (C + s.n_kv_head * HS) + (s.n_head * HS + C) +
                                  2 * (C + F) + (F + C));
@@ -120,7 +133,9 @@ TEST(LoraEstimate, BadInputIsRefusedInOneLineNamingWhatIsWrong) {
   EXPECT_NE(e.find("add LoRA (--lora-rank) or --freeze"), std::string::npos) << e;
   p.lora.rank = 4;
   p.quantize_base.block = 48;
-  EXPECT_NE(error_of(s, p), "");
+  e = error_of(s, p);
+  EXPECT_NE(e.find("48"), std::string::npos) << e;
+  EXPECT_EQ(e.find("quant_storage is unset"), std::string::npos) << e;
   p.quantize_base.block = 64;
   p.lora.target_regex = "nothing.*";
   e = error_of(s, p);
@@ -173,8 +188,8 @@ TEST(LoraEstimate, QloraOnLlama65bFitsOneA6000) {
   p.quantize_base.kind = BaseQuant::nf4;
   p.quantize_base.double_quant = true;
   const Cluster c = one("a6000-48gb");
-  const RankEstimate e = estimate_run(s, p, c, {});
-  EXPECT_TRUE(check_fit(e, c, c.hw.memory_bytes).fits()) << format_estimate(e, c, {});
+  const RankEstimate e = estimate_run(s, p, c, with_quant());
+  EXPECT_TRUE(check_fit(e, c, c.hw.memory_bytes).fits()) << format_estimate(e, c, with_quant());
   EXPECT_FALSE(e.from_program);
   EXPECT_TRUE(e.lora.on);
   // The same run training every weight needs over ten times the card.
@@ -192,7 +207,7 @@ TEST(LoraEstimate, FitProposesLoraLastAndOnlyWhenNothingElseFitsOnTheDevice) {
   FitOptions fo;
   fo.keep = 3;
   const Cluster c = one("a6000-48gb");
-  const FitResult r = fit_search(model_preset("llama-65b"), p, c, {}, fo);
+  const FitResult r = fit_search(model_preset("llama-65b"), p, c, with_quant(), fo);
   ASSERT_FALSE(r.ranked.empty());
   EXPECT_FALSE(r.ranked.front().changes_training);
   EXPECT_NE(r.ranked.front().policy.offload_params, Tier::device);  // the base fits only offloaded
