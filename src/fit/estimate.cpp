@@ -6,6 +6,7 @@
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
+#include "fit/lora_estimate.hpp"
 #include "graph/training_program.hpp"
 
 namespace memfit {
@@ -22,6 +23,15 @@ bool is_model_state(Category c) {
          c == Category::optimizer_state;
 }
 
+}  // namespace
+
+double roofline_seconds(double flops, double bytes, DType dt, const Hardware& hw, double efficiency) {
+  // Only GEMM-like kinds reach tensor-core peak; elementwise kinds are bandwidth bound anyway.
+  const double compute = flops / (hw.peak_flops(dt) * efficiency);
+  const double memory = bytes / (hw.memory_bandwidth * kBandwidthEfficiency);
+  return std::max(compute, memory);
+}
+
 double op_seconds(const Program& p, const Op& op, const Hardware& hw, double efficiency) {
   double bytes = 0;
   for (TensorId t : op.inputs)
@@ -34,13 +44,8 @@ double op_seconds(const Program& p, const Op& op, const Hardware& hw, double eff
       dt = p.tensor(t).dtype;
       break;
     }
-  // Only GEMM-like kinds reach tensor-core peak; elementwise kinds are bandwidth bound anyway.
-  const double compute = op.flops / (hw.peak_flops(dt) * efficiency);
-  const double memory = bytes / (hw.memory_bandwidth * kBandwidthEfficiency);
-  return std::max(compute, memory);
+  return roofline_seconds(op.flops, bytes, dt, hw, efficiency);
 }
-
-}  // namespace
 
 Policy planning_policy(const Policy& policy) {
   Policy p = policy;
@@ -51,6 +56,7 @@ Policy planning_policy(const Policy& policy) {
 }
 
 bool zero_from_program(const Policy& policy, int world) {
+  if (lora_estimated(policy)) return false;  // the builder has no LoRA or quantised base yet
   if (policy.offload_optimizer != Tier::device || policy.offload_params != Tier::device) return false;
   const bool data_parallel = policy.zero_stage > 0 || world > 1;
   return !data_parallel || (policy.freeze.empty() && !policy.update_in_backward);
@@ -132,6 +138,7 @@ ProgramSummary summarize_built(Program p, const Hardware& hw, const EstimateOpti
 
 ProgramSummary plan_summary(const ModelSpec& spec, const Policy& policy, const Hardware& hw,
                             const EstimateOptions& options) {
+  if (lora_estimated(policy)) return plan_lora_summary(spec, policy, hw, options);
   return summarize_built(build_training_program(spec, planning_policy(policy), Topology{}, hw.capabilities), hw,
                          options);
 }
@@ -312,6 +319,8 @@ RankEstimate estimate_from_summary(const ProgramSummary& s, const Policy& policy
   e.fixed_overhead = cluster.fixed_overhead_bytes();
   if (s.zero_from_program) program_memory(s, e);
   else analytic_memory(s, policy, W, e);
+  e.lora = s.lora;
+  if (s.lora.on) e.from_program = false;  // the proxy model of fit/lora_estimate.hpp
   if (e.peak_op >= 0) {
     e.peak_op_name = s.op_name[size_t(e.peak_op)];
     e.peak_phase = s.phase[size_t(e.peak_op)];

@@ -34,6 +34,16 @@
 
 namespace memfit {
 
+// Bytes of each part of a quantised base weight of numel elements (codes, absmax, absmax2,
+// offset): kernels/quant's quant_storage(), which fit/ may not include (it sits below kernels);
+// the caller that may (cli, tests) sets EstimateOptions::quant_storage to it. Throws for a bad
+// block.
+struct QuantParts {
+  uint64_t codes = 0, absmax = 0, absmax2 = 0, offset = 0;
+  uint64_t total() const { return codes + absmax + absmax2 + offset; }
+};
+using QuantStorageFn = std::function<QuantParts(const BaseQuantPolicy&, int64_t numel)>;
+
 struct EstimateOptions {
   double efficiency = 0.45;   // share of peak FLOP/s compute-bound ops reach
   double comm_overlap = 0.0;  // share of collective time hidden behind compute
@@ -41,6 +51,25 @@ struct EstimateOptions {
   std::function<void(Program&)> prepare;
   // Offsets per tier are multiples of these (the backend's buffer types on "cpu").
   TierAlignments alignments = kDefaultTierAlignments;
+  // Needed only for a quantised base (--quantize-base): see QuantParts.
+  QuantStorageFn quant_storage;
+};
+
+// What LoRA and a quantised base change in an estimate (fit/lora_estimate.hpp); `on` false
+// otherwise. Bytes are unsharded, one copy of the model.
+struct LoraBreakdown {
+  bool on = false;
+  int adapters = 0;
+  int64_t rank = 0;
+  int64_t adapter_elements = 0;                            // sum of r (in + out) over targets
+  std::array<uint64_t, kNumCategories> adapter_bytes{};    // the adapters' value, gradient, master, state
+  uint64_t frozen_bytes = 0;                               // frozen base kept in its dtype
+  uint64_t quantized_bytes = 0;                            // codes and scales of quantised base weights
+  int quantized_tensors = 0;
+  int64_t quantized_elements = 0;
+  std::string quant;                                       // "nf4, block 64, double quantisation"; "" none
+  uint64_t branch_bytes = 0;                               // x A^T (and dropout(x)) of every adapter
+  uint64_t tile_bytes = 0, input_grad_bytes = 0;           // dequantisation tile; fp32 input gradient
 };
 
 // A planned program reduced to what estimates need (cheap to keep for many candidates).
@@ -67,7 +96,13 @@ struct ProgramSummary {
   std::array<uint64_t, kNumTiers> tier_peak{};       // planned arena bytes per tier
   std::array<CategoryBytes, kNumTiers> tier_at_peak{};
   CategoryBytes category_peak{};                     // device: most live bytes of each category at any op
+  LoraBreakdown lora;                                // LoRA / quantised base: the labelled proxy model
 };
+
+// The roofline every op is timed by: max(flops / (peak of dt x efficiency), bytes / (memory
+// bandwidth x 0.8)); op_seconds reads an op's FLOPs, bytes and dtype from its program.
+double roofline_seconds(double flops, double bytes, DType dt, const Hardware& hw, double efficiency);
+double op_seconds(const Program& p, const Op& op, const Hardware& hw, double efficiency);
 
 // The unsharded program a policy plans with: zero stage and offload set aside (the eval
 // section stays as the policy says: the run holds its memory; its ops are not timed).
@@ -116,6 +151,7 @@ struct RankEstimate {
   double comm_bytes = 0, offload_bytes = 0;
   double tokens_per_second = 0;  // all ranks
   double model_flops_utilization = 0;
+  LoraBreakdown lora;  // what LoRA and a quantised base changed (fit/lora_estimate.hpp)
 };
 
 RankEstimate estimate_from_summary(const ProgramSummary& summary, const Policy& policy, const Cluster& cluster,

@@ -8,7 +8,51 @@ namespace memfit {
 
 namespace {
 
+// What LoRA and a quantised base put in the categories above (unsharded bytes).
+std::string format_lora(const LoraBreakdown& l) {
+  std::string out = "  LoRA / quantised base (an estimate: the program with the targeted weights trainable, planned, "
+                    "then the adapters, the quantised storage and the branch's tensors applied: fit/lora_estimate.hpp):\n";
+  if (l.quantized_tensors > 0)
+    out += fmt::format("    frozen base   {:>12} quantised ({}: {} tensors, {} elements), {:>10} kept in its dtype\n",
+                       format_bytes(l.quantized_bytes), l.quant, l.quantized_tensors, l.quantized_elements,
+                       format_bytes(l.frozen_bytes));
+  else
+    out += fmt::format("    frozen base   {:>12} in its dtype\n", format_bytes(l.frozen_bytes));
+  if (l.adapters > 0)
+    out += fmt::format("    adapters      {:>12} ({} adapters of rank {}, {} parameters): values {}, gradients {}, masters "
+                       "{}, optimizer state {}\n",
+                       format_bytes(l.adapter_bytes[0] + l.adapter_bytes[1] + l.adapter_bytes[2] + l.adapter_bytes[3]),
+                       l.adapters, l.rank, l.adapter_elements, format_bytes(l.adapter_bytes[size_t(Category::parameters)]),
+                       format_bytes(l.adapter_bytes[size_t(Category::gradients)]),
+                       format_bytes(l.adapter_bytes[size_t(Category::master_weights)]),
+                       format_bytes(l.adapter_bytes[size_t(Category::optimizer_state)]));
+  out += fmt::format("    branch, tiles {:>12} x A^T of every adapter while saved; dequantisation tile {}, fp32 input "
+                     "gradient {}\n",
+                     format_bytes(l.branch_bytes), format_bytes(l.tile_bytes), format_bytes(l.input_grad_bytes));
+  return out;
+}
+
 std::string seconds(double s) { return s >= 1 ? fmt::format("{:.2f} s", s) : fmt::format("{:.1f} ms", s * 1e3); }
+
+nlohmann::json lora_json(const LoraBreakdown& l) {
+  if (!l.on) return nullptr;
+  nlohmann::json adapter_bytes;
+  for (Category c : {Category::parameters, Category::gradients, Category::master_weights, Category::optimizer_state})
+    adapter_bytes[std::string(category_name(c))] = l.adapter_bytes[size_t(c)];
+  return {{"adapters", l.adapters},
+          {"rank", l.rank},
+          {"adapter_parameters", l.adapter_elements},
+          {"adapter_bytes", adapter_bytes},
+          {"frozen_bytes", l.frozen_bytes},
+          {"quantized_bytes", l.quantized_bytes},
+          {"quantized_tensors", l.quantized_tensors},
+          {"quantized_elements", l.quantized_elements},
+          {"quantization", l.quant},
+          {"branch_bytes", l.branch_bytes},
+          {"tile_bytes", l.tile_bytes},
+          {"input_grad_bytes", l.input_grad_bytes},
+          {"is_estimate", true}};
+}
 
 }  // namespace
 
@@ -30,7 +74,9 @@ std::string format_estimate(const RankEstimate& e, const Cluster& c, const Estim
   out += fmt::format("  {:<18}{:>14}{:>14}{:>14}   of {} device memory\n", "total", format_bytes(e.device_bytes),
                      format_bytes(e.host_bytes), format_bytes(e.disk_bytes), format_bytes(c.hw.memory_bytes));
   out += fmt::format("  peak at op {} '{}' ({})\n", e.peak_op, e.peak_op_name, phase_name(e.peak_phase));
-  if (!e.from_program)
+  if (e.lora.on)
+    out += format_lora(e.lora);
+  else if (!e.from_program)
     out += "  (offload, or frozen parameters with ZeRO: the analytic model, ZeRO sharding and offload applied to the "
            "unsharded plan's model-state categories as DeepSpeed places them on a GPU (gradients streamed to the "
            "host), an estimate; on this machine `memfit plan` without --hardware plans optimizer offload's real "
@@ -86,6 +132,7 @@ nlohmann::json estimate_json(const RankEstimate& e, const Cluster& c, const Esti
             {"fixed_overhead_bytes", e.fixed_overhead},
             {"peak_op", {{"index", e.peak_op}, {"name", e.peak_op_name}, {"phase", phase_name(e.peak_phase)}}}}},
           {"sharding_is_estimate", !e.from_program},
+          {"lora", lora_json(e.lora)},
           {"rank", 0},
           {"ranks_planned", e.ranks_planned},
           {"largest_rank", {{"rank", e.largest_rank}, {"device_bytes", e.device_bytes_of_largest_rank()}}},

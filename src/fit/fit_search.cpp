@@ -4,10 +4,12 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
+#include "fit/lora_estimate.hpp"
 #include "graph/recompute.hpp"
 
 namespace memfit {
@@ -40,7 +42,8 @@ RecomputePolicy recompute_level(int level, AttentionKind attention) {
 
 // What the planned program depends on; the last two are the ZeRO stage and world size of a
 // rank program (0 and 1: the unsharded program).
-using ProgramKey = std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool, int, int>;
+// LoRA's rank and the base's quantisation (proposed when nothing else fits) come last.
+using ProgramKey = std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool, int, int, int64_t, BaseQuant>;
 
 class Planner {
  public:
@@ -58,7 +61,8 @@ class Planner {
 
  private:
   const ProgramSummary& lookup(const Policy& p, int level, int stage, int world) {
-    const ProgramKey key{p.precision, p.attention, level, p.optimizer, p.batch, p.grad_accum > 1, stage, world};
+    const ProgramKey key{p.precision, p.attention, level,      p.optimizer,        p.batch,
+                         p.grad_accum > 1, stage, world, p.lora.rank, p.quantize_base.kind};
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     Policy q = p;
@@ -85,6 +89,41 @@ class Planner {
   int planned_ = 0;
 };
 
+// The family's largest fitting micro-batch: guessed from the growth between 1 and 2, then
+// checked. A family that does not fit at micro-batch 1 is recorded in `rejected`.
+std::optional<FitCandidate> search_family(Planner& planner, const Policy& f, int level, const Cluster& cluster,
+                                          const EstimateOptions& eo, uint64_t budget, int64_t max_batch,
+                                          int64_t global_batch, const std::function<int(int64_t)>& accumulation,
+                                          std::vector<RejectedFamily>& rejected) {
+  const int W = cluster.world_size();
+  auto estimate_at = [&](int64_t b) {
+    Policy q = f;
+    q.batch = b;
+    q.grad_accum = accumulation(b);
+    return std::pair{q, estimate_from_summary(planner.for_estimate(q, level), q, cluster, eo)};
+  };
+  auto fits = [&](int64_t b) { return check_fit(estimate_at(b).second, cluster, budget).fits(); };
+  const auto [q1, e1] = estimate_at(1);
+  const Overflow o1 = check_fit(e1, cluster, budget);
+  if (!o1.fits()) {
+    rejected.push_back({family_name(f), o1});
+    return std::nullopt;
+  }
+  int64_t b = 1;
+  if (max_batch > 1 && fits(2)) {
+    const double slope = std::max(1.0, double(estimate_at(2).second.device_bytes) - double(e1.device_bytes));
+    b = std::clamp<int64_t>(1 + int64_t((double(budget) - double(e1.device_bytes)) / slope), 2, max_batch);
+    for (int tries = 0; b > 2 && !fits(b) && tries < 8; ++tries) b = std::max<int64_t>(2, b * 9 / 10);
+    while (b > 2 && !fits(b)) --b;
+    for (int tries = 0; b < max_batch && tries < 2 && fits(b + 1); ++tries) ++b;
+  }
+  // A global batch is kept exactly: the micro-batch divides each rank's share of it.
+  if (global_batch)
+    while ((global_batch / W) % b != 0) --b;
+  auto [q, e] = estimate_at(b);
+  return FitCandidate{q, e, family_name(q)};
+}
+
 // The search planned rank 0; the winners are planned on every rank (their pieces of the
 // buckets differ by a few KiB) and step their micro-batch down where another rank does not fit.
 std::vector<FitCandidate> plan_winners_on_every_rank(std::vector<FitCandidate> found, const ModelSpec& spec,
@@ -110,14 +149,55 @@ std::vector<FitCandidate> plan_winners_on_every_rank(std::vector<FitCandidate> f
   return checked;
 }
 
+// Nothing that trains every weight fits on the device alone (without offload): LoRA on every
+// linear layer, then also on a 4-bit base, may. They change what trains, so they are searched
+// only then, listed after every family that trains the model as asked, and labelled.
+void propose_lora(Planner& planner, const Policy& base, const Cluster& cluster, const EstimateOptions& eo,
+                  uint64_t budget, int64_t max_batch, int64_t global_batch,
+                  const std::function<int(int64_t)>& accumulation, FitResult& r, std::vector<FitCandidate>& found) {
+  for (bool quantised : {false, true})
+    for (int level : {0, 2}) {
+      Policy f = base;
+      f.precision = Precision::bf16;
+      f.grad_dtype = DType::bf16;
+      f.fp32_ops.clear();
+      f.attention = AttentionKind::flash;
+      f.recompute = recompute_level(level, f.attention);
+      f.optimizer = OptimizerKind::adamw;
+      f.zero_stage = 0;
+      f.offload_optimizer = f.offload_params = Tier::device;
+      f.freeze.clear();
+      f.lora = LoraPolicy{};
+      f.lora.rank = kProposedLoraRank;
+      f.lora.targets = {"all-linear"};
+      if (quantised) {
+        f.quantize_base.kind = BaseQuant::nf4;
+        f.quantize_base.double_quant = true;
+      }
+      f.batch = 1;
+      f.grad_accum = accumulation(1);
+      ++r.families;
+      if (auto c = search_family(planner, f, level, cluster, eo, budget, max_batch, global_batch, accumulation, r.rejected)) {
+        c->changes_training = true;
+        found.push_back(std::move(*c));
+      }
+    }
+}
+
 }  // namespace
 
 std::string family_name(const Policy& p) {
   std::string offload = "none";
   if (p.offload_optimizer != Tier::device) offload = fmt::format("optimizer:{}", tier_name(p.offload_optimizer));
   if (p.offload_params != Tier::device) offload += fmt::format(",params:{}", tier_name(p.offload_params));
-  return fmt::format("{} {} recompute={} {} zero={} offload={}", precision_name(p.precision), attention_name(p.attention),
-                     p.recompute.to_string(), optimizer_name(p.optimizer), p.zero_stage, offload);
+  std::string lora;
+  if (p.lora.enabled())
+    lora = fmt::format(" lora=r{}:{}", p.lora.rank,
+                       p.lora.target_regex.empty() ? fmt::format("{}", fmt::join(p.lora.targets, ",")) : p.lora.target_regex);
+  if (p.quantize_base.enabled())
+    lora += fmt::format(" base={}{}", base_quant_name(p.quantize_base.kind), p.quantize_base.double_quant ? "+dq" : "");
+  return fmt::format("{} {} recompute={} {} zero={} offload={}{}", precision_name(p.precision), attention_name(p.attention),
+                     p.recompute.to_string(), optimizer_name(p.optimizer), p.zero_stage, offload, lora);
 }
 
 FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& cluster, const EstimateOptions& eo,
@@ -186,43 +266,28 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
             f.zero_stage = sc.zero;
             f.offload_optimizer = sc.optimizer;
             f.offload_params = sc.params;
-            auto estimate_at = [&](int64_t b) {
-              Policy q = f;
-              q.batch = b;
-              q.grad_accum = accumulation(b);
-              return std::pair{q, estimate_from_summary(planner.for_estimate(q, level), q, cluster, eo)};
-            };
-            auto fits = [&](int64_t b) {
-              const auto [q, e] = estimate_at(b);
-              return check_fit(e, cluster, budget).fits();
-            };
-            const auto [q1, e1] = estimate_at(1);
-            const Overflow o1 = check_fit(e1, cluster, budget);
-            if (!o1.fits()) {
-              r.rejected.push_back({family_name(f), o1});
-              continue;
-            }
-            // Guess the largest micro-batch from the growth between 1 and 2, then check it.
-            int64_t b = 1;
-            if (max_batch > 1 && fits(2)) {
-              const double slope = std::max(1.0, double(estimate_at(2).second.device_bytes) - double(e1.device_bytes));
-              b = std::clamp<int64_t>(1 + int64_t((double(budget) - double(e1.device_bytes)) / slope), 2, max_batch);
-              for (int tries = 0; b > 2 && !fits(b) && tries < 8; ++tries) b = std::max<int64_t>(2, b * 9 / 10);
-              while (b > 2 && !fits(b)) --b;
-              for (int tries = 0; b < max_batch && tries < 2 && fits(b + 1); ++tries) ++b;
-            }
-            // A global batch is kept exactly: the micro-batch divides each rank's share of it.
-            if (options.global_batch)
-              while ((options.global_batch / W) % b != 0) --b;
-            auto [q, e] = estimate_at(b);
-            found.push_back({q, e, family_name(q)});
+            if (auto c = search_family(planner, f, level, cluster, eo, budget, max_batch, options.global_batch,
+                                       accumulation, r.rejected))
+              found.push_back(std::move(*c));
           }
         }
+  // Candidates that train what was asked first, then (labelled) those that train LoRA instead.
   auto faster = [](const FitCandidate& a, const FitCandidate& b) {
+    if (a.changes_training != b.changes_training) return b.changes_training;
     return a.estimate.tokens_per_second > b.estimate.tokens_per_second;
   };
   std::sort(found.begin(), found.end(), faster);
   if (int(found.size()) > options.keep) found.resize(size_t(options.keep));
+  const bool on_device = std::any_of(found.begin(), found.end(), [](const FitCandidate& c) {
+    return c.policy.offload_optimizer == Tier::device && c.policy.offload_params == Tier::device;
+  });
+  if (!on_device && !lora_estimated(base)) {
+    std::vector<FitCandidate> lora;
+    propose_lora(planner, base, cluster, eo, budget, max_batch, options.global_batch, accumulation, r, lora);
+    std::sort(lora.begin(), lora.end(), faster);
+    if (int(lora.size()) > options.keep) lora.resize(size_t(options.keep));
+    for (FitCandidate& c : lora) found.push_back(std::move(c));
+  }
   int rank_plans = 0;
   std::vector<FitCandidate> checked = plan_winners_on_every_rank(
       std::move(found), spec, cluster, eo, budget, options.global_batch, accumulation, rank_plans);
@@ -248,6 +313,11 @@ std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
                        i == 0 ? "winner:" : fmt::format("{:>6}.", i + 1), f.family, f.policy.batch, f.policy.seq,
                        f.policy.grad_accum, f.estimate.tokens_per_second, f.estimate.step_seconds,
                        format_bytes(f.estimate.device_bytes_of_largest_rank()), f.estimate.peak_op_name);
+    if (f.changes_training)
+      out += fmt::format("        changes what trains: only LoRA adapters (rank {}) on the frozen base{}; nothing that "
+                         "trains every weight fits without offload (--lora-rank {} --lora-targets all-linear{})\n",
+                         f.policy.lora.rank, f.policy.quantize_base.enabled() ? ", stored in 4-bit NF4" : "",
+                         f.policy.lora.rank, f.policy.quantize_base.enabled() ? " --quantize-base nf4 --double-quant" : "");
   }
   if (!r.rejected.empty()) {
     out += fmt::format("rejected families (do not fit at micro-batch 1; {} in all, closest first):\n", r.rejected.size());
@@ -269,6 +339,7 @@ nlohmann::json fit_json(const FitResult& r, const Cluster& c, uint64_t budget, c
                       {"batch", f.policy.batch},
                       {"seq", f.policy.seq},
                       {"grad_accum", f.policy.grad_accum},
+                      {"changes_what_trains", f.changes_training},
                       {"estimate", estimate_json(f.estimate, c, eo)}});
   for (const RejectedFamily& f : r.rejected)
     rejected.push_back({{"family", f.family},

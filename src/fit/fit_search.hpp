@@ -10,7 +10,9 @@
 // the unsharded program's categories (the labelled model). Plans are memoised per (precision,
 // attention, recomputation, optimizer, micro-batch, accumulation on, ZeRO stage, world). The
 // micro-batch is guessed from the micro-batch 1 and 2 plans (activations grow about linearly)
-// and then checked by planning the guess and its neighbour. Two prunings: a family that does
+// and then checked by planning the guess and its neighbour. When nothing fits without offload,
+// LoRA on every linear (and on an NF4 base) is searched too, listed last, labelled as changing
+// what trains. Two prunings: a family that does
 // not fit at micro-batch 1 is rejected; and a program key whose batch-1 compute time per token
 // already exceeds the k-th best step time per token is not searched further (communication
 // and offload only add time).
@@ -30,10 +32,16 @@ struct FitOptions {
   int keep = 5;                // winners reported
 };
 
+// Rank of the LoRA adapters --fit proposes when nothing that trains every weight fits.
+inline constexpr int64_t kProposedLoraRank = 16;
+
 struct FitCandidate {
   Policy policy;
   RankEstimate estimate;
   std::string family;  // "bf16 flash recompute=none adamw zero=1 offload=none"
+  // LoRA (and a quantised base) that the run did not ask for: it trains something else. Only
+  // searched when nothing else fits without offload; such candidates come last.
+  bool changes_training = false;
 };
 
 struct RejectedFamily {

@@ -41,7 +41,7 @@ Hardware gpu(std::string name, uint64_t mem, double bf16, double fp32, double bw
 }  // namespace
 
 std::vector<std::string> hardware_preset_names() {
-  return {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "rtx4090-24gb", "l4-24gb", "cpu"};
+  return {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "rtx4090-24gb", "l4-24gb", "a6000-48gb", "cpu"};
 }
 
 Hardware hardware_preset(std::string_view name) {
@@ -60,6 +60,14 @@ Hardware hardware_preset(std::string_view name) {
   if (name == "l4-24gb") {
     Hardware h = gpu("l4-24gb", 23034 * MiB, 121 * TF, 30.3 * TF, 300 * GB, 25 * GB, 12.5 * GB, 25 * GB, 192 * GiB);
     h.gemm_workspace_bytes = 8 * MiB;
+    return h;
+  }
+  if (name == "a6000-48gb") {
+    // RTX A6000, the QLoRA paper's 48 GB GPU: 154.8 TFLOP/s dense bf16 (309.7 is with
+    // sparsity), 38.7 TFLOP/s fp32, 768 GB/s GDDR6; NVLink bridges pairs only, so PCIe 4.0.
+    Hardware h = gpu("a6000-48gb", 49140 * MiB, 154.8 * TF, 38.7 * TF, 768 * GB, 25 * GB, 12.5 * GB, 25 * GB, 256 * GiB);
+    h.gemm_workspace_bytes = 8 * MiB;
+    h.host_memory_bandwidth = 100 * GB;
     return h;
   }
   if (name == "cpu") {

@@ -139,7 +139,7 @@ ModelSpec llama31_shape(std::string name, int64_t layers, int64_t heads, int64_t
 std::vector<std::string> model_preset_names() {
   return {"gpt2-tiny",   "gpt2",         "gpt2-medium",  "gpt2-large",   "gpt2-xl",     "llama-tiny",
           "llama-2-7b",  "llama-2-13b",  "llama-2-70b",  "llama-3-8b",   "llama-3-70b", "llama-3.1-8b",
-          "llama-3.2-1b", "llama-3.2-3b", "mistral-7b"};
+          "llama-3.2-1b", "llama-3.2-3b", "mistral-7b",  "llama-65b"};
 }
 
 ModelSpec model_preset(std::string_view name) {
@@ -151,6 +151,8 @@ ModelSpec model_preset(std::string_view name) {
   if (name == "gpt2-xl") return gpt2_shape("gpt2-xl", 48, 25, 1600, 50257, 1024);
   // llama-tiny: grouped-query attention at test size (planning tests).
   if (name == "llama-tiny") return llama_shape("llama-tiny", 2, 4, 2, 64, 172, 256, 256, 1e-6f, 10000.0f);
+  // LLaMA (1) 65B, the QLoRA paper's largest model: no grouped-query attention, 2048 positions.
+  if (name == "llama-65b") return llama_shape("llama-65b", 80, 64, 64, 8192, 22016, 32000, 2048, 1e-6f, 1e4f);
   if (name == "llama-2-7b") return llama_shape("llama-2-7b", 32, 32, 32, 4096, 11008, 32000, 4096, 1e-5f, 1e4f);
   if (name == "llama-2-13b") return llama_shape("llama-2-13b", 40, 40, 40, 5120, 13824, 32000, 4096, 1e-5f, 1e4f);
   if (name == "llama-2-70b") return llama_shape("llama-2-70b", 80, 64, 8, 8192, 28672, 32000, 4096, 1e-5f, 1e4f);
