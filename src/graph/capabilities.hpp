@@ -55,7 +55,7 @@ inline constexpr OpKind kComputeOpKinds[] = {
     OpKind::flash_attention_forward, OpKind::flash_attention_backward, OpKind::add,   OpKind::accumulate,
     OpKind::classifier,        OpKind::classifier_eval,    OpKind::loss_mean,         OpKind::cast,
     OpKind::check_finite,      OpKind::fill,               OpKind::grad_norm,         OpKind::adamw,
-    OpKind::adamw8bit};
+    OpKind::adamw8bit,         OpKind::quant_linear,       OpKind::quant_linear_backward};
 
 // A GPU with tensor cores and the usual libraries (cuBLAS(Lt), a flash-attention kernel):
 // every compute kind in fp32, bf16 and fp16 (what `memfit plan` assumes for A100/H100/H200/
