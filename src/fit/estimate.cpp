@@ -83,8 +83,8 @@ ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan,
   std::map<int, int64_t> per_layer;
   int64_t largest_single = 0;
   for (const ParamEntry& e : program.params()) {
-    const TensorDesc& t = program.tensor(e.value);
-    s.param_dtype = t.dtype;
+    const TensorDesc& t = program.tensor(e.value != kNoTensor ? e.value : e.storage.front().id);  // quantised: codes
+    if (e.value != kNoTensor) s.param_dtype = t.dtype;
     s.largest_tensor_parameters = std::max(s.largest_tensor_parameters, t.numel());
     if (e.grad != kNoTensor) s.grad_dtype = program.tensor(e.grad).dtype;
     if (t.layer >= 0) per_layer[t.layer] += t.numel();

@@ -8,6 +8,7 @@ Autodiff::Autodiff(GraphBuilder& builder, bool persistent_param_grads)
     : b_(builder), p_(builder.program()), persistent_param_grads_(persistent_param_grads) {
   for (size_t i = 0; i < p_.params().size(); ++i) {
     const ParamEntry& e = p_.params()[i];
+    if (e.value == kNoTensor) continue;  // stored only quantised: frozen, never differentiated
     MEMFIT_ASSERT(param_index_.emplace(e.value, i).second, "two parameters share the tensor of {}", e.name);
     if (e.grad != kNoTensor) grads_[e.value] = e.grad;
   }
@@ -65,6 +66,7 @@ void Autodiff::backward_of(const Op& fwd) {
   const std::string bname = fwd.name + ".bwd";
   switch (fwd.kind) {
     case OpKind::matmul: return matmul_backward(fwd, dy);
+    case OpKind::quant_linear: return quant_linear_backward(fwd, dy);
     case OpKind::add: return add_backward(fwd, dy);
     case OpKind::add_columns: return add_backward(fwd, dy);
     case OpKind::dropout_forward: {
@@ -198,6 +200,29 @@ void Autodiff::matmul_backward(const Op& fwd, TensorId dy) {
     }
   }
   if (needs(bias)) {
+    auto [db, mode] = contribute(bias);
+    b_.emit({OpKind::bias_grad, fwd.name + ".bwd_bias", {dy}, {db}, NoAttrs{}, double(a.m) * double(a.n), {mode}});
+  }
+}
+
+void Autodiff::quant_linear_backward(const Op& fwd, TensorId dy) {
+  // The weight is frozen: only dx = dy dequant(W), and the bias gradient when the bias trains.
+  const auto& a = std::get<QuantLinearAttrs>(fwd.attrs);
+  const TensorId x = fwd.inputs[0];
+  const TensorId bias = a.has_bias ? fwd.inputs.back() : kNoTensor;
+  if (p_.tensor(x).requires_grad) {
+    auto [dx, mode] = contribute(x);
+    std::vector<TensorId> in{dy};
+    in.insert(in.end(), fwd.inputs.begin() + 1, fwd.inputs.end() - (a.has_bias ? 1 : 0));
+    std::vector<TensorId> ws{b_.transient(fwd.name + ".bwd.tile", p_.tensor(fwd.workspace[0]).shape,
+                                          Category::temporaries)};
+    // A 16-bit dx is summed over the tiles in fp32 first, then rounded once.
+    if (a.compute != DType::f32)
+      ws.push_back(b_.transient(fwd.name + ".bwd.dx_fp32", p_.tensor(x).shape, Category::temporaries));
+    b_.emit({OpKind::quant_linear_backward, fwd.name + ".bwd_input", std::move(in), {dx}, fwd.attrs,
+             2.0 * double(a.m) * double(a.n) * double(a.k) + 4.0 * double(a.n) * double(a.k), {mode}, std::move(ws)});
+  }
+  if (bias != kNoTensor && p_.tensor(bias).requires_grad) {
     auto [db, mode] = contribute(bias);
     b_.emit({OpKind::bias_grad, fwd.name + ".bwd_bias", {dy}, {db}, NoAttrs{}, double(a.m) * double(a.n), {mode}});
   }

@@ -33,6 +33,7 @@ class Autodiff {
  private:
   void backward_of(const Op& fwd);
   void matmul_backward(const Op& fwd, TensorId dy);
+  void quant_linear_backward(const Op& fwd, TensorId dy);
   void add_backward(const Op& fwd, TensorId dy);
 
   GraphBuilder& b_;

@@ -8,6 +8,7 @@
 #include "graph/lora.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
+#include "graph/quantize_base.hpp"
 
 namespace memfit {
 
@@ -62,7 +63,7 @@ ForwardRewrites forward_rewrites_for(const Policy& policy) {
     MEMFIT_CHECK(policy.lora.enabled() || !policy.freeze.empty(), "policy",
                  "--quantize-base {} quantises frozen base weights: add LoRA (--lora-rank) or --freeze",
                  base_quant_name(policy.quantize_base.kind));
-    throw Error("policy", "--quantize-base is not built yet");
+    passes.push_back(make_quantize_base_pass(policy.quantize_base, compute_dtype(policy.precision)));
   }
   return passes;
 }

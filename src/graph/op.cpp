@@ -51,6 +51,8 @@ std::string_view op_kind_name(OpKind k) {
     MEMFIT_KIND(cast)
     MEMFIT_KIND(quantize)
     MEMFIT_KIND(dequantize)
+    MEMFIT_KIND(quant_linear)
+    MEMFIT_KIND(quant_linear_backward)
     MEMFIT_KIND(check_finite)
     MEMFIT_KIND(fill)
     MEMFIT_KIND(grad_norm)

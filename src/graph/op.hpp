@@ -78,6 +78,14 @@ enum class OpKind : uint16_t {
                        //   in accumulate modes (one rounding, round to nearest even)
   quantize,            // in [x] out [codes, scales]
   dequantize,          // in [codes, scales] out [x]
+  quant_linear,        // in [x (M,K), codes (N,K), scales, (scales2, offset), (bias (N))] out [y (M,N)]
+                       //   workspace [tile]: y = x dequant(W)^T (+ bias), W a frozen quantised weight
+                       //   dequantised a tile of rows at a time into `tile` (compute dtype: the one
+                       //   float workspace that is not fp32); QuantLinearAttrs. scales is fp32 per
+                       //   block, or (double_quant) uint8 codes with fp32 scales2 and offset
+  quant_linear_backward,  // in [dy (M,N), codes, scales, (scales2, offset)] out [dx (M,K)]
+                       //   workspace [tile, (dx fp32 (M,K) when compute is 16-bit)]: dx = dy dequant(W),
+                       //   summed over tiles in fp32; no weight gradient (W is frozen)
   check_finite,        // in [tensors...] (any float dtype) out [flag (1) fp32]: 1 when any
                        //   element is inf or NaN, else 0
   // --- optimizer ---
@@ -154,6 +162,21 @@ struct MatmulAttrs {
   bool trans_a = false, trans_b = false;
   float alpha = 1.0f;
 };
+// A product with a frozen quantised weight W [N, K] (graph/quantize_base.hpp). W is stored as
+// `segments` pieces of rows, each quantised on its own (a fused weight keeps the HF tensors it
+// was made of): codes, block scales, second-level scales and offsets of the pieces are
+// concatenated in their storage tensors (kernels/quant/quant_segments.hpp has the layout).
+enum class WeightQuant : uint8_t { nf4, fp4, int8 };
+struct QuantLinearAttrs {
+  int64_t m = 0, n = 0, k = 0;
+  WeightQuant format = WeightQuant::nf4;
+  int64_t block = 64;
+  bool double_quant = false;
+  bool has_bias = false;
+  int64_t tile_rows = 1;          // rows of W dequantised at once (the tile is tile_rows x K)
+  DType compute = DType::f32;     // the policy's compute dtype: x, y, dy, dx and the tile
+  std::vector<int64_t> segments;  // rows of each separately quantised piece; they sum to n
+};
 struct NormAttrs {
   float eps = 1e-5f;
 };
@@ -222,7 +245,7 @@ struct CollectiveAttrs {
 };
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
                              ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs, ColumnsAttrs,
-                             DropoutAttrs>;
+                             DropoutAttrs, QuantLinearAttrs>;
 
 struct Op {
   OpKind kind = OpKind::fill;

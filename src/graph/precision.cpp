@@ -19,8 +19,17 @@ void mark_fp32_slots(const Op& op, std::vector<char>& fp32) {
   auto mark = [&](TensorId id) {
     if (id != kNoTensor) fp32[size_t(id)] = 1;
   };
-  for (TensorId id : op.workspace) mark(id);
+  const bool quant = op.kind == OpKind::quant_linear || op.kind == OpKind::quant_linear_backward;
+  // A quantised product's tile holds dequantised weights in the compute dtype.
+  for (size_t j = quant ? 1 : 0; j < op.workspace.size(); ++j) mark(op.workspace[j]);
   switch (op.kind) {
+    case OpKind::quant_linear:
+    case OpKind::quant_linear_backward: {
+      // The block scales, second-level scales and offsets (fp32 when they are floats).
+      const auto& a = std::get<QuantLinearAttrs>(op.attrs);
+      for (size_t j = 2; j < (a.double_quant ? 5u : 3u); ++j) mark(op.inputs[j]);
+      break;
+    }
     case OpKind::layernorm_forward:
       mark(op.outputs[1]);
       mark(op.outputs[2]);
@@ -155,6 +164,7 @@ void declare_master_weights(GraphBuilder& b, const Policy& policy) {
   if (cdt == DType::f32) return;
   Program& p = b.program();
   for (ParamEntry& e : p.params()) {
+    if (e.value == kNoTensor) continue;  // stored quantised: its storage keeps its own dtypes
     TensorDesc& t = p.tensor(e.value);
     t.dtype = cdt;
     if (!e.trainable) continue;
@@ -197,7 +207,7 @@ void apply_precision(Program& p, const Policy& policy, const OpCapabilities& bac
     TensorDesc& t = p.tensor(TensorId(id));
     if (!dtype_is_float(t.dtype) || t.is_view()) continue;
     switch (t.category) {
-      case Category::parameters: t.dtype = cdt; break;
+      case Category::parameters: t.dtype = fp32[id] ? DType::f32 : cdt; break;
       case Category::gradients: t.dtype = policy.grad_dtype; break;
       case Category::activations:
       case Category::temporaries: t.dtype = fp32[id] ? DType::f32 : cdt; break;

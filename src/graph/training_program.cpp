@@ -104,6 +104,7 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   declare_master_weights(b, policy);
   declare_optimizer_state(b, policy);
   for (ParamEntry& e : p.params()) {
+    if (!e.trainable) continue;
     const TensorDesc& t = p.tensor(e.value);
     b.set_layer(t.layer);
     // Accumulation across micro-steps needs gradients that outlive one micro-step.

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "kernels/quant/quant_segments.hpp"
+
 namespace memfit {
 namespace {
 
@@ -17,6 +19,7 @@ bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DTyp
 // Float slots hold fp32, bf16 or fp16, except the integer token/target inputs and adamw8bit's
 // uint8 codes; uint8 workspace is library scratch (runtime/compile.cpp), bytes without a type.
 void check_slot_dtypes(const Program& p, const Op& op) {
+  if (op.kind == OpKind::quant_linear || op.kind == OpKind::quant_linear_backward) return;  // check_quant_linear
   auto int_input = [&](size_t i) {
     switch (op.kind) {
       case OpKind::embedding_forward: return i == 0;
@@ -168,6 +171,58 @@ void check_matmul(const Program& p, const Op& op) {
   check_numel(p, op, op.inputs[1], a.k * a.n, "B");
   if (op.inputs.size() == 3) check_numel(p, op, op.inputs[2], a.n, "bias");
   check_numel(p, op, op.outputs[0], a.m * a.n, "C");
+}
+
+// quant_linear: in [x, codes, scales, (scales2, offset), (bias)] out [y] workspace [tile (+ scratch)];
+// backward in [dy, codes, scales, (scales2, offset)] out [dx] workspace [tile, (dx fp32), (+ scratch)].
+// The storage sizes are those of the segmented format (kernels/quant/quant_segments.hpp).
+void check_quant_linear(const Program& p, const Op& op) {
+  const QuantLinearAttrs& a = attrs_of<QuantLinearAttrs>(op);
+  const bool fwd = op.kind == OpKind::quant_linear;
+  const size_t storage = a.double_quant ? 4 : 2;
+  const bool wide = !fwd && a.compute != DType::f32;
+  const bool scratch = !op.workspace.empty() && p.tensor(op.workspace.back()).dtype == DType::u8;
+  check_arity(op, 1 + storage + (fwd && a.has_bias ? 1 : 0), 1, 1 + (wide ? 1 : 0) + (scratch ? 1 : 0));
+  MEMFIT_CHECK(a.compute == DType::f32 || a.compute == DType::bf16, "kernels",
+               "op '{}': quantised products compute in fp32 or bf16, not {}", op.name, dtype_name(a.compute));
+  int64_t rows = 0;
+  for (int64_t r : a.segments) rows += r;
+  MEMFIT_CHECK(!a.segments.empty() && rows == a.n && a.tile_rows >= 1, "kernels",
+               "op '{}': segments of {} rows for a weight of {} rows", op.name, rows, a.n);
+  const QuantSpec spec{a.format == WeightQuant::nf4   ? QuantKind::nf4
+                       : a.format == WeightQuant::fp4 ? QuantKind::fp4
+                                                      : QuantKind::int8,
+                       a.block, a.double_quant};
+  const QuantStorage q = segmented_quant_storage(spec, a.k, a.segments);
+  auto bytes = [&](size_t i, uint64_t want, const char* what) {
+    MEMFIT_CHECK(p.tensor(op.inputs[i]).bytes() == want, "kernels", "op '{}': {} '{}' has {} bytes, the format needs {}",
+                 op.name, what, p.tensor(op.inputs[i]).name, p.tensor(op.inputs[i]).bytes(), want);
+  };
+  bytes(1, q.codes, "codes");
+  bytes(2, q.absmax, "scales");
+  require_dtype(p, op, op.inputs[2], a.double_quant ? DType::u8 : DType::f32);
+  if (a.double_quant) {
+    bytes(3, q.absmax2, "scales2");
+    bytes(4, q.offset, "offset");
+    require_dtype(p, op, op.inputs[3], DType::f32);
+    require_dtype(p, op, op.inputs[4], DType::f32);
+  }
+  const TensorId in = op.inputs[0], out = op.outputs[0];
+  check_numel(p, op, in, a.m * (fwd ? a.k : a.n), fwd ? "x" : "dy");
+  check_numel(p, op, out, a.m * (fwd ? a.n : a.k), fwd ? "y" : "dx");
+  require_dtype(p, op, in, a.compute);
+  require_dtype(p, op, out, a.compute);
+  if (fwd && a.has_bias) {
+    check_numel(p, op, op.inputs.back(), a.n, "bias");
+    require_dtype(p, op, op.inputs.back(), a.compute);
+  }
+  if (fwd) require_overwrite(op, 0);
+  check_numel(p, op, op.workspace[0], std::min(a.tile_rows, a.n) * a.k, "tile");
+  require_dtype(p, op, op.workspace[0], a.compute);
+  if (wide) {
+    check_numel(p, op, op.workspace[1], a.m * a.k, "dx fp32");
+    require_dtype(p, op, op.workspace[1], DType::f32);
+  }
 }
 
 void check_bias_grad(const Program& p, const Op& op) {
@@ -381,6 +436,8 @@ void check_op_contract(const Program& program, const Op& op) {
     case OpKind::dropout_forward:
     case OpKind::dropout_backward: return check_dropout(program, op);
     case OpKind::matmul: return check_matmul(program, op);
+    case OpKind::quant_linear:
+    case OpKind::quant_linear_backward: return check_quant_linear(program, op);
     case OpKind::bias_grad: return check_bias_grad(program, op);
     case OpKind::rope_forward:
     case OpKind::rope_backward: return check_rope(program, op);

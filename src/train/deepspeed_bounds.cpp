@@ -11,7 +11,7 @@ namespace memfit {
 void check_deepspeed_bounds(const RunConfig& c, const Program& p) {
   // memfit's ZeRO buckets: the parameters of one layer (graph/zero.hpp), layer -1 included.
   std::map<int, int64_t> per_layer;
-  for (const ParamEntry& e : p.params()) per_layer[p.tensor(e.value).layer] += p.param_numel(e);
+  for (const ParamEntry& e : p.params()) per_layer[p.tensor(e.storage.front().id).layer] += p.param_numel(e);
   int64_t largest = 0;
   for (const auto& [layer, n] : per_layer) largest = std::max(largest, n);
   const RunConfig::ZeroBounds& b = c.zero_bounds;

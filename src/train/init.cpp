@@ -1,9 +1,11 @@
 #include "train/init.hpp"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.hpp"
 #include "train/master_weights.hpp"
+#include "train/quantized_weights.hpp"
 #include "train/rng.hpp"
 
 namespace memfit {
@@ -39,9 +41,16 @@ void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, T
   const Program& p = ex.program();
   const std::span<float> x = staging.values();
   for (const ParamEntry& e : p.params()) {
+    const uint64_t base = derive_seed(seed, e.name);
+    if (is_quantized_param(e)) {
+      // Drawn whole (the same values as unquantised, stream by stream), then quantised.
+      std::vector<float> whole(size_t(p.param_numel(e)));
+      draw_values(e, base, 0, whole);
+      store_quantized_parameter(ex, e, whole);
+      continue;
+    }
     require_float_values(e);
     const int64_t n = p.tensor(e.value).numel();
-    const uint64_t base = derive_seed(seed, e.name);
     for (int64_t first = 0; first < n; first += int64_t(x.size())) {
       const std::span<float> chunk = x.first(size_t(std::min<int64_t>(int64_t(x.size()), n - first)));
       draw_values(e, base, first, chunk);

@@ -81,6 +81,10 @@ std::optional<NonFiniteTensor> scan_tensor(const Executor& ex, TensorId id, bool
 
 void check_output_paths(const RunConfig& c, int rank) {
   std::error_code ec;
+  MEMFIT_CHECK(c.save.empty() || !c.policy.quantize_base.enabled() || c.policy.lora.enabled(), "train",
+               "--save with --quantize-base {} and no LoRA: the quantised base weights are not saved as HF weights "
+               "(save the trainable ones with --checkpoint-dir, or train LoRA adapters)",
+               base_quant_name(c.policy.quantize_base.kind));
   if (rank == 0) {
     MEMFIT_CHECK(c.report_json.empty() || !fs::is_directory(c.report_json, ec), "train",
                  "--report-json '{}' is a directory; name the report file", c.report_json);

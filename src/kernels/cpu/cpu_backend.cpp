@@ -38,7 +38,7 @@ OpCapabilities make_cpu_capabilities() {
   c.allow(OpKind::load_input, {DType::f32});
   // Products: oneDNN 2.6 offers bf16 matmuls on CPUs (AMX / AVX512-BF16), no f16 ones.
   c.allow({OpKind::matmul, OpKind::attention_forward, OpKind::attention_backward, OpKind::classifier,
-           OpKind::classifier_eval},
+           OpKind::classifier_eval, OpKind::quant_linear, OpKind::quant_linear_backward},
           {DType::bf16});
   return c;
 }
@@ -55,6 +55,8 @@ class CpuBackend final : public Backend {
       check_op_contract(program, op);
       switch (op.kind) {
         case OpKind::matmul: return matmul_scratch_bytes(env_, program, op);
+        case OpKind::quant_linear:
+        case OpKind::quant_linear_backward: return quant_linear_scratch_bytes(env_, program, op);
         case OpKind::attention_forward:
         case OpKind::attention_backward:
         case OpKind::flash_attention_forward:
@@ -99,6 +101,8 @@ class CpuBackend final : public Backend {
       case OpKind::rope_forward:
       case OpKind::rope_backward: return prepare_rope(program, op, binding);
       case OpKind::matmul: return prepare_matmul(env_, program, op, binding);
+      case OpKind::quant_linear:
+      case OpKind::quant_linear_backward: return prepare_quant_linear(env_, program, op, binding);
       case OpKind::bias_grad: return prepare_bias_grad(program, op, binding);
       case OpKind::attention_forward:
       case OpKind::attention_backward: return prepare_attention(env_, program, op, binding);

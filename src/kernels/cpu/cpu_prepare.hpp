@@ -61,6 +61,9 @@ Prepared prepare_bias_grad(const Program& p, const Op& op, const OpBinding& b);
 Prepared prepare_pointwise(const Program& p, const Op& op, const OpBinding& b);  // gelu, swiglu, add, accumulate, cast
 Prepared prepare_fill(const Program& p, const Op& op, const OpBinding& b);
 uint64_t matmul_scratch_bytes(const DnnlEnv& env, const Program& p, const Op& op);
+// prepare_quant.cpp
+Prepared prepare_quant_linear(const DnnlEnv& env, const Program& p, const Op& op, const OpBinding& b);
+uint64_t quant_linear_scratch_bytes(const DnnlEnv& env, const Program& p, const Op& op);
 // prepare_norm.cpp
 Prepared prepare_norm(const Program& p, const Op& op, const OpBinding& b);  // layernorm, rmsnorm
 // prepare_attention.cpp

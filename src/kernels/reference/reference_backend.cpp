@@ -18,6 +18,7 @@
 #include "kernels/reference/reference.hpp"
 #include "kernels/reference/reference_llama.hpp"
 #include "kernels/reference/reference_optimizer.hpp"
+#include "kernels/reference/reference_quant.hpp"
 
 namespace memfit {
 namespace {
@@ -282,6 +283,8 @@ class ReferenceBackend final : public Backend {
       case OpKind::adamw:
       case OpKind::adamw8bit:
       case OpKind::grad_norm: return prepare_optimizer(program, op, binding);
+      case OpKind::quant_linear:
+      case OpKind::quant_linear_backward: return ref::prepare_quant_linear(program, op, binding);
       default: return prepare_dense(program, op, binding);
     }
   }

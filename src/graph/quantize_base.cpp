@@ -1,0 +1,153 @@
+#include "graph/quantize_base.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "kernels/quant/quant_segments.hpp"
+
+namespace memfit {
+
+namespace {
+
+QuantSpec spec_of(WeightQuant f, int64_t block, bool double_quant) {
+  const QuantKind kind = f == WeightQuant::nf4 ? QuantKind::nf4 : f == WeightQuant::fp4 ? QuantKind::fp4 : QuantKind::int8;
+  return QuantSpec{kind, block, double_quant};
+}
+
+WeightQuant format_of(BaseQuant q) {
+  switch (q) {
+    case BaseQuant::fp4: return WeightQuant::fp4;
+    case BaseQuant::int8: return WeightQuant::int8;
+    default: return WeightQuant::nf4;
+  }
+}
+
+// Embeddings and the output head are read by the embedding and classifier ops, never as the
+// B of a linear; bnb keeps them unquantised too.
+bool is_linear_weight(const Program& p, const ParamEntry& e) {
+  if (e.value == kNoTensor || p.tensor(e.value).shape.rank() != 2 || !e.name.ends_with(".weight")) return false;
+  for (const char* table : {"wte.weight", "wpe.weight", "embed_tokens.weight", "lm_head.weight"})
+    if (e.name == table) return false;
+  return true;
+}
+
+class QuantizeBase final : public ForwardRewrite {
+ public:
+  QuantizeBase(const BaseQuantPolicy& q, DType compute) : q_(q), compute_(compute) {
+    check_quant_spec(spec_of(format_of(q.kind), q.block, q.double_quant));
+  }
+  std::string name() const override { return "quantize-base"; }
+
+  void declare(GraphBuilder& b) override {
+    weights_.clear();
+    Program& p = b.program();
+    for (size_t i = 0; i < p.params().size(); ++i) {
+      if (!p.params()[i].frozen() || !is_linear_weight(p, p.params()[i])) continue;
+      const std::vector<int64_t> segments = hf_segments_of(p, p.params()[i]);
+      const TensorId w = p.params()[i].value;
+      const Shape ws = p.tensor(w).shape;
+      const std::string name = p.params()[i].name;
+      QuantizedParam qp{format_of(q_.kind), q_.block, q_.double_quant, compute_, ws[0], ws[1], segments, w};
+      const QuantSpec spec = spec_of(qp.format, qp.block, qp.double_quant);
+      const QuantStorage s = segmented_quant_storage(spec, ws[1], segments);
+      b.set_layer(p.tensor(w).layer);
+      TensorDesc& codes = p.tensor(w);
+      codes.name = name + ".codes";
+      codes.dtype = qp.format == WeightQuant::int8 ? DType::i8 : DType::nf4;  // keeps the logical shape
+      codes.requires_grad = false;
+      qp.scales = b.persistent(name + ".scales", Shape{int64_t(q_.double_quant ? s.absmax : s.absmax / 4)},
+                               Category::parameters, q_.double_quant ? DType::u8 : DType::f32);
+      std::vector<StoredTensor> storage{{ParamRole::codes, w}, {ParamRole::scales, qp.scales}};
+      if (q_.double_quant) {
+        qp.scales2 = b.persistent(name + ".scales2", Shape{int64_t(s.absmax2 / 4)}, Category::parameters);
+        qp.offset = b.persistent(name + ".offset", Shape{int64_t(s.offset / 4)}, Category::parameters);
+        storage.push_back({ParamRole::scales2, qp.scales2});
+        storage.push_back({ParamRole::offset, qp.offset});
+      }
+      ParamEntry& e = p.params()[i];  // after declaring: persistent() may grow the tensor table only
+      e.value = kNoTensor;
+      e.storage = std::move(storage);
+      weights_[w] = std::move(qp);
+    }
+  }
+
+  bool rewrite(const Op& op, GraphBuilder& b) override {
+    if (op.kind != OpKind::matmul || op.inputs.size() < 2) return false;
+    const auto it = weights_.find(op.inputs[1]);
+    if (it == weights_.end()) return false;
+    const QuantizedParam& qp = it->second;
+    const MatmulAttrs& m = std::get<MatmulAttrs>(op.attrs);
+    MEMFIT_CHECK(m.trans_b && !m.trans_a && m.alpha == 1.0f && m.n == qp.rows && m.k == qp.cols, "graph",
+                 "op '{}' reads quantised weight {} other than as x W^T", op.name, b.program().tensor(qp.codes).name);
+    QuantLinearAttrs a;
+    a.m = m.m, a.n = m.n, a.k = m.k;
+    a.format = qp.format, a.block = qp.block, a.double_quant = qp.double_quant;
+    a.has_bias = op.inputs.size() > 2;
+    a.tile_rows = quant_tile_rows(*std::max_element(qp.segments.begin(), qp.segments.end()), qp.cols);
+    a.compute = compute_;
+    a.segments = qp.segments;
+    std::vector<TensorId> inputs{op.inputs[0], qp.codes, qp.scales};
+    if (qp.double_quant) inputs.insert(inputs.end(), {qp.scales2, qp.offset});
+    if (a.has_bias) inputs.push_back(op.inputs[2]);
+    const TensorId tile = b.transient(op.name + ".tile", Shape{a.tile_rows, a.k}, Category::temporaries);
+    // Dequantising costs a few operations per element of W, next to 2 m per element of the product.
+    const double flops = op.flops + 4.0 * double(a.n) * double(a.k);
+    b.emit({OpKind::quant_linear, op.name, std::move(inputs), op.outputs, std::move(a), flops, op.modes, {tile}});
+    return true;
+  }
+
+ private:
+  BaseQuantPolicy q_;
+  DType compute_;
+  std::map<TensorId, QuantizedParam> weights_;  // by codes tensor (the weight's old id)
+};
+
+}  // namespace
+
+std::vector<int64_t> hf_segments_of(const Program& p, const ParamEntry& e) {
+  const Shape s = e.value != kNoTensor ? p.tensor(e.value).shape : p.tensor(e.stored(ParamRole::codes)).shape;
+  const std::string fused = "self_attn.qkv_proj.weight";
+  if (!e.name.ends_with(fused)) return {s[0]};
+  const std::string o_name = e.name.substr(0, e.name.size() - fused.size()) + "self_attn.o_proj.weight";
+  for (const ParamEntry& o : p.params()) {
+    if (o.name != o_name) continue;
+    const TensorId id = o.value != kNoTensor ? o.value : o.stored(ParamRole::codes);
+    const int64_t q = p.tensor(id).shape[1], kv = (s[0] - q) / 2;
+    MEMFIT_ASSERT(q > 0 && kv > 0 && q + 2 * kv == s[0], "{}: {} rows are not q {} + 2 kv", e.name, s[0], q);
+    return {q, kv, kv};
+  }
+  MEMFIT_ASSERT(false, "{} has no o_proj beside it", e.name);
+  return {};
+}
+
+QuantizedParam quantized_param_of(const Program& p, const ParamEntry& e) {
+  QuantizedParam qp;
+  const TensorId codes = e.stored(ParamRole::codes);
+  if (codes == kNoTensor) return qp;
+  for (const Op& op : p.ops()) {
+    if (op.kind != OpKind::quant_linear || op.inputs[1] != codes) continue;
+    const auto& a = std::get<QuantLinearAttrs>(op.attrs);
+    qp.format = a.format, qp.block = a.block, qp.double_quant = a.double_quant, qp.compute = a.compute;
+    qp.rows = a.n, qp.cols = a.k, qp.segments = a.segments;
+    qp.codes = codes;
+    qp.scales = e.stored(ParamRole::scales);
+    qp.scales2 = e.stored(ParamRole::scales2);
+    qp.offset = e.stored(ParamRole::offset);
+    return qp;
+  }
+  MEMFIT_ASSERT(false, "quantised parameter {} is read by no quant_linear op", e.name);
+  return qp;
+}
+
+QuantSpec quant_spec_of(const QuantizedParam& qp) { return spec_of(qp.format, qp.block, qp.double_quant); }
+
+int64_t quant_tile_rows(int64_t rows, int64_t cols) {
+  constexpr int64_t kTileElements = 64 * 1024;
+  return std::clamp<int64_t>(kTileElements / std::max<int64_t>(cols, 1), 1, std::max<int64_t>(rows, 1));
+}
+
+std::shared_ptr<ForwardRewrite> make_quantize_base_pass(const BaseQuantPolicy& q, DType compute) {
+  return std::make_shared<QuantizeBase>(q, compute);
+}
+
+}  // namespace memfit

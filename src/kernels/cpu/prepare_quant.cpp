@@ -1,0 +1,187 @@
+// CPU quant_linear / quant_linear_backward: for each tile of each segment of W, dequantise the
+// tile's rows into the op's tile workspace (threads split it), then one oneDNN product bound at
+// prepare time to that tile's columns of y (or dy):
+//   forward   y[:, r:r+h] = x tile^T (+ bias[r:r+h]), the bias fused as in a plain linear;
+//   backward  dx (+)= dy[:, r:r+h] tile, summed in fp32: straight into an fp32 dx, or into the
+//             fp32 workspace and then rounded once into a bf16 dx (with the op's write mode).
+// The products are kernels/quant/cpu_quant_linear.hpp's, with one difference that needs its
+// own binding: a segment's rows are a column slice of a wider y, so y's row stride is N, not
+// the segment's rows.
+#include <map>
+#include <memory>
+
+#include "kernels/cpu/cpu_prepare.hpp"
+#include "kernels/cpu/elementwise.hpp"
+#include "kernels/cpu/matmul.hpp"
+#include "kernels/cpu/parallel.hpp"
+#include "kernels/quant/blockwise.hpp"
+#include "kernels/quant/quant_segments.hpp"
+
+namespace memfit::cpu {
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+QuantSpec spec_of(const QuantLinearAttrs& a) {
+  const QuantKind k = a.format == WeightQuant::nf4 ? QuantKind::nf4 : a.format == WeightQuant::fp4 ? QuantKind::fp4
+                                                                                                    : QuantKind::int8;
+  return QuantSpec{k, a.block, a.double_quant};
+}
+
+// One product per tile, in execution order.
+struct Tile {
+  size_t segment = 0;
+  int64_t row = 0;    // first row of W (over all segments)
+  int64_t local = 0;  // first row inside its segment
+  int64_t height = 0;
+};
+std::vector<Tile> tiles_of(const QuantLinearAttrs& a) {
+  std::vector<Tile> out;
+  int64_t r0 = 0;
+  for (size_t s = 0; s < a.segments.size(); ++s) {
+    for (int64_t t = 0; t < a.segments[s]; t += a.tile_rows)
+      out.push_back({s, r0 + t, t, std::min(a.tile_rows, a.segments[s] - t)});
+    r0 += a.segments[s];
+  }
+  return out;
+}
+
+DnnlMatmulSpec product_spec(const QuantLinearAttrs& a, bool forward, int64_t h, bool accumulate, bool bias,
+                            DType bias_dtype) {
+  const dt t = a.compute == DType::bf16 ? dt::bf16 : dt::f32;
+  DnnlMatmulSpec s;
+  if (forward) {
+    s.src = DnnlOperand{{a.m, a.k}, {a.k, 1}, t};
+    s.wei = DnnlOperand{{a.k, h}, {1, a.k}, t};  // the tile [h, k], transposed
+    s.dst = DnnlOperand{{a.m, h}, {a.n, 1}, t};  // columns r .. r + h of y
+    s.bias = bias;
+    s.bias_dt = dnnl_type(bias_dtype);
+  } else {
+    s.src = DnnlOperand{{a.m, h}, {a.n, 1}, t};  // columns r .. r + h of dy
+    s.wei = DnnlOperand{{h, a.k}, {a.k, 1}, t};
+    s.dst = DnnlOperand{{a.m, a.k}, {a.k, 1}, dt::f32};
+    s.accumulate = accumulate;
+  }
+  return s;
+}
+
+// The (height, accumulate) variants an op needs: every tile accumulates into dx but the first,
+// which overwrites or (an fp32 dx written in an accumulating mode) accumulates.
+struct Variant {
+  int64_t height;
+  bool accumulate;
+  auto operator<=>(const Variant&) const = default;
+};
+
+class QuantLinearOp final : public PreparedOp {
+ public:
+  QuantLinearOp(const DnnlEnv& env, const Program& p, const Op& op, const OpBinding& b)
+      : a_(attrs_of<QuantLinearAttrs>(op)), forward_(op.kind == OpKind::quant_linear), mode_(op.modes[0]) {
+    const QuantSpec spec = spec_of(a_);
+    SegmentedStorage st{static_cast<const uint8_t*>(b.inputs[1]), b.inputs[2],
+                        a_.double_quant ? static_cast<const float*>(b.inputs[3]) : nullptr,
+                        a_.double_quant ? static_cast<const float*>(b.inputs[4]) : nullptr};
+    for (size_t s = 0; s < a_.segments.size(); ++s) weights_.push_back(segment_weight(spec, a_.k, a_.segments, s, st));
+    tile_ = b.workspace[0];
+    wide_ = !forward_ && a_.compute != DType::f32;
+    dx32_ = wide_ ? static_cast<float*>(b.workspace[1]) : nullptr;
+    void* scratch = scratch_of(p, op, b);
+    const bool bias = forward_ && a_.has_bias;
+    const DType bias_dtype = bias ? dtype_of(p, op.inputs.back()) : DType::f32;
+    const size_t ebytes = a_.compute == DType::bf16 ? 2 : 4;
+    const auto* in = static_cast<const std::byte*>(b.inputs[0]);
+    auto* out = static_cast<std::byte*>(b.outputs[0]);
+    const bool first_may_accumulate = !forward_ && !wide_ && mode_ != WriteMode::overwrite;
+    for (const Tile& t : tiles_of(a_)) {
+      Step step;
+      step.tile = t;
+      auto bind = [&](bool acc) {
+        DnnlMatmul*& mm = products_[{t.height, acc}];
+        if (!mm) {
+          owned_.push_back(std::make_unique<DnnlMatmul>(env, product_spec(a_, forward_, t.height, acc, bias, bias_dtype)));
+          mm = owned_.back().get();
+        }
+        if (forward_)
+          return std::pair{mm, mm->bind(in, tile_, bias ? static_cast<const std::byte*>(b.inputs.back()) +
+                                                              size_t(t.row) * dtype_bytes(bias_dtype, 1)
+                                                        : nullptr,
+                                        out + size_t(t.row) * ebytes, scratch)};
+        void* dx = wide_ ? static_cast<void*>(dx32_) : b.outputs[0];
+        return std::pair{mm, mm->bind(in + size_t(t.row) * ebytes, tile_, nullptr, dx, scratch)};
+      };
+      const bool first = steps_.empty();
+      std::tie(step.product, step.index) = bind(!forward_ && !first);
+      if (first && first_may_accumulate) std::tie(step.product_acc, step.index_acc) = bind(true);
+      steps_.push_back(step);
+    }
+    out_ = b.outputs[0];
+  }
+
+  void run(const StepContext& ctx) override {
+    if (a_.compute == DType::bf16) return run_t<bf16_t>(ctx);
+    run_t<float>(ctx);
+  }
+
+ private:
+  struct Step {
+    Tile tile;
+    DnnlMatmul* product = nullptr;
+    int index = -1;
+    DnnlMatmul* product_acc = nullptr;  // the first tile of an fp32 dx in an accumulating mode
+    int index_acc = -1;
+  };
+
+  template <class T>
+  void run_t(const StepContext& ctx) {
+    const bool acc = accumulates(mode_, ctx);
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      const Step& s = steps_[i];
+      const QuantizedWeight& w = weights_[s.tile.segment];
+      T* tile = static_cast<T*>(tile_);
+      const int64_t base = s.tile.local * a_.k;
+      parallel_for(s.tile.height * a_.k, kParallelGrain, [&](int64_t begin, int64_t end) {
+        dequantize_range<T>(w, base + begin, base + end, std::span<T>(tile + begin, size_t(end - begin)));
+      });
+      if (i == 0 && acc && s.product_acc) s.product_acc->execute(s.index_acc);
+      else s.product->execute(s.index);
+    }
+    if (wide_) accumulate_forward(dx32_, static_cast<T*>(out_), a_.m * a_.k, acc);
+  }
+
+  QuantLinearAttrs a_;
+  bool forward_;
+  WriteMode mode_;
+  bool wide_ = false;
+  void* tile_ = nullptr;
+  float* dx32_ = nullptr;
+  void* out_ = nullptr;
+  std::vector<QuantizedWeight> weights_;
+  std::vector<std::unique_ptr<DnnlMatmul>> owned_;
+  std::map<Variant, DnnlMatmul*> products_;
+  std::vector<Step> steps_;
+};
+
+}  // namespace
+
+uint64_t quant_linear_scratch_bytes(const DnnlEnv& env, const Program& p, const Op& op) {
+  const QuantLinearAttrs& a = attrs_of<QuantLinearAttrs>(op);
+  const bool forward = op.kind == OpKind::quant_linear, bias = forward && a.has_bias;
+  const DType bias_dtype = bias ? dtype_of(p, op.inputs.back()) : DType::f32;
+  uint64_t most = 0;
+  std::map<Variant, bool> seen;
+  for (const Tile& t : tiles_of(a))
+    for (bool acc : {false, true}) {
+      if (forward && acc) continue;
+      if (seen.emplace(Variant{t.height, acc}, true).second)
+        most = std::max(most, DnnlMatmul::scratch_bytes(env, product_spec(a, forward, t.height, acc, bias, bias_dtype)));
+    }
+  return most;
+}
+
+Prepared prepare_quant_linear(const DnnlEnv& env, const Program& p, const Op& op, const OpBinding& b) {
+  const QuantLinearAttrs& a = attrs_of<QuantLinearAttrs>(op);
+  if (a.compute != DType::f32 && a.compute != DType::bf16) no_cpu_kernel(op, a.compute);
+  return std::make_unique<QuantLinearOp>(env, p, op, b);
+}
+
+}  // namespace memfit::cpu
