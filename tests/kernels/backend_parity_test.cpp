@@ -153,6 +153,28 @@ int build_case(OpKind kind, ProgramFixture& f) {
       return f.op(kind, {t.floats("a", {N, C}), t.floats("b", {N, C})}, {t.floats("y", {N, C})}, NoAttrs{}, {acc});
     case OpKind::accumulate:
     case OpKind::cast: return f.op(kind, {t.floats("x", {N, C})}, {t.floats("y", {N, C})}, NoAttrs{}, {acc});
+    case OpKind::add_columns:
+      return f.op(kind, {t.floats("a", {N, 3 * C}), t.floats("d", {N, C})}, {t.floats("y", {N, 3 * C})},
+                  ColumnsAttrs{N, 3 * C, C, C}, {acc});
+    case OpKind::slice_columns:
+      return f.op(kind, {t.floats("x", {N, 3 * C})}, {t.floats("y", {N, C})}, ColumnsAttrs{N, 3 * C, 2 * C, C}, {acc});
+    case OpKind::dropout_forward:
+    case OpKind::dropout_backward:
+      return f.op(kind, {t.floats("x", {N, C})}, {t.floats("y", {N, C})}, DropoutAttrs{0.3f, 77}, {ow});
+    case OpKind::quant_linear:
+    case OpKind::quant_linear_backward: {
+      // Two NF4 pieces (16 and 8 rows of 8: blocks of 32 never straddle them), tiles of 5 rows
+      // (the last of each piece partial); any code byte is a valid pair of codes.
+      QuantLinearAttrs a;
+      a.m = N, a.n = 3 * C, a.k = C, a.block = 32, a.tile_rows = 5, a.segments = {2 * C, C};
+      const bool forward = kind == OpKind::quant_linear;
+      a.has_bias = forward;
+      std::vector<TensorId> in{forward ? t.floats("x", {N, C}) : t.floats("dy", {N, 3 * C}), t.codes("codes", {3 * C * C / 2}),
+                               t.floats("absmax", {3 * C * C / 32}, 0.1, 2)};
+      if (forward) in.push_back(t.floats("bias", {3 * C}));
+      const TensorId out = forward ? t.floats("y", {N, 3 * C}) : t.floats("dx", {N, C});
+      return f.op(kind, in, {out}, a, {forward ? ow : acc}, {t.floats("tile", {5, C})});
+    }
     case OpKind::fill: return f.op(kind, {}, {t.floats("x", {N, C})}, FillAttrs{0.75f}, {acc});
     case OpKind::grad_norm: {
       GradNormAttrs a;

@@ -82,6 +82,7 @@ class QuantLinearOp final : public PreparedOp {
                         a_.double_quant ? static_cast<const float*>(b.inputs[3]) : nullptr,
                         a_.double_quant ? static_cast<const float*>(b.inputs[4]) : nullptr};
     for (size_t s = 0; s < a_.segments.size(); ++s) weights_.push_back(segment_weight(spec, a_.k, a_.segments, s, st));
+    offsets_ = st.offset;
     tile_ = b.workspace[0];
     wide_ = !forward_ && a_.compute != DType::f32;
     dx32_ = wide_ ? static_cast<float*>(b.workspace[1]) : nullptr;
@@ -134,6 +135,10 @@ class QuantLinearOp final : public PreparedOp {
   template <class T>
   void run_t(const StepContext& ctx) {
     const bool acc = accumulates(mode_, ctx);
+    // The double-quantisation offset is a value, read when the op runs: the storage is only
+    // filled (initialised, loaded, resumed) after the program is prepared.
+    if (offsets_)
+      for (size_t s = 0; s < weights_.size(); ++s) weights_[s].offset = offsets_[s];
     for (size_t i = 0; i < steps_.size(); ++i) {
       const Step& s = steps_[i];
       const QuantizedWeight& w = weights_[s.tile.segment];
@@ -156,6 +161,7 @@ class QuantLinearOp final : public PreparedOp {
   float* dx32_ = nullptr;
   void* out_ = nullptr;
   std::vector<QuantizedWeight> weights_;
+  const float* offsets_ = nullptr;  // double quantisation: one per segment
   std::vector<std::unique_ptr<DnnlMatmul>> owned_;
   std::map<Variant, DnnlMatmul*> products_;
   std::vector<Step> steps_;

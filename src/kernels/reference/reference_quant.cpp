@@ -27,7 +27,11 @@ std::unique_ptr<PreparedOp> prepare_quant_linear(const Program& p, const Op& op,
   float* out = static_cast<float*>(b.outputs[0]);
   float* tile = static_cast<float*>(b.workspace[0]);
   const WriteMode mode = op.modes[0];
-  return make_op([=](const StepContext& ctx) {
+  // The double-quantisation offset is a value read when the op runs: the storage is only
+  // filled (initialised, loaded, resumed) after the program is prepared.
+  return make_op([=](const StepContext& ctx) mutable {
+    if (a.double_quant)
+      for (size_t s = 0; s < weights.size(); ++s) weights[s].offset = st.offset[s];
     const int64_t M = a.m, N = a.n, K = a.k;
     if (!forward && !accumulates(mode, ctx)) std::fill(out, out + M * K, 0.0f);
     int64_t row = 0;
