@@ -78,17 +78,6 @@ void measure_this_machine(Hardware& hw, const std::set<std::string>& given) {
   hw.speeds_measured = true;
 }
 
-// kernels/quant's sizes of a quantised base weight, for fit/ (which sits below kernels).
-QuantParts base_quant_storage(const BaseQuantPolicy& q, int64_t numel) {
-  QuantSpec spec;
-  spec.kind = q.kind == BaseQuant::nf4 ? QuantKind::nf4 : q.kind == BaseQuant::fp4 ? QuantKind::fp4 : QuantKind::int8;
-  spec.block = q.block;
-  spec.double_quant = q.double_quant;
-  check_quant_spec(spec);
-  const QuantStorage s = quant_storage(spec, numel);
-  return {s.codes, s.absmax, s.absmax2, s.offset};
-}
-
 Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
   Cluster c;
   c.hw = hw;
@@ -157,7 +146,6 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
   EstimateOptions eo;
   eo.efficiency = efficiency_ > 0 ? efficiency_ : hw.default_efficiency;
   eo.comm_overlap = comm_overlap_;
-  eo.quant_storage = base_quant_storage;
   // On this machine the plan is the executed run's: the backend's scratch is part of it.
   if (hw.executes_here) {
     eo.prepare = [&](Program& p) { attach_backend_scratch(p, *backend); };

@@ -6,7 +6,7 @@
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
-#include "fit/lora_estimate.hpp"
+#include "fit/lora_breakdown.hpp"
 #include "graph/training_program.hpp"
 
 namespace memfit {
@@ -56,7 +56,6 @@ Policy planning_policy(const Policy& policy) {
 }
 
 bool zero_from_program(const Policy& policy, int world) {
-  if (lora_estimated(policy)) return false;  // the builder has no LoRA or quantised base yet
   if (policy.offload_optimizer != Tier::device || policy.offload_params != Tier::device) return false;
   const bool data_parallel = policy.zero_stage > 0 || world > 1;
   return !data_parallel || (policy.freeze.empty() && !policy.update_in_backward);
@@ -128,19 +127,23 @@ ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan,
 
 namespace {
 
-ProgramSummary summarize_built(Program p, const Hardware& hw, const EstimateOptions& options) {
+// `policy`: named when the program has LoRA or a quantised base, whose parts the summary lists.
+ProgramSummary summarize_built(Program p, const Hardware& hw, const EstimateOptions& options,
+                               const Policy* policy = nullptr) {
   if (options.prepare) options.prepare(p);
   const MemoryPlan plan = plan_memory(p, options.alignments);
-  return summarize_program(p, plan, hw, options);
+  ProgramSummary s = summarize_program(p, plan, hw, options);
+  if (policy && has_lora_or_quantised_base(*policy)) s.lora = lora_breakdown(p, *policy);
+  return s;
 }
 
 }  // namespace
 
 ProgramSummary plan_summary(const ModelSpec& spec, const Policy& policy, const Hardware& hw,
                             const EstimateOptions& options) {
-  if (lora_estimated(policy)) return plan_lora_summary(spec, policy, hw, options);
-  return summarize_built(build_training_program(spec, planning_policy(policy), Topology{}, hw.capabilities), hw,
-                         options);
+  ProgramSummary s = summarize_built(
+      build_training_program(spec, planning_policy(policy), Topology{}, hw.capabilities), hw, options, &policy);
+  return s;
 }
 
 ProgramSummary plan_rank_summary(const ModelSpec& spec, const Policy& policy, int world, const Hardware& hw,
@@ -320,7 +323,6 @@ RankEstimate estimate_from_summary(const ProgramSummary& s, const Policy& policy
   if (s.zero_from_program) program_memory(s, e);
   else analytic_memory(s, policy, W, e);
   e.lora = s.lora;
-  if (s.lora.on) e.from_program = false;  // the proxy model of fit/lora_estimate.hpp
   if (e.peak_op >= 0) {
     e.peak_op_name = s.op_name[size_t(e.peak_op)];
     e.peak_phase = s.phase[size_t(e.peak_op)];

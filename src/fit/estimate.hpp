@@ -34,16 +34,6 @@
 
 namespace memfit {
 
-// Bytes of each part of a quantised base weight of numel elements (codes, absmax, absmax2,
-// offset): kernels/quant's quant_storage(), which fit/ may not include (it sits below kernels);
-// the caller that may (cli, tests) sets EstimateOptions::quant_storage to it. Throws for a bad
-// block.
-struct QuantParts {
-  uint64_t codes = 0, absmax = 0, absmax2 = 0, offset = 0;
-  uint64_t total() const { return codes + absmax + absmax2 + offset; }
-};
-using QuantStorageFn = std::function<QuantParts(const BaseQuantPolicy&, int64_t numel)>;
-
 struct EstimateOptions {
   double efficiency = 0.45;   // share of peak FLOP/s compute-bound ops reach
   double comm_overlap = 0.0;  // share of collective time hidden behind compute
@@ -51,11 +41,9 @@ struct EstimateOptions {
   std::function<void(Program&)> prepare;
   // Offsets per tier are multiples of these (the backend's buffer types on "cpu").
   TierAlignments alignments = kDefaultTierAlignments;
-  // Needed only for a quantised base (--quantize-base): see QuantParts.
-  QuantStorageFn quant_storage;
 };
 
-// What LoRA and a quantised base change in an estimate (fit/lora_estimate.hpp); `on` false
+// What LoRA and a quantised base put in the planned program (fit/lora_breakdown.hpp); `on` false
 // otherwise. Bytes are unsharded, one copy of the model.
 struct LoraBreakdown {
   bool on = false;
@@ -96,7 +84,7 @@ struct ProgramSummary {
   std::array<uint64_t, kNumTiers> tier_peak{};       // planned arena bytes per tier
   std::array<CategoryBytes, kNumTiers> tier_at_peak{};
   CategoryBytes category_peak{};                     // device: most live bytes of each category at any op
-  LoraBreakdown lora;                                // LoRA / quantised base: the labelled proxy model
+  LoraBreakdown lora;                                // LoRA / quantised base: their parts of the program
 };
 
 // The roofline every op is timed by: max(flops / (peak of dt x efficiency), bytes / (memory
@@ -151,7 +139,7 @@ struct RankEstimate {
   double comm_bytes = 0, offload_bytes = 0;
   double tokens_per_second = 0;  // all ranks
   double model_flops_utilization = 0;
-  LoraBreakdown lora;  // what LoRA and a quantised base changed (fit/lora_estimate.hpp)
+  LoraBreakdown lora;  // what LoRA and a quantised base put in the program (fit/lora_breakdown.hpp)
 };
 
 RankEstimate estimate_from_summary(const ProgramSummary& summary, const Policy& policy, const Cluster& cluster,

@@ -10,8 +10,7 @@ namespace {
 
 // What LoRA and a quantised base put in the categories above (unsharded bytes).
 std::string format_lora(const LoraBreakdown& l) {
-  std::string out = "  LoRA / quantised base (an estimate: the program with the targeted weights trainable, planned, "
-                    "then the adapters, the quantised storage and the branch's tensors applied: fit/lora_estimate.hpp):\n";
+  std::string out = "  LoRA / quantised base, as planned in the program:\n";
   if (l.quantized_tensors > 0)
     out += fmt::format("    frozen base   {:>12} quantised ({}: {} tensors, {} elements), {:>10} kept in its dtype\n",
                        format_bytes(l.quantized_bytes), l.quant, l.quantized_tensors, l.quantized_elements,
@@ -50,8 +49,7 @@ nlohmann::json lora_json(const LoraBreakdown& l) {
           {"quantization", l.quant},
           {"branch_bytes", l.branch_bytes},
           {"tile_bytes", l.tile_bytes},
-          {"input_grad_bytes", l.input_grad_bytes},
-          {"is_estimate", true}};
+          {"input_grad_bytes", l.input_grad_bytes}};
 }
 
 }  // namespace

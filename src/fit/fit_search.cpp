@@ -9,7 +9,7 @@
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
-#include "fit/lora_estimate.hpp"
+#include "fit/lora_breakdown.hpp"
 #include "graph/recompute.hpp"
 
 namespace memfit {
@@ -281,7 +281,7 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
   const bool on_device = std::any_of(found.begin(), found.end(), [](const FitCandidate& c) {
     return c.policy.offload_optimizer == Tier::device && c.policy.offload_params == Tier::device;
   });
-  if (!on_device && !lora_estimated(base)) {
+  if (!on_device && !has_lora_or_quantised_base(base)) {
     std::vector<FitCandidate> lora;
     propose_lora(planner, base, cluster, eo, budget, max_batch, options.global_batch, accumulation, r, lora);
     std::sort(lora.begin(), lora.end(), faster);
