@@ -27,6 +27,7 @@
 #include "io/safetensors.hpp"
 #include "kernels/backend.hpp"
 #include "support/paths.hpp"
+#include "support/run_cli.hpp"
 #include "support/tensor_values.hpp"
 #include "train/adapter_files.hpp"
 #include "train/init.hpp"
@@ -242,6 +243,43 @@ TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference)
         << e.what();
   }
   fs::remove_all(dir);
+}
+
+// merge-lora's weights against W + (alpha / r) B A computed here from the two files, for every
+// tensor of the base (GPT-2's Conv1D weights stored [in, out]: the transpose added).
+TEST_P(LoraParity, MergeLoraWritesTheBasePlusTheScaledProduct) {
+  const std::string base = test::fixture_path(family + "_tiny_torch");
+  const test::CliResult r =
+      test::run_memfit("merge-lora --model " + base + " --load " + base + " --adapter " + adapter + " --out " + out);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const SafetensorsReader merged(out + "/model.safetensors"), w(base + "/model.safetensors"),
+      lora(adapter + "/adapter_model.safetensors");
+  EXPECT_TRUE(fs::exists(out + "/config.json"));
+  ASSERT_EQ(merged.entries().size(), w.entries().size());
+  int changed = 0;
+  for (const SafetensorsEntry& e : w.entries()) {
+    // The hub's gpt2 names drop "transformer."; merge-lora writes them with it, as --save does.
+    const std::string name = family == "gpt2" && !e.name.starts_with("transformer.") ? "transformer." + e.name : e.name;
+    std::vector<float> want = read_all(w, e.name);
+    const std::vector<float> after = read_all(merged, name);
+    const std::string module = "base_model.model." + name.substr(0, name.size() - 7);
+    if (e.name.ends_with(".weight") && lora.find(module + ".lora_A.weight")) {
+      const std::vector<float> a = read_all(lora, module + ".lora_A.weight");
+      const std::vector<float> b = read_all(lora, module + ".lora_B.weight");
+      const int64_t rank = 4, in = int64_t(a.size()) / rank, outs = int64_t(b.size()) / rank;
+      const bool conv1d = family == "gpt2";
+      for (int64_t o = 0; o < outs; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          float d = 0;
+          for (int64_t k = 0; k < rank; ++k) d += b[size_t(o * rank + k)] * a[size_t(k * in + i)];
+          want[size_t(conv1d ? i * outs + o : o * in + i)] += 2.0f * d;  // alpha / r = 8 / 4
+        }
+      ++changed;
+    }
+    ASSERT_EQ(after.size(), want.size()) << e.name;
+    EXPECT_LE(normalised_error(after, want), 1e-6) << e.name;
+  }
+  EXPECT_EQ(changed, int(lora.entries().size()) / 2);
 }
 
 }  // namespace
