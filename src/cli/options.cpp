@@ -234,8 +234,11 @@ void RunOptions::add_training_options(CLI::App& app) {
   });
   add<std::string>(app, "--load", "initial weights: .safetensors file or HF model directory",
                    [](RunConfig& c, std::string v) { c.load = v; });
-  add<std::string>(app, "--save", "write weights: directory (model.safetensors + config.json) or .safetensors file",
+  add<std::string>(app, "--save", "write weights: directory (model.safetensors + config.json) or .safetensors file; "
+                   "a LoRA run writes a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)",
                    [](RunConfig& c, std::string v) { c.save = v; });
+  add<std::string>(app, "--load-adapter", "a PEFT adapter directory: its LoRA settings and adapter weights",
+                   [](RunConfig& c, std::string v) { c.load_adapter = v; });
   add<std::string>(app, "--max-shard-size", "a --save directory holds shards of at most this size, as transformers "
                    "writes them (default 5GB; units KB, MB, GB, KiB, MiB, GiB)",
                    [](RunConfig& c, std::string v) { c.max_shard_bytes = parse_shard_size(v); });

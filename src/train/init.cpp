@@ -37,10 +37,12 @@ void draw_values(const ParamEntry& e, uint64_t base, int64_t first, std::span<fl
 
 }  // namespace
 
-void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, TensorStaging& staging) {
+void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, TensorStaging& staging,
+                           const std::function<bool(const ParamEntry&)>& only) {
   const Program& p = ex.program();
   const std::span<float> x = staging.values();
   for (const ParamEntry& e : p.params()) {
+    if (only && !only(e)) continue;
     const uint64_t base = derive_seed(seed, e.name);
     if (is_quantized_param(e)) {
       // Drawn whole (the same values as unquantised, stream by stream), then quantised.
@@ -57,7 +59,7 @@ void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, T
       store_parameter_range(ex, e, first, chunk, staging);
     }
   }
-  zero_padded_vocab_rows(ex, spec, staging);
+  if (!only) zero_padded_vocab_rows(ex, spec, staging);
 }
 
 void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed) {

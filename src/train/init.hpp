@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "graph/model_spec.hpp"
 #include "runtime/executor.hpp"
@@ -16,7 +17,9 @@
 
 namespace memfit {
 
-void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, TensorStaging& staging);
+// `only`: when set, the parameters it accepts (the others keep their values).
+void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, TensorStaging& staging,
+                           const std::function<bool(const ParamEntry&)>& only = {});
 void zero_persistent_state(Executor& ex, TensorStaging& staging);  // every persistent tensor that is not a parameter
 void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec, TensorStaging& staging);
 // The same with a staging buffer of their own (tests and benchmarks that set up one executor).

@@ -91,6 +91,9 @@ void check_output_paths(const RunConfig& c, int rank) {
     check_writable("--report-json", c.report_json, false, false);
     // save_weights: a .safetensors file into an existing directory, else a directory it creates.
     check_writable("--save", c.save, !ends_with(c.save, ".safetensors"), !ends_with(c.save, ".safetensors"));
+    MEMFIT_CHECK(c.save.empty() || !c.policy.lora.enabled() || !ends_with(c.save, ".safetensors"), "train",
+                 "--save '{}': a LoRA run saves a PEFT adapter directory (adapter_config.json + "
+                 "adapter_model.safetensors); name a directory", c.save);
   }
   if (!c.checkpoint_dir.empty()) {
     MEMFIT_CHECK(!fs::exists(c.checkpoint_dir, ec) || fs::is_directory(c.checkpoint_dir, ec), "train",

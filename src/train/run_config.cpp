@@ -125,8 +125,6 @@ int64_t require_quant_block(std::string_view field, int64_t block) {
 
 using json = nlohmann::json;
 
-namespace {
-
 // PEFT's LoraConfig (adapter_config.json's keys). Keys that only describe the adapter file
 // (peft_type, task_type, base_model_name_or_path, ...) are accepted and ignored; a key that
 // would change the model in a way memfit does not build is refused.
@@ -159,7 +157,11 @@ void apply_lora_config(const json& j, RunConfig& c) {
       if (key != "fan_in_fan_out")
         MEMFIT_CHECK(!v.is_boolean() || !v.get<bool>(), "config", "lora.{}: true is not supported", key);
     } else if (key == "modules_to_save" || key == "layers_to_transform" || key == "rank_pattern" ||
-               key == "alpha_pattern") {
+               key == "alpha_pattern" || key == "alora_invocation_tokens" || key == "arrow_config" ||
+               key == "kasa_config" || key == "lora_ga_config" || key == "monteclora_config" ||
+               key == "velora_config" || key == "use_bdlora") {
+      // Later PEFT versions write these as null (or false) for a plain LoRA adapter.
+      if (v.is_boolean() && !v.get<bool>()) continue;
       MEMFIT_CHECK(v.is_null() || (v.is_object() && v.empty()) || (v.is_array() && v.empty()), "config",
                    "lora.{} is not supported (leave it null or empty)", key);
     } else if (key == "task_type" || key == "base_model_name_or_path" || key == "inference_mode" ||
@@ -167,13 +169,16 @@ void apply_lora_config(const json& j, RunConfig& c) {
                key == "megatron_config" || key == "megatron_core" || key == "loftq_config" || key == "layer_replication" ||
                key == "runtime_config" || key == "eva_config" || key == "exclude_modules" || key == "lora_bias" ||
                key == "trainable_token_indices" || key == "corda_config" || key == "target_parameters" ||
-               key == "qalora_group_size" || key == "use_qalora" || key == "peft_version") {
+               key == "qalora_group_size" || key == "use_qalora" || key == "peft_version" ||
+               key == "ensure_weight_tying") {
       continue;
     } else {
       throw Error("config", fmt::format("unknown key 'lora.{}' (PEFT's LoraConfig keys)", key));
     }
   }
 }
+
+namespace {
 
 // transformers' BitsAndBytesConfig (a model's quantization_config).
 void apply_quantization_config(const json& j, RunConfig& c) {
@@ -255,6 +260,8 @@ bool apply_memfit_key(const std::string& key, const json& v, RunConfig& c) {
     p.offload_chunk_elements = get_integer(v, key, range::offload_chunk);
   } else if (key == "lora") {
     apply_lora_config(v, c);
+  } else if (key == "load_adapter") {
+    c.load_adapter = get_as<std::string>(v, key);
   } else if (key == "quantization_config") {
     apply_quantization_config(v, c);
   } else if (key == "quantize_base") {

@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/checked.hpp"
 #include "graph/model_spec.hpp"
 #include "graph/policy.hpp"
@@ -66,7 +68,8 @@ struct RunConfig {
   int64_t eval_every = 0;     // 0: validate after the last step only
   int64_t eval_batches = 4;
   std::string load;  // safetensors file or a directory holding model.safetensors
-  std::string save;  // directory (model.safetensors + config.json) or a .safetensors path
+  std::string save;  // directory (model.safetensors + config.json) or a .safetensors path; LoRA: a PEFT adapter dir
+  std::string load_adapter;  // a PEFT adapter directory (train/adapter_files.hpp) onto a LoRA run
   uint64_t max_shard_bytes = 5'000'000'000;  // --max-shard-size: a directory save above it is sharded
   std::string report_json;
   std::string checkpoint_dir;    // sharded training checkpoints (train/checkpoint.hpp) go here
@@ -142,5 +145,7 @@ int64_t require_quant_block(std::string_view field, int64_t block);
 // Applies a JSON config file on top of `config` (flags given on the command line are
 // applied after it by the CLI). Throws [config] on malformed files and unknown keys.
 void apply_config_file(const std::string& path, RunConfig& config);
+// PEFT's LoraConfig (config key "lora", a PEFT adapter_config.json) onto config.policy.lora.
+void apply_lora_config(const nlohmann::json& j, RunConfig& config);
 
 }  // namespace memfit

@@ -3,12 +3,14 @@
 
 #include <cstdio>
 #include <fstream>
+#include <filesystem>
 #include <map>
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "graph/zero.hpp"
 #include "plan/plan_report.hpp"
+#include "train/adapter_files.hpp"
 #include "train/run_checks.hpp"
 #include "runtime/rss.hpp"
 #include "train/weights.hpp"
@@ -43,6 +45,12 @@ double flops_per_step(const Program& prog) {
   return flops;
 }
 
+// adapter_config.json's base_model_name_or_path: the HF directory the base came from.
+std::string adapter_base_name(const RunConfig& c) {
+  if (c.load.empty()) return c.model;
+  return c.load.ends_with(".safetensors") ? std::filesystem::path(c.load).parent_path().string() : c.load;
+}
+
 void save_if_asked(RunState& s) {
   const RunConfig& c = s.config;
   if (c.save.empty()) return;
@@ -50,7 +58,11 @@ void save_if_asked(RunState& s) {
   // included: then every rank takes part in the gathers. Rank 0 writes.
   std::vector<std::vector<float>> whole;
   if (s.run.policy.zero_stage >= 1) whole = gather_whole_parameters(s.ex(), *s.comm, s.staging);
-  if (s.rank == 0) {
+  if (s.rank == 0 && s.run.policy.lora.enabled()) {
+    save_adapter(c.save, s.ex(), s.run.spec, s.run.policy.lora, adapter_base_name(c), s.staging,
+                 whole.empty() ? nullptr : &whole);
+    s.out() << fmt::format("saved the LoRA adapter (PEFT) to {}\n", c.save);
+  } else if (s.rank == 0) {
     save_weights(c.save, s.ex(), s.run.spec, s.staging, whole.empty() ? nullptr : &whole, c.max_shard_bytes);
     s.out() << fmt::format("saved weights to {}\n", c.save);
   }

@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 #include "graph/training_program.hpp"
 #include "plan/plan_report.hpp"
+#include "train/adapter_files.hpp"
 #include "train/budget.hpp"
 #include "train/init.hpp"
 #include "train/run_checks.hpp"
@@ -43,6 +44,7 @@ void settle_ranks(RunState& s, const RunConfig& config, std::ostream& rank_log, 
                tensor, W);
   s.config = config;
   RunConfig& c = s.config;
+  if (!c.load_adapter.empty()) apply_adapter_config(c.load_adapter, c.policy.lora);
   c.topology = Topology{.data = W / tensor, .tensor = tensor, .rank = rank};
   comm->set_timeout(c.comm_timeout);
   s.fault = TestFault::from_environment(rank);
@@ -98,7 +100,14 @@ void build_executor(RunState& s, RunHooks* hooks) {
     initialize_parameters(ex, s.run.spec, c.seed, s.staging);
   } else {
     load_weights(c.load, ex, s.run.spec, s.staging);
+    // A base checkpoint has no adapters: they start as PEFT starts them.
+    initialize_parameters(ex, s.run.spec, c.seed, s.staging,
+                          [](const ParamEntry& e) { return is_lora_adapter(e.name); });
     log << fmt::format("loaded weights from {}\n", c.load);
+  }
+  if (!c.load_adapter.empty()) {
+    load_adapter(c.load_adapter, ex, s.run.spec, s.staging);
+    log << fmt::format("loaded the LoRA adapter from {}\n", c.load_adapter);
   }
   zero_persistent_state(ex, s.staging);
   const TensorId tokens = prog.find_tensor(kTokens), targets = prog.find_tensor(kTargets);

@@ -10,6 +10,7 @@
 #include "io/hf_config.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_shards.hpp"
+#include "train/adapter_files.hpp"
 #include "train/master_weights.hpp"
 
 namespace memfit {
@@ -120,6 +121,7 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, 
   }
   std::set<std::string> used;
   for (const ParamEntry& param : p.params()) {
+    if (is_lora_adapter(param.name)) continue;  // not in a base checkpoint: initialised, or --load-adapter
     require_float_values(param);
     const TensorDesc& t = p.tensor(param.value);
     const int64_t row_size = t.numel() / t.shape[0];

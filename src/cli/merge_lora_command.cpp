@@ -1,0 +1,139 @@
+#include "cli/merge_lora_command.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "io/hf_config.hpp"
+#include "io/safetensors.hpp"
+#include "io/safetensors_shards.hpp"
+#include "train/adapter_files.hpp"
+#include "train/run_config.hpp"
+#include "train/weights.hpp"
+
+namespace memfit::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kPeftPrefix = "base_model.model.";
+constexpr uint64_t kMaxShardBytes = 5'000'000'000;
+
+struct Adapter {
+  std::string a, b;  // PEFT tensor names
+  bool used = false;
+};
+
+// The base checkpoint's name as PEFT's wrapped model has it: "model." (llama) or
+// "transformer." (gpt2) first; the hub's gpt2 and a bare LlamaModel store names without it.
+std::string wrapped_name(const ModelSpec& spec, const std::string& name) {
+  const std::string prefix = spec.arch == Arch::gpt2 ? "transformer." : "model.";
+  return name.starts_with(prefix) || name == "lm_head.weight" ? name : prefix + name;
+}
+
+// The adapter's modules by their wrapped HF path ("model.layers.0.self_attn.q_proj").
+std::map<std::string, Adapter> adapter_modules(const SafetensorsReader& r, const std::string& dir) {
+  std::map<std::string, Adapter> out;
+  for (const SafetensorsEntry& e : r.entries()) {
+    const bool a = e.name.ends_with(".lora_A.weight"), b = e.name.ends_with(".lora_B.weight");
+    MEMFIT_CHECK(e.name.starts_with(kPeftPrefix) && (a || b), "adapter",
+                 "the adapter in '{}' holds '{}', which is not a LoRA A or B weight under PEFT's names", dir, e.name);
+    const std::string module = e.name.substr(kPeftPrefix.size(), e.name.size() - kPeftPrefix.size() - 14);
+    (a ? out[module].a : out[module].b) = e.name;
+  }
+  for (const auto& [module, ad] : out)
+    MEMFIT_CHECK(!ad.a.empty() && !ad.b.empty(), "adapter", "the adapter in '{}' has only one of lora_A and lora_B "
+                 "for '{}'", dir, module);
+  return out;
+}
+
+// w ([rows, cols] as the file stores it) += scale * B A, or its transpose for a Conv1D weight.
+void merge_into(std::vector<float>& w, const Shape& shape, const std::vector<float>& a, const Shape& as,
+                const std::vector<float>& b, const Shape& bs, double scale, bool conv1d, const std::string& name) {
+  const int64_t r = as[0], in = as[1], out = bs[0];
+  const Shape want = conv1d ? Shape{in, out} : Shape{out, in};
+  MEMFIT_CHECK(bs[1] == r && shape == want, "adapter",
+               "the adapter was made for another base: '{}' is [{}, {}] in the base, the adapter's B A is [{}, {}]{}",
+               name, shape[0], shape[1], out, in, conv1d ? " (Conv1D: stored [in, out])" : "");
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) {
+      double d = 0;
+      for (int64_t k = 0; k < r; ++k) d += double(b[size_t(o * r + k)]) * double(a[size_t(k * in + i)]);
+      w[size_t(conv1d ? i * out + o : o * in + i)] += float(scale * d);
+    }
+}
+
+}  // namespace
+
+MergeLoraCommand::MergeLoraCommand(CLI::App& app) {
+  app.add_option("--model", model_, "the base model: a preset, an HF config.json or a directory holding one")
+      ->required();
+  app.add_option("--load", load_, "the base weights: a .safetensors file, an HF model directory or a sharded index")
+      ->required();
+  app.add_option("--adapter", adapter_, "a PEFT LoRA adapter directory (adapter_config.json, "
+                 "adapter_model.safetensors), as memfit train --save writes for a LoRA run")->required();
+  app.add_option("--out", out_, "the directory to write (model.safetensors + config.json)")->required();
+}
+
+int MergeLoraCommand::run(std::ostream& log) const {
+  const ModelSpec spec = resolve_model(model_);
+  LoraPolicy lora;
+  apply_adapter_config(adapter_, lora);
+  const double scale = lora.scale();
+  const SafetensorsShards base(load_);
+  const SafetensorsReader adapter((fs::path(adapter_) / "adapter_model.safetensors").string());
+  std::map<std::string, Adapter> modules = adapter_modules(adapter, adapter_);
+  std::vector<SafetensorsTensor> tensors;
+  int merged = 0;
+  for (const SafetensorsShards::Located& t : base.tensors()) {
+    const SafetensorsEntry& e = *t.entry;
+    MEMFIT_CHECK(e.supported && dtype_is_float(e.dtype), "safetensors", "{}: tensor '{}' is {}, not a float type",
+                 base.description(), e.name, e.file_dtype);
+    const std::string name = wrapped_name(spec, e.name);
+    Adapter* ad = nullptr;
+    if (name.ends_with(".weight"))
+      if (auto it = modules.find(name.substr(0, name.size() - 7)); it != modules.end()) ad = &it->second;
+    const bool conv1d = ad && spec.arch == Arch::gpt2 && is_conv1d_weight(name);
+    if (ad) ad->used = true, ++merged;
+    const SafetensorsReader* shard = t.shard;
+    const SafetensorsReader* lora_file = &adapter;
+    tensors.push_back({name, DType::f32, e.shape, nullptr,
+                       [shard, &e, ad, lora_file, scale, conv1d, name](const auto& emit) {
+                         std::vector<float> w(size_t(e.shape.numel()));
+                         shard->read_f32(e.name, e.shape, w.data());
+                         if (ad) {
+                           const SafetensorsEntry& a = *lora_file->find(ad->a);
+                           const SafetensorsEntry& b = *lora_file->find(ad->b);
+                           std::vector<float> av(size_t(a.shape.numel())), bv(size_t(b.shape.numel()));
+                           lora_file->read_f32(a.name, a.shape, av.data());
+                           lora_file->read_f32(b.name, b.shape, bv.data());
+                           merge_into(w, e.shape, av, a.shape, bv, b.shape, scale, conv1d, name);
+                         }
+                         emit(std::as_bytes(std::span<const float>(w)));
+                       }});
+  }
+  for (const auto& [module, ad] : modules)
+    MEMFIT_CHECK(ad.used, "adapter", "the adapter in '{}' was made for another base: {} has no weight '{}.weight'",
+                 adapter_, base.description(), module);
+  std::error_code ec;
+  fs::create_directories(out_, ec);
+  MEMFIT_CHECK(!ec, "merge-lora", "cannot create directory '{}': {}", out_, ec.message());
+  const auto files =
+      write_safetensors_shards(out_, tensors, kMaxShardBytes, {{"format", "pt"}, {"producer", "memfit"}});
+  {
+    std::ofstream config(fs::path(out_) / "config.json");
+    config << hf_config(spec).dump(2) << "\n";
+    MEMFIT_CHECK(config.good(), "merge-lora", "cannot write '{}/config.json'", out_);
+  }
+  log << fmt::format("merge-lora: {} of {} weights merged with (lora_alpha / r) B A = ({} / {}) B A into {} "
+                     "({} file{})\n", merged, tensors.size(), lora.alpha, lora.rank, out_, files.size(),
+                     files.size() == 1 ? "" : "s");
+  return 0;
+}
+
+}  // namespace memfit::cli

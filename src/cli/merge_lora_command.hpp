@@ -1,0 +1,25 @@
+// `memfit merge-lora --model M --load BASE --adapter DIR --out OUT`: the HF weights of BASE with
+// the PEFT LoRA adapter in DIR merged in, W + (lora_alpha / r) B A (GPT-2's Conv1D weights,
+// stored [in, out], get the transpose), written as --save writes weights: OUT/model.safetensors
+// (fp32; sharded above 5 GB, as --save) and OUT/config.json, which transformers loads as the
+// base model's class. The merge goes file to file, one tensor at a time, with no program.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace memfit::cli {
+
+class MergeLoraCommand {
+ public:
+  explicit MergeLoraCommand(CLI::App& app);  // adds the subcommand's options to app
+  int run(std::ostream& out) const;          // throws memfit::Error
+
+ private:
+  std::string model_, load_, adapter_, out_;
+};
+
+}  // namespace memfit::cli

@@ -1,0 +1,179 @@
+#include "train/adapter_files.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "core/error.hpp"
+#include "graph/lora.hpp"
+#include "io/safetensors.hpp"
+#include "train/master_weights.hpp"
+#include "train/run_config.hpp"
+
+namespace memfit {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kConfigFile = "adapter_config.json";
+constexpr const char* kWeightsFile = "adapter_model.safetensors";
+
+std::string shape_text(const Shape& s) {
+  std::string out = "[";
+  for (int i = 0; i < s.rank(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+json number(double v) { return v == std::floor(v) && std::fabs(v) < 1e15 ? json(int64_t(v)) : json(v); }
+
+std::set<std::string> as_set(const std::vector<std::string>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+bool is_lora_adapter(const std::string& param) {
+  return param.ends_with(".lora_A.weight") || param.ends_with(".lora_B.weight");
+}
+
+std::string peft_tensor_name(const ModelSpec& spec, const std::string& param) {
+  return std::string("base_model.model.") + (spec.arch == Arch::gpt2 ? "transformer." : "model.") + param;
+}
+
+json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPolicy& lora,
+                         const std::string& base_model) {
+  json targets;
+  const bool expand = lora.target_regex.empty() &&
+                      (lora.targets.empty() || as_set(lora.targets).count("all-linear") > 0);
+  if (!lora.target_regex.empty()) {
+    targets = lora.target_regex;
+  } else if (expand) {
+    // PEFT writes the module names "all-linear" (or its per-architecture default) stood for.
+    std::set<std::string> names;
+    for (const LinearModule& m : lora_targets(p, lora)) names.insert(m.short_name());
+    targets = std::vector<std::string>(names.begin(), names.end());
+  } else {
+    targets = lora.targets;
+  }
+  return json{{"alpha_pattern", json::object()},
+              {"auto_mapping", nullptr},
+              {"base_model_name_or_path", base_model},
+              {"bias", std::string(lora_bias_name(lora.bias))},
+              {"fan_in_fan_out", spec.arch == Arch::gpt2},
+              {"inference_mode", true},
+              {"init_lora_weights", true},
+              {"layers_pattern", nullptr},
+              {"layers_to_transform", nullptr},
+              {"lora_alpha", number(lora.alpha)},
+              {"lora_dropout", lora.dropout},
+              {"modules_to_save", nullptr},
+              {"peft_type", "LORA"},
+              {"r", lora.rank},
+              {"rank_pattern", json::object()},
+              {"revision", nullptr},
+              {"target_modules", targets},
+              {"task_type", "CAUSAL_LM"},
+              {"use_dora", false},
+              {"use_rslora", false}};
+}
+
+void apply_adapter_config(const std::string& dir, LoraPolicy& lora) {
+  const std::string path = (fs::path(dir) / kConfigFile).string();
+  std::ifstream in(path);
+  MEMFIT_CHECK(in.good(), "adapter", "--load-adapter '{}' has no {} (a PEFT adapter directory holds it)", dir,
+               kConfigFile);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error("adapter", fmt::format("'{}' is not valid JSON: {}", path, e.what()));
+  }
+  MEMFIT_CHECK(j.is_object() && j.value("peft_type", std::string()) == "LORA", "adapter",
+               "'{}' is not a LoRA adapter config (its peft_type is not LORA)", path);
+  RunConfig file;
+  file.policy.lora.rank = 0;
+  apply_lora_config(j, file);
+  const LoraPolicy& f = file.policy.lora;
+  MEMFIT_CHECK(f.enabled(), "adapter", "'{}' gives no rank r", path);
+  if (lora.enabled()) {
+    MEMFIT_CHECK(lora.rank == f.rank, "adapter", "--lora-rank {} but the adapter in '{}' has r = {}", lora.rank, dir,
+                 f.rank);
+    MEMFIT_CHECK(lora.alpha == f.alpha, "adapter", "lora_alpha {} but the adapter in '{}' has lora_alpha {}",
+                 lora.alpha, dir, f.alpha);
+    const bool given = !lora.targets.empty() || !lora.target_regex.empty();
+    MEMFIT_CHECK(!given || (as_set(lora.targets) == as_set(f.targets) && lora.target_regex == f.target_regex),
+                 "adapter", "--lora-targets differ from the target_modules of the adapter in '{}' ({})", dir,
+                 j.at("target_modules").dump());
+    if (!given) lora.targets = f.targets, lora.target_regex = f.target_regex;
+    MEMFIT_CHECK(lora.bias == f.bias, "adapter", "LoRA bias '{}' but the adapter in '{}' has bias '{}'",
+                 lora_bias_name(lora.bias), dir, lora_bias_name(f.bias));
+    return;
+  }
+  lora = f;
+}
+
+void save_adapter(const std::string& dir, const Executor& ex, const ModelSpec& spec, const LoraPolicy& lora,
+                  const std::string& base_model, TensorStaging& staging,
+                  const std::vector<std::vector<float>>* whole) {
+  MEMFIT_CHECK(lora.bias == LoraBias::none, "adapter",
+               "--save of a LoRA run with bias '{}': memfit writes PEFT adapters with bias 'none' only",
+               lora_bias_name(lora.bias));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  MEMFIT_CHECK(!ec, "adapter", "cannot create directory '{}': {}", dir, ec.message());
+  const Program& p = ex.program();
+  std::vector<std::vector<float>> values;
+  std::vector<SafetensorsTensor> tensors;
+  values.reserve(p.params().size());
+  for (size_t i = 0; i < p.params().size(); ++i) {
+    const ParamEntry& e = p.params()[i];
+    if (!is_lora_adapter(e.name)) continue;
+    const Shape shape = p.tensor(e.value).shape;
+    if (whole) {
+      values.push_back((*whole)[i]);
+    } else {
+      values.emplace_back(size_t(shape.numel()));
+      load_parameter_range(ex, e, 0, values.back(), staging);
+    }
+    tensors.push_back({peft_tensor_name(spec, e.name), DType::f32, shape, values.back().data()});
+  }
+  MEMFIT_CHECK(!tensors.empty(), "adapter", "--save '{}': the run has no LoRA adapter to save", dir);
+  write_safetensors((fs::path(dir) / kWeightsFile).string(), tensors, {{"format", "pt"}, {"producer", "memfit"}});
+  const fs::path config = fs::path(dir) / kConfigFile, tmp = fs::path(dir) / "adapter_config.json.tmp";
+  {
+    std::ofstream out(tmp);
+    out << adapter_config_json(p, spec, lora, base_model).dump(2) << "\n";
+    MEMFIT_CHECK(out.good(), "adapter", "cannot write '{}'", tmp.string());
+  }
+  fs::rename(tmp, config);
+}
+
+void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, TensorStaging& staging) {
+  const std::string path = (fs::path(dir) / kWeightsFile).string();
+  MEMFIT_CHECK(fs::exists(path), "adapter", "--load-adapter '{}' has no {}", dir, kWeightsFile);
+  const SafetensorsReader reader(path);
+  const Program& p = ex.program();
+  std::set<std::string> used;
+  for (const ParamEntry& e : p.params()) {
+    if (!is_lora_adapter(e.name)) continue;
+    const std::string name = peft_tensor_name(spec, e.name);
+    const SafetensorsEntry* t = reader.find(name);
+    MEMFIT_CHECK(t != nullptr, "adapter", "the adapter in '{}' was made for another base: it has no tensor '{}'", dir,
+                 name);
+    const Shape shape = p.tensor(e.value).shape;
+    MEMFIT_CHECK(t->shape == shape, "adapter",
+                 "the adapter in '{}' was made for another base: '{}' is {} there, {} in model '{}'", dir, name,
+                 shape_text(t->shape), shape_text(shape), spec.name);
+    std::vector<float> v(size_t(shape.numel()));
+    reader.read_f32(name, shape, v.data());
+    store_parameter_range(ex, e, 0, v, staging);
+    used.insert(name);
+  }
+  for (const SafetensorsEntry& t : reader.entries())
+    MEMFIT_CHECK(used.count(t.name) > 0, "adapter",
+                 "the adapter in '{}' was made for another base: it holds '{}', which no LoRA target of model '{}' has",
+                 dir, t.name, spec.name);
+}
+
+}  // namespace memfit

@@ -1,0 +1,47 @@
+// PEFT adapter directories: adapter_config.json (PEFT's LoraConfig) and adapter_model.safetensors
+// (the adapters under PEFT's names), as peft.PeftModel.from_pretrained loads them onto the
+// transformers base model and as PeftModel.save_pretrained writes them.
+// PEFT names an adapter tensor after the module path of the wrapped HF model:
+//   memfit "layers.0.self_attn.q_proj.lora_A.weight" <-> "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+//   memfit "h.0.attn.c_attn.lora_B.weight"           <-> "base_model.model.transformer.h.0.attn.c_attn.lora_B.weight"
+// A is [r, in] and B [out, r] in both; GPT-2's Conv1D storage (fan_in_fan_out) transposes only
+// the base weight, never the adapters.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "graph/model_spec.hpp"
+#include "graph/policy.hpp"
+#include "runtime/executor.hpp"
+#include "train/tensor_staging.hpp"
+
+namespace memfit {
+
+bool is_lora_adapter(const std::string& param);  // "<module>.lora_A.weight" or "<module>.lora_B.weight"
+// PEFT's name of a memfit parameter ("base_model.model." + the HF name).
+std::string peft_tensor_name(const ModelSpec& spec, const std::string& param);
+
+// The adapter_config.json of a run: LoraConfig's keys with PEFT's defaults; target_modules as
+// the run gave them, or (PEFT's defaults, "all-linear") the names of the modules they matched.
+nlohmann::json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPolicy& lora,
+                                   const std::string& base_model);
+
+// Reads DIR/adapter_config.json onto `lora`: a run without LoRA settings takes the file's; one
+// with them (a rank given) must agree on r, lora_alpha and target_modules. Throws [adapter].
+void apply_adapter_config(const std::string& dir, LoraPolicy& lora);
+
+// Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (fp32). `whole`: every
+// parameter gathered (ZeRO), else the values are read from the executor. Throws [adapter] for
+// a bias other than none (PEFT would save the biases with the adapter).
+void save_adapter(const std::string& dir, const Executor& ex, const ModelSpec& spec, const LoraPolicy& lora,
+                  const std::string& base_model, TensorStaging& staging,
+                  const std::vector<std::vector<float>>* whole = nullptr);
+
+// Loads DIR/adapter_model.safetensors into the program's adapters. An adapter made for another
+// base (a tensor missing, extra or of another shape) is refused naming the first difference.
+void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, TensorStaging& staging);
+
+}  // namespace memfit

@@ -1,0 +1,286 @@
+// memfit's LoRA against PEFT on the committed fixtures (tools/make_lora_fixtures.py): the HF
+// base of llama_tiny_torch / gpt2_tiny_torch loaded as --load does, PEFT's adapter (seeded
+// nonzero B, so A's gradients are not zero) as --load-adapter does, then
+// - the loss to 1e-5 relative and every adapter gradient to 1e-4 of its largest element;
+// - three AdamW steps (lr 1e-3, decay 0.1 on the adapter matrices) follow PEFT's losses, and
+//   the adapter memfit saves after them equals PEFT's after them (1e-5 of the largest element);
+// - the saved directory has the PEFT fixture's tensor names, shapes and LoRA settings, and
+//   reloading it gives the loss after the steps bit for bit.
+// That PEFT loads memfit's adapter (and transformers the merged weights) is checked by
+// tools/check_peft_roundtrip.py, which needs PyTorch and is not a test.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "graph/training_program.hpp"
+#include "io/hf_config.hpp"
+#include "io/safetensors.hpp"
+#include "kernels/backend.hpp"
+#include "support/paths.hpp"
+#include "support/run_cli.hpp"
+#include "support/tensor_values.hpp"
+#include "train/adapter_files.hpp"
+#include "train/init.hpp"
+#include "train/weights.hpp"
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A LoRA run of a fixture's base with the adapter in `adapter_dir`, fed the fixture's batch.
+struct LoraRun {
+  LoraRun(const std::string& base, const std::string& adapter_dir)
+      : dir(test::fixture_path(base)), spec(read_hf_config(dir + "/config.json")), backend(make_cpu_backend()),
+        batch(dir + "/batch.safetensors") {
+    const Shape bt = batch.find("tokens")->shape;
+    rows = bt.numel();
+    Policy pol;
+    pol.batch = bt[0];
+    pol.seq = bt[1];
+    pol.with_eval = false;
+    pol.adamw = AdamWConfig{0.9f, 0.999f, 1e-8f, 0.1f};
+    apply_adapter_config(adapter_dir, pol.lora);
+    lora = pol.lora;
+    compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
+    ex = std::make_unique<Executor>(compiled, *backend);
+    load_weights(dir + "/model.safetensors", *ex, spec, staging);
+    load_adapter(adapter_dir, *ex, spec, staging);
+    zero_persistent_state(*ex, staging);
+    const TensorId tokens = compiled.program.find_tensor(kTokens), targets = compiled.program.find_tensor(kTargets);
+    ex->set_input_handler([this, tokens, targets](const Op&, const StepContext&) {
+      for (const auto& [name, id] : {std::pair{"tokens", tokens}, std::pair{"targets", targets}}) {
+        const SafetensorsEntry* e = batch.find(name);
+        ex->write(id, std::span<const std::byte>(batch.data(*e), size_t(rows) * sizeof(int32_t)));
+      }
+    });
+  }
+  float micro_step() {  // forward and backward of the batch: the loss, the gradients
+    run_section_micro();
+    return ex->read_scalar<float>(compiled.program.find_tensor(kLoss));
+  }
+  void run_section_micro() {
+    StepContext ctx;
+    ex->run_section(SectionKind::micro, ctx);
+  }
+  std::string dir;
+  ModelSpec spec;
+  std::unique_ptr<Backend> backend;
+  SafetensorsReader batch;
+  LoraPolicy lora;
+  CompiledProgram compiled;
+  std::unique_ptr<Executor> ex;
+  TensorStaging staging;
+  int64_t rows = 0;
+};
+
+// Largest |a - b| over the largest |b|.
+double normalised_error(std::span<const float> a, std::span<const float> b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    err = std::max(err, double(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, double(std::fabs(b[i])));
+  }
+  return scale > 0 ? err / scale : (err > 0 ? INFINITY : 0);
+}
+
+std::vector<float> read_all(const SafetensorsReader& r, const std::string& name) {
+  const SafetensorsEntry* e = r.find(name);
+  EXPECT_NE(e, nullptr) << name;
+  if (!e) return {};
+  std::vector<float> v(size_t(e->shape.numel()));
+  r.read_f32(name, e->shape, v.data());
+  return v;
+}
+
+class LoraParity : public ::testing::TestWithParam<const char*> {
+ protected:
+  std::string family = GetParam();
+  std::string adapter = test::fixture_path("lora_" + family + "_tiny_torch");
+  SafetensorsReader expected{adapter + "/expected.safetensors"};
+  LoraRun run{family + "_tiny_torch", adapter};
+  std::string out = (fs::temp_directory_path() / ("memfit_lora_parity_" + family + "_" +
+                                                  std::to_string(::getpid()))).string();
+  ~LoraParity() override { fs::remove_all(out); }
+};
+
+TEST_P(LoraParity, LossAndEveryAdapterGradientMatchPeft) {
+  std::vector<float> ref(1);
+  expected.read_f32("loss", Shape{}, ref.data());
+  const float loss = run.micro_step();
+  EXPECT_NEAR(loss, ref[0], 1e-5 * std::fabs(ref[0]));
+  std::printf("loss: memfit %.7f, PEFT %.7f\n", loss, ref[0]);
+  const Program& p = run.compiled.program;
+  int compared = 0;
+  double worst = 0;
+  for (const ParamEntry& e : p.params()) {
+    if (e.grad == kNoTensor) {
+      EXPECT_FALSE(is_lora_adapter(e.name)) << e.name;
+      continue;
+    }
+    ASSERT_TRUE(is_lora_adapter(e.name)) << e.name << " is trainable";
+    const std::vector<float> ours = test::tensor_values<float>(*run.ex, e.grad);
+    const std::vector<float> theirs = read_all(expected, "grad." + peft_tensor_name(run.spec, e.name));
+    ASSERT_EQ(ours.size(), theirs.size()) << e.name;
+    const double err = normalised_error(ours, theirs);
+    EXPECT_LE(err, 1e-4) << e.name;
+    worst = std::max(worst, err);
+    ++compared;
+  }
+  int grads = 0;
+  for (const SafetensorsEntry& e : expected.entries()) grads += e.name.starts_with("grad.");
+  EXPECT_EQ(compared, grads);
+  EXPECT_GT(compared, 0);
+  std::printf("%d adapter gradients, largest normalised error %.3g\n", compared, worst);
+}
+
+TEST_P(LoraParity, ThreeAdamWStepsAndTheSavedAdapterMatchPeft) {
+  std::vector<float> ref(4);
+  expected.read_f32("losses_adamw", Shape{4}, ref.data());
+  const TensorId loss_id = run.compiled.program.find_tensor(kLoss);
+  StepContext ctx;
+  ctx.lr = 1e-3f;
+  for (int step = 1; step <= 3; ++step) {
+    ctx.step = step;
+    run.ex->run_step(ctx);
+    const float loss = run.ex->read_scalar<float>(loss_id);
+    EXPECT_NEAR(loss, ref[size_t(step - 1)], 1e-5 * ref[size_t(step - 1)]) << "before update " << step;
+  }
+  const float after = run.micro_step();
+  EXPECT_NEAR(after, ref[3], 1e-5 * ref[3]) << "after three updates";
+  std::printf("after 3 updates: memfit %.7f, PEFT %.7f\n", after, ref[3]);
+
+  save_adapter(out, *run.ex, run.spec, run.lora, family + "_tiny_torch", run.staging);
+  const SafetensorsReader saved(out + "/adapter_model.safetensors"), peft(adapter + "/adapter_model.safetensors");
+  // The names and shapes of PEFT's own file, and the values PEFT reached.
+  ASSERT_EQ(saved.entries().size(), peft.entries().size());
+  double worst = 0;
+  int noise_level = 0;
+  for (const SafetensorsEntry& e : peft.entries()) {
+    const SafetensorsEntry* s = saved.find(e.name);
+    ASSERT_NE(s, nullptr) << e.name;
+    EXPECT_EQ(s->shape, e.shape) << e.name;
+    EXPECT_EQ(s->file_dtype, "F32") << e.name;
+    // Adam moves an element by about lr a step whatever its gradient's size, so an element whose
+    // gradient is at the level of the gradients' agreement (1e-4 of the largest) moves as
+    // rounding decides: those are held to the 3 lr three steps can move them, the rest to 1e-5.
+    const std::vector<float> ours = read_all(saved, e.name), theirs = read_all(expected, "after." + e.name);
+    const std::vector<float> grad = read_all(expected, "grad." + e.name);
+    double scale = 0, largest_grad = 0, err = 0;
+    for (size_t i = 0; i < theirs.size(); ++i) {
+      scale = std::max(scale, double(std::fabs(theirs[i])));
+      largest_grad = std::max(largest_grad, double(std::fabs(grad[i])));
+    }
+    for (size_t i = 0; i < theirs.size(); ++i) {
+      const double d = std::fabs(double(ours[i]) - double(theirs[i]));
+      if (std::fabs(grad[i]) < 1e-4 * largest_grad) {
+        EXPECT_LE(d, 3e-3) << e.name << " element " << i;
+        ++noise_level;
+      } else {
+        err = std::max(err, d / scale);
+      }
+    }
+    EXPECT_LE(err, 1e-5) << e.name;
+    worst = std::max(worst, err);
+  }
+  std::printf("adapter after 3 updates: largest normalised error %.3g (%d elements with gradients below 1e-4 of "
+              "their tensor's largest held to 3 lr)\n", worst, noise_level);
+  // The LoRA settings of PEFT's adapter_config.json.
+  const auto config = [](const std::string& dir) {
+    std::ifstream in(dir + "/adapter_config.json");
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json ours = config(out), theirs = config(adapter);
+  for (const char* key : {"peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "bias", "fan_in_fan_out",
+                          "use_dora", "use_rslora", "base_model_name_or_path"})
+    EXPECT_EQ(ours.at(key), theirs.at(key)) << key;
+  const auto targets = [](const nlohmann::json& j) { return j.at("target_modules").get<std::set<std::string>>(); };
+  EXPECT_EQ(targets(ours), targets(theirs));
+
+  // Reloaded, the saved adapter gives the loss after the steps exactly.
+  LoraRun reloaded(family + "_tiny_torch", out);
+  const float again = reloaded.micro_step();
+  EXPECT_EQ(again, after);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::Values("llama", "gpt2"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference) {
+  // Same targets, other shapes: gpt2's adapter has no tensor of llama's names.
+  const std::string dir = (fs::temp_directory_path() / ("memfit_lora_other_" + std::to_string(::getpid()))).string();
+  fs::create_directories(dir);
+  fs::copy_file(test::fixture_path("lora_llama_tiny_torch/adapter_config.json"), dir + "/adapter_config.json");
+  // llama's adapter with one tensor of rank 4 replaced by a [4, 32] one (a base of hidden 32).
+  const SafetensorsReader src(test::fixture_path("lora_llama_tiny_torch/adapter_model.safetensors"));
+  std::vector<std::vector<float>> values;
+  std::vector<SafetensorsTensor> tensors;
+  values.reserve(src.entries().size());
+  for (const SafetensorsEntry& e : src.entries()) {
+    Shape shape = e.shape;
+    if (e.name == "base_model.model.model.layers.1.mlp.up_proj.lora_A.weight") shape = Shape{4, 32};
+    values.emplace_back(size_t(shape.numel()), 0.5f);
+    tensors.push_back({e.name, DType::f32, shape, values.back().data()});
+  }
+  write_safetensors(dir + "/adapter_model.safetensors", tensors);
+  try {
+    LoraRun run("llama_tiny_torch", dir);
+    FAIL() << "an adapter of another shape loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'base_model.model.model.layers.1.mlp.up_proj.lora_A.weight' is [4, 32] "
+                                         "there, [4, 64] in model"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// merge-lora's weights against W + (alpha / r) B A computed here from the two files, for every
+// tensor of the base (GPT-2's Conv1D weights stored [in, out]: the transpose added).
+TEST_P(LoraParity, MergeLoraWritesTheBasePlusTheScaledProduct) {
+  const std::string base = test::fixture_path(family + "_tiny_torch");
+  const test::CliResult r =
+      test::run_memfit("merge-lora --model " + base + " --load " + base + " --adapter " + adapter + " --out " + out);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const SafetensorsReader merged(out + "/model.safetensors"), w(base + "/model.safetensors"),
+      lora(adapter + "/adapter_model.safetensors");
+  EXPECT_TRUE(fs::exists(out + "/config.json"));
+  ASSERT_EQ(merged.entries().size(), w.entries().size());
+  int changed = 0;
+  for (const SafetensorsEntry& e : w.entries()) {
+    // The hub's gpt2 names drop "transformer."; merge-lora writes them with it, as --save does.
+    const std::string name = family == "gpt2" && !e.name.starts_with("transformer.") ? "transformer." + e.name : e.name;
+    std::vector<float> want = read_all(w, e.name);
+    const std::vector<float> after = read_all(merged, name);
+    const std::string module = "base_model.model." + name.substr(0, name.size() - 7);
+    if (e.name.ends_with(".weight") && lora.find(module + ".lora_A.weight")) {
+      const std::vector<float> a = read_all(lora, module + ".lora_A.weight");
+      const std::vector<float> b = read_all(lora, module + ".lora_B.weight");
+      const int64_t rank = 4, in = int64_t(a.size()) / rank, outs = int64_t(b.size()) / rank;
+      const bool conv1d = family == "gpt2";
+      for (int64_t o = 0; o < outs; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          float d = 0;
+          for (int64_t k = 0; k < rank; ++k) d += b[size_t(o * rank + k)] * a[size_t(k * in + i)];
+          want[size_t(conv1d ? i * outs + o : o * in + i)] += 2.0f * d;  // alpha / r = 8 / 4
+        }
+      ++changed;
+    }
+    ASSERT_EQ(after.size(), want.size()) << e.name;
+    EXPECT_LE(normalised_error(after, want), 1e-6) << e.name;
+  }
+  EXPECT_EQ(changed, int(lora.entries().size()) / 2);
+}
+
+}  // namespace
+}  // namespace memfit
