@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
-#include "kernels/quant/quant_segments.hpp"
+#include "graph/quant_layout.hpp"
 
 namespace memfit {
 

@@ -18,43 +18,10 @@
 #include <cstdint>
 #include <span>
 
+#include "graph/quant_layout.hpp"
 #include "kernels/quant_map.hpp"
 
 namespace memfit {
-
-enum class QuantKind : uint8_t { nf4, fp4, int8 };
-const char* quant_kind_name(QuantKind kind);
-
-inline constexpr int64_t kDefaultQuantBlock = 64;    // bitsandbytes' default
-inline constexpr int64_t kDoubleQuantBlock = 256;    // blocks of absmax values per second-level absmax
-inline constexpr int64_t kMinQuantBlock = 32, kMaxQuantBlock = 4096;
-
-struct QuantSpec {
-  QuantKind kind = QuantKind::nf4;
-  int64_t block = kDefaultQuantBlock;
-  bool double_quant = false;  // 4-bit kinds only
-};
-
-// Throws [kernels] unless the block is a power of two in [32, 4096] (what bnb accepts) and
-// double quantisation is asked only of a 4-bit kind.
-void check_quant_spec(const QuantSpec& spec);
-
-inline int64_t quant_blocks(int64_t numel, int64_t block) { return (numel + block - 1) / block; }
-
-// Bytes of each part of a quantised tensor of numel elements.
-struct QuantStorage {
-  uint64_t codes = 0;          // packed codes: ceil(numel / 2) for 4-bit, numel for int8
-  uint64_t absmax = 0;         // fp32 per block, or (double quant) one uint8 code per block
-  uint64_t absmax2 = 0;        // double quant: fp32 per 256 blocks
-  uint64_t offset = 0;         // double quant: the fp32 mean subtracted before quantising
-  uint64_t total() const { return codes + absmax + absmax2 + offset; }
-};
-QuantStorage quant_storage(const QuantSpec& spec, int64_t numel);
-
-// Bits per parameter of a tensor large enough that the per-tensor offset and the partial last
-// blocks vanish: 4 + 32/block for nf4/fp4, 4 + 8/block + 32/(256 block) with double
-// quantisation (4.127 at block 64), 8 + 32/block for int8.
-double quant_bits_per_parameter(const QuantSpec& spec);
 
 // A quantised [rows, cols] weight, read-only. Blocks run over the flattened row-major tensor,
 // so a block may straddle two rows.

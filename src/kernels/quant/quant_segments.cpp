@@ -8,22 +8,6 @@
 
 namespace memfit {
 
-QuantStorage segmented_quant_storage(const QuantSpec& spec, int64_t cols, const std::vector<int64_t>& segments) {
-  MEMFIT_CHECK(!segments.empty() && cols > 0, "kernels", "a segmented quantised weight needs segments and columns");
-  QuantStorage total;
-  for (int64_t rows : segments) {
-    MEMFIT_CHECK(rows > 0, "kernels", "a quantised segment of {} rows", rows);
-    MEMFIT_CHECK(spec.kind == QuantKind::int8 || (rows * cols) % 2 == 0, "kernels",
-                 "a 4-bit segment of {} x {} elements (odd) cannot start the next one on a byte", rows, cols);
-    const QuantStorage s = quant_storage(spec, rows * cols);
-    total.codes += s.codes;
-    total.absmax += s.absmax;
-    total.absmax2 += s.absmax2;
-    total.offset += s.offset;
-  }
-  return total;
-}
-
 int64_t max_segment_blocks(const QuantSpec& spec, int64_t cols, const std::vector<int64_t>& segments) {
   int64_t most = 0;
   for (int64_t rows : segments) most = std::max(most, quant_blocks(rows * cols, spec.block));

@@ -18,9 +18,7 @@
 
 namespace memfit {
 
-// Bytes of each storage part of a [sum(segments), cols] weight: the sums over the pieces.
-// Throws [kernels] when a 4-bit piece has an odd element count or the segments are empty.
-QuantStorage segmented_quant_storage(const QuantSpec& spec, int64_t cols, const std::vector<int64_t>& segments);
+// segmented_quant_storage(): graph/quant_layout.hpp.
 
 // The raw storage of a segmented weight (addresses of its tensors).
 struct SegmentedStorage {
