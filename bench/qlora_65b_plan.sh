@@ -4,7 +4,7 @@
 # gradient checkpointing (--recompute full), batch 1 x 512 (the shape of the paper's memory
 # breakdown, Figure 6). Prints memfit's plan category by category against the card's memory,
 # then the same run with bf16 gradients (what PEFT keeps), then training every weight for scale.
-# A labelled estimate until the LoRA and quantised-base passes land (fit/lora_estimate.hpp).
+# The real LoRA + NF4 program is built and planned (graph/lora, graph/quantize_base).
 #
 #   bench/qlora_65b_plan.sh [--json]
 # Needs a built memfit (scripts/build).

@@ -98,7 +98,8 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
   const std::vector<Branch>& branches = it->second;
   for (size_t i = 0; i < branches.size(); ++i) {
     const Branch& br = branches[i];
-    const std::string site = op.name + "." + br.module.short_name();
+    // A piece of a fused weight is named after its HF module: "...qkv_proj.q_proj.lora_A".
+    const std::string site = br.module.whole() ? op.name : op.name + "." + br.module.short_name();
     TensorId in = x;
     if (lora_.dropout > 0 && b.grad_enabled()) {
       in = b.transient(site + ".lora_dropout.y", p.tensor(x).shape, Category::activations, p.tensor(x).dtype);

@@ -15,7 +15,6 @@
 #include "graph/forward_rewrite.hpp"
 #include "graph/training_program.hpp"
 #include "kernels/backend.hpp"
-#include "support/low_rank_branch.hpp"
 
 namespace memfit {
 namespace {
@@ -122,11 +121,11 @@ TEST(ForwardRewrite, FrozenParametersHaveNoGradientMasterOrStateAndNoWeightGradi
   }
 }
 
-TEST(ForwardRewrite, LowRankBranchReplacesTargetedLinearsAndDifferentiatesOnlyTheAdapters) {
+TEST(ForwardRewrite, LoraReplacesTargetedLinearsAndDifferentiatesOnlyTheAdapters) {
   Policy pol = tiny_policy();
-  pol.freeze = {"*"};
-  auto lora = std::make_shared<test::LowRankBranch>(std::vector<std::string>{"h.*.attn.c_attn.weight"}, 4, 2.0f);
-  const Program p = build(pol, {lora});
+  pol.lora.rank = 4;
+  pol.lora.targets = {"c_attn"};
+  const Program p = build(pol, {});
   const int64_t L = model_preset("gpt2-tiny").n_layer;
   int trainable = 0;
   for (const ParamEntry& e : p.params()) {

@@ -5,10 +5,8 @@
 // (b) the trainable parameters' gradients are bitwise those of the unfrozen program;
 // (c) the persistent parameter, master, gradient and optimizer bytes of the plan fall by
 //     frozen elements x (gradient + master + state bytes), counted from the model's shapes;
-// (d) checkpoints resume bit for bit and --save / --load round-trips a frozen run's weights;
-// (e) a low-rank branch y = x W^T + s (x A^T) B^T with B = 0 on frozen W starts at the
-//     unrewritten loss, its A and B gradients equal the merged-weight reference
-//     dA = s B^T dW', dB = s dW' A^T (W' = W + s B A), and a step moves only A and B.
+// (d) checkpoints resume bit for bit and --save / --load round-trips a frozen run's weights.
+// (LoRA, the low-rank branch on frozen weights, is tested in lora_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,7 +22,6 @@
 #include "graph/training_program.hpp"
 #include "io/safetensors.hpp"
 #include "support/alloc_counter.hpp"
-#include "support/low_rank_branch.hpp"
 #include "support/run_cli.hpp"
 #include "support/tiny_run.hpp"
 #include "train/master_weights.hpp"
@@ -211,118 +208,6 @@ TEST(Freeze, PlanCommandAndConfigKeyAndZero) {
     RunConfig c;
     apply_config_file(dir + "/freeze.json", c);
     EXPECT_EQ(c.policy.freeze, (std::vector<std::string>{"h.0.*", "wte.weight"})) << value;
-  }
-}
-
-TEST(LowRankBranch, StartsAtTheBaseLossAndMatchesTheMergedWeightGradients) {
-  const std::vector<std::string> targets = {"h.*.attn.c_attn.weight", "h.*.mlp.c_fc.weight"};
-  const int64_t rank = 4;
-  const float s = 2.0f;
-  Policy pol = tiny_policy();
-  pol.grad_accum = 2;
-  const auto base = one_micro_step(pol);
-  Policy frozen = pol;
-  frozen.freeze = {"*"};
-  auto pass = std::make_shared<test::LowRankBranch>(targets, rank, s);
-  // B = 0: the same loss, bit for bit (the branch adds exact zeros).
-  const auto start = one_micro_step(frozen, {pass});
-  EXPECT_EQ(bytes_of(*base->ex, base->compiled.program.find_tensor(kLoss)),
-            bytes_of(*start->ex, start->compiled.program.find_tensor(kLoss)));
-
-  // B != 0: against the unrewritten program whose weights are merged, W' = W + s B A.
-  auto fill = [](Executor& ex, TensorId id, int salt) {
-    std::vector<float> x(size_t(ex.program().tensor(id).numel()));
-    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.02f * float(std::sin(double(int64_t(i) * 7 + salt) * 0.37));
-    ex.write_as<float>(id, std::span<const float>(x));
-  };
-  const auto lora = one_micro_step(frozen, {pass}, [&](test::TinyRun& r) {
-    int salt = 0;
-    for (const ParamEntry& e : r.compiled.program.params())
-      if (e.name.find(".lora_") != std::string::npos) fill(*r.ex, e.value, ++salt);
-  });
-  const Program& lp = lora->compiled.program;
-  auto find_param = [](const Program& p, const std::string& name) -> const ParamEntry& {
-    for (const ParamEntry& e : p.params())
-      if (e.name == name) return e;
-    throw std::runtime_error("no parameter " + name);
-  };
-  auto floats = [](const test::TinyRun& r, TensorId id) {
-    const std::vector<float> d = test::tensor_values<float>(*r.ex, id);
-    return std::vector<double>(d.begin(), d.end());
-  };
-  const auto merged = one_micro_step(pol, {}, [&](test::TinyRun& r) {
-    for (const ParamEntry& e : r.compiled.program.params()) {
-      if (!parameter_name_matches(targets[0], e.name) && !parameter_name_matches(targets[1], e.name)) continue;
-      const std::vector<double> A = floats(*lora, find_param(lp, test::LowRankBranch::a_name(e.name)).value);
-      const std::vector<double> B = floats(*lora, find_param(lp, test::LowRankBranch::b_name(e.name)).value);
-      const Shape ws = r.compiled.program.tensor(e.value).shape;
-      std::vector<float> w = test::tensor_values<float>(*r.ex, e.value);
-      for (int64_t o = 0; o < ws[0]; ++o)
-        for (int64_t i = 0; i < ws[1]; ++i) {
-          double acc = 0;
-          for (int64_t j = 0; j < rank; ++j) acc += B[size_t(o * rank + j)] * A[size_t(j * ws[1] + i)];
-          w[size_t(o * ws[1] + i)] += float(double(s) * acc);
-        }
-      r.ex->write_as<float>(e.value, std::span<const float>(w));
-    }
-  });
-  const float lora_loss = lora->ex->read_scalar<float>(lp.find_tensor(kLoss));
-  const float merged_loss = merged->ex->read_scalar<float>(merged->compiled.program.find_tensor(kLoss));
-  EXPECT_NEAR(lora_loss, merged_loss, 1e-5 * std::abs(merged_loss));
-  EXPECT_NE(lora_loss, base->ex->read_scalar<float>(base->compiled.program.find_tensor(kLoss)));  // the branch counts
-  int checked = 0;
-  for (const ParamEntry& e : merged->compiled.program.params()) {
-    if (!parameter_name_matches(targets[0], e.name) && !parameter_name_matches(targets[1], e.name)) continue;
-    const ParamEntry& pa = find_param(lp, test::LowRankBranch::a_name(e.name));
-    const ParamEntry& pb = find_param(lp, test::LowRankBranch::b_name(e.name));
-    const std::vector<double> A = floats(*lora, pa.value), B = floats(*lora, pb.value);
-    const std::vector<double> dW = floats(*merged, e.grad), dA = floats(*lora, pa.grad), dB = floats(*lora, pb.grad);
-    const Shape ws = merged->compiled.program.tensor(e.value).shape;
-    const int64_t out = ws[0], in = ws[1];
-    double max_ref = 0, max_err = 0;
-    for (int64_t j = 0; j < rank; ++j)
-      for (int64_t i = 0; i < in; ++i) {  // dA[j,i] = s sum_o B[o,j] dW[o,i]
-        double ref = 0;
-        for (int64_t o = 0; o < out; ++o) ref += B[size_t(o * rank + j)] * dW[size_t(o * in + i)];
-        ref *= s;
-        max_ref = std::max(max_ref, std::abs(ref));
-        max_err = std::max(max_err, std::abs(ref - dA[size_t(j * in + i)]));
-      }
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t j = 0; j < rank; ++j) {  // dB[o,j] = s sum_i dW[o,i] A[j,i]
-        double ref = 0;
-        for (int64_t i = 0; i < in; ++i) ref += dW[size_t(o * in + i)] * A[size_t(j * in + i)];
-        ref *= s;
-        max_ref = std::max(max_ref, std::abs(ref));
-        max_err = std::max(max_err, std::abs(ref - dB[size_t(o * rank + j)]));
-      }
-    EXPECT_GT(max_ref, 0) << e.name;
-    EXPECT_LT(max_err, 2e-3 * max_ref) << e.name;
-    ++checked;
-  }
-  EXPECT_EQ(checked, 2 * int(model_preset("gpt2-tiny").n_layer));
-}
-
-TEST(LowRankBranch, AStepMovesOnlyTheAdapters) {
-  for (Precision precision : {Precision::fp32, Precision::bf16}) {
-    Policy pol = tiny_policy();
-    pol.precision = precision;
-    pol.freeze = {"*"};
-    if (precision == Precision::bf16) {
-      pol.recompute = parse_recompute("full");
-      pol.attention = AttentionKind::flash;
-    }
-    auto pass = std::make_shared<test::LowRankBranch>(std::vector<std::string>{"h.*.attn.c_attn.weight"}, 4, 2.0f);
-    test::TinyRun run(compile_program(build_training_program(model_preset("gpt2-tiny"), pol, {}, cpu_capabilities(), {pass}), *make_cpu_backend()));
-    SCOPED_TRACE(precision_name(precision));
-    const std::map<std::string, Bytes> before = values(*run.ex);
-    for (int64_t step = 1; step <= 2; ++step) run.step(step);
-    EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
-    const std::map<std::string, Bytes> after = values(*run.ex);
-    for (const ParamEntry& e : run.compiled.program.params()) {
-      if (e.name.find(".lora_") == std::string::npos) EXPECT_EQ(after.at(e.name), before.at(e.name)) << e.name;
-      else EXPECT_NE(after.at(e.name), before.at(e.name)) << e.name;
-    }
   }
 }
 
