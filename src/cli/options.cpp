@@ -99,8 +99,11 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
     c.policy.grad_accum = int(require_in("--grad-accum", v, input_range::accumulation));
     c.grad_accum_flag = true;
   });
-  add<std::string>(app, "--precision", "fp32 | bf16 | fp16",
-                   [](RunConfig& c, std::string v) { c.policy.precision = parse_precision(v); });
+  add<std::string>(app, "--precision", "fp32 | bf16 | fp16 (default fp32; bf16 with --quantize-base, as QLoRA)",
+                   [](RunConfig& c, std::string v) {
+                     c.policy.precision = parse_precision(v);
+                     c.precision_given = true;
+                   });
   add<std::string>(app, "--grad-dtype", "parameter gradient dtype under bf16/fp16: fp32 (default) | bf16 | fp16",
                    [](RunConfig& c, std::string v) { c.policy.grad_dtype = parse_dtype(v); });
   add<std::string>(app, "--fp32-ops", "ops computed in fp32 under bf16/fp16: comma-separated op kinds, op names, or name prefixes ending in *",
@@ -290,6 +293,9 @@ RunConfig RunOptions::resolve() const {
   if (!config_file_.empty()) apply_config_file(config_file_, c);
   for (const auto& apply : given_) apply(c);
   resolve_batch_keys(c, c.topology.data, c.config_note);
+  // QLoRA computes in bf16 (bitsandbytes' bnb_4bit_compute_dtype): a quantised base makes it
+  // the default; --precision fp32 keeps fp32 products over the dequantised tiles.
+  if (c.policy.quantize_base.enabled() && !c.precision_given) c.policy.precision = Precision::bf16;
   return c;
 }
 

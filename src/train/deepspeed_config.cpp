@@ -37,7 +37,10 @@ void apply_precision_block(const std::string& key, const json& v, RunConfig& c) 
     LossScaleConfig& ls = c.loss_scale;
     if (is_auto(sv)) continue;
     if (sub == "enabled") {
-      if (get_as<bool>(sv, name)) c.policy.precision = key == "bf16" ? Precision::bf16 : Precision::fp16;
+      if (get_as<bool>(sv, name)) {
+        c.policy.precision = key == "bf16" ? Precision::bf16 : Precision::fp16;
+        c.precision_given = true;
+      }
     } else if (key == "bf16") {
       unknown_key(name);
     } else if (sub == "loss_scale") {

@@ -197,6 +197,7 @@ void apply_quantization_config(const json& j, RunConfig& c) {
                    "quantization_config.bnb_4bit_compute_dtype '{}': memfit computes in the precision of the run "
                    "(use \"precision\": \"bf16\")", d);
       c.policy.precision = Precision::bf16;
+      c.precision_given = true;
     } else if (key == "quant_method" || key == "bnb_4bit_quant_storage" || key == "llm_int8_skip_modules" ||
                key == "llm_int8_threshold" || key == "llm_int8_has_fp16_weight" ||
                key == "llm_int8_enable_fp32_cpu_offload" || key == "_load_in_4bit" || key == "_load_in_8bit") {
@@ -234,7 +235,10 @@ bool apply_memfit_key(const std::string& key, const json& v, RunConfig& c) {
   else if (key == "min_lr") c.min_lr = get_real(v, key, range::non_negative);
   else if (key == "decay_steps") c.decay_steps = get_integer(v, key, range::interval);
   else if (key == "keep_checkpoints") c.keep_checkpoints = int(get_integer(v, key, range::kept_checkpoints));
-  else if (key == "precision") p.precision = parse_precision(get_as<std::string>(v, key));
+  else if (key == "precision") {
+    p.precision = parse_precision(get_as<std::string>(v, key));
+    c.precision_given = true;
+  }
   else if (key == "grad_dtype") p.grad_dtype = parse_dtype(get_as<std::string>(v, key));
   else if (key == "fp32_ops") p.fp32_ops = get_as<std::vector<std::string>>(v, key);
   else if (key == "freeze")

@@ -45,6 +45,7 @@ struct RunConfig {
     std::optional<int64_t> global, micro, accum;
   } file_batch;
   bool batch_flag = false, grad_accum_flag = false;  // --batch / --grad-accum given
+  bool precision_given = false;  // --precision or the config's precision key: a quantised base then keeps it
   std::string config_note;  // what the flags replaced in the config file (the run log prints it)
   // zero_optimization's bounds in elements (0: not given), checked against the program's buckets.
   struct ZeroBounds {

@@ -264,6 +264,19 @@ TEST(Lora, DropoutKeepsOneMinusPScaledAndRedrawsTheSameMask) {
   }
 }
 
+// QLoRA computes in bf16 unless told otherwise (bitsandbytes' compute dtype); a given
+// precision, from a flag or a config key, stays.
+TEST(Lora, AQuantisedBaseDefaultsToBf16Compute) {
+  auto header = [](const std::string& args) {
+    const test::CliResult r = test::run_memfit("plan --model llama-tiny --lora-rank 4 " + args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.out.substr(0, r.out.find('\n'));
+  };
+  EXPECT_NE(header("--quantize-base nf4").find(", bf16,"), std::string::npos);
+  EXPECT_NE(header("--quantize-base nf4 --precision fp32").find(", fp32,"), std::string::npos);
+  EXPECT_NE(header("").find(", fp32,"), std::string::npos);
+}
+
 TEST(Lora, BadInputIsRefusedInOneLine) {
   auto refused = [](const std::vector<std::string>& args, const std::string& needle) {
     std::string line;
