@@ -48,7 +48,7 @@ void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, T
       // Drawn whole (the same values as unquantised, stream by stream), then quantised.
       std::vector<float> whole(size_t(p.param_numel(e)));
       draw_values(e, base, 0, whole);
-      store_quantized_parameter(ex, e, whole);
+      store_quantized_parameter(ex, e, whole, staging);
       continue;
     }
     require_float_values(e);

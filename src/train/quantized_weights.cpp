@@ -1,5 +1,6 @@
 #include "train/quantized_weights.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/error.hpp"
@@ -11,32 +12,89 @@ namespace memfit {
 
 bool is_quantized_param(const ParamEntry& e) { return e.value == kNoTensor && e.stored(ParamRole::codes) != kNoTensor; }
 
-void store_quantized_parameter(Executor& ex, const ParamEntry& e, std::span<const float> values) {
+namespace {
+
+// Byte offsets of one piece's parts in the storage tensors.
+struct PieceAt {
+  uint64_t codes = 0, scales = 0, scales2 = 0;
+};
+
+// Codes and plain absmax of one chunk of whole blocks (the last chunk of a piece may end in a
+// partial block: quantize_4bit / quantize_int8 see it as the piece's own partial block).
+template <class T>
+void quantize_chunk(std::span<const T> in, const QuantSpec& spec, std::span<uint8_t> codes, std::span<float> absmax) {
+  if (spec.kind == QuantKind::int8) quantize_int8<T>(in, spec, codes, absmax);
+  else quantize_4bit<T>(in, spec, codes, absmax);
+}
+
+}  // namespace
+
+void store_quantized_parameter(Executor& ex, const ParamEntry& e, const SegmentValues& values, TensorStaging& staging) {
   const Program& p = ex.program();
   const QuantizedParam qp = quantized_param_of(p, e);
   MEMFIT_CHECK(qp.codes != kNoTensor, "train", "parameter '{}' is not stored quantised", e.name);
+  MEMFIT_CHECK(qp.compute == DType::bf16 || qp.compute == DType::f32, "train",
+               "quantised weights compute in fp32 or bf16, not {}", dtype_name(qp.compute));
+  const QuantSpec spec = quant_spec_of(qp);
+  const bool four_bit = spec.kind != QuantKind::int8;
+  // A chunk is whole blocks (blocks are powers of two up to 4096, so the staging holds many).
+  const int64_t chunk = int64_t(TensorStaging::kElements) / spec.block * spec.block;
+  // raw(): the chunk rounded to bf16, then its codes; gather(): its absmax.
+  const std::span<std::byte> raw = staging.raw();
+  const std::span<bf16_t> rounded{reinterpret_cast<bf16_t*>(raw.data()), size_t(chunk)};
+  const std::span<uint8_t> chunk_codes{reinterpret_cast<uint8_t*>(raw.data()) + rounded.size_bytes(),
+                                       size_t(four_bit ? (chunk + 1) / 2 : chunk)};
+  MEMFIT_ASSERT(rounded.size_bytes() + chunk_codes.size() <= raw.size(), "staging too small for a chunk");
+  std::vector<float> absmax;  // double quantisation: the whole piece's plain absmax
+  std::vector<uint8_t> absmax_codes;
+  std::vector<float> absmax2;
+  PieceAt at;
+  for (size_t s = 0; s < qp.segments.size(); ++s) {
+    const int64_t n = qp.segments[s] * qp.cols;
+    const QuantStorage q = quant_storage(spec, n);
+    const int64_t blocks = quant_blocks(n, spec.block);
+    if (spec.double_quant) absmax.resize(size_t(blocks));
+    for (int64_t first = 0; first < n; first += chunk) {
+      const int64_t m = std::min(chunk, n - first);
+      const std::span<float> in = staging.values().first(size_t(m));
+      values(s, first, in);
+      const int64_t chunk_blocks = quant_blocks(m, spec.block), block0 = first / spec.block;
+      const std::span<float> chunk_absmax = spec.double_quant
+                                                ? std::span<float>(absmax).subspan(size_t(block0), size_t(chunk_blocks))
+                                                : staging.gather().first(size_t(chunk_blocks));
+      const std::span<uint8_t> codes = chunk_codes.first(size_t(four_bit ? (m + 1) / 2 : m));
+      if (qp.compute == DType::bf16) {
+        for (int64_t i = 0; i < m; ++i) rounded[size_t(i)] = round_to_bf16(in[size_t(i)]);
+        quantize_chunk<bf16_t>(rounded.first(size_t(m)), spec, codes, chunk_absmax);
+      } else {
+        quantize_chunk<float>(in, spec, codes, chunk_absmax);
+      }
+      ex.write(qp.codes, at.codes + uint64_t(four_bit ? first / 2 : first), std::as_bytes(codes));
+      if (!spec.double_quant)
+        ex.write(qp.scales, at.scales + uint64_t(block0) * sizeof(float), std::as_bytes(chunk_absmax));
+    }
+    if (spec.double_quant) {
+      absmax_codes.resize(size_t(blocks));
+      absmax2.resize(size_t(q.absmax2 / sizeof(float)));
+      const float offset = double_quantize_absmax(absmax, absmax_codes, absmax2);
+      ex.write(qp.scales, at.scales, std::as_bytes(std::span<const uint8_t>(absmax_codes)));
+      ex.write(qp.scales2, at.scales2, std::as_bytes(std::span<const float>(absmax2)));
+      ex.write(qp.offset, uint64_t(s) * sizeof(float), std::as_bytes(std::span<const float>(&offset, 1)));
+    }
+    at.codes += q.codes, at.scales += q.absmax, at.scales2 += q.absmax2;
+  }
+}
+
+void store_quantized_parameter(Executor& ex, const ParamEntry& e, std::span<const float> values,
+                               TensorStaging& staging) {
+  const QuantizedParam qp = quantized_param_of(ex.program(), e);
   MEMFIT_CHECK(int64_t(values.size()) == qp.rows * qp.cols, "train", "parameter '{}': {} values for a [{}, {}] weight",
                e.name, values.size(), qp.rows, qp.cols);
-  const QuantSpec spec = quant_spec_of(qp);
-  const QuantStorage s = segmented_quant_storage(spec, qp.cols, qp.segments);
-  std::vector<uint8_t> codes(s.codes), scales(s.absmax);
-  std::vector<float> scales2(s.absmax2 / 4), offset(s.offset / 4);
-  std::vector<float> staging(spec.double_quant ? size_t(max_segment_blocks(spec, qp.cols, qp.segments)) : 0);
-  if (qp.compute == DType::bf16) {
-    std::vector<bf16_t> rounded(values.size());
-    for (size_t i = 0; i < values.size(); ++i) rounded[i] = round_to_bf16(values[i]);
-    quantize_segments<bf16_t>(rounded, spec, qp.cols, qp.segments, codes, scales, scales2, offset, staging);
-  } else {
-    MEMFIT_CHECK(qp.compute == DType::f32, "train", "quantised weights compute in fp32 or bf16, not {}",
-                 dtype_name(qp.compute));
-    quantize_segments<float>(values, spec, qp.cols, qp.segments, codes, scales, scales2, offset, staging);
-  }
-  ex.write(qp.codes, std::as_bytes(std::span<const uint8_t>(codes)));
-  ex.write(qp.scales, std::as_bytes(std::span<const uint8_t>(scales)));
-  if (spec.double_quant) {
-    ex.write(qp.scales2, std::as_bytes(std::span<const float>(scales2)));
-    ex.write(qp.offset, std::as_bytes(std::span<const float>(offset)));
-  }
+  std::vector<int64_t> starts{0};  // each piece's first element in the parameter
+  for (int64_t rows : qp.segments) starts.push_back(starts.back() + rows * qp.cols);
+  store_quantized_parameter(ex, e, [&](size_t s, int64_t first, std::span<float> out) {
+    std::copy_n(values.begin() + starts[s] + first, out.size(), out.begin());
+  }, staging);
 }
 
 }  // namespace memfit

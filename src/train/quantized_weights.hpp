@@ -1,21 +1,38 @@
 // Filling the storage of a quantised frozen weight (graph/quantize_base.hpp) from its float
-// values, at initialisation and at --load: the values are rounded to the compute dtype first
-// (bitsandbytes quantises the bf16 weight a bf16 model holds), then quantised piece by piece
-// (kernels/quant/quant_segments.hpp) and written into the codes, scales, scales2 and offset.
+// values, at initialisation and at --load: the values are rounded to the compute dtype first,
+// then quantised piece by piece (kernels/quant/quant_segments.hpp) into the codes, scales,
+// scales2 and offset. Rounding first is what transformers + bitsandbytes do: a QLoRA model is
+// loaded in its compute dtype (dtype=bfloat16 with bnb_4bit_compute_dtype=bfloat16), and
+// Params4bit quantises the bf16 weight it holds, whatever dtype the file had.
+// Values stream through the run's TensorStaging a chunk of whole blocks at a time, so no copy
+// of the weight is made. Only double quantisation holds more: the plain absmax of one piece
+// (4 bytes per block, 1/16 of the piece's fp32 size at block 64) and its codes, because the
+// offset is the mean over all of them; never inside a step.
 #pragma once
 
+#include <functional>
 #include <span>
 
 #include "graph/program.hpp"
 #include "runtime/executor.hpp"
+#include "train/tensor_staging.hpp"
 
 namespace memfit {
 
 // Whether the parameter is stored quantised (codes, no value tensor).
 bool is_quantized_param(const ParamEntry& e);
 
-// Quantises the whole parameter (values: its elements in memfit's row order) into its storage.
-// Holds the codes of one parameter on the heap while it runs (never inside a step).
-void store_quantized_parameter(Executor& ex, const ParamEntry& e, std::span<const float> values);
+// Elements [first, first + out.size()) of piece `segment` of a quantised parameter (its HF
+// tensor: Llama's q, k or v), as fp32 in memfit's row order.
+using SegmentValues = std::function<void(size_t segment, int64_t first, std::span<float> out)>;
+
+// Quantises the whole parameter into its storage, asking `values` for chunks of each piece in
+// order. The chunks lie in staging.values(); `values` may use staging.gather() but not raw().
+void store_quantized_parameter(Executor& ex, const ParamEntry& e, const SegmentValues& values, TensorStaging& staging);
+
+// The same from all of the parameter's values at once (memfit's row order): initialisation,
+// whose random streams are drawn per parameter, not per piece.
+void store_quantized_parameter(Executor& ex, const ParamEntry& e, std::span<const float> values,
+                               TensorStaging& staging);
 
 }  // namespace memfit

@@ -7,11 +7,13 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "graph/quantize_base.hpp"
 #include "io/hf_config.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_shards.hpp"
 #include "train/adapter_files.hpp"
 #include "train/master_weights.hpp"
+#include "train/quantized_weights.hpp"
 
 namespace memfit {
 
@@ -104,6 +106,50 @@ void store_zeros(Executor& ex, const ParamEntry& e, int64_t first, int64_t end, 
     store_parameter_range(ex, e, at, zeros.first(size_t(std::min<int64_t>(int64_t(zeros.size()), end - at))), staging);
 }
 
+// Elements [first, first + out.size()) of the transpose ([out, in], memfit's order) of the
+// [in, out] file tensor `name` (GPT-2's Conv1D, which bnb also quantises transposed): each file
+// row's run of the columns the range touches is read into `row`, then scattered.
+void read_transposed_range(const SafetensorsReader& reader, const std::string& name, const Shape& file_shape,
+                           int64_t first, std::span<float> out, std::span<float> row) {
+  const int64_t in = file_shape[0], cols = file_shape[1], end = first + int64_t(out.size());
+  const int64_t o_lo = first / in, o_hi = (end - 1) / in;
+  MEMFIT_CHECK(o_hi - o_lo + 1 <= int64_t(row.size()), "safetensors", "tensor '{}': {} columns at once do not fit the "
+               "staging buffer's {} elements", name, o_hi - o_lo + 1, row.size());
+  for (int64_t i = 0; i < in; ++i) {
+    reader.read_f32_range(name, file_shape, i * cols + o_lo, row.first(size_t(o_hi - o_lo + 1)));
+    for (int64_t o = o_lo; o <= o_hi; ++o)
+      if (const int64_t j = o * in + i; j >= first && j < end) out[size_t(j - first)] = row[size_t(o - o_lo)];
+  }
+}
+
+using TensorsByName = std::map<std::string, const SafetensorsShards::Located*>;
+
+// A quantised parameter from its HF tensors (Llama's q, k and v are its pieces), quantised a
+// chunk at a time as they are read (train/quantized_weights.hpp).
+void load_quantized(const TensorsByName& by_name, const std::string& file, const ModelSpec& spec, Executor& ex,
+                    const ParamEntry& param, TensorStaging& staging, std::set<std::string>& used) {
+  const QuantizedParam qp = quantized_param_of(ex.program(), param);
+  const std::vector<HfPiece> pieces = hf_pieces(spec, param.name, Shape{qp.rows, qp.cols});
+  MEMFIT_CHECK(pieces.size() == qp.segments.size(), "train", "parameter '{}' is quantised as {} pieces, not the {} HF "
+               "tensors it is made of", param.name, qp.segments.size(), pieces.size());
+  std::vector<const SafetensorsShards::Located*> sources;
+  for (size_t s = 0; s < pieces.size(); ++s) {
+    auto it = by_name.find(pieces[s].name);
+    MEMFIT_CHECK(it != by_name.end(), "safetensors", "{} has no tensor '{}'", file, pieces[s].name);
+    MEMFIT_CHECK(pieces[s].rows == qp.segments[s], "train", "parameter '{}': piece '{}' has {} rows, quantised as {}",
+                 param.name, pieces[s].name, pieces[s].rows, qp.segments[s]);
+    used.insert(pieces[s].name);
+    sources.push_back(it->second);
+  }
+  const bool transpose = spec.arch == Arch::gpt2 && is_conv1d_weight(param.name);
+  store_quantized_parameter(ex, param, [&](size_t s, int64_t first, std::span<float> out) {
+    const SafetensorsReader& reader = *sources[s]->shard;
+    const std::string& name = sources[s]->entry->name;
+    if (transpose) read_transposed_range(reader, name, Shape{qp.cols, qp.segments[s]}, first, out, staging.gather());
+    else reader.read_f32_range(name, Shape{qp.segments[s], qp.cols}, first, out);
+  }, staging);
+}
+
 }  // namespace
 
 void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, TensorStaging& staging) {
@@ -112,7 +158,7 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, 
   const Program& p = ex.program();
   const std::string_view prefix = spec.arch == Arch::gpt2 ? kGpt2Prefix : "model.";
 
-  std::map<std::string, const SafetensorsShards::Located*> by_name;
+  TensorsByName by_name;
   for (const SafetensorsShards::Located& e : shards.tensors()) {
     const std::string name = canonical_name(spec, e.entry->name);
     if (is_ignored_buffer(spec, name)) continue;
@@ -122,6 +168,10 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, 
   std::set<std::string> used;
   for (const ParamEntry& param : p.params()) {
     if (is_lora_adapter(param.name)) continue;  // not in a base checkpoint: initialised, or --load-adapter
+    if (is_quantized_param(param)) {
+      load_quantized(by_name, file, spec, ex, param, staging, used);
+      continue;
+    }
     require_float_values(param);
     const TensorDesc& t = p.tensor(param.value);
     const int64_t row_size = t.numel() / t.shape[0];
