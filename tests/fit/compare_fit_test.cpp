@@ -82,7 +82,10 @@ TEST(Fit, Llama2SeventyBillionOnEightH100) {
   ASSERT_FALSE(r.ranked.empty());
   const FitCandidate& win = r.ranked.front();
   EXPECT_TRUE(check_fit(win.estimate, c, c.hw.memory_bytes).fits());
-  for (const FitCandidate& f : r.ranked) EXPECT_LE(f.estimate.tokens_per_second, win.estimate.tokens_per_second);
+  // LoRA candidates (proposed when only offload fits) come last whatever their speed: they
+  // change what trains.
+  for (const FitCandidate& f : r.ranked)
+    if (!f.changes_training) EXPECT_LE(f.estimate.tokens_per_second, win.estimate.tokens_per_second);
   // The winner, estimated again from scratch, is what the search reported.
   const RankEstimate again = estimate_run(model_preset("llama-2-70b"), win.policy, c, {});
   EXPECT_EQ(again.device_bytes, win.estimate.device_bytes);
