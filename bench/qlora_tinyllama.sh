@@ -69,7 +69,7 @@ run=(--model "$dir/config.json" --precision bf16 --recompute full --attention fl
 "$memfit" plan "${run[@]}" "${lora[@]}" --hardware cpu --json > "$out/plan-qlora.json"
 for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds (load: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-  OMP_NUM_THREADS=$threads /usr/bin/time -v -o "$out/memfit-time-$r.txt" "$memfit" train "${run[@]}" "${lora[@]}" \
+  OMP_NUM_THREADS=$threads /usr/bin/time -v -o "$out/memfit-time-$r.txt" stdbuf -oL "$memfit" train "${run[@]}" "${lora[@]}" \
     --steps $((steps + 1)) --lr 3e-4 --data "$dir/tokens.bin" --val-fraction 0 --log-every 1 \
     --report-json "$out/memfit-$r.json" >&2
   OMP_NUM_THREADS=$threads "$python" tools/peft_qlora_bench.py --config "$dir/config.json" \
