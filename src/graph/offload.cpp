@@ -123,7 +123,8 @@ class OptimizerOffload {
       if (inside && (is_update(op) || (op.kind == OpKind::cast && narrow_to_.count(op.inputs[0])))) continue;
       for (const auto* list : {&op.inputs, &op.outputs, &op.workspace})
         for (TensorId id : *list)
-          MEMFIT_CHECK(!offloaded_.count(p_.root_of(id)), "policy",
+          // LoRA's frozen matmuls leave absent operands as kNoTensor.
+          MEMFIT_CHECK(id == kNoTensor || !offloaded_.count(p_.root_of(id)), "policy",
                        "op '{}' reads or writes '{}', which optimizer offload moves off the device; this combination "
                        "is not supported", op.name, p_.tensor(id).name);
     }

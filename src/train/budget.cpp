@@ -21,7 +21,42 @@ struct Technique {
   std::string flags;
   ChangeCost cost;
   std::function<void(RunConfig&)> apply;
+  std::string effect = {};  // empty: cost_words
 };
+
+// LoRA as QLoRA uses it: rank 8 on every linear layer (alpha 16, as is usual for r = 8), then
+// with the frozen base in NF4 and double quantisation. Runs that already freeze weights are
+// offered the quantised base alone, among the ordinary techniques.
+constexpr int64_t kLoraRank = 8;
+
+void apply_lora(RunConfig& c) {
+  c.policy.lora.rank = kLoraRank;
+  c.policy.lora.alpha = 2.0 * double(kLoraRank);
+  c.policy.lora.targets = {"all-linear"};
+  c.policy.lora.target_regex.clear();
+}
+
+void apply_nf4(RunConfig& c) {
+  c.policy.quantize_base.kind = BaseQuant::nf4;
+  c.policy.quantize_base.double_quant = true;
+}
+
+std::vector<Technique> adapter_techniques(const Policy& p) {
+  const std::string lora = fmt::format("--lora-rank {} --lora-alpha {} --lora-targets all-linear", kLoraRank,
+                                       2 * kLoraRank);
+  const std::string nf4 = "--quantize-base nf4 --double-quant";
+  const std::string trains = fmt::format("trains rank-{} adapters only, every base weight frozen", kLoraRank);
+  std::vector<Technique> out;
+  if (p.lora.enabled() || !p.freeze.empty() || p.quantize_base.enabled()) return out;
+  out.push_back({lora, ChangeCost::changes_what_trains, apply_lora, trains});
+  out.push_back({lora + " " + nf4, ChangeCost::changes_what_trains,
+                 [](RunConfig& c) {
+                   apply_lora(c);
+                   apply_nf4(c);
+                 },
+                 trains + " and stored in NF4 (QLoRA)"});
+  return out;
+}
 
 std::vector<Technique> techniques(const Policy& p) {
   std::vector<Technique> out;
@@ -46,6 +81,9 @@ std::vector<Technique> techniques(const Policy& p) {
   if (p.optimizer != OptimizerKind::adamw8bit)
     out.push_back({"--optimizer adamw8bit", ChangeCost::lower_precision,
                    [](RunConfig& c) { c.policy.optimizer = OptimizerKind::adamw8bit; }});
+  if ((p.lora.enabled() || !p.freeze.empty()) && !p.quantize_base.enabled())
+    out.push_back({"--quantize-base nf4 --double-quant", ChangeCost::lower_precision, apply_nf4,
+                   "frozen base weights stored in NF4 (QLoRA)"});
   // Host offload saves nothing here (the host tier is the same memory); disk offload does.
   if (p.offload_optimizer != Tier::disk && !p.update_in_backward)
     out.push_back({"--offload-optimizer disk --offload-dir DIR", ChangeCost::more_io,
@@ -60,6 +98,7 @@ std::string cost_words(const FitSuggestion& s) {
     case ChangeCost::lower_precision: return "lower precision";
     case ChangeCost::different_run: return "a different run";
     case ChangeCost::more_io: return "optimizer state and masters read and written on disk every step";
+    case ChangeCost::changes_what_trains: return "changes which weights train";
   }
   return "?";
 }
@@ -85,21 +124,7 @@ class Diagnoser {
               fmt::format("same global batch ({} sequences per optimizer step)", global), true))
         break;
     }
-    for (const Technique& t : techniques(p)) {
-      RunConfig c = c_;
-      t.apply(c);
-      const CandidatePlan cand = plan_candidate(c, backend_);
-      if (!cand.built) {
-        if (cand.unsupported) unavailable.push_back(t.flags);
-        continue;
-      }
-      if (add(out, c, t.flags, t.cost, "", false, &cand)) continue;
-      if (cand.peak >= memory_peak(run_.compiled.plan) || p.batch <= 1) continue;
-      const int64_t b = largest_fitting_batch(c, backend_, budget_, p.batch - 1);
-      if (b >= 1)
-        add(out, with_batch(c, b), fmt::format("{} --batch {}", t.flags, b), ChangeCost::different_run,
-            fmt::format("global batch {} instead of {} sequences", b * p.grad_accum, global), true);
-    }
+    for (const Technique& t : techniques(p)) try_technique(out, unavailable, t, ChangeCost::different_run);
     // A smaller global batch; with batch 1 not fitting either, shorter sequences.
     const int64_t b = p.batch > 1 ? largest_fitting_batch(c_, backend_, budget_, p.batch - 1) : 0;
     if (b >= 1) {
@@ -118,6 +143,10 @@ class Diagnoser {
         add(out, c, fmt::format("--batch 1 --seq {}", t), ChangeCost::different_run,
             fmt::format("sequences of {} tokens instead of {}", t, p.seq), true);
     }
+    // Training fewer weights is a different model, not the same one trained another way: it
+    // is offered only when nothing that trains every weight fits.
+    if (std::none_of(out.begin(), out.end(), [](const FitSuggestion& s) { return s.fits; }))
+      for (const Technique& t : adapter_techniques(p)) try_technique(out, unavailable, t, t.cost);
     std::stable_sort(out.begin(), out.end(), [](const FitSuggestion& a, const FitSuggestion& b) {
       if (a.fits != b.fits) return a.fits;
       if (a.cost != b.cost) return a.cost < b.cost;
@@ -127,6 +156,28 @@ class Diagnoser {
   }
 
  private:
+  // The technique alone; when it helps without fitting, with the largest batch that then fits
+  // (as `smaller_batch_cost`, the change a smaller global batch makes).
+  void try_technique(std::vector<FitSuggestion>& out, std::vector<std::string>& unavailable, const Technique& t,
+                     ChangeCost smaller_batch_cost) {
+    const Policy& p = run_.policy;
+    RunConfig c = c_;
+    t.apply(c);
+    const CandidatePlan cand = plan_candidate(c, backend_);
+    if (!cand.built) {
+      if (cand.unsupported) unavailable.push_back(t.flags);
+      return;
+    }
+    if (add(out, c, t.flags, t.cost, t.effect, false, &cand)) return;
+    if (cand.peak >= memory_peak(run_.compiled.plan) || p.batch <= 1) return;
+    const int64_t b = largest_fitting_batch(c, backend_, budget_, p.batch - 1);
+    const std::string effect = fmt::format("global batch {} instead of {} sequences", b * p.grad_accum,
+                                           p.batch * p.grad_accum);
+    if (b >= 1)
+      add(out, with_batch(c, b), fmt::format("{} --batch {}", t.flags, b), smaller_batch_cost,
+          t.effect.empty() ? effect : t.effect + "; " + effect, true);
+  }
+
   // Smaller logits chunks: the largest multiple of 16 rows that fits.
   void classifier_chunks(std::vector<FitSuggestion>& out) {
     const int64_t rows = classifier_chunk_rows(run_.spec, run_.policy);
@@ -210,11 +261,13 @@ BudgetDiagnosis diagnose_budget(const RunConfig& c, const PreparedRun& run, uint
   // Suggestions are sorted with the fitting ones first.
   const size_t fitting = size_t(
       std::count_if(d.suggestions.begin(), d.suggestions.end(), [](const FitSuggestion& s) { return s.fits; }));
+  size_t width = 34;
+  for (const FitSuggestion& s : d.suggestions) width = std::max(width, s.flags.size());
   for (size_t i = 0; i < d.suggestions.size(); ++i) {
     if (i == 0 && fitting > 0) r += "  changes that make it fit (each built and planned; cheapest first):\n";
     if (i == fitting) r += "  changes that help but are not enough alone:\n";
     const FitSuggestion& s = d.suggestions[i];
-    r += fmt::format("    {:<34} peak {:>11}, saves {:>11}   {}\n", s.flags, format_bytes(s.peak),
+    r += fmt::format("    {:<{}} peak {:>11}, saves {:>11}   {}\n", s.flags, width, format_bytes(s.peak),
                      format_bytes(d.peak - std::min(d.peak, s.peak)), s.effect.empty() ? cost_words(s) : s.effect);
   }
   if (fitting == 0) {

@@ -7,7 +7,9 @@
 //   same math (smaller classifier chunks; a smaller micro-batch with gradient accumulation
 //   keeping the global batch) < more compute (recomputation, flash attention; by the extra
 //   FLOPs per token of the changed program) < lower precision (bf16, 8-bit optimizer state)
-//   < a different training run (a smaller global batch, shorter sequences).
+//   < a different training run (a smaller global batch, shorter sequences) < a change of
+//   what trains (LoRA adapters on a frozen base, then also stored in NF4), tried only when
+//   nothing that trains every weight fits.
 // Techniques this build refuses ("not supported") are listed as unavailable and skipped.
 #pragma once
 
@@ -23,7 +25,8 @@
 namespace memfit {
 
 // Cheapest first. more_io: the same math, with bytes streamed to and from disk every step.
-enum class ChangeCost : uint8_t { same_math, more_compute, more_io, lower_precision, different_run };
+// changes_what_trains: only adapters train (LoRA); the result is another model.
+enum class ChangeCost : uint8_t { same_math, more_compute, more_io, lower_precision, different_run, changes_what_trains };
 
 struct FitSuggestion {
   std::string flags;     // e.g. "--batch 2 --grad-accum 2"

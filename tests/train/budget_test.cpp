@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "support/run_cli.hpp"
 #include "train/budget.hpp"
+#include "train/candidates.hpp"
 
 namespace memfit {
 namespace {
@@ -123,6 +124,96 @@ TEST(Budget, NothingFitsBelowThePersistentState) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("no single change fits"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("the persistent tensors alone"), std::string::npos) << r.out;
+}
+
+
+// gpt2-tiny, batch 1 x 64: its persistent state (weights, gradients, AdamW state) alone
+// exceeds 8 MiB, and no change that still trains every weight (8-bit state, disk offload, ...)
+// brings it under; LoRA does, and with an NF4 base so does 6 MiB. The peaks are checked
+// against `memfit plan` of the changed run, and the cheapest proposal is followed.
+const std::string kSmallRun = "--model gpt2-tiny --batch 1 --seq 64";
+const std::string kLora = "--lora-rank 8 --lora-alpha 16 --lora-targets all-linear";
+const std::string kNf4 = "--quantize-base nf4 --double-quant";
+
+uint64_t planned_memory(const std::string& flags) {
+  const auto p = run_memfit("plan --json " + flags);
+  EXPECT_EQ(p.status, 0) << flags << p.err;
+  const auto planned = nlohmann::json::parse(p.out)["memory"]["planned_peak_bytes"];
+  return planned["device"].get<uint64_t>() + planned["host"].get<uint64_t>();
+}
+
+BudgetDiagnosis diagnose(const std::string& flags, uint64_t budget) {
+  auto backend = make_cpu_backend();
+  RunConfig c;
+  c.policy.batch = 1;
+  c.policy.seq = 64;
+  if (flags.find("--lora-rank") != std::string::npos) {
+    c.policy.lora.rank = 8;
+    c.policy.lora.alpha = 16;
+    c.policy.lora.targets = {"all-linear"};
+  }
+  const PreparedRun run = prepare_run(c, *backend);
+  EXPECT_GT(memory_peak(run.compiled.plan), budget);
+  return diagnose_budget(c, run, budget, *backend);
+}
+
+TEST(Budget, LoraIsProposedLastWhenNothingThatTrainsEveryWeightFits) {
+  const uint64_t lora = planned_memory(kSmallRun + " " + kLora);
+  const uint64_t qlora = planned_memory(kSmallRun + " " + kLora + " " + kNf4);
+  ASSERT_LT(qlora, 6 * MiB);
+  ASSERT_LT(6 * MiB, lora);
+  ASSERT_LT(lora, 8 * MiB);
+
+  const BudgetDiagnosis d8 = diagnose(kSmallRun, 8 * MiB);
+  ASSERT_GE(d8.suggestions.size(), 2u);
+  EXPECT_EQ(d8.suggestions[0].flags, kLora);
+  EXPECT_EQ(d8.suggestions[0].peak, lora);
+  EXPECT_EQ(d8.suggestions[1].flags, kLora + " " + kNf4);
+  EXPECT_EQ(d8.suggestions[1].peak, qlora);
+  for (const FitSuggestion& s : d8.suggestions) {
+    EXPECT_EQ(s.fits, s.cost == ChangeCost::changes_what_trains) << s.flags;
+    EXPECT_EQ(s.fits, s.peak <= 8 * MiB) << s.flags;
+  }
+  const BudgetDiagnosis d6 = diagnose(kSmallRun, 6 * MiB);
+  ASSERT_FALSE(d6.suggestions.empty());
+  EXPECT_EQ(d6.suggestions[0].flags, kLora + " " + kNf4);
+  EXPECT_TRUE(d6.suggestions[0].fits);
+  EXPECT_EQ(std::count_if(d6.suggestions.begin(), d6.suggestions.end(), [](const FitSuggestion& s) { return s.fits; }),
+            1);
+  EXPECT_NE(d6.report.find(kLora + " "), std::string::npos) << "LoRA alone helps: " << d6.report;
+
+  // Where 8-bit AdamW alone fits, nothing that changes what trains is offered.
+  const BudgetDiagnosis d10 = diagnose(kSmallRun, 10 * MiB);
+  ASSERT_TRUE(d10.suggestions.at(0).fits);
+  for (const FitSuggestion& s : d10.suggestions) EXPECT_NE(s.cost, ChangeCost::changes_what_trains) << s.flags;
+
+  // A LoRA run is offered the quantised base as lower precision, tried with the others.
+  const BudgetDiagnosis dl = diagnose(kSmallRun + " " + kLora, 5 * MiB);
+  const auto nf4 = std::find_if(dl.suggestions.begin(), dl.suggestions.end(),
+                                [](const FitSuggestion& s) { return s.flags == kNf4; });
+  ASSERT_NE(nf4, dl.suggestions.end()) << dl.report;
+  EXPECT_TRUE(nf4->fits);
+  EXPECT_EQ(nf4->cost, ChangeCost::lower_precision);
+  EXPECT_EQ(nf4->peak, qlora);
+  for (const FitSuggestion& s : dl.suggestions) EXPECT_NE(s.cost, ChangeCost::changes_what_trains) << s.flags;
+  std::printf("%s", d6.report.c_str());
+}
+
+TEST(Budget, FollowingTheLoraProposalTrainsWithinTheBudget) {
+  const std::string report = test::temp_dir() + "/budget_lora.json";
+  const auto r = run_memfit("train --steps 2 " + kSmallRun + " --memory-budget 6MiB");
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("cheapest change that fits: (.*) \\(peak"))) << r.err;
+  EXPECT_EQ(m[1], kLora + " " + kNf4);
+  const auto fixed = run_memfit("train --threads 1 --steps 3 " + kSmallRun + " --memory-budget 6MiB " +
+                                std::string(m[1]) + " --report-json " + report);
+  ASSERT_EQ(fixed.status, 0) << fixed.out << fixed.err;
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  const uint64_t planned = j["memory"]["planned_peak_bytes"]["device"];
+  EXPECT_LE(planned, 6 * MiB);
+  EXPECT_EQ(j["memory"]["measured_peak_bytes"]["device"], planned);
 }
 
 }  // namespace
