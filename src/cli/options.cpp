@@ -120,8 +120,11 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
   add_fine_tuning_options(app);
   add<std::string>(app, "--recompute", "none | full | every:K | selective[:ops] | auto",
                    [](RunConfig& c, std::string v) { c.policy.recompute = parse_recompute(v); });
-  add<std::string>(app, "--attention", "plain | flash",
-                   [](RunConfig& c, std::string v) { c.policy.attention = parse_attention(v); });
+  add<std::string>(app, "--attention", "plain | flash (default plain; flash with --quantize-base)",
+                   [](RunConfig& c, std::string v) {
+                     c.policy.attention = parse_attention(v);
+                     c.attention_given = true;
+                   });
   add<std::string>(app, "--optimizer", "adamw | adamw8bit",
                    [](RunConfig& c, std::string v) { c.policy.optimizer = parse_optimizer(v); });
   add<int64_t>(app, "--zero", "ZeRO stage 0..3 (data parallelism over the ranks of mpirun)",
@@ -293,9 +296,7 @@ RunConfig RunOptions::resolve() const {
   if (!config_file_.empty()) apply_config_file(config_file_, c);
   for (const auto& apply : given_) apply(c);
   resolve_batch_keys(c, c.topology.data, c.config_note);
-  // QLoRA computes in bf16 (bitsandbytes' bnb_4bit_compute_dtype): a quantised base makes it
-  // the default; --precision fp32 keeps fp32 products over the dequantised tiles.
-  if (c.policy.quantize_base.enabled() && !c.precision_given) c.policy.precision = Precision::bf16;
+  apply_quantised_base_defaults(c);
   return c;
 }
 

@@ -142,10 +142,12 @@ QuantizedParam quantized_param_of(const Program& p, const ParamEntry& e) {
 QuantSpec quant_spec_of(const QuantizedParam& qp) { return spec_of(qp.format, qp.block, qp.double_quant); }
 
 int64_t quant_tile_rows(int64_t rows, int64_t cols) {
-  // About 1 Mi elements (2 MiB in bf16): a tile of a few dozen rows made each product a thin
+  // About 4 Mi elements (8 MiB in bf16): a tile of a few dozen rows made each product a thin
   // GEMM and cost two parallel regions per few dozen rows (TinyLlama's QLoRA step spent most
-  // of its time at OpenMP barriers). Rows in multiples of 16 keep the GEMM's blocking whole.
-  constexpr int64_t kTileElements = int64_t(1) << 20;
+  // of its time at OpenMP barriers), and the input gradient, which accumulates over tiles,
+  // needs ~1000-row tiles to come within 10% of one plain product (bench/quant_bench).
+  // Rows in multiples of 16 keep the GEMM's blocking whole.
+  constexpr int64_t kTileElements = int64_t(4) << 20;
   const int64_t want = std::max<int64_t>(16, kTileElements / std::max<int64_t>(cols, 1) / 16 * 16);
   return std::clamp<int64_t>(want, 1, std::max<int64_t>(rows, 1));
 }

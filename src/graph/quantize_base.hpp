@@ -44,7 +44,7 @@ QuantizedParam quantized_param_of(const Program& p, const ParamEntry& e);
 struct QuantSpec;
 QuantSpec quant_spec_of(const QuantizedParam& qp);
 
-// Rows of W a quant_linear dequantises at once: about 1 Mi elements of the tile, in rows of 16.
+// Rows of W a quant_linear dequantises at once: about 4 Mi elements of the tile, in rows of 16.
 int64_t quant_tile_rows(int64_t rows, int64_t cols);
 
 std::shared_ptr<ForwardRewrite> make_quantize_base_pass(const BaseQuantPolicy& q, DType compute);

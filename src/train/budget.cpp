@@ -36,9 +36,11 @@ void apply_lora(RunConfig& c) {
   c.policy.lora.target_regex.clear();
 }
 
+// As the flags appended to the command do: bf16 and flash attention unless the run chose.
 void apply_nf4(RunConfig& c) {
   c.policy.quantize_base.kind = BaseQuant::nf4;
   c.policy.quantize_base.double_quant = true;
+  apply_quantised_base_defaults(c);
 }
 
 std::vector<Technique> adapter_techniques(const Policy& p) {

@@ -39,6 +39,12 @@ std::vector<std::string> split_freeze_patterns(const std::string& text) {
 
 
 
+void apply_quantised_base_defaults(RunConfig& c) {
+  if (!c.policy.quantize_base.enabled()) return;
+  if (!c.precision_given) c.policy.precision = Precision::bf16;
+  if (!c.attention_given) c.policy.attention = AttentionKind::flash;
+}
+
 LrSchedule lr_schedule_of(const RunConfig& c) {
   LrSchedule s;
   s.kind = c.lr_schedule;
@@ -254,6 +260,7 @@ bool apply_memfit_key(const std::string& key, const json& v, RunConfig& c) {
     p.recompute = parse_recompute(get_as<std::string>(v, key));
   } else if (key == "attention") {
     p.attention = parse_attention(get_as<std::string>(v, key));
+    c.attention_given = true;
   } else if (key == "classifier_chunk_rows") {
     p.classifier_chunk_rows = get_integer(v, key, range::chunk_rows);
   } else if (key == "offload_optimizer") {

@@ -45,7 +45,9 @@ struct RunConfig {
     std::optional<int64_t> global, micro, accum;
   } file_batch;
   bool batch_flag = false, grad_accum_flag = false;  // --batch / --grad-accum given
-  bool precision_given = false;  // --precision or the config's precision key: a quantised base then keeps it
+  // --precision / --attention or their config keys were given: a quantised base keeps them
+  // (apply_quantised_base_defaults).
+  bool precision_given = false, attention_given = false;
   std::string config_note;  // what the flags replaced in the config file (the run log prints it)
   // zero_optimization's bounds in elements (0: not given), checked against the program's buckets.
   struct ZeroBounds {
@@ -140,6 +142,10 @@ LrSchedule lr_schedule_of(const RunConfig& config);
 
 // Freeze patterns from "h.*.attn.*,wte.weight" (--freeze, or the config key as one string).
 std::vector<std::string> split_freeze_patterns(const std::string& text);
+// QLoRA's defaults where the run did not choose: a quantised base computes in bf16
+// (bitsandbytes' compute dtype) with flash attention (the CPU has no bf16 plain attention for
+// grouped-query heads, and flash keeps no T x T tensor).
+void apply_quantised_base_defaults(RunConfig& c);
 // A quantisation block size, range-checked and a power of two; throws [cli]/[config] naming `field`.
 int64_t require_quant_block(std::string_view field, int64_t block);
 

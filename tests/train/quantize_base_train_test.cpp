@@ -196,8 +196,8 @@ TEST(QuantizeBaseTrain, CheckpointResumeAndBothBackendsAndPlanEqualsMeasurement)
   EXPECT_FALSE(last_step_line(full.out).empty());
   fs::remove_all(dir);
   // fp32 on both backends: the same codes (quantised at init), the same dequantised tiles.
-  const test::CliResult cpu = test::run_memfit(run + " --steps 2 --backend cpu");
-  const test::CliResult refb = test::run_memfit(run + " --steps 2 --backend reference");
+  const test::CliResult cpu = test::run_memfit(run + " --steps 2 --precision fp32 --backend cpu");
+  const test::CliResult refb = test::run_memfit(run + " --steps 2 --precision fp32 --backend reference");
   ASSERT_EQ(cpu.status, 0) << cpu.err;
   ASSERT_EQ(refb.status, 0) << refb.err;
   EXPECT_EQ(last_step_line(cpu.out), last_step_line(refb.out));
