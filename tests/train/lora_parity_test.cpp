@@ -26,6 +26,7 @@
 #include "io/hf_config.hpp"
 #include "io/safetensors.hpp"
 #include "kernels/backend.hpp"
+#include "support/adapter_run.hpp"
 #include "support/paths.hpp"
 #include "support/run_cli.hpp"
 #include "support/tensor_values.hpp"
@@ -38,50 +39,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A LoRA run of a fixture's base with the adapter in `adapter_dir`, fed the fixture's batch.
-struct LoraRun {
+// A LoRA run of a fixture's base with the adapter in `adapter_dir` (AdamW as the fixtures').
+struct LoraRun : test::AdapterRun {
   LoraRun(const std::string& base, const std::string& adapter_dir)
-      : dir(test::fixture_path(base)), spec(read_hf_config(dir + "/config.json")), backend(make_cpu_backend()),
-        batch(dir + "/batch.safetensors") {
-    const Shape bt = batch.find("tokens")->shape;
-    rows = bt.numel();
+      : AdapterRun(test::fixture_path(base), adapter_dir, fixture_policy()) {}
+  static Policy fixture_policy() {
     Policy pol;
-    pol.batch = bt[0];
-    pol.seq = bt[1];
-    pol.with_eval = false;
     pol.adamw = AdamWConfig{0.9f, 0.999f, 1e-8f, 0.1f};
-    apply_adapter_config(adapter_dir, pol.lora);
-    lora = pol.lora;
-    compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
-    ex = std::make_unique<Executor>(compiled, *backend);
-    load_weights(dir + "/model.safetensors", *ex, spec, staging);
-    load_adapter(adapter_dir, *ex, spec, staging);
-    zero_persistent_state(*ex, staging);
-    const TensorId tokens = compiled.program.find_tensor(kTokens), targets = compiled.program.find_tensor(kTargets);
-    ex->set_input_handler([this, tokens, targets](const Op&, const StepContext&) {
-      for (const auto& [name, id] : {std::pair{"tokens", tokens}, std::pair{"targets", targets}}) {
-        const SafetensorsEntry* e = batch.find(name);
-        ex->write(id, std::span<const std::byte>(batch.data(*e), size_t(rows) * sizeof(int32_t)));
-      }
-    });
+    return pol;
   }
-  float micro_step() {  // forward and backward of the batch: the loss, the gradients
-    run_section_micro();
-    return ex->read_scalar<float>(compiled.program.find_tensor(kLoss));
-  }
-  void run_section_micro() {
-    StepContext ctx;
-    ex->run_section(SectionKind::micro, ctx);
-  }
-  std::string dir;
-  ModelSpec spec;
-  std::unique_ptr<Backend> backend;
-  SafetensorsReader batch;
-  LoraPolicy lora;
-  CompiledProgram compiled;
-  std::unique_ptr<Executor> ex;
-  TensorStaging staging;
-  int64_t rows = 0;
 };
 
 // Largest |a - b| over the largest |b|.

@@ -32,6 +32,7 @@
 #include "kernels/quant/blockwise.hpp"
 #include "kernels/quant/quant_segments.hpp"
 #include "support/alloc_counter.hpp"
+#include "support/adapter_run.hpp"
 #include "support/paths.hpp"
 #include "support/run_cli.hpp"
 #include "support/tensor_values.hpp"
@@ -50,45 +51,16 @@ const std::string kBase = test::fixture_path("llama_tiny_torch");
 const std::string kAdapter = test::fixture_path("lora_llama_tiny_torch");
 const std::string kExpected = test::fixture_path("qlora_llama_tiny_torch") + "/expected.safetensors";
 
-// A QLoRA run of the fixture's base and adapter, fed the fixture's batch.
-struct QloraRun {
-  explicit QloraRun(Precision precision)
-      : spec(read_hf_config(kBase + "/config.json")), backend(make_cpu_backend()), batch(kBase + "/batch.safetensors") {
-    const Shape bt = batch.find("tokens")->shape;
-    rows = bt.numel();
+// A QLoRA run of the fixture's base and adapter.
+struct QloraRun : test::AdapterRun {
+  explicit QloraRun(Precision precision) : AdapterRun(kBase, kAdapter, policy(precision)) {}
+  static Policy policy(Precision precision) {
     Policy pol;
-    pol.batch = bt[0];
-    pol.seq = bt[1];
-    pol.with_eval = false;
     pol.precision = precision;
     pol.attention = AttentionKind::flash;  // bf16 GQA has no plain-attention kernel
     pol.quantize_base = BaseQuantPolicy{BaseQuant::nf4, 64, true};
-    apply_adapter_config(kAdapter, pol.lora);
-    compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
-    ex = std::make_unique<Executor>(compiled, *backend);
-    load_weights(kBase + "/model.safetensors", *ex, spec, staging);
-    load_adapter(kAdapter, *ex, spec, staging);
-    zero_persistent_state(*ex, staging);
-    const TensorId tokens = compiled.program.find_tensor(kTokens), targets = compiled.program.find_tensor(kTargets);
-    ex->set_input_handler([this, tokens, targets](const Op&, const StepContext&) {
-      for (const auto& [name, id] : {std::pair{"tokens", tokens}, std::pair{"targets", targets}}) {
-        const SafetensorsEntry* e = batch.find(name);
-        ex->write(id, std::span<const std::byte>(batch.data(*e), size_t(rows) * sizeof(int32_t)));
-      }
-    });
+    return pol;
   }
-  float micro_step() {
-    StepContext ctx;
-    ex->run_section(SectionKind::micro, ctx);
-    return ex->read_scalar<float>(compiled.program.find_tensor(kLoss));
-  }
-  ModelSpec spec;
-  std::unique_ptr<Backend> backend;
-  SafetensorsReader batch;
-  CompiledProgram compiled;
-  std::unique_ptr<Executor> ex;
-  TensorStaging staging;
-  int64_t rows = 0;
 };
 
 // Bytes of fixture tensor `name` (any dtype).
