@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/dropout_mask.hpp"
+#include "graph/quantize_base.hpp"
 
 namespace memfit {
 
@@ -145,21 +146,16 @@ std::vector<LinearModule> linear_modules(const Program& p) {
     if (s.rank() != 2 || is_embedding_or_head(module)) continue;
     LinearModule m{module, e.name, "", 0, s[0], s[1], s[0]};
     if (find_param(p, module + ".bias")) m.bias = module + ".bias";
-    if (!module.ends_with(".qkv_proj")) {
+    // Fused q, k, v rows (graph/quantize_base.hpp's hf_segments_of knows the layout).
+    const std::vector<int64_t> rows = hf_segments_of(p, e);
+    if (rows.size() == 1) {
       out.push_back(m);
       continue;
     }
-    // Fused q, k, v rows: q has as many rows as o_proj has columns (heads x head size), and
-    // k and v share the rest.
     const std::string prefix = module.substr(0, module.size() - 8);
-    const ParamEntry* o = find_param(p, prefix + "o_proj.weight");
-    MEMFIT_ASSERT(o != nullptr, "fused {} without an o_proj", module);
-    const int64_t q = p.tensor(o->value != kNoTensor ? o->value : o->storage.front().id).shape[1];
-    const int64_t kv = (s[0] - q) / 2;
-    MEMFIT_ASSERT(q > 0 && kv > 0 && q + 2 * kv == s[0], "fused {}: {} rows do not split as q + 2 kv", module, s[0]);
-    const int64_t begins[3] = {0, q, q + kv}, rows[3] = {q, kv, kv};
     const char* names[3] = {"q_proj", "k_proj", "v_proj"};
-    for (int i = 0; i < 3; ++i) out.push_back({prefix + names[i], e.name, m.bias, begins[i], rows[i], s[1], s[0]});
+    for (int64_t i = 0, begin = 0; i < 3; begin += rows[size_t(i)], ++i)
+      out.push_back({prefix + names[i], e.name, m.bias, begin, rows[size_t(i)], s[1], s[0]});
   }
   return out;
 }
