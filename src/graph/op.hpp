@@ -23,6 +23,7 @@
 #include <variant>
 #include <vector>
 
+#include "graph/quant_layout.hpp"
 #include "graph/tensor.hpp"
 
 namespace memfit {
@@ -166,12 +167,9 @@ struct MatmulAttrs {
 // `segments` pieces of rows, each quantised on its own (a fused weight keeps the HF tensors it
 // was made of): codes, block scales, second-level scales and offsets of the pieces are
 // concatenated in their storage tensors (kernels/quant/quant_segments.hpp has the layout).
-enum class WeightQuant : uint8_t { nf4, fp4, int8 };
 struct QuantLinearAttrs {
   int64_t m = 0, n = 0, k = 0;
-  WeightQuant format = WeightQuant::nf4;
-  int64_t block = 64;
-  bool double_quant = false;
+  QuantSpec spec;  // format, block, double quantisation (graph/quant_layout.hpp)
   bool has_bias = false;
   int64_t tile_rows = 1;          // rows of W dequantised at once (the tile is tile_rows x K)
   DType compute = DType::f32;     // the policy's compute dtype: x, y, dy, dx and the tile

@@ -27,7 +27,7 @@ void mark_fp32_slots(const Op& op, std::vector<char>& fp32) {
     case OpKind::quant_linear_backward: {
       // The block scales, second-level scales and offsets (fp32 when they are floats).
       const auto& a = std::get<QuantLinearAttrs>(op.attrs);
-      for (size_t j = 2; j < (a.double_quant ? 5u : 3u); ++j) mark(op.inputs[j]);
+      for (size_t j = 2; j < (a.spec.double_quant ? 5u : 3u); ++j) mark(op.inputs[j]);
       break;
     }
     case OpKind::layernorm_forward:

@@ -9,17 +9,9 @@ namespace memfit {
 
 namespace {
 
-QuantSpec spec_of(WeightQuant f, int64_t block, bool double_quant) {
-  const QuantKind kind = f == WeightQuant::nf4 ? QuantKind::nf4 : f == WeightQuant::fp4 ? QuantKind::fp4 : QuantKind::int8;
-  return QuantSpec{kind, block, double_quant};
-}
-
-WeightQuant format_of(BaseQuant q) {
-  switch (q) {
-    case BaseQuant::fp4: return WeightQuant::fp4;
-    case BaseQuant::int8: return WeightQuant::int8;
-    default: return WeightQuant::nf4;
-  }
+QuantSpec spec_of(const BaseQuantPolicy& q) {
+  const QuantKind kind = q.kind == BaseQuant::fp4 ? QuantKind::fp4 : q.kind == BaseQuant::int8 ? QuantKind::int8 : QuantKind::nf4;
+  return QuantSpec{kind, q.block, q.double_quant};
 }
 
 // Embeddings and the output head are read by the embedding and classifier ops, never as the
@@ -34,7 +26,7 @@ bool is_linear_weight(const Program& p, const ParamEntry& e) {
 class QuantizeBase final : public ForwardRewrite {
  public:
   QuantizeBase(const BaseQuantPolicy& q, DType compute) : q_(q), compute_(compute) {
-    check_quant_spec(spec_of(format_of(q.kind), q.block, q.double_quant));
+    check_quant_spec(spec_of(q));
   }
   std::string name() const override { return "quantize-base"; }
 
@@ -47,13 +39,12 @@ class QuantizeBase final : public ForwardRewrite {
       const TensorId w = p.params()[i].value;
       const Shape ws = p.tensor(w).shape;
       const std::string name = p.params()[i].name;
-      QuantizedParam qp{format_of(q_.kind), q_.block, q_.double_quant, compute_, ws[0], ws[1], segments, w};
-      const QuantSpec spec = spec_of(qp.format, qp.block, qp.double_quant);
-      const QuantStorage s = segmented_quant_storage(spec, ws[1], segments);
+      QuantizedParam qp{spec_of(q_), compute_, ws[0], ws[1], segments, w};
+      const QuantStorage s = segmented_quant_storage(qp.spec, ws[1], segments);
       b.set_layer(p.tensor(w).layer);
       TensorDesc& codes = p.tensor(w);
       codes.name = name + ".codes";
-      codes.dtype = qp.format == WeightQuant::int8 ? DType::i8 : DType::nf4;  // keeps the logical shape
+      codes.dtype = qp.spec.kind == QuantKind::int8 ? DType::i8 : DType::nf4;  // keeps the logical shape
       codes.requires_grad = false;
       qp.scales = b.persistent(name + ".scales", Shape{int64_t(q_.double_quant ? s.absmax : s.absmax / 4)},
                                Category::parameters, q_.double_quant ? DType::u8 : DType::f32);
@@ -81,13 +72,13 @@ class QuantizeBase final : public ForwardRewrite {
                  "op '{}' reads quantised weight {} other than as x W^T", op.name, b.program().tensor(qp.codes).name);
     QuantLinearAttrs a;
     a.m = m.m, a.n = m.n, a.k = m.k;
-    a.format = qp.format, a.block = qp.block, a.double_quant = qp.double_quant;
+    a.spec = qp.spec;
     a.has_bias = op.inputs.size() > 2;
     a.tile_rows = quant_tile_rows(*std::max_element(qp.segments.begin(), qp.segments.end()), qp.cols);
     a.compute = compute_;
     a.segments = qp.segments;
     std::vector<TensorId> inputs{op.inputs[0], qp.codes, qp.scales};
-    if (qp.double_quant) inputs.insert(inputs.end(), {qp.scales2, qp.offset});
+    if (qp.spec.double_quant) inputs.insert(inputs.end(), {qp.scales2, qp.offset});
     if (a.has_bias) inputs.push_back(op.inputs[2]);
     const TensorId tile = b.transient(op.name + ".tile", Shape{a.tile_rows, a.k}, Category::temporaries);
     // Dequantising costs a few operations per element of W, next to 2 m per element of the product.
@@ -127,7 +118,7 @@ QuantizedParam quantized_param_of(const Program& p, const ParamEntry& e) {
   for (const Op& op : p.ops()) {
     if (op.kind != OpKind::quant_linear || op.inputs[1] != codes) continue;
     const auto& a = std::get<QuantLinearAttrs>(op.attrs);
-    qp.format = a.format, qp.block = a.block, qp.double_quant = a.double_quant, qp.compute = a.compute;
+    qp.spec = a.spec, qp.compute = a.compute;
     qp.rows = a.n, qp.cols = a.k, qp.segments = a.segments;
     qp.codes = codes;
     qp.scales = e.stored(ParamRole::scales);
@@ -138,8 +129,6 @@ QuantizedParam quantized_param_of(const Program& p, const ParamEntry& e) {
   MEMFIT_ASSERT(false, "quantised parameter {} is read by no quant_linear op", e.name);
   return qp;
 }
-
-QuantSpec quant_spec_of(const QuantizedParam& qp) { return spec_of(qp.format, qp.block, qp.double_quant); }
 
 int64_t quant_tile_rows(int64_t rows, int64_t cols) {
   // About 4 Mi elements (8 MiB in bf16): a tile of a few dozen rows made each product a thin

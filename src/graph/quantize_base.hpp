@@ -24,9 +24,7 @@ namespace memfit {
 // How one quantised weight is stored (kept by the pass for its rewrites; also what the
 // initialisation, --load and tests need to fill or read the storage).
 struct QuantizedParam {
-  WeightQuant format = WeightQuant::nf4;
-  int64_t block = 64;
-  bool double_quant = false;
+  QuantSpec spec;
   DType compute = DType::f32;  // the values are rounded to it before quantising
   int64_t rows = 0, cols = 0;
   std::vector<int64_t> segments;  // rows of each separately quantised piece
@@ -41,8 +39,6 @@ std::vector<int64_t> hf_segments_of(const Program& p, const ParamEntry& e);
 // and the attributes of the quant_linear ops that read it; codes == kNoTensor for any other.
 QuantizedParam quantized_param_of(const Program& p, const ParamEntry& e);
 
-struct QuantSpec;
-QuantSpec quant_spec_of(const QuantizedParam& qp);
 
 // Rows of W a quant_linear dequantises at once: about 4 Mi elements of the tile, in rows of 16.
 int64_t quant_tile_rows(int64_t rows, int64_t cols);

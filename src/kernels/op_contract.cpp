@@ -179,7 +179,7 @@ void check_matmul(const Program& p, const Op& op) {
 void check_quant_linear(const Program& p, const Op& op) {
   const QuantLinearAttrs& a = attrs_of<QuantLinearAttrs>(op);
   const bool fwd = op.kind == OpKind::quant_linear;
-  const size_t storage = a.double_quant ? 4 : 2;
+  const size_t storage = a.spec.double_quant ? 4 : 2;
   const bool wide = !fwd && a.compute != DType::f32;
   const bool scratch = !op.workspace.empty() && p.tensor(op.workspace.back()).dtype == DType::u8;
   check_arity(op, 1 + storage + (fwd && a.has_bias ? 1 : 0), 1, 1 + (wide ? 1 : 0) + (scratch ? 1 : 0));
@@ -189,10 +189,7 @@ void check_quant_linear(const Program& p, const Op& op) {
   for (int64_t r : a.segments) rows += r;
   MEMFIT_CHECK(!a.segments.empty() && rows == a.n && a.tile_rows >= 1, "kernels",
                "op '{}': segments of {} rows for a weight of {} rows", op.name, rows, a.n);
-  const QuantSpec spec{a.format == WeightQuant::nf4   ? QuantKind::nf4
-                       : a.format == WeightQuant::fp4 ? QuantKind::fp4
-                                                      : QuantKind::int8,
-                       a.block, a.double_quant};
+  const QuantSpec& spec = a.spec;
   const QuantStorage q = segmented_quant_storage(spec, a.k, a.segments);
   auto bytes = [&](size_t i, uint64_t want, const char* what) {
     MEMFIT_CHECK(p.tensor(op.inputs[i]).bytes() == want, "kernels", "op '{}': {} '{}' has {} bytes, the format needs {}",
@@ -200,8 +197,8 @@ void check_quant_linear(const Program& p, const Op& op) {
   };
   bytes(1, q.codes, "codes");
   bytes(2, q.absmax, "scales");
-  require_dtype(p, op, op.inputs[2], a.double_quant ? DType::u8 : DType::f32);
-  if (a.double_quant) {
+  require_dtype(p, op, op.inputs[2], a.spec.double_quant ? DType::u8 : DType::f32);
+  if (a.spec.double_quant) {
     bytes(3, q.absmax2, "scales2");
     bytes(4, q.offset, "offset");
     require_dtype(p, op, op.inputs[3], DType::f32);

@@ -35,7 +35,7 @@ void store_quantized_parameter(Executor& ex, const ParamEntry& e, const SegmentV
   MEMFIT_CHECK(qp.codes != kNoTensor, "train", "parameter '{}' is not stored quantised", e.name);
   MEMFIT_CHECK(qp.compute == DType::bf16 || qp.compute == DType::f32, "train",
                "quantised weights compute in fp32 or bf16, not {}", dtype_name(qp.compute));
-  const QuantSpec spec = quant_spec_of(qp);
+  const QuantSpec& spec = qp.spec;
   const bool four_bit = spec.kind != QuantKind::int8;
   // A chunk is whole blocks (blocks are powers of two up to 4096, so the staging holds many).
   const int64_t chunk = int64_t(TensorStaging::kElements) / spec.block * spec.block;

@@ -166,7 +166,7 @@ int build_case(OpKind kind, ProgramFixture& f) {
       // Two NF4 pieces (16 and 8 rows of 8: blocks of 32 never straddle them), tiles of 5 rows
       // (the last of each piece partial); any code byte is a valid pair of codes.
       QuantLinearAttrs a;
-      a.m = N, a.n = 3 * C, a.k = C, a.block = 32, a.tile_rows = 5, a.segments = {2 * C, C};
+      a.m = N, a.n = 3 * C, a.k = C, a.spec.block = 32, a.tile_rows = 5, a.segments = {2 * C, C};
       const bool forward = kind == OpKind::quant_linear;
       a.has_bias = forward;
       std::vector<TensorId> in{forward ? t.floats("x", {N, C}) : t.floats("dy", {N, 3 * C}), t.codes("codes", {3 * C * C / 2}),

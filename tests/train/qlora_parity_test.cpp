@@ -98,7 +98,7 @@ TEST_P(QloraParity, CodesEqualBitsandbytesAndFirstLossMatchesPeft) {
     if (!is_quantized_param(e)) continue;
     const QuantizedParam qp = quantized_param_of(p, e);
     EXPECT_EQ(qp.compute, v.precision == Precision::bf16 ? DType::bf16 : DType::f32);
-    const QuantSpec qs = quant_spec_of(qp);
+    const QuantSpec& qs = qp.spec;
     const std::vector<std::byte> codes = test::tensor_bytes(*run.ex, qp.codes),
                                  scales = test::tensor_bytes(*run.ex, qp.scales),
                                  scales2 = test::tensor_bytes(*run.ex, qp.scales2),
@@ -195,7 +195,7 @@ std::vector<std::byte> stored(const Executor& ex, const QuantizedParam& qp) {
 
 // The same parts from quantising the whole weight at once (values in memfit's row order).
 std::vector<std::byte> quantised_whole(const QuantizedParam& qp, const std::vector<float>& values) {
-  const QuantSpec qs = quant_spec_of(qp);
+  const QuantSpec& qs = qp.spec;
   const QuantStorage st = segmented_quant_storage(qs, qp.cols, qp.segments);
   std::vector<uint8_t> codes(st.codes), scales(st.absmax);
   std::vector<float> scales2(st.absmax2 / 4), offset(st.offset / 4), staging(size_t(max_segment_blocks(qs, qp.cols, qp.segments)));

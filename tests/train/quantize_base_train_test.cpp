@@ -69,13 +69,13 @@ std::vector<float> dequantised(const test::TinyRun& r, const ParamEntry& e) {
   const QuantizedParam qp = quantized_param_of(p, e);
   const std::vector<std::byte> codes = test::tensor_bytes(*r.ex, qp.codes), scales = test::tensor_bytes(*r.ex, qp.scales);
   std::vector<std::byte> scales2, offset;
-  if (qp.double_quant) scales2 = test::tensor_bytes(*r.ex, qp.scales2), offset = test::tensor_bytes(*r.ex, qp.offset);
+  if (qp.spec.double_quant) scales2 = test::tensor_bytes(*r.ex, qp.scales2), offset = test::tensor_bytes(*r.ex, qp.offset);
   const SegmentedStorage st{reinterpret_cast<const uint8_t*>(codes.data()), scales.data(),
                             reinterpret_cast<const float*>(scales2.data()), reinterpret_cast<const float*>(offset.data())};
   std::vector<float> out(size_t(qp.rows * qp.cols));
   size_t at = 0;
   for (size_t s = 0; s < qp.segments.size(); ++s) {
-    const QuantizedWeight w = segment_weight(quant_spec_of(qp), qp.cols, qp.segments, s, st);
+    const QuantizedWeight w = segment_weight(qp.spec, qp.cols, qp.segments, s, st);
     if (qp.compute == DType::bf16) {
       std::vector<bf16_t> v(size_t(w.numel()));
       dequantize_range<bf16_t>(w, 0, w.numel(), v);

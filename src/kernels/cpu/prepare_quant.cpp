@@ -22,12 +22,6 @@ namespace {
 
 using dt = dnnl::memory::data_type;
 
-QuantSpec spec_of(const QuantLinearAttrs& a) {
-  const QuantKind k = a.format == WeightQuant::nf4 ? QuantKind::nf4 : a.format == WeightQuant::fp4 ? QuantKind::fp4
-                                                                                                    : QuantKind::int8;
-  return QuantSpec{k, a.block, a.double_quant};
-}
-
 // One product per tile, in execution order.
 struct Tile {
   size_t segment = 0;
@@ -77,10 +71,10 @@ class QuantLinearOp final : public PreparedOp {
  public:
   QuantLinearOp(const DnnlEnv& env, const Program& p, const Op& op, const OpBinding& b)
       : a_(attrs_of<QuantLinearAttrs>(op)), forward_(op.kind == OpKind::quant_linear), mode_(op.modes[0]) {
-    const QuantSpec spec = spec_of(a_);
+    const QuantSpec& spec = a_.spec;
     SegmentedStorage st{static_cast<const uint8_t*>(b.inputs[1]), b.inputs[2],
-                        a_.double_quant ? static_cast<const float*>(b.inputs[3]) : nullptr,
-                        a_.double_quant ? static_cast<const float*>(b.inputs[4]) : nullptr};
+                        a_.spec.double_quant ? static_cast<const float*>(b.inputs[3]) : nullptr,
+                        a_.spec.double_quant ? static_cast<const float*>(b.inputs[4]) : nullptr};
     for (size_t s = 0; s < a_.segments.size(); ++s) weights_.push_back(segment_weight(spec, a_.k, a_.segments, s, st));
     offsets_ = st.offset;
     tile_ = b.workspace[0];

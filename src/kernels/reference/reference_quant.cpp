@@ -13,13 +13,10 @@ std::unique_ptr<PreparedOp> prepare_quant_linear(const Program& p, const Op& op,
   (void)p;
   const QuantLinearAttrs a = std::get<QuantLinearAttrs>(op.attrs);
   const bool forward = op.kind == OpKind::quant_linear;
-  const QuantKind kind = a.format == WeightQuant::nf4   ? QuantKind::nf4
-                         : a.format == WeightQuant::fp4 ? QuantKind::fp4
-                                                        : QuantKind::int8;
-  const QuantSpec spec{kind, a.block, a.double_quant};
+  const QuantSpec& spec = a.spec;
   const SegmentedStorage st{static_cast<const uint8_t*>(b.inputs[1]), b.inputs[2],
-                            a.double_quant ? static_cast<const float*>(b.inputs[3]) : nullptr,
-                            a.double_quant ? static_cast<const float*>(b.inputs[4]) : nullptr};
+                            a.spec.double_quant ? static_cast<const float*>(b.inputs[3]) : nullptr,
+                            a.spec.double_quant ? static_cast<const float*>(b.inputs[4]) : nullptr};
   std::vector<QuantizedWeight> weights;
   for (size_t s = 0; s < a.segments.size(); ++s) weights.push_back(segment_weight(spec, a.k, a.segments, s, st));
   const float* in = static_cast<const float*>(b.inputs[0]);
@@ -30,7 +27,7 @@ std::unique_ptr<PreparedOp> prepare_quant_linear(const Program& p, const Op& op,
   // The double-quantisation offset is a value read when the op runs: the storage is only
   // filled (initialised, loaded, resumed) after the program is prepared.
   return make_op([=](const StepContext& ctx) mutable {
-    if (a.double_quant)
+    if (a.spec.double_quant)
       for (size_t s = 0; s < weights.size(); ++s) weights[s].offset = st.offset[s];
     const int64_t M = a.m, N = a.n, K = a.k;
     if (!forward && !accumulates(mode, ctx)) std::fill(out, out + M * K, 0.0f);
