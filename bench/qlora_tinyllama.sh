@@ -9,7 +9,12 @@
 # Beside them: memfit's plan of the full fine-tune (fp32 AdamW, same shape) and the products'
 # peaks probed by `memfit plan --hardware cpu`.
 #
-#   bench/qlora_tinyllama.sh [--steps 2] [--rounds 1] [--threads 2] [--dir DIR]
+# memfit runs twice in each round: once with PyTorch's recomputation (every block, as
+# gradient checkpointing does), and once with `--recompute auto --memory-budget BUDGET`, where
+# memfit chooses per block what to recompute so that the plan fits the budget with the least
+# recomputed FLOPs (default budget 1.75 GiB, under half PyTorch's measured peak).
+#
+#   bench/qlora_tinyllama.sh [--steps 2] [--rounds 1] [--threads 2] [--dir DIR] [--budget 1.75GiB]
 #
 # --steps counts timed steps; each side runs one untimed step first. --dir keeps the config,
 # tokens and the 2.2 GB random checkpoint between runs (default /tmp/memfit-qlora-bench).
@@ -17,7 +22,7 @@
 # peft and bitsandbytes (PYTHON, default /work/venv/bin/python). About 10-15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=2 rounds=1 threads=2 dir=/tmp/memfit-qlora-bench batch=4 seq=256
+steps=2 rounds=1 threads=2 dir=/tmp/memfit-qlora-bench batch=4 seq=256 budget=1.75GiB
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -26,6 +31,7 @@ while [ $# -gt 0 ]; do
     --dir) dir=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --seq) seq=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -63,15 +69,20 @@ with open(path, "wb") as f:
     header.tofile(f); tokens.tofile(f)
 PY
 lora=(--lora-rank 16 --lora-alpha 8 --lora-targets all-linear --quantize-base nf4 --double-quant)
-run=(--model "$dir/config.json" --precision bf16 --recompute full --attention flash --batch "$batch" --seq "$seq")
+run=(--model "$dir/config.json" --precision bf16 --attention flash --batch "$batch" --seq "$seq")
+full=(--recompute full)
+auto=(--recompute auto --memory-budget "$budget")
 "$memfit" plan --model "$dir/config.json" --precision fp32 --batch "$batch" --seq "$seq" --hardware cpu --json \
   > "$out/plan-full.json"
-"$memfit" plan "${run[@]}" "${lora[@]}" --hardware cpu --json > "$out/plan-qlora.json"
+"$memfit" plan "${run[@]}" "${full[@]}" "${lora[@]}" --hardware cpu --json > "$out/plan-qlora.json"
 for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds (load: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-  OMP_NUM_THREADS=$threads /usr/bin/time -v -o "$out/memfit-time-$r.txt" stdbuf -oL "$memfit" train "${run[@]}" "${lora[@]}" \
-    --steps $((steps + 1)) --lr 3e-4 --data "$dir/tokens.bin" --val-fraction 0 --log-every 1 \
-    --report-json "$out/memfit-$r.json" >&2
+  for mode in full auto; do
+    [ $mode = full ] && policy=("${full[@]}") || policy=("${auto[@]}")
+    OMP_NUM_THREADS=$threads /usr/bin/time -v -o "$out/memfit-$mode-time-$r.txt" stdbuf -oL "$memfit" train "${run[@]}" \
+      "${policy[@]}" "${lora[@]}" --steps $((steps + 1)) --lr 3e-4 --data "$dir/tokens.bin" --val-fraction 0 \
+      --log-every 1 --report-json "$out/memfit-$mode-$r.json" | tee "$out/memfit-$mode-$r.log" >&2
+  done
   OMP_NUM_THREADS=$threads "$python" tools/peft_qlora_bench.py --config "$dir/config.json" \
     --checkpoint "$dir/checkpoint" --data "$dir/tokens.bin" --batch "$batch" --seq "$seq" --warmup 1 \
     --steps "$steps" --threads "$threads" --lr 3e-4 --json 2> "$out/torch-$r.log" | tail -1 > "$out/torch-$r.json"

@@ -3,9 +3,11 @@
 
   summarize_qlora_bench.py OUT_DIR ROUNDS
 
-Reads OUT_DIR/{memfit-R.json, memfit-time-R.txt, torch-R.json} for R in 1..ROUNDS and
-plan-full.json / plan-qlora.json, and prints a markdown table with the ratios of each round
-(both sides of a round ran back to back, so they saw the same machine load).
+Reads OUT_DIR/{memfit-MODE-R.json, memfit-MODE-time-R.txt, memfit-MODE-R.log, torch-R.json}
+for R in 1..ROUNDS and MODE in full (PyTorch's recomputation: every block) and auto (memfit's
+choice under --memory-budget), and plan-full.json / plan-qlora.json, and prints a markdown
+table with the ratios of each round (the three runs of a round ran back to back, so they saw
+the same machine load).
 """
 
 import json
@@ -32,46 +34,61 @@ def main():
     load = lambda name: json.load(open(os.path.join(out, name)))
     full, qplan = load("plan-full.json"), load("plan-qlora.json")
     hw = qplan["estimate"]["hardware"]
+    def memfit_run(mode, r):
+        m = load(f"memfit-{mode}-{r}.json")
+        mem = m["memory"]
+        with open(os.path.join(out, f"memfit-{mode}-{r}.log")) as f:
+            choice = re.search(r"^recompute auto: (.*?) \(", f.read(), re.M)
+        return {"tps": m["tokens_per_second"], "ms": m["ms_per_step"],
+                "rss": time_v_peak(os.path.join(out, f"memfit-{mode}-time-{r}.txt")),
+                "planned": mem["planned_peak_bytes"]["device"], "measured": mem["measured_peak_bytes"]["device"],
+                "flops": m["flops_per_step"], "phases": m["ms_per_step_by_phase"], "loss": m["loss"]["first"],
+                "choice": choice.group(1) if choice else "full"}
+
     rows = []
     for r in range(1, rounds + 1):
-        m, t = load(f"memfit-{r}.json"), load(f"torch-{r}.json")
-        mem = m["memory"]
-        rows.append({
-            "m_tps": m["tokens_per_second"], "t_tps": t["tokens_per_s"],
-            "m_ms": m["ms_per_step"], "t_ms": t["s_per_step_mean"] * 1e3,
-            "m_rss": time_v_peak(os.path.join(out, f"memfit-time-{r}.txt")), "t_rss": t["peak_rss_bytes"],
-            "t_rss_steps": t["peak_rss_steps_bytes"], "t_rss_loaded": t["rss_after_load_bytes"],
-            "planned": mem["planned_peak_bytes"]["device"], "measured": mem["measured_peak_bytes"]["device"],
-            "flops": m["flops_per_step"], "phases": m["ms_per_step_by_phase"],
-            "m_loss": m["loss"]["first"], "t_loss": t["loss_first"],
-        })
-    med = lambda k: statistics.median(row[k] for row in rows)
-    print(f"| | memfit | PyTorch + peft + bnb | memfit / PyTorch |")
+        t = load(f"torch-{r}.json")
+        rows.append({"full": memfit_run("full", r), "auto": memfit_run("auto", r),
+                     "t_tps": t["tokens_per_s"], "t_ms": t["s_per_step_mean"] * 1e3, "t_rss": t["peak_rss_bytes"],
+                     "t_rss_steps": t["peak_rss_steps_bytes"], "t_rss_loaded": t["rss_after_load_bytes"],
+                     "t_loss": t["loss_first"]})
+    med = lambda f: statistics.median(f(row) for row in rows)
+    bf16 = hw["peak_bf16_flops"]
+    print("| | memfit, every block recomputed | memfit, `--recompute auto` | PyTorch + peft + bnb (gradient checkpointing) |")
     print("|---|---|---|---|")
     for i, row in enumerate(rows, 1):
-        print(f"| round {i}: s/step | {row['m_ms'] / 1e3:.2f} | {row['t_ms'] / 1e3:.2f} | "
-              f"**{row['t_ms'] / row['m_ms']:.2f}x** tokens/s |")
-        print(f"| round {i}: peak RSS | {gib(row['m_rss'])} | {gib(row['t_rss'])} "
-              f"(steps alone {gib(row['t_rss_steps'])}, after loading {gib(row['t_rss_loaded'])}) | "
-              f"**{row['m_rss'] / row['t_rss']:.2f}x** |")
-    print(f"| tokens/s (median) | {med('m_tps'):.1f} | {med('t_tps'):.1f} | {med('m_tps') / med('t_tps'):.2f}x |")
-    bf16 = hw["peak_bf16_flops"]
-    print(f"| model GFLOP/s (memfit's FLOPs per step, recompute included) | {med('flops') / med('m_ms') / 1e6:.0f} "
-          f"| {med('flops') / med('t_ms') / 1e6:.0f} | |")
-    print(f"| share of the probed bf16 product peak ({bf16 / 1e9:.0f} GFLOP/s) | "
-          f"{100 * med('flops') / (med('m_ms') / 1e3) / bf16:.0f}% | {100 * med('flops') / (med('t_ms') / 1e3) / bf16:.0f}% | |")
-    r0 = rows[0]
-    eq = "equal" if all(row["planned"] == row["measured"] for row in rows) else "DIFFERENT"
-    print(f"| memfit device peak, planned / measured | {r0['planned']:,} B ({gib(r0['planned'])}) / "
-          f"{r0['measured']:,} B: {eq} | | |")
-    print(f"| first loss (random init, each side its own) | {r0['m_loss']:.4f} | {r0['t_loss']:.4f} | |")
+        f, a = row["full"], row["auto"]
+        print(f"| round {i}: s/step | {f['ms'] / 1e3:.2f} (**{row['t_ms'] / f['ms']:.2f}x** PyTorch's tokens/s) | "
+              f"{a['ms'] / 1e3:.2f} (**{row['t_ms'] / a['ms']:.2f}x**) | {row['t_ms'] / 1e3:.2f} |")
+        print(f"| round {i}: peak RSS | {gib(f['rss'])} (**{f['rss'] / row['t_rss']:.2f}x** PyTorch's) | "
+              f"{gib(a['rss'])} (**{a['rss'] / row['t_rss']:.2f}x**) | {gib(row['t_rss'])} (steps alone "
+              f"{gib(row['t_rss_steps'])}, after loading {gib(row['t_rss_loaded'])}) |")
+    print(f"| tokens/s (median) | {med(lambda r: r['full']['tps']):.1f} | {med(lambda r: r['auto']['tps']):.1f} | "
+          f"{med(lambda r: r['t_tps']):.1f} |")
+    gflops = lambda mode: med(lambda r: r[mode]["flops"] / r[mode]["ms"] / 1e6)
+    t_gflops = med(lambda r: r["full"]["flops"] / r["t_ms"] / 1e6)
+    print(f"| model GFLOP/s (memfit's FLOPs of the run, recompute included) | {gflops('full'):.0f} | {gflops('auto'):.0f} "
+          f"| {t_gflops:.0f} (with the full run's FLOPs) |")
+    print(f"| share of the probed bf16 product peak ({bf16 / 1e9:.0f} GFLOP/s) | {100 * gflops('full') * 1e9 / bf16:.0f}% | "
+          f"{100 * gflops('auto') * 1e9 / bf16:.0f}% | {100 * t_gflops * 1e9 / bf16:.0f}% |")
+    for mode in ("full", "auto"):
+        eq = "equal" if all(r[mode]["planned"] == r[mode]["measured"] for r in rows) else "DIFFERENT"
+        r0 = rows[0][mode]
+        print(f"| memfit device peak ({mode}), planned / measured | {r0['planned']:,} B ({gib(r0['planned'])}) / "
+              f"{r0['measured']:,} B: {eq} | | |")
+    print(f"| recomputation | every block | {rows[0]['auto']['choice']} | every block |")
+    print(f"| first loss (random init, each side its own) | {rows[0]['full']['loss']:.4f} | {rows[0]['auto']['loss']:.4f} | "
+          f"{rows[0]['t_loss']:.4f} |")
     print()
+    r0 = rows[0]["full"]
     fb = full["estimate"]["per_rank"]["device_bytes"]
     print(f"Full fine-tune, planned by memfit (fp32 AdamW, no recompute, same shape): {fb:,} B ({gib(fb)}); "
-          f"memfit's QLoRA peak RSS is {100 * r0['m_rss'] / fb:.1f}% of it.")
+          f"memfit's QLoRA peak RSS (every block recomputed) is {100 * r0['rss'] / fb:.1f}% of it.")
     print(f"Probed peaks (memfit plan --hardware cpu): fp32 products {hw['peak_fp32_flops'] / 1e9:.0f} GFLOP/s, "
           f"bf16 {bf16 / 1e9:.0f} GFLOP/s, streaming {hw['memory_bandwidth'] / 1e9:.1f} GB/s.")
-    print("memfit phases, ms (round 1): " + ", ".join(f"{k} {v:.0f}" for k, v in r0["phases"].items()))
+    for mode in ("full", "auto"):
+        print(f"memfit phases ({mode}), ms (round 1): " +
+              ", ".join(f"{k} {v:.0f}" for k, v in rows[0][mode]["phases"].items()))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 #include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "io/safetensors_shards.hpp"
+#include "train/adapter_files.hpp"
 #include "train/deepspeed_config.hpp"
 
 namespace memfit::cli {
@@ -180,6 +181,9 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
               [](RunConfig& c, double v) {
                 c.val_fraction = require_in("--val-fraction", v, input_range::fraction);
               });
+  // Planning commands take it too: the adapter's LoRA settings are part of the run's plan.
+  add<std::string>(app, "--load-adapter", "a PEFT adapter directory: its LoRA settings (and, when training, its weights)",
+                   [](RunConfig& c, std::string v) { c.load_adapter = v; });
   if (training) add_training_options(app);
 }
 
@@ -243,8 +247,6 @@ void RunOptions::add_training_options(CLI::App& app) {
   add<std::string>(app, "--save", "write weights: directory (model.safetensors + config.json) or .safetensors file; "
                    "a LoRA run writes a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)",
                    [](RunConfig& c, std::string v) { c.save = v; });
-  add<std::string>(app, "--load-adapter", "a PEFT adapter directory: its LoRA settings and adapter weights",
-                   [](RunConfig& c, std::string v) { c.load_adapter = v; });
   add<std::string>(app, "--max-shard-size", "a --save directory holds shards of at most this size, as transformers "
                    "writes them (default 5GB; units KB, MB, GB, KiB, MiB, GiB)",
                    [](RunConfig& c, std::string v) { c.max_shard_bytes = parse_shard_size(v); });
@@ -296,6 +298,9 @@ RunConfig RunOptions::resolve() const {
   if (!config_file_.empty()) apply_config_file(config_file_, c);
   for (const auto& apply : given_) apply(c);
   resolve_batch_keys(c, c.topology.data, c.config_note);
+  // Every command plans the adapter's LoRA (rank, alpha, targets, bias) as a run would: `plan
+  // --load-adapter DIR` must size the run that `train --load-adapter DIR` executes.
+  if (!c.load_adapter.empty()) apply_adapter_config(c.load_adapter, c.policy.lora);
   apply_quantised_base_defaults(c);
   return c;
 }

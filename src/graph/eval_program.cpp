@@ -45,9 +45,13 @@ Program build_eval_program(const ModelSpec& spec, const Policy& policy, const Op
   Program p;
   GraphBuilder b(p);
   const ModelParams params = declare_model_parameters(b, spec);
+  // LoRA adapters and a quantised base change the forward that is evaluated: a model is
+  // evaluated as it trains (with its adapter, on its quantised weights).
+  const ForwardRewrites rewrites = forward_rewrites_for(policy);
+  if (!rewrites.empty()) declare_forward_rewrites(b, rewrites);
   for (ParamEntry& e : p.params()) freeze_parameter(p, e);
   declare_master_weights(b, policy);  // 16-bit parameters under mixed precision; frozen ones get no master
-  emit_eval_section(b, spec, params, policy, {});
+  emit_eval_section(b, spec, params, policy, rewrites);
   apply_precision(p, policy, backend);
   schedule_async(p, AsyncOptions{.overlap_comm = policy.overlap_comm});
   p.validate();

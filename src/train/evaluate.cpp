@@ -15,6 +15,7 @@
 #include "runtime/compile.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/rss.hpp"
+#include "train/adapter_files.hpp"
 #include "train/data_loader.hpp"
 #include "train/init.hpp"
 #include "train/tensor_staging.hpp"
@@ -71,6 +72,12 @@ nlohmann::json run_evaluation(const RunConfig& config, int64_t max_batches, std:
                        config.seed);
   } else {
     load_weights(config.load, ex, spec, staging);
+    // A base checkpoint has no adapters: without --load-adapter they start as PEFT's (B = 0).
+    initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); });
+  }
+  if (!config.load_adapter.empty()) {
+    load_adapter(config.load_adapter, ex, spec, staging);
+    log << fmt::format("evaluating with the LoRA adapter from {}\n", config.load_adapter);
   }
   zero_persistent_state(ex, staging);
   const TensorId tokens = program.find_tensor(kEvalTokens), targets = program.find_tensor(kEvalTargets);
