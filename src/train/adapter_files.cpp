@@ -10,6 +10,7 @@
 #include "io/safetensors.hpp"
 #include "train/master_weights.hpp"
 #include "train/run_config.hpp"
+#include "train/weights.hpp"
 
 namespace memfit {
 
@@ -30,6 +31,49 @@ std::string shape_text(const Shape& s) {
 json number(double v) { return v == std::floor(v) && std::fabs(v) < 1e15 ? json(int64_t(v)) : json(v); }
 
 std::set<std::string> as_set(const std::vector<std::string>& v) { return {v.begin(), v.end()}; }
+
+// One HF tensor of a trained bias (a fused parameter holds several: llama's q, k and v).
+struct AdapterBias {
+  size_t param = 0;          // index in Program::params()
+  int64_t first = 0, count = 0;  // its elements in the parameter
+  std::string name;          // PEFT's name in adapter_model.safetensors
+};
+
+// The biases that bias all | lora_only train, as PEFT saves them: under the names of its
+// wrapped model, where a module that has a LoRA branch became a LoraLayer whose original
+// module is `base_layer`. Chosen by the policy, not by trainability: an evaluation program
+// holds the same biases frozen.
+std::vector<AdapterBias> adapter_biases(const Program& p, const ModelSpec& spec, const LoraPolicy& lora) {
+  static const std::string kA = ".lora_A.weight", kBias = ".bias";
+  if (lora.bias == LoraBias::none) return {};
+  std::set<std::string> wrapped;
+  for (const ParamEntry& e : p.params())
+    if (e.name.ends_with(kA)) {
+      const std::string n = peft_tensor_name(spec, e.name);
+      wrapped.insert(n.substr(0, n.size() - kA.size()));
+    }
+  const std::string prefix = std::string("base_model.model.") + (spec.arch == Arch::gpt2 ? "transformer." : "");
+  std::vector<AdapterBias> out;
+  for (size_t i = 0; i < p.params().size(); ++i) {
+    const ParamEntry& e = p.params()[i];
+    if (!e.name.ends_with(kBias) || is_lora_adapter(e.name)) continue;
+    const Shape shape = p.tensor(e.value).shape;
+    int64_t first = 0;
+    for (const HfPiece& piece : hf_pieces(spec, e.name, shape)) {
+      const int64_t count = piece.rows * (shape.numel() / shape[0]);
+      const std::string module = prefix + piece.name.substr(0, piece.name.size() - kBias.size());
+      const bool has_branch = wrapped.count(module) > 0;
+      MEMFIT_CHECK(has_branch || lora.bias == LoraBias::all || e.frozen(), "adapter",
+                   "bias lora_only trains '{}', whose module has no LoRA branch (a fused q/k/v targeted in part): "
+                   "PEFT would not save it; target all of q_proj, k_proj and v_proj, or use bias all",
+                   piece.name);
+      if (has_branch || lora.bias == LoraBias::all)
+        out.push_back({i, first, count, module + (has_branch ? ".base_layer.bias" : ".bias")});
+      first += count;
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -116,9 +160,6 @@ void apply_adapter_config(const std::string& dir, LoraPolicy& lora) {
 void save_adapter(const std::string& dir, const Executor& ex, const ModelSpec& spec, const LoraPolicy& lora,
                   const std::string& base_model, TensorStaging& staging,
                   const std::vector<std::vector<float>>* whole) {
-  MEMFIT_CHECK(lora.bias == LoraBias::none, "adapter",
-               "--save of a LoRA run with bias '{}': memfit writes PEFT adapters with bias 'none' only",
-               lora_bias_name(lora.bias));
   std::error_code ec;
   fs::create_directories(dir, ec);
   MEMFIT_CHECK(!ec, "adapter", "cannot create directory '{}': {}", dir, ec.message());
@@ -139,6 +180,17 @@ void save_adapter(const std::string& dir, const Executor& ex, const ModelSpec& s
     tensors.push_back({peft_tensor_name(spec, e.name), DType::f32, shape, values.back().data()});
   }
   MEMFIT_CHECK(!tensors.empty(), "adapter", "--save '{}': the run has no LoRA adapter to save", dir);
+  for (const AdapterBias& b : adapter_biases(p, spec, lora)) {
+    const ParamEntry& e = p.params()[b.param];
+    if (whole) {
+      const std::vector<float>& all = (*whole)[b.param];
+      values.emplace_back(all.begin() + b.first, all.begin() + b.first + b.count);
+    } else {
+      values.emplace_back(size_t(b.count));
+      load_parameter_range(ex, e, b.first, values.back(), staging);
+    }
+    tensors.push_back({b.name, DType::f32, Shape{b.count}, values.back().data()});
+  }
   write_safetensors((fs::path(dir) / kWeightsFile).string(), tensors, {{"format", "pt"}, {"producer", "memfit"}});
   const fs::path config = fs::path(dir) / kConfigFile, tmp = fs::path(dir) / "adapter_config.json.tmp";
   {
@@ -169,6 +221,17 @@ void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, T
     reader.read_f32(name, shape, v.data());
     store_parameter_range(ex, e, 0, v, staging);
     used.insert(name);
+  }
+  LoraPolicy lora;
+  apply_adapter_config(dir, lora);
+  for (const AdapterBias& b : adapter_biases(p, spec, lora)) {
+    const SafetensorsEntry* t = reader.find(b.name);
+    MEMFIT_CHECK(t != nullptr, "adapter", "the adapter in '{}' has no tensor '{}', a bias its bias '{}' trains", dir,
+                 b.name, lora_bias_name(lora.bias));
+    std::vector<float> v(size_t(b.count));
+    reader.read_f32(b.name, Shape{b.count}, v.data());
+    store_parameter_range(ex, p.params()[b.param], b.first, v, staging);
+    used.insert(b.name);
   }
   for (const SafetensorsEntry& t : reader.entries())
     MEMFIT_CHECK(used.count(t.name) > 0, "adapter",

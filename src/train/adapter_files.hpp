@@ -33,15 +33,17 @@ nlohmann::json adapter_config_json(const Program& p, const ModelSpec& spec, cons
 // with them (a rank given) must agree on r, lora_alpha and target_modules. Throws [adapter].
 void apply_adapter_config(const std::string& dir, LoraPolicy& lora);
 
-// Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (fp32). `whole`: every
-// parameter gathered (ZeRO), else the values are read from the executor. Throws [adapter] for
-// a bias other than none (PEFT would save the biases with the adapter).
+// Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (fp32): the adapters and,
+// with bias all | lora_only, the trained biases under PEFT's names (a module with a LoRA
+// branch holds its bias as "<module>.base_layer.bias"). `whole`: every parameter gathered
+// (ZeRO), else the values are read from the executor.
 void save_adapter(const std::string& dir, const Executor& ex, const ModelSpec& spec, const LoraPolicy& lora,
                   const std::string& base_model, TensorStaging& staging,
                   const std::vector<std::vector<float>>* whole = nullptr);
 
-// Loads DIR/adapter_model.safetensors into the program's adapters. An adapter made for another
-// base (a tensor missing, extra or of another shape) is refused naming the first difference.
+// Loads DIR/adapter_model.safetensors into the program's adapters and trained biases. An
+// adapter made for another base (a tensor missing, extra or of another shape) is refused
+// naming the first difference.
 void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, TensorStaging& staging);
 
 }  // namespace memfit

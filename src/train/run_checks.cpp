@@ -43,7 +43,8 @@ void check_writable(const std::string& flag, const std::string& path, bool is_di
   fs::path dir = is_directory_target ? fs::path(path) : fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
   if (make_dirs)
-    while (!fs::exists(dir, ec) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
+    while (!fs::exists(dir, ec) && dir.parent_path() != dir)  // a relative name climbs to "."
+      dir = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   MEMFIT_CHECK(fs::exists(dir, ec), "train", "{} '{}' cannot be written: the directory '{}' does not exist", flag,
                path, dir.string());
   MEMFIT_CHECK(fs::is_directory(dir, ec), "train", "{} '{}' cannot be written: '{}' is not a directory", flag, path,

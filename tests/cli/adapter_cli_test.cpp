@@ -7,10 +7,13 @@
 #include <cstdint>
 #include <fstream>
 #include <random>
+#include <set>
+#include <cstring>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "io/safetensors.hpp"
 #include "support/paths.hpp"
 #include "support/run_cli.hpp"
 
@@ -90,6 +93,50 @@ TEST(AdapterCli, EvalWithAdapterEqualsEvalOfTheMergedWeights) {
   const double base = eval_loss(model + " --load " + kBase + "/model.safetensors" + data, dir + "/b.json");
   EXPECT_NEAR(with_adapter, of_merged, 1e-5 * of_merged);
   EXPECT_GT(std::fabs(with_adapter - base), 1e-3) << "the adapter changed nothing: was it evaluated?";
+}
+
+// bias all | lora_only: the trained biases go into the adapter under PEFT's names (the names
+// below are those PEFT 0.21's save_pretrained writes for GPT-2 with target c_attn), and
+// --load-adapter reads them back, into training (a step at lr 0 saves the same bytes) and
+// into eval. By hand (2026-11-26): PeftModel.from_pretrained of these files on the HF base
+// gave memfit eval's loss to 1e-7 for both settings.
+TEST(AdapterCli, TrainedBiasesRoundTripUnderPeftNames) {
+  const std::string dir = temp_dir();
+  const std::string data = " --batch 2 --seq 32 --data " + write_tokens(dir, 2049, 256) + " --val-fraction 0";
+  ASSERT_EQ(run_memfit("train --model gpt2-tiny --steps 1" + data + " --save " + dir + "/base").status, 0);
+  for (const std::string bias : {"all", "lora_only"}) {
+    const std::string lora = " --lora-rank 4 --lora-targets c_attn --lora-bias " + bias;
+    const std::string ad = dir + "/ad-" + bias, again = dir + "/again-" + bias;
+    const auto r = run_memfit("train --model gpt2-tiny --load " + dir + "/base --steps 4 --lr 1e-2" + lora + data +
+                              " --save " + ad);
+    ASSERT_EQ(r.status, 0) << r.err;
+    std::set<std::string> expected;
+    for (int layer = 0; layer < 4; ++layer) {
+      const std::string h = "base_model.model.transformer.h." + std::to_string(layer) + ".";
+      for (const char* t : {"lora_A.weight", "lora_B.weight", "base_layer.bias"}) expected.insert(h + "attn.c_attn." + t);
+      if (bias == "all")
+        for (const char* m : {"attn.c_proj", "ln_1", "ln_2", "mlp.c_fc", "mlp.c_proj"}) expected.insert(h + m + ".bias");
+    }
+    if (bias == "all") expected.insert("base_model.model.transformer.ln_f.bias");
+    const SafetensorsReader saved(ad + "/adapter_model.safetensors");
+    std::set<std::string> names;
+    for (const SafetensorsEntry& e : saved.entries()) names.insert(e.name);
+    EXPECT_EQ(names, expected);
+
+    const auto step = run_memfit("train --model gpt2-tiny --load " + dir + "/base --load-adapter " + ad +
+                                 " --steps 1 --lr 0" + data + " --save " + again);
+    ASSERT_EQ(step.status, 0) << step.err;
+    const SafetensorsReader back(again + "/adapter_model.safetensors");
+    for (const SafetensorsEntry& e : saved.entries()) {
+      const SafetensorsEntry* b = back.find(e.name);
+      ASSERT_NE(b, nullptr) << e.name;
+      ASSERT_EQ(e.shape, b->shape);
+      EXPECT_EQ(0, std::memcmp(saved.data(e), back.data(*b), size_t(e.shape.numel()) * 4)) << e.name;
+    }
+    const double with = eval_loss("--model gpt2-tiny --load " + dir + "/base --load-adapter " + ad + data, dir + "/e.json");
+    const double without = eval_loss("--model gpt2-tiny --load " + dir + "/base" + data, dir + "/e0.json");
+    EXPECT_GT(std::fabs(with - without), 1e-4) << bias;
+  }
 }
 
 }  // namespace

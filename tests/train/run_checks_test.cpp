@@ -75,6 +75,18 @@ TEST(RunChecks, WritablePathsPassAndTheProbesLeaveNothingBehind) {
   EXPECT_TRUE(fs::exists(d + "/w.safetensors"));
 }
 
+// A relative --save directory that does not exist yet is made, as transformers'
+// save_pretrained makes it (the check once climbed past "." and refused it).
+TEST(RunChecks, ARelativeSaveDirectoryIsCreated) {
+  const std::string d = fresh_dir("relative");
+  const fs::path cwd = fs::current_path();
+  fs::current_path(d);
+  const auto r = test::run_memfit(kTiny + "--steps 2 --save weights/new");
+  fs::current_path(cwd);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(d + "/weights/new/model.safetensors"));
+}
+
 TEST(RunChecks, ABadTokenInTheValidationSplitIsFoundBeforeStep1) {
   const std::string d = fresh_dir("bad-token");
   // nanoGPT layout (raw uint16). gpt2-tiny's vocabulary is 256; token 300 sits near the end,
