@@ -36,13 +36,28 @@ std::string wrapped_name(const ModelSpec& spec, const std::string& name) {
   return name.starts_with(prefix) || name == "lm_head.weight" ? name : prefix + name;
 }
 
+// The biases a bias all | lora_only adapter trained, by the wrapped HF name of the base tensor
+// they replace ("transformer.h.0.attn.c_attn.bias" for PEFT's "...c_attn.base_layer.bias").
+std::map<std::string, std::string> adapter_biases(const SafetensorsReader& r) {
+  static const std::string kWrapped = ".base_layer.bias";
+  std::map<std::string, std::string> out;
+  for (const SafetensorsEntry& e : r.entries()) {
+    if (!e.name.starts_with(kPeftPrefix) || !e.name.ends_with(".bias")) continue;
+    std::string base = e.name.substr(kPeftPrefix.size());
+    if (base.ends_with(kWrapped)) base = base.substr(0, base.size() - kWrapped.size()) + ".bias";
+    out[base] = e.name;
+  }
+  return out;
+}
+
 // The adapter's modules by their wrapped HF path ("model.layers.0.self_attn.q_proj").
 std::map<std::string, Adapter> adapter_modules(const SafetensorsReader& r, const std::string& dir) {
   std::map<std::string, Adapter> out;
   for (const SafetensorsEntry& e : r.entries()) {
+    if (e.name.starts_with(kPeftPrefix) && e.name.ends_with(".bias")) continue;  // adapter_biases
     const bool a = e.name.ends_with(".lora_A.weight"), b = e.name.ends_with(".lora_B.weight");
     MEMFIT_CHECK(e.name.starts_with(kPeftPrefix) && (a || b), "adapter",
-                 "the adapter in '{}' holds '{}', which is not a LoRA A or B weight under PEFT's names", dir, e.name);
+                 "the adapter in '{}' holds '{}', which is not a LoRA A or B weight or a bias under PEFT's names", dir, e.name);
     const std::string module = e.name.substr(kPeftPrefix.size(), e.name.size() - kPeftPrefix.size() - 14);
     (a ? out[module].a : out[module].b) = e.name;
   }
@@ -88,6 +103,8 @@ int MergeLoraCommand::run(std::ostream& log) const {
   const SafetensorsShards base(load_);
   const SafetensorsReader adapter((fs::path(adapter_) / "adapter_model.safetensors").string());
   std::map<std::string, Adapter> modules = adapter_modules(adapter, adapter_);
+  const std::map<std::string, std::string> biases = adapter_biases(adapter);
+  std::set<std::string> biases_used;
   std::vector<SafetensorsTensor> tensors;
   int merged = 0;
   for (const SafetensorsShards::Located& t : base.tensors()) {
@@ -100,8 +117,20 @@ int MergeLoraCommand::run(std::ostream& log) const {
       if (auto it = modules.find(name.substr(0, name.size() - 7)); it != modules.end()) ad = &it->second;
     const bool conv1d = ad && spec.arch == Arch::gpt2 && is_conv1d_weight(name);
     if (ad) ad->used = true, ++merged;
-    const SafetensorsReader* shard = t.shard;
     const SafetensorsReader* lora_file = &adapter;
+    if (auto it = biases.find(name); it != biases.end()) {  // trained with the adapter: its value wins
+      const SafetensorsEntry& trained = *adapter.find(it->second);
+      MEMFIT_CHECK(trained.shape == e.shape, "adapter", "the adapter was made for another base: '{}' has {} elements "
+                   "in the adapter, {} in the base", it->second, trained.shape.numel(), e.shape.numel());
+      biases_used.insert(name);
+      tensors.push_back({name, DType::f32, e.shape, nullptr, [lora_file, &trained](const auto& emit) {
+                           std::vector<float> v(size_t(trained.shape.numel()));
+                           lora_file->read_f32(trained.name, trained.shape, v.data());
+                           emit(std::as_bytes(std::span<const float>(v)));
+                         }});
+      continue;
+    }
+    const SafetensorsReader* shard = t.shard;
     tensors.push_back({name, DType::f32, e.shape, nullptr,
                        [shard, &e, ad, lora_file, scale, conv1d, name](const auto& emit) {
                          std::vector<float> w(size_t(e.shape.numel()));
@@ -120,6 +149,9 @@ int MergeLoraCommand::run(std::ostream& log) const {
   for (const auto& [module, ad] : modules)
     MEMFIT_CHECK(ad.used, "adapter", "the adapter in '{}' was made for another base: {} has no weight '{}.weight'",
                  adapter_, base.description(), module);
+  for (const auto& [name, peft_name] : biases)
+    MEMFIT_CHECK(biases_used.count(name) > 0, "adapter", "the adapter in '{}' was made for another base: {} has no "
+                 "tensor '{}' for its '{}'", adapter_, base.description(), name, peft_name);
   std::error_code ec;
   fs::create_directories(out_, ec);
   MEMFIT_CHECK(!ec, "merge-lora", "cannot create directory '{}': {}", out_, ec.message());
@@ -130,9 +162,10 @@ int MergeLoraCommand::run(std::ostream& log) const {
     config << hf_config(spec).dump(2) << "\n";
     MEMFIT_CHECK(config.good(), "merge-lora", "cannot write '{}/config.json'", out_);
   }
-  log << fmt::format("merge-lora: {} of {} weights merged with (lora_alpha / r) B A = ({} / {}) B A into {} "
-                     "({} file{})\n", merged, tensors.size(), lora.alpha, lora.rank, out_, files.size(),
-                     files.size() == 1 ? "" : "s");
+  log << fmt::format("merge-lora: {} of {} weights merged with (lora_alpha / r) B A = ({} / {}) B A{} into {} "
+                     "({} file{})\n", merged, tensors.size(), lora.alpha, lora.rank,
+                     biases.empty() ? "" : fmt::format(", {} biases trained with the adapter", biases.size()), out_,
+                     files.size(), files.size() == 1 ? "" : "s");
   return 0;
 }
 

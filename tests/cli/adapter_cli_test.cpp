@@ -98,7 +98,7 @@ TEST(AdapterCli, EvalWithAdapterEqualsEvalOfTheMergedWeights) {
 // bias all | lora_only: the trained biases go into the adapter under PEFT's names (the names
 // below are those PEFT 0.21's save_pretrained writes for GPT-2 with target c_attn), and
 // --load-adapter reads them back, into training (a step at lr 0 saves the same bytes) and
-// into eval. By hand (2026-11-26): PeftModel.from_pretrained of these files on the HF base
+// into eval, and merge-lora writes them in place of the base's. By hand (2026-11-26): PeftModel.from_pretrained of these files on the HF base
 // gave memfit eval's loss to 1e-7 for both settings.
 TEST(AdapterCli, TrainedBiasesRoundTripUnderPeftNames) {
   const std::string dir = temp_dir();
@@ -136,6 +136,11 @@ TEST(AdapterCli, TrainedBiasesRoundTripUnderPeftNames) {
     const double with = eval_loss("--model gpt2-tiny --load " + dir + "/base --load-adapter " + ad + data, dir + "/e.json");
     const double without = eval_loss("--model gpt2-tiny --load " + dir + "/base" + data, dir + "/e0.json");
     EXPECT_GT(std::fabs(with - without), 1e-4) << bias;
+    // merge-lora writes the trained biases in place of the base's.
+    ASSERT_EQ(run_memfit("merge-lora --model gpt2-tiny --load " + dir + "/base --adapter " + ad + " --out " + dir +
+                         "/merged-" + bias).status, 0);
+    const double merged = eval_loss("--model gpt2-tiny --load " + dir + "/merged-" + bias + data, dir + "/em.json");
+    EXPECT_NEAR(merged, with, 1e-5 * with) << bias;
   }
 }
 
