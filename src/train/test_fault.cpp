@@ -1,6 +1,7 @@
 #include "train/test_fault.hpp"
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,23 +23,30 @@ TestFault TestFault::from_environment(int rank) {
   long long step = 0;
   char kind[16] = {};
   MEMFIT_CHECK(std::sscanf(spec, "%d:%lld:%15s", &fault_rank, &step, kind) == 3 &&
-                   (std::string(kind) == "throw" || std::string(kind) == "stall" ||
+                   (std::string(kind) == "throw" || std::string(kind) == "stall" || std::string(kind) == "kill" ||
                     std::string(kind) == "stray" || std::string(kind) == "grow"),
-               "test", "MEMFIT_TEST_FAULT='{}' is not RANK:STEP:KIND with KIND throw, stall, stray or grow", spec);
+               "test", "MEMFIT_TEST_FAULT='{}' is not RANK:STEP:KIND with KIND throw, stall, kill, stray or grow",
+               spec);
   if (fault_rank != rank) return f;
   const std::string k(kind);
-  f.kind_ = k == "throw" ? Kind::raise : k == "stall" ? Kind::stall : k == "stray" ? Kind::stray : Kind::grow;
+  f.kind_ = k == "throw"   ? Kind::raise
+            : k == "stall" ? Kind::stall
+            : k == "kill"  ? Kind::kill
+            : k == "stray" ? Kind::stray
+                           : Kind::grow;
   f.rank_ = fault_rank;
   f.step_ = step;
   return f;
 }
 
 void TestFault::before_step(int64_t step) const {
-  if ((kind_ != Kind::raise && kind_ != Kind::stall) || step != step_) return;
+  if ((kind_ != Kind::raise && kind_ != Kind::stall && kind_ != Kind::kill) || step != step_) return;
   std::fprintf(stderr, "memfit: test fault: rank %d %s before step %lld\n", rank_,
-               kind_ == Kind::raise ? "throws" : "stalls", static_cast<long long>(step));
+               kind_ == Kind::raise ? "throws" : kind_ == Kind::kill ? "is killed" : "stalls",
+               static_cast<long long>(step));
   std::fflush(stderr);
   if (kind_ == Kind::raise) throw Error("test", fmt::format("fault injected on rank {} before step {}", rank_, step));
+  if (kind_ == Kind::kill) std::raise(SIGKILL);  // as kill -9 or the OOM killer: no handler, no MPI_Abort
   std::this_thread::sleep_for(std::chrono::hours(1));  // ended by the other ranks' timeout
 }
 

@@ -3,6 +3,8 @@
 //   MEMFIT_TEST_FAULT=RANK:STEP:throw   rank RANK throws [test] before optimizer step STEP
 //   MEMFIT_TEST_FAULT=RANK:STEP:stall   rank RANK sleeps (outside MPI) before step STEP, so the
 //                                       others wait in a collective until --comm-timeout
+//   MEMFIT_TEST_FAULT=RANK:STEP:kill    rank RANK sends itself SIGKILL before step STEP (a dead
+//                                       rank: no handler runs, nothing reaches MPI)
 //   MEMFIT_TEST_FAULT=RANK:STEP:stray   after step STEP's ops, rank RANK writes one byte into
 //                                       the top of its device arena, where no tensor is live
 //                                       between steps: what an op writing past its outputs
@@ -29,7 +31,7 @@ class TestFault {
   void after_step_ops(int64_t step, Executor& executor) const;
 
  private:
-  enum class Kind : uint8_t { none, raise, stall, stray, grow };
+  enum class Kind : uint8_t { none, raise, stall, kill, stray, grow };
   Kind kind_ = Kind::none;
   int rank_ = -1;
   int64_t step_ = 0;
