@@ -182,7 +182,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     j["policy"] = policy_json(policy);
     j["estimate"] = estimate_json(e, cluster, eo);
     j["fits"] = check_fit(e, cluster, budget).fits();
-    if (compare_) j["compare"] = comparison_json(s, policy, cluster, e);
+    if (compare_) j["compare"] = comparison_json(spec, s, policy, cluster, e);
   } else {
     out << fmt::format("memfit plan: model {} ({} parameters), {}, micro-batch {} x {}, accumulation {}, {} ops\n",
                        spec.name, s.parameters, family_name(policy), policy.batch, policy.seq, policy.grad_accum, s.ops);
@@ -191,7 +191,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     if (!o.fits())
       out << fmt::format("does not fit: {} tier over by {} (largest there: {})\n", tier_name(o.tier),
                          format_bytes(o.excess), category_name(o.category));
-    if (compare_) out << format_comparison(s, policy, cluster, e);
+    if (compare_) out << format_comparison(spec, s, policy, cluster, e);
   }
   if (!emit_.empty()) {
     std::ofstream f(emit_[1]);

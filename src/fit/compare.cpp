@@ -7,6 +7,25 @@
 
 namespace memfit {
 
+DeepSpeedCounts deepspeed_counts(const ModelSpec& spec) {
+  const int64_t C = spec.n_embd, F = spec.n_inner, V = spec.vocab_size, HS = spec.head_dim();
+  const int64_t padding = (spec.padded_vocab - spec.vocab_size) * C * (spec.tied_embeddings ? 1 : 2);
+  DeepSpeedCounts d{spec.parameter_count() - padding, V * C};  // the token embedding (and an untied lm_head)
+  auto module = [&](int64_t params) { d.largest_layer = std::max(d.largest_layer, params); };
+  if (spec.arch == Arch::gpt2) {  // Conv1D modules hold weight and bias; wpe is a module of its own
+    module(spec.max_seq * C);
+    module(3 * C * C + 3 * C);
+    module(C * F + F);
+    module(F * C + C);
+  } else {  // q, k, v, o, gate, up and down are modules of their own
+    const int64_t bias = spec.qkv_bias ? 1 : 0;
+    module(spec.n_head * HS * (C + bias));
+    module(spec.n_kv_head * HS * (C + bias));
+    module(F * C);
+  }
+  return d;
+}
+
 HostDeviceBytes deepspeed_zero2_estimate(int64_t params, int gpus_per_node, int nodes, bool cpu_offload,
                                          double factor) {
   const double P = double(params);
@@ -16,7 +35,9 @@ HostDeviceBytes deepspeed_zero2_estimate(int64_t params, int gpus_per_node, int 
     r.device = uint64_t(2 * P);
     r.host = uint64_t(P * std::max(4.0 * gpus, 16.0) * factor);
   } else {
-    r.device = uint64_t(4 * P + int64_t(16 * P / gpus));
+    // 16-bit parameters whole; per GPU 18 bytes of the rest: 16-bit and fp32 gradients, fp32
+    // parameters and Adam's two moments (DeepSpeed before 2024 counted 4 + 16 / N).
+    r.device = uint64_t(2 * params + int64_t(18 * P / gpus));
     r.host = uint64_t(P * 4 * gpus_per_node * factor);
   }
   return r;
@@ -54,31 +75,39 @@ struct Row {
   uint64_t device, host;
 };
 
-std::vector<Row> rows(const ProgramSummary& s, const Policy& p, const Cluster& c, const RankEstimate& m) {
+std::vector<Row> rows(const ModelSpec& spec, const ProgramSummary& s, const Policy& p, const Cluster& c,
+                      const RankEstimate& m) {
   const bool offload_opt = p.offload_optimizer != Tier::device, offload_params = p.offload_params != Tier::device;
+  const DeepSpeedCounts ds = deepspeed_counts(spec);
   std::vector<Row> out;
   out.push_back({"memfit", "plan of the step program (model states, activations, temporaries, buffers)", m.device_bytes,
                  m.host_bytes});
   if (p.zero_stage == 3) {
-    const auto d = deepspeed_zero3_estimate(s.parameters, s.largest_tensor_parameters, c.gpus_per_node, c.nodes,
-                                            offload_opt, offload_params);
-    out.push_back({"deepspeed", "estimate_zero3_model_states_mem_needs (model states only, 1.5 host buffer factor)",
+    const auto d = deepspeed_zero3_estimate(ds.params, ds.largest_layer, c.gpus_per_node, c.nodes, offload_opt,
+                                            offload_params);
+    out.push_back({"deepspeed", "0.19 estimate_zero3_model_states_mem_needs (model states only, 1.5 host buffer factor)",
                    d.device, d.host});
-  } else {
-    const auto d = deepspeed_zero2_estimate(s.parameters, c.gpus_per_node, c.nodes, offload_opt);
-    out.push_back({"deepspeed", "estimate_zero2_model_states_mem_needs (model states only, 1.5 host buffer factor)",
+  } else if (p.zero_stage >= 1) {
+    const auto d = deepspeed_zero2_estimate(ds.params, c.gpus_per_node, c.nodes, offload_opt);
+    out.push_back({"deepspeed",
+                   p.zero_stage == 1 ? "0.19 estimate_zero2_model_states_mem_needs, its one estimator for stages 1 "
+                                       "and 2 (model states only, 1.5 host buffer factor)"
+                                     : "0.19 estimate_zero2_model_states_mem_needs (model states only, 1.5 host "
+                                       "buffer factor)",
                    d.device, d.host});
   }
   out.push_back({"accelerate", "estimate-memory 'Training using Adam' (one device, weights + gradients + Adam)",
-                 accelerate_training_estimate(s.parameters, p.precision != Precision::fp32), 0});
+                 accelerate_training_estimate(ds.params, p.precision != Precision::fp32), 0});
   return out;
 }
 
 }  // namespace
 
-std::string format_comparison(const ProgramSummary& s, const Policy& p, const Cluster& c, const RankEstimate& m) {
+std::string format_comparison(const ModelSpec& spec, const ProgramSummary& s, const Policy& p, const Cluster& c,
+                              const RankEstimate& m) {
   std::string out = "compared with other estimators (device per rank; host: memfit per rank, DeepSpeed per node):\n";
-  for (const Row& r : rows(s, p, c, m))
+  if (p.zero_stage == 0) out += "  (DeepSpeed has no estimator without ZeRO: no deepspeed row at --zero 0)\n";
+  for (const Row& r : rows(spec, s, p, c, m))
     out += fmt::format("  {:<11}{:>12} device {:>12} host   {}\n", r.tool, format_bytes(r.device), format_bytes(r.host),
                        r.what);
   const CategoryBytes& d = m.by_tier[size_t(Tier::device)];
@@ -90,9 +119,10 @@ std::string format_comparison(const ProgramSummary& s, const Policy& p, const Cl
   return out;
 }
 
-nlohmann::json comparison_json(const ProgramSummary& s, const Policy& p, const Cluster& c, const RankEstimate& m) {
+nlohmann::json comparison_json(const ModelSpec& spec, const ProgramSummary& s, const Policy& p, const Cluster& c,
+                               const RankEstimate& m) {
   nlohmann::json j = nlohmann::json::array();
-  for (const Row& r : rows(s, p, c, m))
+  for (const Row& r : rows(spec, s, p, c, m))
     j.push_back({{"tool", r.tool}, {"what", r.what}, {"device_bytes", r.device}, {"host_bytes", r.host}});
   return j;
 }

@@ -31,7 +31,7 @@ TEST(Compare, DeepSpeedEstimatorForIssue4527) {
   EXPECT_NEAR(deepspeed_zero3_estimate(P, L, 4, 1, true, false).device / GiB, 3.66, 0.005);
   EXPECT_NEAR(deepspeed_zero3_estimate(P, L, 4, 1, false, false).device / GiB, 29.01, 0.005);
   // ZeRO-2 without offload: 4 bytes of 16-bit weights and gradients + 16 / world of the rest.
-  EXPECT_EQ(deepspeed_zero2_estimate(1000, 4, 1, false).device, 4000u + 4000u);
+  EXPECT_EQ(deepspeed_zero2_estimate(1000, 4, 1, false).device, 2000u + 4500u);  // DeepSpeed 0.19: 2P + 18P/N
   EXPECT_EQ(deepspeed_zero2_estimate(1000, 4, 1, true).host, uint64_t(1000 * 16 * 1.5));
 }
 
