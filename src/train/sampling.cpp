@@ -60,8 +60,9 @@ int32_t Sampler::next(std::span<const float> logits) {
       if (cum > 1.0 - options_.top_p) break;
       ++drop;
     }
-    for (size_t i = kept - drop; i < kept; ++i) sum -= weight_[i];
     kept -= drop;
+    sum = 0;
+    for (size_t i = 0; i < kept; ++i) sum += weight_[i];
   }
   const double u = double(rng_() >> 11) * 0x1.0p-53 * sum;
   double acc = 0;

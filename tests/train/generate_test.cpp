@@ -20,6 +20,7 @@
 #include "support/paths.hpp"
 #include "train/generate.hpp"
 #include "train/init.hpp"
+#include "train/trainer.hpp"
 #include "train/weights.hpp"
 
 namespace memfit {
@@ -267,6 +268,124 @@ TEST(Generate, RunReportsPlannedEqualsMeasured) {
   EXPECT_EQ(report["tokens"].get<std::vector<int32_t>>(), f.tokens);
   EXPECT_TRUE(report["memory"]["planned_equals_measured"].get<bool>());
   EXPECT_NE(log.str().find("kv_cache"), std::string::npos) << log.str();
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+RunConfig sampling_run(const std::string& name) {
+  RunConfig c;
+  c.model = model_dir(name);
+  c.load = model_dir(name);
+  c.policy.batch = 2;
+  c.policy.seq = 16;
+  c.steps = 3;
+  c.lr = 0;  // the weights stay the fixture's, so the samples can be checked against memfit generate
+  c.val_fraction = 0;
+  c.sample_every = 2;
+  c.sample_tokens = 12;
+  return c;
+}
+
+TEST(SampleEvery, TrainingSamplesEqualGenerateOnTheSameWeightsAndArePlanned) {
+  for (const std::string name : {"gpt2_tiny", "llama_tiny"}) {
+    SCOPED_TRACE(name);
+    const RunConfig c = sampling_run(name);
+    std::ostringstream log;
+    const nlohmann::json report = run_training(c, log);
+    GenerateRequest r;
+    r.prompt_ids = {0};
+    r.max_new_tokens = c.sample_tokens;
+    RunConfig g;
+    g.model = g.load = model_dir(name);
+    std::ostringstream glog;
+    const auto tokens = run_generate(g, r, glog)["tokens"].get<std::vector<int32_t>>();
+    const std::string line = fmt::format("sample: ids {}\n", fmt::join(tokens, ","));
+    // Steps 2 and 3 (the last) sample; step 1 does not.
+    EXPECT_NE(log.str().find("step     2/3 | " + line), std::string::npos) << log.str();
+    EXPECT_NE(log.str().find("step     3/3 | " + line), std::string::npos) << log.str();
+    EXPECT_EQ(log.str().find("step     1/3 | sample"), std::string::npos) << log.str();
+    // The samples' cache is in the run's one plan, which the run measured.
+    EXPECT_GT(report["memory"]["tiers"]["device"]["by_category"]["kv_cache"].get<uint64_t>(), 0u) << report["memory"].dump();
+    EXPECT_EQ(report["memory"]["planned_peak_bytes"]["device"], report["memory"]["measured_peak_bytes"]["device"]);
+  }
+}
+
+TEST(SampleEvery, RefusesWhatItCannotReadWholeWeightsFrom) {
+  std::ostringstream log;
+  RunConfig c = sampling_run("gpt2_tiny");
+  c.policy.zero_stage = 3;
+  expect_one_line_error([&] { run_training(c, log); }, "ZeRO stage 3");
+  c = sampling_run("gpt2_tiny");
+  c.load.clear();
+  c.policy.lora.rank = 4;
+  expect_one_line_error([&] { run_training(c, log); }, "LoRA");
+  c = sampling_run("gpt2_tiny");
+  c.sample_tokens = 65;  // one prompt token + 65 - 1 cache positions: one past the 64
+  expect_one_line_error([&] { run_training(c, log); }, "exceeds the 64 positions");
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// Draw counts per token over `draws` samples.
+std::vector<int> histogram(const SamplingOptions& o, const std::vector<float>& logits, int draws) {
+  Sampler s(o, int64_t(logits.size()));
+  std::vector<int> n(logits.size());
+  for (int i = 0; i < draws; ++i) ++n[size_t(s.next(logits))];
+  return n;
+}
+
+TEST(Sampling, GreedyTakesTheLowestIndexOnTies) {
+  EXPECT_EQ(greedy_token(std::vector<float>{1, 3, 3, 2}), 1);
+  Sampler s(SamplingOptions{}, 4);
+  EXPECT_EQ(s.next(std::vector<float>{0, -1, 7, 7}), 2);
+}
+
+TEST(Sampling, TopKKeepsTiesAtTheKthLogitAsTransformersDoes) {
+  SamplingOptions o;
+  o.temperature = 1, o.top_k = 2, o.seed = 1;
+  const std::vector<int> n = histogram(o, {5, 4, 4, 1}, 3000);
+  EXPECT_GT(n[0], 0);
+  EXPECT_GT(n[1], 0);
+  EXPECT_GT(n[2], 0);
+  EXPECT_EQ(n[3], 0);
+}
+
+TEST(Sampling, TopPDropsTheAscendingTailAndRenormalises) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05: ascending cumulative 0.05, 0.2, 0.5, 1.
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  SamplingOptions o;
+  o.temperature = 1, o.seed = 2;
+  o.top_p = 0.75;  // drops cumulative <= 0.25: the 0.05 and the 0.15
+  std::vector<int> n = histogram(o, logits, 4000);
+  EXPECT_EQ(n[2] + n[3], 0);
+  EXPECT_NEAR(double(n[0]) / 4000, 0.5 / 0.8, 0.03);
+  o.top_p = 0.9;  // drops cumulative <= 0.1: the 0.05 only
+  n = histogram(o, logits, 4000);
+  EXPECT_EQ(n[3], 0);
+  EXPECT_GT(n[2], 0);
+  o.top_p = 0.01;  // the most probable token is always kept
+  n = histogram(o, logits, 100);
+  EXPECT_EQ(n[0], 100);
+}
+
+TEST(Sampling, TemperatureSharpensTowardsTheTopToken) {
+  SamplingOptions o;
+  o.seed = 4;
+  const std::vector<float> logits = {1.0f, 0.5f, 0.0f};
+  o.temperature = 1;
+  const int warm = histogram(o, logits, 4000)[0];
+  o.temperature = 0.1;
+  const int cold = histogram(o, logits, 4000)[0];
+  EXPECT_NEAR(double(warm) / 4000, std::exp(1.0) / (std::exp(1.0) + std::exp(0.5) + 1.0), 0.03);
+  EXPECT_GT(cold, 3900);
 }
 
 }  // namespace
