@@ -22,7 +22,9 @@ TensorId cached_attention(GraphBuilder& b, const std::string& name, TensorId qkv
   const int64_t T = attn.seq, C = attn.heads * attn.head_dim;
   const TensorId y = b.transient(name + ".y", Shape{attn.batch, T, C}, Category::activations);
   CachedAttentionAttrs a{attn, shape.capacity, rope};
-  const double keys = double(T) * double(shape.capacity);  // an upper bound: the run's position is not known here
+  // Query-key pairs: the prefill runs at position 0 (a causal triangle); a decode's position is
+  // known only at run time, so it counts the cache's average, half of it.
+  const double keys = name.starts_with("prefill.") ? double(T) * double(T + 1) / 2 : 0.5 * double(shape.capacity);
   b.emit({OpKind::cached_attention, name, {qkv}, {y, caches.k[size_t(l)], caches.v[size_t(l)]}, a,
           4.0 * keys * double(C), {WriteMode::overwrite, WriteMode::update, WriteMode::update}});
   return y;
