@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -18,6 +19,7 @@
 #include "runtime/compile.hpp"
 #include "support/alloc_counter.hpp"
 #include "support/paths.hpp"
+#include "support/run_cli.hpp"
 #include "train/generate.hpp"
 #include "train/init.hpp"
 #include "train/trainer.hpp"
@@ -386,6 +388,32 @@ TEST(Sampling, TemperatureSharpensTowardsTheTopToken) {
   const int cold = histogram(o, logits, 4000)[0];
   EXPECT_NEAR(double(warm) / 4000, std::exp(1.0) / (std::exp(1.0) + std::exp(0.5) + 1.0), 0.03);
   EXPECT_GT(cold, 3900);
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+TEST(Generate, TheRunStopsAtTheConfigsEosUnlessIgnored) {
+  const Fixture f = read_fixture("llama_tiny");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(model_dir("llama_tiny") + "/config.json"));
+  config["eos_token_id"] = f.tokens[4];
+  const std::string dir = test::temp_dir();
+  test::write_file(dir + "/config.json", config.dump());
+  RunConfig c;
+  c.model = dir + "/config.json";
+  c.load = model_dir("llama_tiny");
+  GenerateRequest r;
+  r.prompt_ids = f.prompt;
+  std::ostringstream log;
+  nlohmann::json report = run_generate(c, r, log);
+  EXPECT_TRUE(report["stopped_at_eos"].get<bool>());
+  EXPECT_EQ(report["tokens"].get<std::vector<int32_t>>(), std::vector<int32_t>(f.tokens.begin(), f.tokens.begin() + 5));
+  r.ignore_eos = true;
+  report = run_generate(c, r, log);
+  EXPECT_EQ(report["tokens"].get<std::vector<int32_t>>(), f.tokens);
 }
 
 }  // namespace
