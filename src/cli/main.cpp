@@ -6,6 +6,7 @@
 //   memfit profile ...    a few training steps with a trace (Perfetto) and an HTML report
 //   memfit max-batch ...  the largest micro-batch that fits a memory budget
 //   memfit eval ...       loss and perplexity on a token file, no training (cli/eval_command.hpp)
+//   memfit generate ...   text from a model over a KV cache, in planned memory (cli/generate_command.hpp)
 //   memfit tokenize ...   text -> llm.c token files with an HF tokenizer.json (cli/tokenize_command.hpp)
 //   memfit merge-lora ... HF weights with a PEFT LoRA adapter merged in (cli/merge_lora_command.hpp)
 // Errors print one line, "memfit: error: [piece] message", and exit with status 1, command-line
@@ -20,6 +21,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/eval_command.hpp"
+#include "cli/generate_command.hpp"
 #include "cli/hardware_plan.hpp"
 #include "cli/options.hpp"
 #include "cli/merge_lora_command.hpp"
@@ -140,6 +142,7 @@ int main(int argc, char** argv) {
   memfit::cli::RunOptions max_batch_options(*max_batch, false);
   memfit::cli::HardwarePlanOptions hardware_plan(*plan);
   const memfit::cli::EvalCommand eval(app);
+  const memfit::cli::GenerateCommand generate(app);
   bool as_json = false, check_leaks = false, no_verify = false, max_batch_json = false;
   std::string profile_out = "memfit-profile";
   plan->add_flag("--json", as_json, "print the plan as JSON");
@@ -179,6 +182,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (eval.parsed()) return eval.run(std::cout);
+    if (generate.parsed()) return generate.run(std::cout);
     if (max_batch->parsed()) {
       memfit::max_batch_command(max_batch_options.resolve(), max_batch_options.seq_auto(), !no_verify, max_batch_json,
                                 std::cout);

@@ -239,6 +239,13 @@ void RunOptions::add_training_options(CLI::App& app) {
   add_flag(app, "--shuffle", "read batches in a seeded random order", [](RunConfig& c, bool v) { c.shuffle = v; });
   add<int64_t>(app, "--eval-every", "validation loss every N steps (0: at the end only)",
                [](RunConfig& c, int64_t v) { c.eval_every = require_in("--eval-every", v, input_range::interval); });
+  add<int64_t>(app, "--sample-every", "print a greedy sample from the current weights every N steps (0: off); "
+               "its KV cache and activations are planned with the run",
+               [](RunConfig& c, int64_t v) { c.sample_every = require_in("--sample-every", v, input_range::interval); });
+  add<std::string>(app, "--sample-prompt", "the samples' prompt (--tokenizer, or bytes for a 256-token vocabulary; "
+                   "default: token id 0)", [](RunConfig& c, std::string v) { c.sample_prompt = std::move(v); });
+  add<int64_t>(app, "--sample-tokens", "new tokens per sample (default 32)",
+               [](RunConfig& c, int64_t v) { c.sample_tokens = require_in("--sample-tokens", v, input_range::steps); });
   add<int64_t>(app, "--eval-batches", "validation batches per evaluation", [](RunConfig& c, int64_t v) {
     c.eval_batches = require_in("--eval-batches", v, input_range::steps);
   });

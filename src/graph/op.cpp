@@ -54,6 +54,8 @@ std::string_view op_kind_name(OpKind k) {
     MEMFIT_KIND(quant_linear)
     MEMFIT_KIND(quant_linear_backward)
     MEMFIT_KIND(check_finite)
+    MEMFIT_KIND(embedding_at)
+    MEMFIT_KIND(cached_attention)
     MEMFIT_KIND(fill)
     MEMFIT_KIND(grad_norm)
     MEMFIT_KIND(adamw)

@@ -89,6 +89,14 @@ enum class OpKind : uint16_t {
                        //   summed over tiles in fp32; no weight gradient (W is frozen)
   check_finite,        // in [tensors...] (any float dtype) out [flag (1) fp32]: 1 when any
                        //   element is inf or NaN, else 0
+  // --- generation over a KV cache (graph/inference_program.hpp) ---
+  //   p = StepContext::position: the op's T tokens are at positions p .. p+T-1 of their sequence.
+  embedding_at,        // in [tokens (B,T), wte (Vp,C), (wpe (Tmax,C))] out [x (B,T,C)]: embedding_forward with
+                       //   the position table read at rows p + t; p + T <= Tmax
+  cached_attention,    // in [qkv (B,T,(NH+2KV)HS)] out [y (B,T,NH*HS), k cache (B,KV,S,HS), v cache (B,KV,S,HS)]
+                       //   (caches: update); CachedAttentionAttrs. Writes the tokens' k (rotated by HF's rope
+                       //   at its position when attrs.rope) and v into cache rows [p, p+T), then query t (rotated
+                       //   too) attends causally over rows [0, p+t]; p + T <= S. workspace [library scratch]
   // --- optimizer ---
   fill,                // out [x]: x = value
   grad_norm,           // in [grads...] out [norm (1)] workspace [partials (chunks) fp32]; GradNormAttrs
@@ -195,6 +203,13 @@ struct AttentionAttrs {
   float rope_theta = 10000.0f; // rotary base (rope ops of the llama family)
   RopeScaling rope_scaling;
 };
+// cached_attention: the attention shape (seq = T, the tokens of one run), the caches' rows S and
+// whether q and k are rotated (llama family) before k is stored.
+struct CachedAttentionAttrs {
+  AttentionAttrs attn;
+  int64_t capacity = 0;  // S
+  bool rope = false;
+};
 struct ClassifierAttrs {
   int64_t rows = 0;        // N
   int64_t vocab = 0;       // real vocabulary; columns >= vocab are padding and get no probability
@@ -243,7 +258,7 @@ struct CollectiveAttrs {
 };
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
                              ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs, ColumnsAttrs,
-                             DropoutAttrs, QuantLinearAttrs>;
+                             DropoutAttrs, QuantLinearAttrs, CachedAttentionAttrs>;
 
 struct Op {
   OpKind kind = OpKind::fill;

@@ -110,6 +110,9 @@ struct Policy {
   int64_t offload_chunk_elements = 0;  // optimizer offload's staging chunk (graph/offload.hpp); 0: the default
   int64_t classifier_chunk_rows = 0;  // 0: chosen by the builder (logits chunk of at most 128 MiB)
   bool with_eval = true;              // add the "eval" section (validation loss)
+  // > 0: add the "generate" section (graph/inference_program.hpp) for a prompt of this many
+  // tokens and a KV cache of sample_capacity positions (train --sample-every).
+  int64_t sample_prompt = 0, sample_capacity = 0;
 };
 
 // world = data x tensor ranks. Tensor-parallel ranks are adjacent, as Megatron lays them out:

@@ -67,6 +67,7 @@ std::string_view section_name(SectionKind kind) {
     case SectionKind::sync: return "sync";
     case SectionKind::optimizer: return "optimizer";
     case SectionKind::eval: return "eval";
+    case SectionKind::generate: return "generate";
   }
   return "?";
 }
@@ -76,7 +77,8 @@ int Section::runs_per_step() const {
     case SectionKind::micro: return repeat;
     case SectionKind::sync:
     case SectionKind::optimizer: return 1;
-    case SectionKind::eval: return 0;
+    case SectionKind::eval:
+    case SectionKind::generate: return 0;
   }
   return 0;
 }

@@ -20,8 +20,9 @@ enum class SectionKind : uint8_t {
   sync,       // data-parallel programs: the global loss and overflow flag, once per step
   optimizer,  // the update, once per step (skipped when fp16 gradients overflowed)
   eval,       // validation: a batch, forward, loss; never part of a step
+  generate,   // prefill and decode over a KV cache (graph/inference_program.hpp); never part of a step
 };
-constexpr int kNumSectionKinds = 4;
+constexpr int kNumSectionKinds = 5;
 std::string_view section_name(SectionKind kind);  // for output: "micro", "sync", ...
 
 struct Section {

@@ -14,6 +14,7 @@ std::string_view category_name(Category c) {
     case Category::temporaries: return "temporaries";
     case Category::communication: return "communication";
     case Category::offload_staging: return "offload_staging";
+    case Category::kv_cache: return "kv_cache";
   }
   MEMFIT_ASSERT(false, "unknown category {}", int(c));
 }

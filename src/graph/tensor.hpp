@@ -26,11 +26,13 @@ enum class Category : uint8_t {
   temporaries,      // workspaces, intermediate values that die inside a phase, recompute buffers
   communication,    // collective buffers, gathered parameter blocks
   offload_staging,  // bounce buffers of transfers between tiers
+  kv_cache,         // generation: every layer's cached keys and values (graph/inference_program.hpp)
 };
-inline constexpr int kNumCategories = 8;
+inline constexpr int kNumCategories = 9;
 inline constexpr std::array<Category, kNumCategories> kAllCategories = {
     Category::parameters,   Category::master_weights, Category::gradients,     Category::optimizer_state,
-    Category::activations,  Category::temporaries,    Category::communication, Category::offload_staging};
+    Category::activations,  Category::temporaries,    Category::communication, Category::offload_staging,
+    Category::kv_cache};
 
 enum class Tier : uint8_t { device, host, disk };
 inline constexpr int kNumTiers = 3;

@@ -9,6 +9,7 @@
 #include "graph/autodiff.hpp"
 #include "graph/eval_program.hpp"
 #include "graph/forward_rewrite.hpp"
+#include "graph/inference_program.hpp"
 #include "graph/model_forward.hpp"
 #include "graph/offload.hpp"
 #include "graph/optimizer.hpp"
@@ -161,6 +162,8 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   p.end_section();
 
   if (policy.with_eval) emit_eval_section(b, spec, params, policy, rewrites);
+  if (policy.sample_prompt > 0)
+    emit_generate_section(b, spec, params, policy, GenerateShape{policy.sample_prompt, policy.sample_capacity});
   if (policy.recompute.mode != RecomputeMode::none) p = apply_recompute(p, recompute);
   // After recompute: recomputed ops get the same dtypes and fp32 islands as the forward ops
   // they replay (so they compute the same bits), and their replays indices are remapped.

@@ -23,6 +23,7 @@ struct StepContext {
   int micro = 0;            // index of the micro-step within the optimizer step
   int micro_count = 1;      // micro-steps per optimizer step
   uint64_t seed = 0;        // the run's seed: dropout masks are a function of (seed, step, micro)
+  int64_t position = 0;     // generation: the position of the first token an op runs over (graph/op.hpp)
 };
 
 // Whether an output written with `mode` is accumulated into (true) or overwritten (false).

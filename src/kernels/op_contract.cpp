@@ -22,7 +22,8 @@ void check_slot_dtypes(const Program& p, const Op& op) {
   if (op.kind == OpKind::quant_linear || op.kind == OpKind::quant_linear_backward) return;  // check_quant_linear
   auto int_input = [&](size_t i) {
     switch (op.kind) {
-      case OpKind::embedding_forward: return i == 0;
+      case OpKind::embedding_forward:
+      case OpKind::embedding_at: return i == 0;
       case OpKind::embedding_backward: return i == 1;
       case OpKind::classifier:
       case OpKind::classifier_eval: return i == 2;
@@ -284,6 +285,39 @@ void check_attention(const Program& p, const Op& op) {
       if (id != kNoTensor) require_dtype(p, op, id, id == lse ? DType::f32 : dt);
 }
 
+// The generation kinds (graph/op.hpp): the position is a run-time value, so p + T against the
+// position table and the cache rows is the kernels' check; here only the shapes.
+void check_generation(const Program& p, const Op& op) {
+  if (op.kind == OpKind::embedding_at) {
+    const bool has_wpe = op.inputs.size() == 3;
+    check_arity(op, has_wpe ? 3 : 2, 1);
+    require_overwrite(op, 0);
+    const TensorDesc& wte = p.tensor(op.inputs[1]);
+    check_numel(p, op, op.outputs[0], p.tensor(op.inputs[0]).numel() * wte.shape.last(), "x");
+    if (has_wpe) check_numel(p, op, op.inputs[2], p.tensor(op.inputs[2]).shape.rows() * wte.shape.last(), "wpe");
+    for (TensorId id : {op.outputs[0], has_wpe ? op.inputs[2] : kNoTensor}) require_dtype(p, op, id, wte.dtype);
+    return;
+  }
+  check_arity(op, 1, 3);
+  const CachedAttentionAttrs& c = attrs_of<CachedAttentionAttrs>(op);
+  const AttentionAttrs& a = c.attn;
+  const int64_t kv = a.kv_heads > 0 ? a.kv_heads : a.heads;
+  MEMFIT_CHECK(a.head_dim > 0 && a.head_dim <= 512 && kv > 0 && a.heads % kv == 0 && (!c.rope || a.head_dim % 2 == 0),
+               "kernels", "op '{}': head_dim {} (even with rope, at most 512), {} heads over {} kv heads", op.name,
+               a.head_dim, a.heads, kv);
+  MEMFIT_CHECK(a.seq >= 1 && a.seq <= c.capacity, "kernels", "op '{}': {} tokens for a cache of {} positions", op.name,
+               a.seq, c.capacity);
+  check_numel(p, op, op.inputs[0], a.batch * a.seq * (a.heads + 2 * kv) * a.head_dim, "qkv");
+  check_numel(p, op, op.outputs[0], a.batch * a.seq * a.heads * a.head_dim, "y");
+  for (size_t j = 1; j < 3; ++j) {
+    check_numel(p, op, op.outputs[j], a.batch * kv * c.capacity * a.head_dim, j == 1 ? "k cache" : "v cache");
+    MEMFIT_CHECK(op.outputs[j] != kNoTensor && op.modes[j] == WriteMode::update, "kernels",
+                 "op '{}': the caches are updated in place (rows before the position are read)", op.name);
+  }
+  require_overwrite(op, 0);
+  for (TensorId id : op.outputs) require_dtype(p, op, id, p.tensor(op.inputs[0]).dtype);
+}
+
 void check_classifier(const Program& p, const Op& op) {
   const bool train = op.kind == OpKind::classifier;
   check_arity(op, 3, train ? 3 : 1, 1);
@@ -450,6 +484,8 @@ void check_op_contract(const Program& program, const Op& op) {
     case OpKind::check_finite:
     case OpKind::loss_mean: return check_reduction(program, op);
     case OpKind::fill: return check_arity(op, 0, 1);
+    case OpKind::embedding_at:
+    case OpKind::cached_attention: return check_generation(program, op);
     default: return;  // kinds no backend computes: refused by the backend, naming the op
   }
 }

@@ -70,6 +70,11 @@ struct RunConfig {
   double val_fraction = 0.1;  // share of the data held out at its end; 0: no validation
   int64_t eval_every = 0;     // 0: validate after the last step only
   int64_t eval_batches = 4;
+  // --sample-every N: every N steps rank 0 prints a greedy sample of sample_tokens new tokens
+  // after sample_prompt (train/generate.hpp); its generate section is part of the run's plan.
+  int64_t sample_every = 0;
+  std::string sample_prompt;  // empty: token id 0
+  int64_t sample_tokens = 32;
   std::string load;  // safetensors file or a directory holding model.safetensors
   std::string save;  // directory (model.safetensors + config.json) or a .safetensors path; LoRA: a PEFT adapter dir
   std::string load_adapter;  // a PEFT adapter directory (train/adapter_files.hpp) onto a LoRA run

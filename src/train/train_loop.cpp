@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/training_program.hpp"
+#include "train/generate.hpp"
 #include "train/run_checks.hpp"
 
 namespace memfit {
@@ -66,6 +67,10 @@ LoopRecord run_train_loop(RunState& s, RunHooks* hooks) {
   const int64_t applied_at_start = s.applied;
   LoopRecord rec;
   rec.has_grad_norm = has_norm;
+  // Every rank samples (the weights agree at ZeRO stage <= 2), so every rank's planned section
+  // is used; only rank 0's log is printed. The last step samples too.
+  std::optional<TrainingSampler> sampler;
+  if (c.sample_every > 0) sampler.emplace(c, ex, s.run.spec.vocab_size);
   for (int64_t step = s.first_step; step <= c.steps; ++step) {
     StepContext ctx;
     ctx.step = s.applied + 1;
@@ -110,6 +115,8 @@ LoopRecord run_train_loop(RunState& s, RunHooks* hooks) {
       log << fmt::format("step {:>5}/{} | loss {:.4f} | {:8.1f} ms | {:>9.0f} tok/s | lr {:.3g}{} | device {} planned{}\n",
                          step, c.steps, rec.last_loss, dt * 1e3, tokens_per_step / dt, ctx.lr,
                          has_norm ? fmt::format(" | norm {:.3f}", grad_norm) : "", format_bytes(planned), scaling);
+    if (sampler && (step % c.sample_every == 0 || step == c.steps))
+      log << fmt::format("step {:>5}/{} | sample: {}\n", step, c.steps, sampler->sample());
     if (!c.checkpoint_dir.empty() && (c.checkpoint_every > 0 ? step % c.checkpoint_every == 0 : step == c.steps))
       checkpoint(s, step);
     if (with_eval && c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/training_program.hpp"
+#include "train/generate.hpp"
 #include "train/run_report.hpp"
 #include "train/run_setup.hpp"
 #include "train/train_loop.hpp"
@@ -22,6 +23,7 @@ PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
   run.spec = resolve_model(c.model);
   run.policy = c.policy;
   run.policy.with_eval = c.val_fraction > 0;
+  plan_training_samples(c, run.spec, run.policy);
   if (run.policy.recompute.mode == RecomputeMode::automatic && run.policy.recompute.blocks.empty()) {
     run.recompute_choice = choose_recompute(run.spec, run.policy, c.topology, backend.capabilities(), run_budget(c),
                                             [&](Program& p) { attach_backend_scratch(p, backend); });

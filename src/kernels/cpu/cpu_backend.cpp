@@ -36,6 +36,7 @@ OpCapabilities make_cpu_capabilities() {
            OpKind::grad_norm, OpKind::adamw, OpKind::adamw8bit, OpKind::load_input},
           {DType::bf16, DType::f16});
   c.allow(OpKind::load_input, {DType::f32});
+  c.allow({OpKind::embedding_at, OpKind::cached_attention}, {DType::f32, DType::bf16, DType::f16});
   // Products: oneDNN 2.6 offers bf16 matmuls on CPUs (AMX / AVX512-BF16), no f16 ones.
   c.allow({OpKind::matmul, OpKind::attention_forward, OpKind::attention_backward, OpKind::classifier,
            OpKind::classifier_eval, OpKind::quant_linear, OpKind::quant_linear_backward},
@@ -63,6 +64,7 @@ class CpuBackend final : public Backend {
         case OpKind::flash_attention_backward: return attention_scratch_bytes(env_, program, op);
         case OpKind::classifier:
         case OpKind::classifier_eval: return classifier_scratch_bytes(env_, program, op);
+        case OpKind::cached_attention: return cached_attention_scratch_bytes(op);
         default: return 0;
       }
     } catch (const Error&) {
@@ -116,6 +118,8 @@ class CpuBackend final : public Backend {
       case OpKind::grad_norm: return prepare_grad_norm(program, op, binding);
       case OpKind::check_finite: return prepare_check_finite(program, op, binding);
       case OpKind::fill: return prepare_fill(program, op, binding);
+      case OpKind::embedding_at: return prepare_embedding_at(program, op, binding);
+      case OpKind::cached_attention: return prepare_cached_attention(program, op, binding);
       default: no_cpu_kernel(op, op_storage_dtype(program, op));
     }
   }

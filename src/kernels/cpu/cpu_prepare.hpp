@@ -71,6 +71,10 @@ Prepared prepare_rope(const Program& p, const Op& op, const OpBinding& b);
 Prepared prepare_attention(const DnnlEnv& env, const Program& p, const Op& op, const OpBinding& b);  // plain
 Prepared prepare_flash_attention(const Program& p, const Op& op, const OpBinding& b);
 uint64_t attention_scratch_bytes(const DnnlEnv& env, const Program& p, const Op& op);  // plain and flash
+// prepare_generation.cpp
+Prepared prepare_cached_attention(const Program& p, const Op& op, const OpBinding& b);
+Prepared prepare_embedding_at(const Program& p, const Op& op, const OpBinding& b);
+uint64_t cached_attention_scratch_bytes(const Op& op);
 // prepare_classifier.cpp
 Prepared prepare_classifier(const DnnlEnv& env, const Program& p, const Op& op, const OpBinding& b);
 Prepared prepare_loss_mean(const Program& p, const Op& op, const OpBinding& b);

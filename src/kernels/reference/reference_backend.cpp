@@ -16,6 +16,7 @@
 #include "core/dropout_mask.hpp"
 #include "kernels/op_contract.hpp"
 #include "kernels/reference/reference.hpp"
+#include "kernels/reference/reference_kv_cache.hpp"
 #include "kernels/reference/reference_llama.hpp"
 #include "kernels/reference/reference_optimizer.hpp"
 #include "kernels/reference/reference_quant.hpp"
@@ -32,6 +33,7 @@ OpCapabilities make_reference_capabilities() {
   OpCapabilities c("reference");
   for (OpKind k : kComputeOpKinds)
     if (k != OpKind::check_finite) c.allow(k, {DType::f32});
+  c.allow({OpKind::embedding_at, OpKind::cached_attention}, {DType::f32});
   return c;
 }
 
@@ -250,6 +252,22 @@ Prepared prepare_optimizer(const Program& p, const Op& op, const OpBinding& b) {
   });
 }
 
+Prepared prepare_generation(const Program& p, const Op& op, const OpBinding& b) {
+  if (op.kind == OpKind::embedding_at) {
+    const TensorDesc& tok = p.tensor(op.inputs[0]);
+    const int64_t T = tok.shape.last(), B = tok.numel() / T, C = p.tensor(op.inputs[1]).shape.last();
+    const int64_t Tmax = op.inputs.size() == 3 ? p.tensor(op.inputs[2]).shape.rows() : INT64_MAX / 2;
+    return make_op([=, wpe = op.inputs.size() == 3 ? in(b, 2) : nullptr](const StepContext& ctx) {
+      MEMFIT_CHECK(ctx.position >= 0 && ctx.position + T <= Tmax, "kernels", "embedding: positions beyond the table");
+      ref::embedding_at(in_i(b, 0), in(b, 1), wpe, out(b, 0), B, T, C, ctx.position);
+    });
+  }
+  const CachedAttentionAttrs a = attrs_of<CachedAttentionAttrs>(op);
+  return make_op([=](const StepContext& ctx) {
+    ref::cached_attention(in(b, 0), out(b, 0), out(b, 1), out(b, 2), a, a.rope, ctx.position);
+  });
+}
+
 class ReferenceBackend final : public Backend {
  public:
   std::string_view name() const override { return "reference"; }
@@ -285,6 +303,8 @@ class ReferenceBackend final : public Backend {
       case OpKind::grad_norm: return prepare_optimizer(program, op, binding);
       case OpKind::quant_linear:
       case OpKind::quant_linear_backward: return ref::prepare_quant_linear(program, op, binding);
+      case OpKind::embedding_at:
+      case OpKind::cached_attention: return prepare_generation(program, op, binding);
       default: return prepare_dense(program, op, binding);
     }
   }
