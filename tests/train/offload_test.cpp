@@ -22,7 +22,9 @@
 //     keeps none; steps 2.. allocate nothing;
 // (g) a checkpoint of a parameter-offloaded run resumes bit for bit, with or without offload;
 // (h) `memfit plan` with the run's flags prints the per-tier figures the run measures;
-// (i) the tier's file truncated under a running job ends the run in one line.
+// (i) the tier's file truncated under a running job ends the run in one line;
+// (j) over a budget at stage 3, the out-of-memory diagnosis proposes --offload-params disk
+//     when that fits, and the run with it trains within the budget (below stage 3: never).
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
@@ -36,6 +38,7 @@
 
 #include <fmt/format.h>
 
+#include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "graph/training_program.hpp"
 #include "kernels/backend.hpp"
@@ -43,6 +46,8 @@
 #include "support/mpi_test.hpp"
 #include "support/run_cli.hpp"
 #include "support/tiny_run.hpp"
+#include "train/budget.hpp"
+#include "train/candidates.hpp"
 #include "train/run_config.hpp"
 #include "train/trainer.hpp"
 
@@ -427,6 +432,40 @@ TEST(ParamOffload, RefusedBelowStageThreeInOneLine) {
   EXPECT_NE(what.find("needs ZeRO stage 3"), std::string::npos) << what;
   EXPECT_NE(what.find("--zero 3"), std::string::npos) << what;
   EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+}
+
+TEST(ParamOffload, DiagnosisProposesItAtStageThreeWhenItFits) {
+  auto backend = make_cpu_backend();
+  RunConfig c = stage3("gpt2-tiny", Precision::fp32, OptimizerKind::adamw, 2);
+  c.val_fraction = 0;
+  const uint64_t budget = 15 * MiB;
+  const PreparedRun run = prepare_run(c, *backend);
+  ASSERT_GT(memory_peak(run.compiled.plan), budget);
+  const BudgetDiagnosis d = diagnose_budget(c, run, budget, *backend);
+  const FitSuggestion* offload = nullptr;
+  for (const FitSuggestion& s : d.suggestions)
+    if (s.flags == "--offload-params disk --offload-dir DIR") offload = &s;
+  ASSERT_NE(offload, nullptr) << d.report;
+  EXPECT_TRUE(offload->fits) << d.report;
+  EXPECT_EQ(offload->cost, ChangeCost::more_io);
+  // Followed: the run trains within the budget, measuring what the diagnosis planned.
+  RunConfig fixed = c;
+  fixed.policy.offload_params = Tier::disk;
+  fixed.offload_dir = scratch("params-budget");
+  fixed.memory_budget = budget;
+  const nlohmann::json r = train(fixed);
+  const auto& planned = r["memory"]["planned_peak_bytes"];
+  EXPECT_EQ(planned["device"].get<uint64_t>() + planned["host"].get<uint64_t>(), offload->peak);
+  EXPECT_LE(offload->peak, budget);
+  expect_every_tier_measured(r);
+  // Below stage 3 DeepSpeed's rule holds: parameter offload is not offered.
+  c.policy.zero_stage = 2;
+  const PreparedRun two = prepare_run(c, *backend);
+  if (memory_peak(two.compiled.plan) > budget) {
+    for (const FitSuggestion& s : diagnose_budget(c, two, budget, *backend).suggestions) {
+      EXPECT_EQ(s.flags.find("--offload-params"), std::string::npos) << s.flags;
+    }
+  }
 }
 
 }  // namespace
