@@ -179,8 +179,8 @@ class ParamOffload {
         const TensorId piece = id;
         const std::string& name = p_.tensor(piece).name;
         id = staging_for(piece, "offload.staging." + name);
-        if (reads) staged[i].in.push_back(transfer_op(p_, "offload.in." + name, piece, id, op.layer));
-        staged[i].out.push_back(transfer_op(p_, "offload.out." + name, id, piece, op.layer));
+        if (reads) staged[i].in.push_back(transfer_op(p_, "offload.in.params." + name, piece, id, op.layer));
+        staged[i].out.push_back(transfer_op(p_, "offload.out.params." + name, id, piece, op.layer));
         uses = true;
       };
       for (TensorId& id : op.inputs) retarget(id, true);

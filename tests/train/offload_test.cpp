@@ -23,6 +23,8 @@
 // (g) a checkpoint of a parameter-offloaded run resumes bit for bit, with or without offload;
 // (h) `memfit plan` with the run's flags prints the per-tier figures the run measures;
 // (i) the tier's file truncated under a running job ends the run in one line;
+// (k) `memfit profile` of a run with the parameters and the optimizer on disk puts the fetches
+//     and write-backs on the transfer.in / transfer.out tracks;
 // (j) over a budget at stage 3, the out-of-memory diagnosis proposes --offload-params disk
 //     when that fits, and the run with it trains within the budget (below stage 3: never).
 #include <gtest/gtest.h>
@@ -34,6 +36,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -466,6 +469,29 @@ TEST(ParamOffload, DiagnosisProposesItAtStageThreeWhenItFits) {
       EXPECT_EQ(s.flags.find("--offload-params"), std::string::npos) << s.flags;
     }
   }
+}
+
+TEST(ParamOffload, ProfileShowsTheFetchesOnTheTransferTracks) {
+  const std::string dir = scratch("params-profile");
+  const auto r = test::run_memfit("profile --steps 2 --model gpt2-tiny --batch 2 --seq 32 --val-fraction 0 --zero 3 "
+                                  "--offload-params disk --offload-optimizer disk --offload-dir " + dir + " --out " +
+                                  dir + "/profile");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream in(dir + "/profile/trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<int, std::string> track;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "M" && e.contains("tid")) track[e["tid"].get<int>()] = e["args"]["name"];
+  int fetches = 0, writes = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || !e.contains("tid")) continue;
+    const std::string name = e["name"], on = track[e["tid"].get<int>()];
+    fetches += on == "transfer.in" && name.starts_with("offload.in.params.");
+    writes += on == "transfer.out" && name.starts_with("offload.out.params.");
+  }
+  EXPECT_GT(fetches, 0);
+  EXPECT_GT(writes, 0);
+  EXPECT_NE(r.out.find("transfers transfer.in"), std::string::npos) << r.out;
 }
 
 }  // namespace
