@@ -53,12 +53,12 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
       ->expected(2);
 }
 
-bool HardwarePlanOptions::requested(const RunConfig& c) const {
+bool HardwarePlanOptions::requested(const RunConfig&) const {
   const bool other_hardware = hardware_ != "cpu";
   for (const char* flag : {"--hardware", "--hardware-file", "--hardware-set", "--device-memory", "--gpus-per-node",
                            "--nodes", "--fit", "--compare", "--emit", "--efficiency", "--comm-overlap"})
     if (app_.get_option(flag)->count() > 0) return true;
-  return other_hardware || c.policy.offload_params != Tier::device;
+  return other_hardware;
 }
 
 namespace {

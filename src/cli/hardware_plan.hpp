@@ -16,8 +16,8 @@ namespace memfit::cli {
 class HardwarePlanOptions {
  public:
   explicit HardwarePlanOptions(CLI::App& plan);
-  // True when the run needs the estimate: other hardware, --fit, --compare, --emit, or
-  // offload (not a program transformation yet). A ZeRO run on this machine's backend (only
+  // True when the run needs the estimate: other hardware, --fit, --compare, --emit. Offload
+  // (optimizer and parameters) is a program transformation: plan builds it. A ZeRO run on this machine's backend (only
   // --world-size / --zero given) gets plan's full memory table of rank 0's program; the
   // estimate plans the same program (fit/estimate.hpp), so both report the same peak.
   bool requested(const RunConfig& config) const;

@@ -95,9 +95,11 @@ double op_seconds(const Program& p, const Op& op, const Hardware& hw, double eff
 // The unsharded program a policy plans with: zero stage and offload set aside (the eval
 // section stays as the policy says: the run holds its memory; its ops are not timed).
 Policy planning_policy(const Policy& policy);
-// Whether the training program itself expresses the policy on `world` ranks: no offload (the
-// builder refuses it until issue 16), and with ZeRO or more than one rank neither frozen
-// parameters nor the update in backward (refused too). Else sharding is the labelled estimate.
+// Whether the estimate plans the rank program itself on `world` ranks: no offload (the builder
+// expresses it, but for this CPU backend; on GPU presets offload is placed as DeepSpeed places
+// it, the labelled model, and `memfit plan` without --hardware plans the real offload program),
+// and with ZeRO or more than one rank neither frozen parameters nor the update in backward
+// (refused). Else sharding is the labelled estimate.
 bool zero_from_program(const Policy& policy, int world);
 ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan, const Hardware& hw,
                                  const EstimateOptions& options);

@@ -10,9 +10,19 @@
 namespace memfit {
 
 std::string offload_refusal(const Policy& p) {
-  if (p.offload_params != Tier::device)
-    return "parameter offload (--offload-params) is not supported by this build yet; offload the optimizer "
-           "(--offload-optimizer host|disk) instead";
+  if (p.offload_params != Tier::device) {
+    const std::string flag = fmt::format("--offload-params {}", tier_name(p.offload_params));
+    // DeepSpeed's rule: only stage 3 gathers parameters from shards, which is what moves.
+    if (p.zero_stage != 3)
+      return fmt::format("parameter offload ({}) needs ZeRO stage 3, as DeepSpeed's offload_param does: add --zero 3",
+                         flag);
+    if (p.update_in_backward)
+      return fmt::format("parameter offload ({}) with the update in the backward pass is not supported: drop "
+                         "--optimizer-in-backward", flag);
+    if (p.quantize_base.enabled())
+      return fmt::format("parameter offload ({}) with a quantised base is not supported (ZeRO-3 does not shard "
+                         "quantised weights): drop --quantize-base", flag);
+  }
   if (p.offload_optimizer == Tier::device) return "";
   if (p.update_in_backward) return "optimizer offload with the update in the backward pass is not supported";
   if (p.offload_chunk_elements < 0 || p.offload_chunk_elements % kOffloadChunkGranule != 0)
@@ -21,15 +31,7 @@ std::string offload_refusal(const Policy& p) {
   return "";
 }
 
-namespace {
-
-// One update op's per-parameter slots: grads [n] -> outputs [target, state roles...] x n.
-struct UpdateSlots {
-  size_t n = 0, roles = 0;
-  bool clips = false;
-};
-
-UpdateSlots slots_of(const Op& op) {
+UpdateSlots update_slots(const Op& op) {
   const AdamWAttrs& a = std::get<AdamWAttrs>(op.attrs);
   UpdateSlots s;
   s.clips = a.max_grad_norm > 0;
@@ -40,7 +42,23 @@ UpdateSlots slots_of(const Op& op) {
   return s;
 }
 
-bool is_update(const Op& op) { return op.kind == OpKind::adamw || op.kind == OpKind::adamw8bit; }
+bool is_update_op(const Op& op) { return op.kind == OpKind::adamw || op.kind == OpKind::adamw8bit; }
+
+Op transfer_op(const Program& p, const std::string& name, TensorId src, TensorId dst, int layer) {
+  Op op;
+  op.kind = OpKind::transfer;
+  op.name = name;
+  op.phase = Phase::transfer;
+  op.layer = layer;
+  op.inputs = {src};
+  op.outputs = {dst};
+  op.modes = {WriteMode::overwrite};
+  const bool outward = p.tensor(dst).tier > p.tensor(src).tier;
+  op.queue = outward ? Queue::transfer_out : Queue::transfer_in;
+  return op;
+}
+
+namespace {
 
 constexpr int kStagingSets = 3;                // read ahead, update, write behind
 constexpr uint64_t kStagingAlignment = 4096;  // O_DIRECT: every staged tensor starts on a block
@@ -63,7 +81,7 @@ class OptimizerOffload {
     // and, per offloaded master, the cast that narrows it into the 16-bit parameter.
     for (int i = opt->begin; i < opt->end; ++i) {
       const Op& op = old[size_t(i)];
-      if (is_update(op)) collect_offloaded(op);
+      if (is_update_op(op)) collect_offloaded(op);
     }
     for (int i = opt->begin; i < opt->end; ++i) {
       const Op& op = old[size_t(i)];
@@ -85,7 +103,7 @@ class OptimizerOffload {
     // independent of each other, and the read-ahead then crosses from one op to the next).
     std::vector<const Op*> updates;
     for (int i = opt->begin; i < opt->end; ++i)
-      if (is_update(old[size_t(i)])) updates.push_back(&old[size_t(i)]);
+      if (is_update_op(old[size_t(i)])) updates.push_back(&old[size_t(i)]);
     bool streamed = false;
     for (size_t i = 0; i < old.size(); ++i) {
       const Op& op = old[i];
@@ -93,7 +111,7 @@ class OptimizerOffload {
         push(op, section_of[i]);
         continue;
       }
-      if (is_update(op)) {
+      if (is_update_op(op)) {
         if (!streamed)
           for (Op& o : stream_updates(updates)) push(std::move(o), sec);
         streamed = true;
@@ -106,7 +124,7 @@ class OptimizerOffload {
 
  private:
   void collect_offloaded(const Op& op) {
-    const UpdateSlots s = slots_of(op);
+    const UpdateSlots s = update_slots(op);
     for (size_t i = 0; i < s.n; ++i) {
       const TensorId target = op.outputs[i];
       if (p_.tensor(target).category == Category::master_weights) offloaded_.insert(p_.root_of(target));
@@ -120,7 +138,7 @@ class OptimizerOffload {
     for (int i = 0; i < int(old.size()); ++i) {
       const Op& op = old[size_t(i)];
       const bool inside = i >= opt.begin && i < opt.end;
-      if (inside && (is_update(op) || (op.kind == OpKind::cast && narrow_to_.count(op.inputs[0])))) continue;
+      if (inside && (is_update_op(op) || (op.kind == OpKind::cast && narrow_to_.count(op.inputs[0])))) continue;
       for (const auto* list : {&op.inputs, &op.outputs, &op.workspace})
         for (TensorId id : *list)
           // LoRA's frozen matmuls leave absent operands as kNoTensor.
@@ -169,7 +187,7 @@ class OptimizerOffload {
   // after another in a staging set, each starting on a 4 KiB boundary (O_DIRECT); 0 for roles
   // that stay put. Returns the end of the last one.
   uint64_t staging_layout(const ChunkSpec& c, std::vector<uint64_t>& offsets) const {
-    const UpdateSlots s = slots_of(*c.op);
+    const UpdateSlots s = update_slots(*c.op);
     const int64_t elements = p_.tensor(c.op->inputs[c.slot]).numel();
     offsets.assign(s.roles, 0);
     uint64_t end = 0;
@@ -205,20 +223,6 @@ class OptimizerOffload {
     }
   }
 
-  Op transfer(const std::string& name, TensorId src, TensorId dst, int layer) const {
-    Op op;
-    op.kind = OpKind::transfer;
-    op.name = name;
-    op.phase = Phase::transfer;
-    op.layer = layer;
-    op.inputs = {src};
-    op.outputs = {dst};
-    op.modes = {WriteMode::overwrite};
-    const bool outward = p_.tensor(dst).tier > p_.tensor(src).tier;
-    op.queue = outward ? Queue::transfer_out : Queue::transfer_in;
-    return op;
-  }
-
   // One chunk of one parameter's update: its transfers in, the update, the narrowing cast and
   // its transfers out.
   struct Chunk {
@@ -227,7 +231,7 @@ class OptimizerOffload {
 
   Chunk chunk_of(const ChunkSpec& spec, size_t k, double total) {
     const Op& op = *spec.op;
-    const UpdateSlots s = slots_of(op);
+    const UpdateSlots s = update_slots(op);
     const size_t i = spec.slot;
     const int64_t lo = spec.lo, n = spec.n;
     const std::vector<uint64_t>& offsets = spec.offsets;
@@ -253,8 +257,8 @@ class OptimizerOffload {
       }
       const TensorDesc& pt = p_.tensor(part);
       const TensorId stage = p_.add_view(set, "offload.staging." + pt.name, pt.shape, pt.dtype, offsets[r]);
-      c.in.push_back(transfer("offload.in." + p_.tensor(part).name, part, stage, layer));
-      c.out.push_back(transfer("offload.out." + p_.tensor(part).name, stage, part, layer));
+      c.in.push_back(transfer_op(p_, "offload.in." + p_.tensor(part).name, part, stage, layer));
+      c.out.push_back(transfer_op(p_, "offload.out." + p_.tensor(part).name, stage, part, layer));
       update.outputs.push_back(stage);
       if (r == 0) target_staging = stage;
     }
@@ -288,7 +292,7 @@ class OptimizerOffload {
     std::vector<ChunkSpec> specs;
     std::map<const Op*, double> totals;
     for (const Op* op : updates) {
-      const UpdateSlots s = slots_of(*op);
+      const UpdateSlots s = update_slots(*op);
       block_ = std::get<AdamWAttrs>(op->attrs).block;
       for (size_t i = 0; i < s.n; ++i) {
         const int64_t elements = p_.tensor(op->inputs[i]).numel();

@@ -175,6 +175,8 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   if (policy.zero_stage > 0 || topology.world() > 1) apply_zero(p, policy, topology);
   // After ZeRO, whose update ops name this rank's pieces: those pieces are what moves.
   apply_optimizer_offload(p, policy);
+  // After optimizer offload, whose chunked updates may write pieces of the parameter shards.
+  apply_param_offload(p, policy);
   schedule_async(p, AsyncOptions{.overlap_comm = policy.overlap_comm});
   p.validate();
   return p;

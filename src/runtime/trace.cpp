@@ -45,6 +45,11 @@ void TraceRecorder::after_op(int op, const StepContext& ctx) {
   CategoryBytes live{};
   if (measure_) {
     for (Tier t : kAllTiers) {
+      // A disk tier has no sentinel to scan: its highest byte written is its top.
+      if (!measure_->buffer(t).host_data() && measure_->buffer(t).size() > 0) {
+        tops[size_t(t)] = measure_->buffer(t).measured_high_water();
+        continue;
+      }
       Arena& a = measure_->arena(t);
       tops[size_t(t)] = a.scan_top();
       a.note_top(tops[size_t(t)]);

@@ -90,6 +90,17 @@ std::vector<Technique> techniques(const Policy& p) {
   if (p.offload_optimizer != Tier::disk && !p.update_in_backward)
     out.push_back({"--offload-optimizer disk --offload-dir DIR", ChangeCost::more_io,
                    [](RunConfig& c) { c.policy.offload_optimizer = Tier::disk; }});
+  // Stage 3's parameter shards (DeepSpeed's offload_param needs stage 3), alone and with the
+  // optimizer: each micro-step reads the shards twice, each step writes them once.
+  if (p.zero_stage == 3 && p.offload_params != Tier::disk && !p.update_in_backward) {
+    const std::string effect = "parameter shards read from disk twice per micro-step, written once per step";
+    out.push_back({"--offload-params disk --offload-dir DIR", ChangeCost::more_io,
+                   [](RunConfig& c) { c.policy.offload_params = Tier::disk; }, effect});
+    if (p.offload_optimizer != Tier::disk)
+      out.push_back({"--offload-params disk --offload-optimizer disk --offload-dir DIR", ChangeCost::more_io,
+                     [](RunConfig& c) { c.policy.offload_params = c.policy.offload_optimizer = Tier::disk; },
+                     effect + "; optimizer state and masters every step"});
+  }
   return out;
 }
 

@@ -1,6 +1,8 @@
 #include "train/init.hpp"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -94,8 +96,48 @@ void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec, TensorStaging& 
     }
 }
 
+namespace {
+
+// The bytes of parameter roots that no parameter's tensor covers: ZeRO's alignment gaps and
+// bucket padding (at stage 3, whole shards of a rank that holds only padding). Zeroed once,
+// so every byte of an offloaded shard is written (the disk tier measures the highest byte
+// written, the host arena the highest one changed) and gathers copy zeros, not stale bytes.
+void zero_parameter_padding(Executor& ex, TensorStaging& staging) {
+  const Program& p = ex.program();
+  std::map<TensorId, std::vector<std::pair<uint64_t, uint64_t>>> covered;
+  for (size_t id = 0; id < p.tensors().size(); ++id) {
+    const TensorDesc& t = p.tensors()[id];
+    if (!t.is_view() && t.lifetime == Lifetime::persistent && t.category == Category::parameters)
+      covered[TensorId(id)];
+  }
+  for (const ParamEntry& e : p.params()) {
+    std::vector<TensorId> ids{e.value, e.value_shard};
+    for (const StoredTensor& st : e.storage) ids.push_back(st.id);
+    for (TensorId id : ids) {
+      if (id == kNoTensor) continue;
+      const TensorDesc& t = p.tensor(id);
+      auto it = covered.find(p.root_of(id));
+      if (it == covered.end()) continue;
+      const uint64_t begin = t.is_view() ? t.view_offset : 0;
+      it->second.push_back({begin, begin + t.bytes()});
+    }
+  }
+  for (auto& [root, ranges] : covered) {
+    std::sort(ranges.begin(), ranges.end());
+    uint64_t at = 0;
+    ranges.push_back({p.tensor(root).bytes(), p.tensor(root).bytes()});
+    for (const auto& [begin, end] : ranges) {
+      if (begin > at) zero_bytes(ex, root, at, begin - at, staging.raw());
+      at = std::max(at, end);
+    }
+  }
+}
+
+}  // namespace
+
 void zero_persistent_state(Executor& ex, TensorStaging& staging) {
   const Program& p = ex.program();
+  zero_parameter_padding(ex, staging);
   for (size_t id = 0; id < p.tensors().size(); ++id) {
     const TensorDesc& t = p.tensors()[id];
     if (t.is_view() || t.lifetime != Lifetime::persistent || t.category == Category::parameters ||

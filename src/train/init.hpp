@@ -20,7 +20,8 @@ namespace memfit {
 // `only`: when set, the parameters it accepts (the others keep their values).
 void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, TensorStaging& staging,
                            const std::function<bool(const ParamEntry&)>& only = {});
-void zero_persistent_state(Executor& ex, TensorStaging& staging);  // every persistent tensor that is not a parameter
+// Every persistent tensor that is not a parameter, and the padding of parameter buckets.
+void zero_persistent_state(Executor& ex, TensorStaging& staging);
 void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec, TensorStaging& staging);
 // The same with a staging buffer of their own (tests and benchmarks that set up one executor).
 void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed);

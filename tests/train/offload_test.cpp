@@ -14,6 +14,19 @@
 // (e) bad input and faults end in one line: disk offload with no directory, a directory that
 //     is a file, no room for the tier's file, the file truncated under a running job (and
 //     the checkpoint saved before the fault still resumes).
+// Parameter offload (--offload-params host|disk, ZeRO stage 3 on one rank):
+// (f) the loss history is bitwise that of the same stage-3 run with the parameters resident,
+//     for gpt2-tiny and llama-tiny, fp32 and bf16, AdamW and 8-bit AdamW, with the optimizer
+//     resident or on disk, over 20 steps; planned == measured on every tier; the offload tier
+//     holds exactly the parameter shards the resident run kept on the device, and the device
+//     keeps none; steps 2.. allocate nothing;
+// (g) a checkpoint of a parameter-offloaded run resumes bit for bit, with or without offload;
+// (h) `memfit plan` with the run's flags prints the per-tier figures the run measures;
+// (i) the tier's file truncated under a running job ends the run in one line;
+// (k) `memfit profile` of a run with the parameters and the optimizer on disk puts the fetches
+//     and write-backs on the transfer.in / transfer.out tracks;
+// (j) over a budget at stage 3, the out-of-memory diagnosis proposes --offload-params disk
+//     when that fits, and the run with it trains within the budget (below stage 3: never).
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
@@ -23,16 +36,21 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
 
+#include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "graph/training_program.hpp"
 #include "kernels/backend.hpp"
 #include "support/alloc_counter.hpp"
+#include "support/mpi_test.hpp"
 #include "support/run_cli.hpp"
 #include "support/tiny_run.hpp"
+#include "train/budget.hpp"
+#include "train/candidates.hpp"
 #include "train/run_config.hpp"
 #include "train/trainer.hpp"
 
@@ -294,6 +312,186 @@ TEST(OptimizerOffload, TruncatedTierFileFailsTheRunAndKeepsTheCheckpoint) {
   straight.checkpoint_dir.clear();
   const std::vector<uint32_t> all = loss_bits(train(straight));
   EXPECT_EQ(loss_bits(train(resumed)), std::vector<uint32_t>(all.begin() + 2, all.end()));
+}
+
+// --- Parameter offload (f)-(i) ---
+
+RunConfig stage3(const std::string& model, Precision precision, OptimizerKind optimizer, int64_t steps) {
+  RunConfig c = tiny(model, precision, optimizer, steps);
+  c.policy.zero_stage = 3;
+  return c;
+}
+
+TEST(ParamOffload, LossesBitwiseThoseOfResidentParametersAndEveryTierMeasured) {
+  const std::string dir = scratch("params-bitwise");
+  for (const std::string model : {"gpt2-tiny", "llama-tiny"})
+    for (Precision precision : {Precision::fp32, Precision::bf16})
+      for (OptimizerKind optimizer : {OptimizerKind::adamw, OptimizerKind::adamw8bit}) {
+        const RunConfig base = stage3(model, precision, optimizer, 20);
+        const nlohmann::json resident = train(base);
+        const uint64_t shards = category_bytes(resident, Tier::device, "parameters");
+        ASSERT_GT(shards, 0u);
+        for (Tier optimizer_tier : {Tier::device, Tier::disk})
+          for (Tier tier : {Tier::host, Tier::disk}) {
+            SCOPED_TRACE(fmt::format("{} {} {} params {} optimizer {}", model, precision_name(precision),
+                                     optimizer == OptimizerKind::adamw ? "adamw" : "adamw8bit", tier_name(tier),
+                                     tier_name(optimizer_tier)));
+            RunConfig c = base;
+            c.policy.offload_params = tier;
+            c.policy.offload_optimizer = optimizer_tier;
+            c.policy.offload_chunk_elements = optimizer_tier == Tier::disk ? 8192 : 0;
+            c.offload_dir = dir;
+            std::ostringstream log;
+            test::StepAllocations count;
+            const nlohmann::json offloaded = run_training(c, log, &count);
+            EXPECT_EQ(loss_bits(offloaded), loss_bits(resident));
+            expect_every_tier_measured(offloaded);
+            EXPECT_EQ(count.allocations, 0);
+            EXPECT_EQ(category_bytes(offloaded, tier, "parameters"), shards);
+            EXPECT_EQ(category_bytes(offloaded, Tier::device, "parameters"), 0u);
+            EXPECT_TRUE(fs::is_empty(dir)) << "the tier's file outlived the run";
+          }
+      }
+}
+
+TEST(ParamOffload, CheckpointsResumeBitForBitWithAndWithoutOffload) {
+  const std::string root = scratch("params-resume");
+  RunConfig whole = stage3("gpt2-tiny", Precision::bf16, OptimizerKind::adamw, 8);
+  whole.val_fraction = 0;
+  const std::vector<uint32_t> reference = loss_bits(train(whole));
+  RunConfig saving = whole;
+  saving.policy.offload_params = Tier::disk;
+  saving.policy.offload_optimizer = Tier::disk;
+  saving.offload_dir = root + "/tier";
+  fs::create_directories(saving.offload_dir);
+  saving.checkpoint_dir = root + "/ckpt";
+  saving.checkpoint_every = 4;
+  EXPECT_EQ(loss_bits(train(saving)), reference);
+  const std::vector<uint32_t> tail(reference.begin() + 4, reference.end());
+  for (Tier tier : {Tier::disk, Tier::host, Tier::device}) {
+    SCOPED_TRACE(tier_name(tier));
+    RunConfig resumed = saving;
+    resumed.checkpoint_dir.clear();
+    resumed.policy.offload_params = tier;
+    resumed.resume = root + "/ckpt/step-000004";
+    EXPECT_EQ(loss_bits(train(resumed)), tail);
+  }
+}
+
+TEST(ParamOffload, PlanGivesTheFiguresTheRunMeasures) {
+  const std::string dir = scratch("params-plan");
+  for (const char* optimizer : {"device", "disk"}) {
+    SCOPED_TRACE(optimizer);
+    const std::string flags = fmt::format("--model gpt2-tiny --batch 2 --seq 32 --precision bf16 --val-fraction 0 "
+                                          "--zero 3 --offload-params disk --offload-optimizer {} --offload-dir {}",
+                                          optimizer, dir);
+    const auto plan = test::run_memfit("plan --json " + flags);
+    ASSERT_EQ(plan.status, 0) << plan.err;
+    const std::string report = dir + "/report.json";
+    const auto train = test::run_memfit("train --steps 2 " + flags + " --report-json " + report);
+    ASSERT_EQ(train.status, 0) << train.err;
+    std::ifstream in(report);
+    const nlohmann::json measured = nlohmann::json::parse(in)["memory"]["measured_peak_bytes"];
+    const nlohmann::json planned = nlohmann::json::parse(plan.out)["memory"]["planned_peak_bytes"];
+    for (const char* t : {"device", "host", "disk"}) EXPECT_EQ(planned[t], measured[t]) << t;
+    EXPECT_GT(planned["disk"].get<uint64_t>(), 0u);
+  }
+}
+
+TEST(ParamOffload, TruncatedTierFileFailsTheRunAndKeepsTheCheckpoint) {
+  const std::string root = scratch("params-truncate");
+  RunConfig c = stage3("gpt2-tiny", Precision::fp32, OptimizerKind::adamw, 6);
+  c.val_fraction = 0;
+  c.policy.offload_params = Tier::disk;
+  c.offload_dir = root + "/tier";
+  fs::create_directories(c.offload_dir);
+  c.checkpoint_dir = root + "/ckpt";
+  c.checkpoint_every = 2;
+  TruncateTierFile hook(c.offload_dir + "/memfit-rank0.tier", 4);
+  std::ostringstream log;
+  std::string what = "(no error)";
+  try {
+    run_training(c, log, &hook);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("[io] transfer 'offload.in.params."), std::string::npos) << what;
+  EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  RunConfig resumed = c;
+  resumed.checkpoint_dir.clear();
+  resumed.resume = root + "/ckpt/step-000002";
+  RunConfig straight = c;
+  straight.checkpoint_dir.clear();
+  const std::vector<uint32_t> all = loss_bits(train(straight));
+  EXPECT_EQ(loss_bits(train(resumed)), std::vector<uint32_t>(all.begin() + 2, all.end()));
+}
+
+TEST(ParamOffload, RefusedBelowStageThreeInOneLine) {
+  RunConfig c = tiny("gpt2-tiny", Precision::fp32, OptimizerKind::adamw, 2);
+  c.policy.zero_stage = 2;
+  c.policy.offload_params = Tier::host;
+  const std::string what = failure(c);
+  EXPECT_NE(what.find("needs ZeRO stage 3"), std::string::npos) << what;
+  EXPECT_NE(what.find("--zero 3"), std::string::npos) << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+}
+
+TEST(ParamOffload, DiagnosisProposesItAtStageThreeWhenItFits) {
+  auto backend = make_cpu_backend();
+  RunConfig c = stage3("gpt2-tiny", Precision::fp32, OptimizerKind::adamw, 2);
+  c.val_fraction = 0;
+  const uint64_t budget = 15 * MiB;
+  const PreparedRun run = prepare_run(c, *backend);
+  ASSERT_GT(memory_peak(run.compiled.plan), budget);
+  const BudgetDiagnosis d = diagnose_budget(c, run, budget, *backend);
+  const FitSuggestion* offload = nullptr;
+  for (const FitSuggestion& s : d.suggestions)
+    if (s.flags == "--offload-params disk --offload-dir DIR") offload = &s;
+  ASSERT_NE(offload, nullptr) << d.report;
+  EXPECT_TRUE(offload->fits) << d.report;
+  EXPECT_EQ(offload->cost, ChangeCost::more_io);
+  // Followed: the run trains within the budget, measuring what the diagnosis planned.
+  RunConfig fixed = c;
+  fixed.policy.offload_params = Tier::disk;
+  fixed.offload_dir = scratch("params-budget");
+  fixed.memory_budget = budget;
+  const nlohmann::json r = train(fixed);
+  const auto& planned = r["memory"]["planned_peak_bytes"];
+  EXPECT_EQ(planned["device"].get<uint64_t>() + planned["host"].get<uint64_t>(), offload->peak);
+  EXPECT_LE(offload->peak, budget);
+  expect_every_tier_measured(r);
+  // Below stage 3 DeepSpeed's rule holds: parameter offload is not offered.
+  c.policy.zero_stage = 2;
+  const PreparedRun two = prepare_run(c, *backend);
+  if (memory_peak(two.compiled.plan) > budget) {
+    for (const FitSuggestion& s : diagnose_budget(c, two, budget, *backend).suggestions) {
+      EXPECT_EQ(s.flags.find("--offload-params"), std::string::npos) << s.flags;
+    }
+  }
+}
+
+TEST(ParamOffload, ProfileShowsTheFetchesOnTheTransferTracks) {
+  const std::string dir = scratch("params-profile");
+  const auto r = test::run_memfit("profile --steps 2 --model gpt2-tiny --batch 2 --seq 32 --val-fraction 0 --zero 3 "
+                                  "--offload-params disk --offload-optimizer disk --offload-dir " + dir + " --out " +
+                                  dir + "/profile");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream in(dir + "/profile/trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<int, std::string> track;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "M" && e.contains("tid")) track[e["tid"].get<int>()] = e["args"]["name"];
+  int fetches = 0, writes = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || !e.contains("tid")) continue;
+    const std::string name = e["name"], on = track[e["tid"].get<int>()];
+    fetches += on == "transfer.in" && name.starts_with("offload.in.params.");
+    writes += on == "transfer.out" && name.starts_with("offload.out.params.");
+  }
+  EXPECT_GT(fetches, 0);
+  EXPECT_GT(writes, 0);
+  EXPECT_NE(r.out.find("transfers transfer.in"), std::string::npos) << r.out;
 }
 
 }  // namespace

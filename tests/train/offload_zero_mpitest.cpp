@@ -5,6 +5,11 @@
 // its measured high-water on every tier (the disk tier's file included), each rank's offload
 // tier holds its own piece of the optimizer's tensors (the offload tier's bytes fall as the
 // world grows from stage 1 on), and steps 2.. allocate nothing.
+// Parameter offload at stage 3 likewise: over 20 steps, for both models, fp32 and bf16, AdamW and
+// 8-bit AdamW, the parameter shards on disk with the optimizer resident, and on the host or on
+// disk (alternating) with the optimizer on disk, give the resident parameters' bits; every rank
+// plans what it measures on every tier, its offload tier holds exactly its own shards (what the
+// resident run kept on the device), and steps 2.. allocate nothing.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -84,6 +89,47 @@ TEST(OptimizerOffloadZero, EveryStageBitwiseThatOfTheResidentOptimizer) {
                   res["optimizer_state"].get<uint64_t>() + res["master_weights"].get<uint64_t>())
             << "the offload tier holds exactly what the resident run kept on the device";
         EXPECT_EQ(count.allocations, 0);
+      }
+  comm().barrier();
+  fs::remove_all(dir);
+}
+
+TEST(ParamOffloadZero, StageThreeBitwiseThatOfResidentParameters) {
+  const std::string dir = fmt::format("{}/memfit-param-offload-zero-{}", fs::temp_directory_path().string(), getpid());
+  fs::create_directories(dir);
+  int case_index = 0;
+  for (const std::string model : {"gpt2-tiny", "llama-tiny"})
+    for (Precision precision : {Precision::fp32, Precision::bf16})
+      for (OptimizerKind optimizer : {OptimizerKind::adamw, OptimizerKind::adamw8bit}) {
+        Policy p;
+        p.zero_stage = 3;
+        p.precision = precision;
+        p.optimizer = optimizer;
+        RunConfig base = config(model, p, dir);
+        base.steps = 20;
+        std::ostringstream log;
+        const nlohmann::json resident = run_training(base, log, nullptr, &comm());
+        const uint64_t shards = resident["memory"]["tiers"]["device"]["by_category"]["parameters"].get<uint64_t>();
+        const Tier with_optimizer = case_index++ % 2 == 0 ? Tier::host : Tier::disk;
+        for (const auto& [params, opt] : {std::pair{Tier::disk, Tier::device}, std::pair{with_optimizer, Tier::disk}}) {
+          SCOPED_TRACE(fmt::format("{} {} {} params {} optimizer {} on rank {}", model, precision_name(precision),
+                                   optimizer == OptimizerKind::adamw ? "adamw" : "adamw8bit", tier_name(params),
+                                   tier_name(opt), comm().rank()));
+          RunConfig c = base;
+          c.policy.offload_params = params;
+          c.policy.offload_optimizer = opt;
+          c.policy.offload_chunk_elements = opt == Tier::disk ? 4096 : 0;
+          test::StepAllocations count;
+          const nlohmann::json offloaded = run_training(c, log, &count, &comm());
+          EXPECT_EQ(bits_of(offloaded), bits_of(resident));
+          for (const char* t : {"device", "host", "disk"})
+            EXPECT_EQ(offloaded["memory"]["planned_peak_bytes"][t], offloaded["memory"]["measured_peak_bytes"][t]) << t;
+          EXPECT_TRUE(offloaded["memory"]["all_ranks_equal"].get<bool>());
+          const auto& tiers = offloaded["memory"]["tiers"];
+          EXPECT_EQ(tiers[std::string(tier_name(params))]["by_category"]["parameters"].get<uint64_t>(), shards);
+          EXPECT_EQ(tiers["device"]["by_category"].value("parameters", uint64_t(0)), 0u);
+          EXPECT_EQ(count.allocations, 0);
+        }
       }
   comm().barrier();
   fs::remove_all(dir);
