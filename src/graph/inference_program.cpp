@@ -111,7 +111,7 @@ void check_generate_shape(const ModelSpec& spec, const GenerateShape& shape) {
 }
 
 void emit_generate_section(GraphBuilder& b, const ModelSpec& spec, const ModelParams& params, const Policy& policy,
-                           const GenerateShape& shape) {
+                           const GenerateShape& shape, const ForwardRewrites& rewrites) {
   check_generate_shape(spec, shape);
   Program& p = b.program();
   const int64_t KV = spec.n_kv_head > 0 ? spec.n_kv_head : spec.n_head;
@@ -130,10 +130,12 @@ void emit_generate_section(GraphBuilder& b, const ModelSpec& spec, const ModelPa
   const bool grad = b.grad_enabled();
   b.set_grad_enabled(false);
   p.begin_section(SectionKind::generate);
+  const int begin = int(p.ops().size());
   for (const auto& [tokens, prefix] : {std::pair{prompt, std::string("prefill.")}, std::pair{token, std::string("decode.")}}) {
     const TensorId x = blocks_forward(b, spec, params, tokens, prefix, shape, caches);
     last_logits(b, spec, params, x, prefix, logits);
   }
+  rewrite_forward(b, begin, rewrites);
   p.end_section();
   b.set_grad_enabled(grad);
 }
@@ -144,9 +146,11 @@ Program build_inference_program(const ModelSpec& spec, const Policy& policy, con
   Program p;
   GraphBuilder b(p);
   const ModelParams params = declare_model_parameters(b, spec);
+  const ForwardRewrites rewrites = forward_rewrites_for(policy);
+  if (!rewrites.empty()) declare_forward_rewrites(b, rewrites);
   for (ParamEntry& e : p.params()) freeze_parameter(p, e);
   declare_master_weights(b, policy);  // 16-bit parameters under mixed precision; frozen ones get no master
-  emit_generate_section(b, spec, params, policy, shape);
+  emit_generate_section(b, spec, params, policy, shape, rewrites);
   apply_precision(p, policy, backend);
   schedule_async(p, AsyncOptions{.overlap_comm = policy.overlap_comm});
   p.validate();

@@ -9,6 +9,8 @@
 // sliced out before the final norm and the product with the (tied) embedding.
 #pragma once
 
+#include "graph/forward_rewrite.hpp"
+
 #include <cstdint>
 
 #include "graph/builder.hpp"
@@ -36,8 +38,10 @@ void check_generate_shape(const ModelSpec& spec, const GenerateShape& shape);
 // Appends section "generate" (prefill ops named "prefill.*", then decode ops "decode.*") over
 // `params`. Its tensors get fp32, except the caches: the policy's compute dtype (the precision
 // pass leaves kv_cache tensors as declared).
+// `rewrites` (LoRA, a quantised base) replace the products as in training, so a model
+// generates with its adapter on its quantised weights.
 void emit_generate_section(GraphBuilder& b, const ModelSpec& spec, const ModelParams& params, const Policy& policy,
-                           const GenerateShape& shape);
+                           const GenerateShape& shape, const ForwardRewrites& rewrites = {});
 
 // A program of one section, "generate", over every parameter frozen and held in the policy's
 // precision (as graph/eval_program.hpp holds them).

@@ -1,5 +1,7 @@
 #include "train/generate.hpp"
 
+#include "train/adapter_files.hpp"
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -279,6 +281,12 @@ std::string TrainingSampler::sample() {
 
 nlohmann::json run_generate(const RunConfig& config, const GenerateRequest& request, std::ostream& log) {
   MEMFIT_CHECK(config.topology.world() == 1, "generate", "memfit generate runs on one rank");
+  // Training techniques change nothing in an inference program: refused, not ignored.
+  const Policy& p = config.policy;
+  MEMFIT_CHECK(p.zero_stage == 0 && p.offload_optimizer == Tier::device && p.offload_params == Tier::device &&
+                   p.recompute.mode == RecomputeMode::none && p.grad_accum == 1,
+               "generate", "memfit generate takes no training options (--zero, --offload-*, --recompute, --grad-accum): "
+               "it plans one sequence's inference");
   MEMFIT_CHECK(request.max_new_tokens >= 1, "cli", "--max-new-tokens must be at least 1, got {}", request.max_new_tokens);
   check_sampling_options(request.sampling);
   const ModelSpec spec = resolve_model(config.model);
@@ -298,6 +306,12 @@ nlohmann::json run_generate(const RunConfig& config, const GenerateRequest& requ
                        config.seed);
   } else {
     load_weights(config.load, ex, spec, staging);
+    // A base checkpoint has no adapters: without --load-adapter they start as PEFT's (B = 0).
+    initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); });
+  }
+  if (!config.load_adapter.empty()) {
+    load_adapter(config.load_adapter, ex, spec, staging);
+    log << fmt::format("generating with the LoRA adapter from {}\n", config.load_adapter);
   }
   zero_persistent_state(ex, staging);
   Generator gen(ex, spec.vocab_size);
