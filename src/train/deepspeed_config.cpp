@@ -151,11 +151,17 @@ void apply_scheduler_block(const json& v, RunConfig& c) {
   }
 }
 
-void apply_offload_block(const std::string& name, const json& v, Tier& tier, RunConfig::OffloadKeys& keys) {
+void apply_offload_block(const std::string& name, const json& v, Tier& tier, RunConfig::OffloadKeys& keys,
+                         std::string& note) {
   object_at(v, name);
   for (const auto& [sub, sv] : v.items()) {
     const std::string key = name + "." + sub;
     if (is_auto(sv)) continue;
+    // DeepSpeed's buffer pool and pinning: memfit's plan sizes the staging itself, and the CPU
+    // backend's host tier is ordinary RAM. Read, checked, and said in the run log.
+    if (sub == "buffer_count" || sub == "buffer_size" || sub == "max_in_cpu" || sub == "pin_memory")
+      note += fmt::format("{}{} is read but bounds nothing: memfit stages offloaded tensors through buffers its plan "
+                          "sizes (--offload-chunk-elements)", note.empty() ? "" : "; ", key);
     if (sub == "device") {
       tier = parse_tier(get_as<std::string>(sv, key));
     } else if (sub == "nvme_path") {
@@ -191,10 +197,11 @@ void apply_zero_block(const json& v, RunConfig& c) {
     if (sub == "stage") p.zero_stage = int(get_integer(sv, name, range::zero_stage));
     else if (sub == "overlap_comm") p.overlap_comm = get_as<bool>(sv, name);
     else if (sub == "offload_optimizer") {
-      apply_offload_block(name, sv, p.offload_optimizer, c.offload_optimizer_keys);
+      apply_offload_block(name, sv, p.offload_optimizer, c.offload_optimizer_keys, c.deepspeed_note);
       if (c.offload_dir.empty()) c.offload_dir = c.offload_optimizer_keys.nvme_path;
     }
-    else if (sub == "offload_param") apply_offload_block(name, sv, p.offload_params, c.offload_param_keys);
+    else if (sub == "offload_param")
+      apply_offload_block(name, sv, p.offload_params, c.offload_param_keys, c.deepspeed_note);
     else if (sub == "contiguous_gradients")
       require_switch(sv, name, true, "memfit's gradients always live in contiguous planned buckets");
     else if (sub == "reduce_scatter")

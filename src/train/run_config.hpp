@@ -49,6 +49,7 @@ struct RunConfig {
   // (apply_quantised_base_defaults).
   bool precision_given = false, attention_given = false;
   std::string config_note;  // what the flags replaced in the config file (the run log prints it)
+  std::string deepspeed_note;  // DeepSpeed keys that are read but bound nothing here (the run log prints it)
   // zero_optimization's bounds in elements (0: not given), checked against the program's buckets.
   struct ZeroBounds {
     int64_t reduce_bucket = 0, allgather_bucket = 0, prefetch_bucket = 0, max_live_parameters = 0, sub_group = 0;

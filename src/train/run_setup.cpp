@@ -191,6 +191,7 @@ std::unique_ptr<RunState> setup_run(const RunConfig& config, std::ostream& rank_
   log << fmt::format("data: {}: {} tokens ({} training, {} validation)\n", s.data->description(), n,
                      n - s.val_tokens, s.val_tokens);
   if (!c.config_note.empty()) log << fmt::format("config: {}\n", c.config_note);
+  if (!c.deepspeed_note.empty()) log << fmt::format("config: {}\n", c.deepspeed_note);
   s.budget = run_budget(c);
   log << describe_recompute_choice(s.run, s.budget);
   log << format_memory_table(prog, s.run.compiled.plan);

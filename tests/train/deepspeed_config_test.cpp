@@ -104,6 +104,9 @@ TEST(DeepSpeedConfig, NvmeOffloadAndAioKeysMeanWhatTheySayInDeepSpeed) {
   EXPECT_EQ(c.disk_io.block_size, 262144u);
   EXPECT_EQ(c.disk_io.queue_depth, 32);
   EXPECT_EQ(c.offload_optimizer_keys.buffer_count, 4);
+  // Read, but memfit's plan sizes the staging: the run log says so rather than staying silent.
+  EXPECT_NE(c.deepspeed_note.find("offload_optimizer.buffer_count is read but bounds nothing"), std::string::npos)
+      << c.deepspeed_note;
   EXPECT_NE(config_error(json::parse(R"({"aio": {"block_size": 5000}})")).find("multiple of 4096"), std::string::npos);
   EXPECT_NE(config_error(json::parse(R"({"aio": {"use_gds": true}})")).find("GPU"), std::string::npos);
   EXPECT_NE(config_error(json::parse(R"({"aio": {"queue_deep": 8}})")).find("unknown key 'aio.queue_deep'"),
