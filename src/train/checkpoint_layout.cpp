@@ -32,6 +32,7 @@ struct PieceSink {
   void add(const ParamEntry& e, std::string role, TensorId id, const Shape& global, TensorId holder, int64_t first,
            int64_t count, bool described, int64_t skip = 0) {
     if (count <= 0) return;
+    const int64_t param_index = &e - p.params().data();
     const TensorDesc& t = p.tensor(holder);
     LocalPiece piece;
     piece.tensor = SavedTensor{p.tensor(id).name, e.name, std::move(role), t.dtype, global, {}};
@@ -40,6 +41,7 @@ struct PieceSink {
     piece.first = first;
     piece.count = count;
     piece.described = described;
+    piece.param_index = param_index;
     out.push_back(std::move(piece));
   }
 
@@ -114,24 +116,28 @@ std::string describe_pieces(const Program& p, int rank, const std::vector<uint64
     if (!piece.described) continue;
     const SavedTensor& t = piece.tensor;
     list.push_back({t.name, t.param, t.role, dtype_name(t.dtype), t.shape.dims(), piece.first, piece.count,
-                    offset_of.at(piece.root) + dtype_bytes(t.dtype, piece.at)});
+                    offset_of.at(piece.root) + dtype_bytes(t.dtype, piece.at), piece.param_index});
   }
   return list.dump();
 }
 
 std::vector<SavedTensor> merge_descriptions(const std::vector<std::string>& per_rank) {
   std::vector<SavedTensor> tensors;
+  std::vector<int64_t> param_index;  // of each tensor's parameter in the program
   std::map<std::string, size_t> index;
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const nlohmann::json list = nlohmann::json::parse(per_rank[r], nullptr, false);
     MEMFIT_CHECK(list.is_array(), "checkpoint", "rank {} sent a malformed description of its tensors", r);
     for (const nlohmann::json& row : list) {
-      MEMFIT_CHECK(row.is_array() && row.size() == 8, "checkpoint", "rank {} sent a malformed piece", r);
+      MEMFIT_CHECK(row.is_array() && row.size() == 9, "checkpoint", "rank {} sent a malformed piece", r);
       SavedTensor t{row[0].get<std::string>(), row[1].get<std::string>(), row[2].get<std::string>(),
                     parse_dtype(row[3].get<std::string>()), Shape(row[4].get<std::vector<int64_t>>()), {}};
       const TensorShard shard{int(r), row[5].get<int64_t>(), row[6].get<int64_t>(), row[7].get<uint64_t>()};
       auto [it, fresh] = index.emplace(t.name, tensors.size());
-      if (fresh) tensors.push_back(t);
+      if (fresh) {
+        tensors.push_back(t);
+        param_index.push_back(row[8].get<int64_t>());
+      }
       SavedTensor& known = tensors[it->second];
       MEMFIT_CHECK(known.dtype == t.dtype && known.shape == t.shape && known.role == t.role, "checkpoint",
                    "ranks describe '{}' differently ({} {} against {} {})", known.name, dtype_name(known.dtype),
@@ -143,7 +149,14 @@ std::vector<SavedTensor> merge_descriptions(const std::vector<std::string>& per_
     std::sort(t.shards.begin(), t.shards.end(), [](const TensorShard& a, const TensorShard& b) {
       return a.first < b.first;
     });
-  return tensors;
+  // Program order (a rank describes only the parameters it owns pieces of): what consolidate
+  // writes follows it, as --save does.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return param_index[a] < param_index[b]; });
+  std::vector<SavedTensor> sorted;
+  for (size_t i : order) sorted.push_back(std::move(tensors[i]));
+  return sorted;
 }
 
 nlohmann::json tensors_json(const std::vector<SavedTensor>& tensors) {

@@ -56,6 +56,7 @@ struct LocalPiece {
   int64_t at = 0;
   int64_t first = 0, count = 0;
   bool described = true;
+  int64_t param_index = 0;  // in Program::params()
 };
 
 // Every piece of a global tensor that rank `rank` (of the data group) holds in its program's
@@ -64,12 +65,12 @@ struct LocalPiece {
 std::vector<LocalPiece> local_pieces(const Program& program, int rank);
 
 // The pieces this rank describes, as JSON for rank 0 to merge: [[name, param, role, dtype,
-// shape, first, count, file offset], ...]; `root_offsets[i]` is the file offset of root
-// checkpointed_tensors()[i].
+// shape, first, count, file offset, parameter index], ...]; `root_offsets[i]` is the file
+// offset of root checkpointed_tensors()[i].
 std::string describe_pieces(const Program& program, int rank, const std::vector<uint64_t>& root_offsets);
 
-// Rank 0: every rank's description merged into global tensors (in rank 0's order, shards by
-// `first`). Throws [checkpoint] on a malformed description.
+// Rank 0: every rank's description merged into global tensors (in the program's parameter
+// order, shards by `first`). Throws [checkpoint] on a malformed description.
 std::vector<SavedTensor> merge_descriptions(const std::vector<std::string>& per_rank);
 
 // The manifest's "tensors" field: written compactly (a shard is [file, first, count, offset]),

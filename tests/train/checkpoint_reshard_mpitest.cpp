@@ -28,11 +28,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "support/mpi_test.hpp"
+#include "train/checkpoint_consolidate.hpp"
 #include "train/checkpoint_tamper.hpp"
 #include "train/trainer.hpp"
 
@@ -184,6 +186,50 @@ TEST(CheckpointReshard, EveryLayoutContinuesTheSameRun) {
       reshard(k, {1, 0, 2, 2}, {2, 3, 2, 1}, dir);
     }
   }
+}
+
+// The files of a directory (sharded weights, index, config) by name.
+std::map<std::string, std::string> files_of(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) files[e.path().filename().string()] = test::read_bytes(e.path());
+  return files;
+}
+
+// memfit consolidate of a 2-rank stage-3 checkpoint (and, with 4 ranks, a 4-rank stage-1 one)
+// against --save of the same run: every file bit for bit, one file and sharded.
+TEST(CheckpointReshard, ConsolidateEqualsSaveOfTheSameRun) {
+  const std::string dir = unique_dir("consolidate");
+  if (world().rank() == 0) fs::create_directories(dir);
+  world().barrier();
+  std::vector<Layout> layouts = {{2, 3, 2, 1}};
+  if (world().size() >= 4) layouts.push_back({4, 1, 1, 1});
+  for (const Layout& l : layouts)
+    for (const Case& k : all_cases()) {
+      if (k.optimizer != OptimizerKind::adamw) continue;
+      SCOPED_TRACE(fmt::format("{} on {} ranks at stage {}", name_of(k), l.ranks, l.stage));
+      const uint64_t shard = k.model.starts_with("llama") ? 300'000 : 5'000'000'000;
+      const std::string ckpt = dir + "/ckpt", saved = dir + "/saved", out = dir + "/out";
+      on_first_ranks(l.ranks, dir, [&](Communicator& c) {
+        RunConfig run = config(k, l, 3);
+        run.checkpoint_dir = ckpt;
+        run.save = saved;
+        run.max_shard_bytes = shard;
+        std::ostringstream log;
+        run_training(run, log, nullptr, &c);
+      });
+      if (world().rank() == 0) {
+        std::ostringstream log;
+        const Consolidated got = consolidate_checkpoint(ckpt, out, shard, log);
+        EXPECT_EQ(got.dir, ckpt + "/step-000003");
+        const auto want = files_of(saved), have = files_of(out);
+        EXPECT_EQ(have.size(), want.size());
+        EXPECT_GE(want.size(), k.model.starts_with("llama") ? 4u : 2u) << "sharded for llama: index, shards, config";
+        for (const auto& [name, bytes] : want) EXPECT_TRUE(have.count(name) && have.at(name) == bytes) << name;
+        fs::remove_all(ckpt), fs::remove_all(saved), fs::remove_all(out);
+      }
+      world().barrier();
+    }
+  if (world().rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace
