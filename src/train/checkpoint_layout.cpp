@@ -65,6 +65,7 @@ struct PieceSink {
   }
 
   void optimizer_tensors(const ParamEntry& e) {
+    if (e.value == kNoTensor) return;  // stored only quantised: frozen, nothing to update
     const Shape& shape = p.tensor(e.value).shape;
     const bool q8 = e.state.size() == 4;
     auto sharded = [&](const std::string& role, TensorId id, bool blocks) {
