@@ -2,7 +2,8 @@
 // the world communicator). With 4 ranks: save on 4 ranks at ZeRO stage 3, resume on 2 ranks
 // at stage 1 and on 1 rank (stage 0); save on 2 ranks at stage 2, resume on 4 at stage 3.
 // With 2 ranks: 2 (stage 2) -> 1, and 1 -> 2 (stage 3). Each for gpt2-tiny and llama-tiny,
-// fp32 and bf16, AdamW and 8-bit AdamW.
+// fp32 and bf16, AdamW and 8-bit AdamW; one side of most moves keeps the optimizer on disk or
+// on the host tier (--offload-optimizer).
 //
 // The global batch stays 4 rows of 32 tokens on every layout: micro-batch x ranks x
 // accumulation = 1x4x1, 2x2x1, 2x1x2, so every layout reads the same rows each step. The
@@ -48,6 +49,7 @@ Communicator& world() { return test::world(); }
 struct Layout {
   int ranks, stage;
   int64_t batch, accum;
+  Tier offload = Tier::device;  // --offload-optimizer
 };
 
 struct Case {
@@ -68,6 +70,9 @@ RunConfig config(const Case& k, const Layout& l, int64_t steps) {
   c.policy.zero_stage = l.stage;
   c.policy.batch = l.batch;
   c.policy.grad_accum = l.accum;
+  c.policy.offload_optimizer = l.offload;
+  if (l.offload != Tier::device) c.policy.offload_chunk_elements = 4096;
+  c.offload_dir = fmt::format("{}/memfit-reshard-offload-{}", fs::temp_directory_path().string(), getpid());
   c.policy.seq = 32;
   if (k.model.starts_with("llama")) c.policy.attention = AttentionKind::flash;
   c.steps = steps;
@@ -119,8 +124,10 @@ void on_first_ranks(int ranks, const std::string& dir, F work) {
 
 // Saves at step 2 on `from`, resumes on `to` to step 4. Collective over the world.
 void reshard(const Case& k, const Layout& from, const Layout& to, const std::string& dir) {
-  SCOPED_TRACE(fmt::format("{}: {} ranks stage {} -> {} ranks stage {} (rank {})", name_of(k), from.ranks, from.stage,
-                           to.ranks, to.stage, world().rank()));
+  SCOPED_TRACE(fmt::format("{}: {} ranks stage {} offload {} -> {} ranks stage {} offload {} (rank {})", name_of(k),
+                           from.ranks, from.stage, tier_name(from.offload), to.ranks, to.stage, tier_name(to.offload),
+                           world().rank()));
+  fs::create_directories(fmt::format("{}/memfit-reshard-offload-{}", fs::temp_directory_path().string(), getpid()));
   const std::string ckpt = dir + "/ckpt", saved = dir + "/saved", kept = dir + "/kept";
   if (world().rank() == 0) fs::create_directories(dir);
   world().barrier();
@@ -177,15 +184,17 @@ TEST(CheckpointReshard, EveryLayoutContinuesTheSameRun) {
   const std::string dir = unique_dir("matrix");
   const int W = world().size();
   for (const Case& k : all_cases()) {
+    // The optimizer's tier changes too: offloaded to disk or host on one side of a move.
     if (W >= 4) {
-      reshard(k, {4, 3, 1, 1}, {2, 1, 2, 1}, dir);
+      reshard(k, {4, 3, 1, 1}, {2, 1, 2, 1, Tier::disk}, dir);
       reshard(k, {4, 3, 1, 1}, {1, 0, 2, 2}, dir);
-      reshard(k, {2, 2, 2, 1}, {4, 3, 1, 1}, dir);
+      reshard(k, {2, 2, 2, 1, Tier::host}, {4, 3, 1, 1}, dir);
     } else {
-      reshard(k, {2, 2, 2, 1}, {1, 0, 2, 2}, dir);
-      reshard(k, {1, 0, 2, 2}, {2, 3, 2, 1}, dir);
+      reshard(k, {2, 2, 2, 1, Tier::disk}, {1, 0, 2, 2}, dir);
+      reshard(k, {1, 0, 2, 2}, {2, 3, 2, 1, Tier::host}, dir);
     }
   }
+  fs::remove_all(fmt::format("{}/memfit-reshard-offload-{}", fs::temp_directory_path().string(), getpid()));
 }
 
 // The files of a directory (sharded weights, index, config) by name.
