@@ -269,7 +269,7 @@ void RunOptions::add_training_options(CLI::App& app) {
                });
   add<std::string>(app, "--resume",
                    "continue from a checkpoint directory: its newest valid checkpoint, or one step-NNNNNN directory "
-                   "(same world size and ZeRO stage)",
+                   "(any world size, ZeRO stage and offload; the same rows per step: --batch x ranks x --grad-accum)",
                    [](RunConfig& c, std::string v) { c.resume = v; });
   add<double>(app, "--comm-timeout", "seconds a collective may wait for the other ranks before the job ends (0: no "
               "limit; default 300)",

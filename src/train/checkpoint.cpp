@@ -15,6 +15,7 @@
 #include "train/checkpoint_agree.hpp"
 #include "train/checkpoint_dir.hpp"
 #include "train/checkpoint_files.hpp"
+#include "train/checkpoint_layout.hpp"
 #include "train/checkpoint_rank_file.hpp"
 
 namespace memfit {
@@ -61,13 +62,40 @@ CheckpointManifest manifest_of(const CheckpointRun& run, const TrainingPosition&
   m.batches_per_epoch = run.batches_per_epoch;
   m.batches_per_step = run.batches_per_step;
   m.loss_scaler = at.scaler;
+  m.rows_per_batch = run.rows_per_batch;
+  m.shuffle = run.shuffle;
   return m;
 }
 
-// Rank 0, step 3: every rank's file is on disk as its rank reported it, then publish.
-void publish(const fs::path& root, const fs::path& dir, CheckpointManifest& m, const std::vector<uint64_t>& reports) {
+// What each rank tells rank 0 about its file: size, checksums and the pieces it describes.
+std::string report_of(const WrittenRankFile& written, const std::string& pieces) {
+  std::string chunks;
+  for (uint64_t c : written.entry.chunks) chunks += checksum_hex(c);
+  return nlohmann::json{{"bytes", written.entry.bytes}, {"xxh3", checksum_hex(written.entry.xxh3)},
+                        {"chunk_bytes", written.entry.chunk_bytes}, {"chunks", chunks}, {"pieces", pieces}}
+      .dump();
+}
+
+RankFileEntry entry_of(const std::string& report, const std::string& file, std::string& pieces) {
+  const nlohmann::json j = nlohmann::json::parse(report);
+  RankFileEntry e{file, j.at("bytes").get<uint64_t>(), 0, j.at("chunk_bytes").get<uint64_t>(), {}};
+  MEMFIT_ASSERT(parse_checksum_hex(j.at("xxh3").get<std::string>(), e.xxh3), "bad checksum in a rank's report");
+  const std::string chunks = j.at("chunks").get<std::string>();
+  for (size_t k = 0; k + 16 <= chunks.size(); k += 16) {
+    uint64_t h = 0;
+    MEMFIT_ASSERT(parse_checksum_hex(std::string_view(chunks).substr(k, 16), h), "bad chunk checksum in a report");
+    e.chunks.push_back(h);
+  }
+  pieces = j.at("pieces").get<std::string>();
+  return e;
+}
+
+// Rank 0, step 3: every rank's file is on disk as its rank reported it, then publish. The
+// manifest is parsed back before it is written: its layout must pass the reader's checks.
+void publish(const fs::path& root, const fs::path& dir, CheckpointManifest& m, const std::vector<std::string>& reports) {
+  std::vector<std::string> pieces(reports.size());
   for (int r = 0; r < m.world_size; ++r) {
-    const RankFileEntry reported{rank_file_name(r, m.world_size), reports[size_t(2 * r)], reports[size_t(2 * r + 1)]};
+    const RankFileEntry reported = entry_of(reports[size_t(r)], rank_file_name(r, m.world_size), pieces[size_t(r)]);
     const RankFileEntry on_disk = rank_file_trailer(dir / reported.file);
     MEMFIT_CHECK(on_disk.bytes == reported.bytes && on_disk.xxh3 == reported.xxh3, "checkpoint",
                  "{}: is {} bytes with checksum {}, but rank {} wrote {} bytes with checksum {}",
@@ -75,7 +103,10 @@ void publish(const fs::path& root, const fs::path& dir, CheckpointManifest& m, c
                  checksum_hex(reported.xxh3));
     m.ranks.push_back(reported);
   }
-  replace_file_atomically(dir / kManifestFile, format_checkpoint_manifest(m));
+  m.tensors = merge_descriptions(pieces);
+  const std::string text = format_checkpoint_manifest(m);
+  parse_checkpoint_manifest(text);
+  replace_file_atomically(dir / kManifestFile, text);
   point_latest_at(root, dir.filename().string());
 }
 
@@ -91,13 +122,13 @@ SavedCheckpoint save_checkpoint(const std::string& root_name, const Executor& ex
     if (rank == 0) create_step_dir(root, dir);
   })));
 
-  RankFileEntry mine;
+  std::string report;
   throw_unless_ok(agree(comm, attempt(Verdict::failed, [&] {
-    mine = write_rank_file(dir / rank_file_name(rank, world), ex, staging, RankFileIdentity{rank, world, at.step});
+    const WrittenRankFile written =
+        write_rank_file(dir / rank_file_name(rank, world), ex, staging, RankFileIdentity{rank, world, at.step});
+    report = report_of(written, describe_pieces(ex.program(), rank, written.root_offsets));
   })));
-  const uint64_t report[2] = {mine.bytes, mine.xxh3};
-  std::vector<uint64_t> reports(size_t(2 * world));
-  comm.all_gather(report, reports.data(), int64_t(sizeof report), DType::u8);
+  const std::vector<std::string> reports = all_gather_strings(comm, report);
 
   CheckpointManifest m = manifest_of(run, at);
   throw_unless_ok(agree(comm, attempt(Verdict::failed, [&] {

@@ -49,6 +49,8 @@ struct CheckpointRun {
   bool loss_scaler = false;            // the run keeps a loss-scaler state (fp16)
   LrSchedule schedule;                 // decay_steps resolved: the horizon
   int64_t total_steps = 0;             // --steps
+  int64_t rows_per_batch = 1;          // of one global batch: micro-batch x data-parallel ranks
+  bool shuffle = false;                // --shuffle (the batch order depends on rows_per_batch)
 };
 
 struct SavedCheckpoint {
@@ -75,9 +77,13 @@ struct ResumedCheckpoint {
 
 // `path` is either a step directory (exactly that checkpoint) or a checkpoint root (the
 // newest valid one; damaged or unfinished newer ones are skipped and named). Fills the
-// executor's checkpointed tensors. Throws [checkpoint] on every rank, naming the file and
-// field, when no valid checkpoint is found or the newest valid one belongs to another kind
-// of run (world size, ZeRO stage, model, precision, optimizer, data geometry).
+// executor's checkpointed tensors. A checkpoint with a global layout (manifest format 3)
+// resumes on any world size, ZeRO stage and optimizer offload: each rank reads only the byte
+// ranges its own tensors need from the old rank files, verifying every chunk it reads, and
+// the data position is carried over in rows. Throws [checkpoint] on every rank, naming the
+// file and field, when no valid checkpoint is found or the newest valid one belongs to another
+// kind of run (model, precision, optimizer, rows per step, data order; world size and stage
+// for a format 2 checkpoint).
 ResumedCheckpoint resume_checkpoint(const std::string& path, Executor& ex, TensorStaging& staging,
                                     const CheckpointRun& run,
                                     Communicator& comm);

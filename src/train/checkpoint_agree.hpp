@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dist/communicator.hpp"
 
@@ -36,6 +37,9 @@ Outcome agree(Communicator& comm, const Outcome& mine);
 
 // Collective: `text` of rank `root` on every rank.
 void broadcast_string(Communicator& comm, std::string& text, int root);
+
+// Collective: every rank's `mine`, indexed by rank.
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine);
 
 template <typename F>
 Outcome attempt(Verdict on_error, F&& f) {

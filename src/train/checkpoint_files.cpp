@@ -27,6 +27,8 @@ void Checksum::update(const void* data, size_t bytes) {
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
 }
 
+void Checksum::reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
+
 uint64_t Checksum::digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
 
 uint64_t checksum_of(std::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }

@@ -23,6 +23,7 @@ class Checksum {
   Checksum& operator=(const Checksum&) = delete;
   void update(const void* data, size_t bytes);
   uint64_t digest() const;
+  void reset();  // back to the checksum of nothing
 
  private:
   void* state_;  // XXH3_state_t, kept out of this header

@@ -39,14 +39,24 @@ json schedule_json(const LrSchedule& s) {
 
 json body_json(const CheckpointManifest& m) {
   json ranks = json::array();
-  for (const RankFileEntry& r : m.ranks)
-    ranks.push_back({{"file", r.file}, {"bytes", r.bytes}, {"xxh3", checksum_hex(r.xxh3)}});
+  for (const RankFileEntry& r : m.ranks) {
+    json entry = {{"file", r.file}, {"bytes", r.bytes}, {"xxh3", checksum_hex(r.xxh3)}};
+    if (m.has_layout()) {
+      std::string chunks;
+      for (uint64_t c : r.chunks) chunks += checksum_hex(c);
+      entry.update({{"chunk_bytes", r.chunk_bytes}, {"chunks", chunks}});
+    }
+    ranks.push_back(std::move(entry));
+  }
   json scaler = nullptr;
   if (m.loss_scaler)
     scaler = {{"scale", m.loss_scaler->scale}, {"clean", m.loss_scaler->clean}, {"skipped", m.loss_scaler->skipped},
               {"hysteresis", m.loss_scaler->hysteresis}};
   const LrSchedule& s = m.schedule;
-  return {{"format", kCheckpointFormat},
+  json loader = {{"epoch", m.loader_epoch}, {"cursor", m.loader_cursor}, {"batches_per_epoch", m.batches_per_epoch},
+                 {"batches_per_step", m.batches_per_step}};
+  if (m.has_layout()) loader.update({{"rows_per_batch", m.rows_per_batch}, {"shuffle", m.shuffle ? 1 : 0}});
+  json body = {{"format", m.has_layout() ? kCheckpointFormat : kCheckpointFormatWithoutLayout},
           {"step", m.step},
           {"applied", m.applied},
           {"total_steps", m.total_steps},
@@ -57,10 +67,11 @@ json body_json(const CheckpointManifest& m) {
           {"precision", precision_name(m.precision)},
           {"optimizer", optimizer_name(m.optimizer)},
           {"lr_schedule", schedule_json(s)},
-          {"loader", {{"epoch", m.loader_epoch}, {"cursor", m.loader_cursor},
-                      {"batches_per_epoch", m.batches_per_epoch}, {"batches_per_step", m.batches_per_step}}},
+          {"loader", loader},
           {"loss_scaler", scaler},
           {"ranks", ranks}};
+  if (m.has_layout()) body["tensors"] = tensors_json(m.tensors);
+  return body;
 }
 
 void read_schedule(JsonFields f, CheckpointManifest& m) {
@@ -84,11 +95,15 @@ void read_schedule(JsonFields f, CheckpointManifest& m) {
   }
 }
 
-void read_loader(JsonFields f, CheckpointManifest& m) {
+void read_loader(JsonFields f, CheckpointManifest& m, bool layout) {
   m.loader_epoch = f.integer("epoch", 0, kMaxSteps);
   m.loader_cursor = f.integer("cursor", 0, kMaxBatches);
   m.batches_per_epoch = f.integer("batches_per_epoch", 1, kMaxBatches);
   m.batches_per_step = f.integer("batches_per_step", 1, 1 << 20);
+  if (layout) {
+    m.rows_per_batch = f.integer("rows_per_batch", 1, 1 << 30);
+    m.shuffle = f.integer("shuffle", 0, 1) == 1;
+  }
   f.done();
 }
 
@@ -104,7 +119,23 @@ void read_scaler(const json& v, CheckpointManifest& m) {
   m.loss_scaler = s;
 }
 
-void read_ranks(const json& v, CheckpointManifest& m) {
+// A format 3 entry's chunk checksums: one per chunk_bytes of the file before its trailer.
+void read_chunks(JsonFields& f, RankFileEntry& e) {
+  e.chunk_bytes = uint64_t(f.integer("chunk_bytes", 4096, int64_t(kMaxChunkBytes)));
+  const std::string hex = f.string("chunks");
+  const uint64_t count = (e.bytes - 8 + e.chunk_bytes - 1) / e.chunk_bytes;
+  if (hex.size() != 16 * count)
+    refuse_field(f.name("chunks"), fmt::format("holds {} hex digits; {} bytes in chunks of {} need {} checksums of 16",
+                                               hex.size(), e.bytes - 8, e.chunk_bytes, count));
+  for (uint64_t k = 0; k < count; ++k) {
+    uint64_t h = 0;
+    if (!parse_checksum_hex(std::string_view(hex).substr(size_t(16 * k), 16), h))
+      refuse_field(f.name("chunks"), "must hold lowercase hex digits only");
+    e.chunks.push_back(h);
+  }
+}
+
+void read_ranks(const json& v, CheckpointManifest& m, bool layout) {
   if (!v.is_array()) refuse_field("ranks", "must be an array");
   if (int64_t(v.size()) != m.world_size)
     refuse_field("ranks", fmt::format("lists {} rank files for a world of {}", v.size(), m.world_size));
@@ -114,8 +145,9 @@ void read_ranks(const json& v, CheckpointManifest& m) {
     e.file = f.string("file");
     if (e.file != rank_file_name(int(r), m.world_size))
       refuse_field(f.name("file"), fmt::format("is '{}', not '{}'", e.file, rank_file_name(int(r), m.world_size)));
-    e.bytes = uint64_t(f.integer("bytes", 1, kMaxCount));
+    e.bytes = uint64_t(f.integer("bytes", layout ? 9 : 1, kMaxCount));
     if (!parse_checksum_hex(f.string("xxh3"), e.xxh3)) refuse_field(f.name("xxh3"), "must hold 16 lowercase hex digits");
+    if (layout) read_chunks(f, e);
     f.done();
     m.ranks.push_back(std::move(e));
   }
@@ -167,8 +199,10 @@ CheckpointManifest parse_checkpoint_manifest(std::string_view text) {
   MEMFIT_CHECK(!j.is_discarded(), "checkpoint", "the manifest is not valid JSON");
   JsonFields top(j, "");
   const std::string format = top.string("format");
-  if (format != kCheckpointFormat)
-    refuse_field("format", fmt::format("is '{}'; this build reads {} checkpoints", format, kCheckpointFormat));
+  if (format != kCheckpointFormat && format != kCheckpointFormatWithoutLayout)
+    refuse_field("format", fmt::format("is '{}'; this build reads {} and {} checkpoints", format, kCheckpointFormat,
+                                       kCheckpointFormatWithoutLayout));
+  const bool layout = format == kCheckpointFormat;
   CheckpointManifest m;
   m.step = top.integer("step", 1, kMaxSteps);
   m.applied = top.integer("applied", 0, kMaxSteps);
@@ -181,9 +215,13 @@ CheckpointManifest parse_checkpoint_manifest(std::string_view text) {
   m.precision = parse_name<Precision>("precision", top.string("precision"), parse_precision);
   m.optimizer = parse_name<OptimizerKind>("optimizer", top.string("optimizer"), parse_optimizer);
   read_schedule(JsonFields(top.at("lr_schedule"), "lr_schedule"), m);
-  read_loader(JsonFields(top.at("loader"), "loader"), m);
+  read_loader(JsonFields(top.at("loader"), "loader"), m, layout);
   read_scaler(top.at("loss_scaler"), m);
-  read_ranks(top.at("ranks"), m);
+  read_ranks(top.at("ranks"), m, layout);
+  if (layout) {
+    m.tensors = read_tensors(top.at("tensors"), m.world_size);
+    if (m.tensors.empty()) refuse_field("tensors", "is empty");
+  }
   const std::string sum = top.string("checksum");
   top.done();
 
@@ -197,6 +235,11 @@ CheckpointManifest parse_checkpoint_manifest(std::string_view text) {
     refuse_field("checksum", fmt::format("is {}, but the other fields hash to {} (edited or damaged)", checksum_hex(stored),
                                    checksum_hex(actual)));
   check_consistency(m);
+  if (layout) {
+    std::vector<uint64_t> data_bytes;
+    for (const RankFileEntry& r : m.ranks) data_bytes.push_back(r.bytes - 8);
+    check_shards(m.tensors, data_bytes);
+  }
   return m;
 }
 

@@ -190,8 +190,8 @@ std::vector<TensorId> checkpointed_tensors(const Program& p) {
   return ids;
 }
 
-RankFileEntry write_rank_file(const fs::path& path, const Executor& ex, TensorStaging& staging,
-                              const RankFileIdentity& who) {
+WrittenRankFile write_rank_file(const fs::path& path, const Executor& ex, TensorStaging& staging,
+                                const RankFileIdentity& who) {
   const Program& p = ex.program();
   const std::vector<TensorId> ids = checkpointed_tensors(p);
   nlohmann::json tensors = nlohmann::json::array();
@@ -205,28 +205,48 @@ RankFileEntry write_rank_file(const fs::path& path, const Executor& ex, TensorSt
                                             {"step", who.step},
                                             {"tensors", tensors}}
                                  .dump();
-  Checksum sum;
+  WrittenRankFile written;
+  RankFileEntry& entry = written.entry;
+  entry.chunk_bytes = kRankFileChunkBytes;
+  Checksum sum, chunk;
+  uint64_t in_chunk = 0;
   DurableFile out(path);
   uint64_t bytes = 0;
   auto emit = [&](const void* data, size_t n) {
     out.write(data, n);
     sum.update(data, n);
     bytes += n;
+    // The chunk checksums cut the same stream at every kRankFileChunkBytes.
+    for (const char* at = static_cast<const char*>(data); n > 0;) {
+      const size_t take = size_t(std::min<uint64_t>(n, kRankFileChunkBytes - in_chunk));
+      chunk.update(at, take);
+      at += take, n -= take, in_chunk += take;
+      if (in_chunk == kRankFileChunkBytes) {
+        entry.chunks.push_back(chunk.digest());
+        chunk.reset();
+        in_chunk = 0;
+      }
+    }
   };
   unsigned char len[8];
   put_u64(len, header.size());
   emit(kMagic, sizeof kMagic);
   emit(len, sizeof len);
   emit(header.data(), header.size());
-  for (TensorId id : ids)
+  for (TensorId id : ids) {
+    written.root_offsets.push_back(bytes);
     for_each_chunk(ex, id, p.tensor(id).bytes(), staging.raw(),
-                   [&](uint64_t, std::span<const std::byte> chunk) { emit(chunk.data(), chunk.size()); });
-  RankFileEntry entry{path.filename().string(), bytes + 8, sum.digest()};
+                   [&](uint64_t, std::span<const std::byte> piece) { emit(piece.data(), piece.size()); });
+  }
+  if (in_chunk > 0) entry.chunks.push_back(chunk.digest());
+  entry.file = path.filename().string();
+  entry.bytes = bytes + 8;
+  entry.xxh3 = sum.digest();
   unsigned char trailer[8];
   put_u64(trailer, entry.xxh3);
   out.write(trailer, sizeof trailer);
   out.commit();
-  return entry;
+  return written;
 }
 
 void validate_rank_file(const fs::path& path, const Program& p, const RankFileIdentity& who, const RankFileEntry& entry) {
@@ -264,7 +284,7 @@ void read_rank_file(const fs::path& path, Executor& ex, TensorStaging& staging, 
 RankFileEntry rank_file_trailer(const fs::path& path) {
   InputFile f(path);
   if (f.size() < kFraming) refuse_file(f, fmt::format("is {} bytes, shorter than any rank file", f.size()));
-  return RankFileEntry{path.filename().string(), f.size(), f.read_u64_at(f.size() - 8)};
+  return RankFileEntry{path.filename().string(), f.size(), f.read_u64_at(f.size() - 8), 0, {}};
 }
 
 }  // namespace memfit

@@ -31,10 +31,19 @@ struct RankFileIdentity {
 // The tensors a checkpoint holds, in program order.
 std::vector<TensorId> checkpointed_tensors(const Program& program);
 
-// Writes and fsyncs the file (and its directory entry). Returns its size and checksum.
+struct WrittenRankFile {
+  RankFileEntry entry;                 // size, checksum, and a checksum per chunk of kChunkBytes
+  std::vector<uint64_t> root_offsets;  // byte of the file where each checkpointed tensor starts
+};
+
+// The chunk over which a range read is verified: the staging's raw region, so a chunk is read,
+// checked, and only then copied into the executor.
+inline constexpr uint64_t kRankFileChunkBytes = TensorStaging::kElements * sizeof(float);
+
+// Writes and fsyncs the file (and its directory entry). Returns its size and checksums.
 // Throws [checkpoint] naming the file when it cannot be written.
-RankFileEntry write_rank_file(const std::filesystem::path& path, const Executor& ex, TensorStaging& staging,
-                              const RankFileIdentity& who);
+WrittenRankFile write_rank_file(const std::filesystem::path& path, const Executor& ex, TensorStaging& staging,
+                                const RankFileIdentity& who);
 
 // Reads the whole file without touching any tensor and throws [checkpoint] "PATH: ..." unless
 // it is valid for this program, this rank and step, and its manifest entry.

@@ -6,6 +6,7 @@
 // a sound checkpoint of another kind of run stops every rank at once (an older one would
 // not fit either, and silently taking it would lose steps).
 #include <filesystem>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "train/checkpoint.hpp"
@@ -13,6 +14,7 @@
 #include "train/checkpoint_dir.hpp"
 #include "train/checkpoint_files.hpp"
 #include "train/checkpoint_rank_file.hpp"
+#include "train/checkpoint_reshard.hpp"
 
 namespace memfit {
 
@@ -69,13 +71,43 @@ Candidates deserialize(const std::string& text) {
   return c;
 }
 
+// Why this run would not read, from the checkpoint's step on, the rows an uninterrupted run of
+// its own layout reads there; "" when it would. A format 2 manifest knows batches only.
+std::string data_mismatch(const CheckpointManifest& m, const CheckpointRun& run) {
+  if (m.rows_per_batch == 0 || m.rows_per_batch == run.rows_per_batch) {
+    if (m.batches_per_epoch != run.batches_per_epoch || m.batches_per_step != run.batches_per_step)
+      return fmt::format("read {} batches per step from epochs of {}; this run reads {} per step from epochs of {} "
+                         "(resuming needs the same data, --seq and rows per step: --batch x ranks x --grad-accum)",
+                         m.batches_per_step, m.batches_per_epoch, run.batches_per_step, run.batches_per_epoch);
+    if (m.rows_per_batch > 0 && m.shuffle != run.shuffle)
+      return fmt::format("was written {} --shuffle; this run {} it", m.shuffle ? "with" : "without",
+                         run.shuffle ? "uses" : "does not use");
+    return "";
+  }
+  const int64_t rows = m.rows_per_batch * m.batches_per_step, ours = run.rows_per_batch * run.batches_per_step;
+  if (rows != ours)
+    return fmt::format("read {} rows per step ({} batches of {} rows); this run reads {} ({} of {}): keep --batch x "
+                       "ranks x --grad-accum equal", rows, m.batches_per_step, m.rows_per_batch, ours,
+                       run.batches_per_step, run.rows_per_batch);
+  if (m.shuffle || run.shuffle)
+    return fmt::format("read batches of {} rows in a shuffled order, which depends on the batch size; this run's "
+                       "batches have {} rows (resume with --shuffle off or the same --batch x ranks)",
+                       m.rows_per_batch, run.rows_per_batch);
+  const int64_t epoch = m.rows_per_batch * m.batches_per_epoch, our_epoch = run.rows_per_batch * run.batches_per_epoch;
+  if (epoch != our_epoch && m.step * rows > std::min(epoch, our_epoch))
+    return fmt::format("read epochs of {} rows and is past the end of one; this run's epochs hold {} rows, so its "
+                       "data order differs (choose --seq or data so that the epochs match)", epoch, our_epoch);
+  return "";
+}
+
 // Why a sound manifest cannot continue this run; "" when it can.
 std::string mismatch(const CheckpointManifest& m, const CheckpointRun& run) {
-  if (m.world_size != run.world_size)
-    return fmt::format("was written by {} ranks; resume it with the same world size (this run has {})", m.world_size,
-                       run.world_size);
-  if (m.zero_stage != run.zero_stage)
-    return fmt::format("was written with ZeRO stage {}; this run uses stage {}", m.zero_stage, run.zero_stage);
+  if (!m.has_layout() && m.world_size != run.world_size)
+    return fmt::format("was written by {} ranks without a global layout (an older memfit); resume it with the same "
+                       "world size (this run has {})", m.world_size, run.world_size);
+  if (!m.has_layout() && m.zero_stage != run.zero_stage)
+    return fmt::format("was written with ZeRO stage {} without a global layout (an older memfit); this run uses "
+                       "stage {}", m.zero_stage, run.zero_stage);
   nlohmann::json saved = m.model_spec, ours = run.model_spec;
   saved.erase("name"), ours.erase("name");
   if (saved != ours)
@@ -86,14 +118,35 @@ std::string mismatch(const CheckpointManifest& m, const CheckpointRun& run) {
                        precision_name(run.precision));
   if (m.optimizer != run.optimizer)
     return fmt::format("holds {} state; this run uses {}", optimizer_name(m.optimizer), optimizer_name(run.optimizer));
-  if (m.batches_per_epoch != run.batches_per_epoch || m.batches_per_step != run.batches_per_step)
-    return fmt::format("read {} batches per step from epochs of {}; this run reads {} per step from epochs of {} (resuming "
-                       "needs the same data, --batch, --seq, --grad-accum and world size)", m.batches_per_step,
-                       m.batches_per_epoch, run.batches_per_step, run.batches_per_epoch);
+  if (std::string why = data_mismatch(m, run); !why.empty()) return why;
   if (m.loss_scaler.has_value() != run.loss_scaler)
     return m.loss_scaler ? "holds a loss scaler's state; this run keeps none"
                          : "holds no loss scaler's state; this run needs one";
   return "";
+}
+
+// The same layout reads each rank's own file whole (the format 2 path); another one reads
+// byte ranges of every file it needs.
+bool same_layout(const CheckpointManifest& m, const CheckpointRun& run) {
+  return m.world_size == run.world_size && m.zero_stage == run.zero_stage;
+}
+
+Outcome load_ranges(const fs::path& dir, Executor& ex, TensorStaging& staging, Communicator& comm,
+                    const CheckpointManifest& m) {
+  std::vector<std::vector<RangeRead>> plan;
+  Outcome o = attempt(Verdict::incompatible, [&] {
+    try {
+      plan = plan_range_reads(m, ex.program(), comm.rank());
+    } catch (const Error&) {
+      throw Error("checkpoint", fmt::format("{}: {}", dir.string(), outcome_of_exception(Verdict::damaged).message));
+    }
+  });
+  if (o.ok()) o = attempt(Verdict::damaged, [&] { check_range_files(dir, m, plan); });
+  o = agree(comm, o);
+  if (!o.ok()) return o;
+  // A chunk that fails its checksum now is damage like any other: an older checkpoint is
+  // tried, and it overwrites every tensor this one had partly filled.
+  return agree(comm, attempt(Verdict::damaged, [&] { read_ranges(dir, m, plan, ex, staging); }));
 }
 
 // One candidate, collectively. On success the executor holds its tensors.
@@ -122,9 +175,11 @@ Outcome try_candidate(const fs::path& dir, Executor& ex, TensorStaging& staging,
     const std::string why = mismatch(m, run);
     if (!why.empty()) o = Outcome{Verdict::incompatible, fmt::format("{}: {}", dir.string(), why)};
   }
+  o = agree(comm, o);
+  if (!o.ok()) return o;
+  if (!same_layout(m, run)) return load_ranges(dir, ex, staging, comm, m);
   const RankFileIdentity who{rank, comm.size(), m.step};
-  if (o.ok())
-    o = attempt(Verdict::damaged, [&] { validate_rank_file(dir / m.ranks[size_t(rank)].file, ex.program(), who, m.ranks[size_t(rank)]); });
+  o = attempt(Verdict::damaged, [&] { validate_rank_file(dir / m.ranks[size_t(rank)].file, ex.program(), who, m.ranks[size_t(rank)]); });
   o = agree(comm, o);
   if (!o.ok()) return o;
   // Every rank's file is sound: load. A failure now means a file changed under us.
@@ -163,6 +218,11 @@ ResumedCheckpoint resume_checkpoint(const std::string& path, Executor& ex, Tenso
       r.dir = dir;
       const CheckpointManifest& m = r.manifest;
       r.at = TrainingPosition{m.step, m.applied, m.loader_epoch, m.loader_cursor, m.loss_scaler};
+      // In rows, the data position is the checkpoint's; in this run's batches it is where an
+      // uninterrupted run of this layout stands after the same steps (data_mismatch holds).
+      if (m.has_layout() && m.rows_per_batch != run.rows_per_batch)
+        std::tie(r.at.loader_epoch, r.at.loader_cursor) =
+            loader_position_after(m.step * run.batches_per_step, run.batches_per_epoch);
       return r;
     }
     if (o.verdict != Verdict::damaged || found.named) throw Error("checkpoint", o.message);

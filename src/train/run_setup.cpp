@@ -140,7 +140,8 @@ void resume_if_asked(RunState& s) {
   // Checkpoints record what the run is; a resume must match it (train/checkpoint.hpp).
   s.checkpoint_run = CheckpointRun{c.model, model_json(s.run.spec, s.program().parameter_count()), s.world,
                                    pol.zero_stage, pol.precision, pol.optimizer, s.train_loader->batches_per_epoch(),
-                                   pol.grad_accum, s.runner->scaler() != nullptr, s.schedule, c.steps};
+                                   pol.grad_accum, s.runner->scaler() != nullptr, s.schedule, c.steps,
+                                   s.global_batch(), c.shuffle};
   if (!c.resume.empty()) {
     s.resumed = resume_checkpoint(c.resume, s.ex(), s.staging, s.checkpoint_run, *s.comm);
     const TrainingPosition& at = s.resumed->at;

@@ -231,6 +231,16 @@ void emit_transposed(const ParamValues& get, int64_t rows, int64_t cols, TensorS
 void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec, TensorStaging& staging,
                   const std::vector<std::vector<float>>* whole, uint64_t max_shard_bytes) {
   const Program& p = ex.program();
+  std::vector<SavedParam> params;
+  for (const ParamEntry& param : p.params()) params.push_back({param.name, p.tensor(param.value).shape});
+  save_weights_from(path, params, spec, staging, [&](size_t i, int64_t first, std::span<float> out) {
+    if (whole) std::copy_n((*whole)[i].begin() + first, out.size(), out.begin());
+    else load_parameter_range(ex, p.params()[i], first, out, staging);
+  }, max_shard_bytes);
+}
+
+void save_weights_from(const std::string& path, const std::vector<SavedParam>& params, const ModelSpec& spec,
+                       TensorStaging& staging, const ParamRange& values, uint64_t max_shard_bytes) {
   const bool directory = !path.ends_with(".safetensors");
   if (directory) {
     std::error_code ec;
@@ -241,28 +251,25 @@ void save_weights(const std::string& path, const Executor& ex, const ModelSpec& 
   // (the masters under mixed precision, widened copies of 16-bit ones), transposed for GPT-2's
   // Conv1D weights.
   std::vector<SafetensorsTensor> tensors;
-  for (size_t i = 0; i < p.params().size(); ++i) {
-    const ParamEntry& param = p.params()[i];
-    const TensorDesc& t = p.tensor(param.value);
-    ParamValues get = [&, i](int64_t first, std::span<float> out) {
-      if (whole) std::copy_n((*whole)[i].begin() + first, out.size(), out.begin());
-      else load_parameter_range(ex, param, first, out, staging);
-    };
+  for (size_t i = 0; i < params.size(); ++i) {
+    const SavedParam& param = params[i];
+    const Shape& shape = param.shape;
+    ParamValues get = [&values, i](int64_t first, std::span<float> out) { values(i, first, out); };
     if (spec.arch == Arch::gpt2 && is_conv1d_weight(param.name)) {
-      const int64_t rows = t.shape[0], cols = t.shape[1];
+      const int64_t rows = shape[0], cols = shape[1];
       tensors.push_back({std::string(kGpt2Prefix) + param.name, DType::f32, Shape{cols, rows}, nullptr,
                          [get, rows, cols, &staging](const Emit& emit) {
                            emit_transposed(get, rows, cols, staging, emit);
                          }});
       continue;
     }
-    const int64_t row_size = t.numel() / t.shape[0];
+    const int64_t row_size = shape.numel() / shape[0];
     int64_t row = 0;
-    for (const HfPiece& piece : hf_pieces(spec, param.name, t.shape)) {
+    for (const HfPiece& piece : hf_pieces(spec, param.name, shape)) {
       const std::string name = spec.arch == Arch::gpt2 ? std::string(kGpt2Prefix) + piece.name : piece.name;
-      const Shape shape = t.shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
+      const Shape piece_shape = shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
       const int64_t first = row * row_size, n = piece.rows * row_size;
-      tensors.push_back({name, DType::f32, shape, nullptr, [get, first, n, &staging](const Emit& emit) {
+      tensors.push_back({name, DType::f32, piece_shape, nullptr, [get, first, n, &staging](const Emit& emit) {
                            emit_in_order(get, first, n, staging.values(), emit);
                          }});
       row += piece.rows;

@@ -12,6 +12,8 @@
 // any size adds at most the staging buffer to host memory.
 #pragma once
 
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,19 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, 
 void save_weights(const std::string& path, const Executor& ex, const ModelSpec& spec, TensorStaging& staging,
                   const std::vector<std::vector<float>>* whole = nullptr,
                   uint64_t max_shard_bytes = kDefaultShardBytes);
+
+// save_weights from any source of whole-parameter values (memfit consolidate reads them from a
+// checkpoint): `params` names each parameter (memfit's name) and its shape, in program order;
+// values(i, first, out) fills elements [first, first + out.size()) of parameter i as fp32,
+// called once per HF tensor in the order the file is written, a staging chunk at a time.
+struct SavedParam {
+  std::string name;
+  Shape shape;
+};
+using ParamRange = std::function<void(size_t param, int64_t first, std::span<float> out)>;
+void save_weights_from(const std::string& path, const std::vector<SavedParam>& params, const ModelSpec& spec,
+                       TensorStaging& staging, const ParamRange& values,
+                       uint64_t max_shard_bytes = kDefaultShardBytes);
 
 // One HF tensor holding `rows` consecutive rows of a memfit parameter: the whole parameter,
 // except llama's fused q|k|v projection, which HF keeps as q_proj, k_proj and v_proj.
