@@ -179,6 +179,20 @@ TEST(SourceStructure, PiecesIncludeOnlyThePiecesBelowThem) {
   EXPECT_GT(checked, 100);  // the scan found the includes
 }
 
+// Kernels fork only through kernels/cpu/parallel.hpp's parallel_for: libgomp mallocs a team
+// for every region that runs on one thread, and nothing may allocate inside a step.
+TEST(SourceStructure, KernelsForkOnlyThroughParallelFor) {
+  int kernels = 0;
+  for (const fs::path& f : source_files()) {
+    const std::string rel = fs::relative(f, kSrc).string();
+    if (!rel.starts_with("kernels/") || rel == "kernels/cpu/parallel.hpp") continue;
+    ++kernels;
+    EXPECT_EQ(blank_comments_and_literals(read(f)).find("omp parallel"), std::string::npos)
+        << rel << " opens an OpenMP region of its own: use parallel_for";
+  }
+  EXPECT_GT(kernels, 30);
+}
+
 TEST(SourceStructure, NoFileOver600Lines) {
   for (const fs::path& f : source_files()) {
     const std::string text = read(f);
