@@ -3,13 +3,18 @@
 // overflows, the op and the categories at the peak, the largest tensors live there, and the
 // changes that make it fit. Every suggestion comes from building and planning the changed
 // run for real (train/candidates.hpp), never from a formula, and carries the flags that
-// apply it; they are ordered cheapest first:
+// apply it, as the run accepts them when appended to the command (make_runnable); they are
+// ordered cheapest first:
 //   same math (smaller classifier chunks; a smaller micro-batch with gradient accumulation
-//   keeping the global batch) < more compute (recomputation, flash attention; by the extra
-//   FLOPs per token of the changed program) < lower precision (bf16, 8-bit optimizer state)
-//   < a different training run (a smaller global batch, shorter sequences) < a change of
-//   what trains (LoRA adapters on a frozen base, then also stored in NF4), tried only when
-//   nothing that trains every weight fits.
+//   keeping the global batch; ZeRO stages 1-2 over the run's ranks) < more compute
+//   (recomputation, flash attention; by the extra FLOPs per token of the changed program)
+//   < more communication (ZeRO stage 3) < more disk I/O (offload) < lower precision (bf16,
+//   8-bit optimizer state, an NF4 frozen base) < a different training run (a smaller global
+//   batch, shorter sequences) < a change of what trains (LoRA adapters on a frozen base, then
+//   also stored in NF4), tried only when nothing that trains every weight fits.
+// Techniques that help without fitting alone are tried in pairs (and with the accumulation
+// that keeps the global batch); a combination costs what its dearer part costs, and a few
+// of the cheapest per cost class are shown.
 // Techniques this build refuses ("not supported") are listed as unavailable and skipped.
 #pragma once
 
@@ -24,9 +29,19 @@
 
 namespace memfit {
 
-// Cheapest first. more_io: the same math, with bytes streamed to and from disk every step.
-// changes_what_trains: only adapters train (LoRA); the result is another model.
-enum class ChangeCost : uint8_t { same_math, more_compute, more_io, lower_precision, different_run, changes_what_trains };
+// Cheapest first. more_communication: the same math, with more bytes between the ranks (ZeRO
+// stage 3). more_io: the same math, with bytes streamed to and from disk every step.
+// changes_what_trains: only adapters train (LoRA); the result is another model. A pair of
+// changes costs what its dearer part costs.
+enum class ChangeCost : uint8_t {
+  same_math,
+  more_compute,
+  more_communication,
+  more_io,
+  lower_precision,
+  different_run,
+  changes_what_trains
+};
 
 struct FitSuggestion {
   std::string flags;     // e.g. "--batch 2 --grad-accum 2"
@@ -34,6 +49,7 @@ struct FitSuggestion {
   ChangeCost cost = ChangeCost::same_math;
   double extra_compute = 0;  // FLOPs per token relative to the current run, minus one
   uint64_t peak = 0;         // planned bytes in memory with the change (train/candidates.hpp memory_peak)
+  int parts = 1;             // changes combined (a technique with a smaller batch, a pair of techniques)
   bool fits = false;
 };
 

@@ -49,4 +49,13 @@ int64_t largest_fitting_batch(const RunConfig& c, const Backend& backend, uint64
   return std::max<int64_t>(0, search.largest(1, hi));
 }
 
+std::string make_runnable(RunConfig& c, const ModelSpec& spec, const Backend& backend) {
+  const Policy& p = c.policy;
+  const bool grouped = spec.n_kv_head > 0 && spec.n_kv_head < spec.n_head;
+  if (backend.name() != "cpu" || !grouped || p.precision == Precision::fp32 || p.attention != AttentionKind::plain)
+    return "";
+  c.policy.attention = AttentionKind::flash;
+  return " --attention flash";
+}
+
 }  // namespace memfit

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "graph/model_spec.hpp"
 #include "graph/program.hpp"
 #include "plan/memory_plan.hpp"
 #include "kernels/backend.hpp"
@@ -35,5 +36,12 @@ double flops_per_token(const Program& program, const Policy& policy);
 // settings unchanged.
 int64_t largest_fitting_batch(const RunConfig& config, const Backend& backend, uint64_t budget, int64_t hi);
 RunConfig with_batch(RunConfig config, int64_t batch);
+
+// What planning cannot see but the run would refuse when it starts: the CPU backend has no
+// bf16 kernel for plain attention over grouped kv heads (its oneDNN descriptors pair each query
+// head with the kv head of the same index). Changes `config` so that it runs and returns the
+// flags that say so (" --attention flash"), or "" when it already runs. Suggestions pass
+// through it, so a printed change is one the run accepts when appended to the command.
+std::string make_runnable(RunConfig& config, const ModelSpec& spec, const Backend& backend);
 
 }  // namespace memfit

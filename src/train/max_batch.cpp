@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "plan/plan_report.hpp"
 #include "plan/search.hpp"
+#include "train/budget.hpp"
 #include "train/candidates.hpp"
 #include "train/trainer.hpp"
 
@@ -107,6 +108,12 @@ void max_batch_command(const RunConfig& config, bool seq_auto, bool verify, bool
   out << fmt::format("memfit max-batch: model {}, budget {} ({} bytes), {} plans searched\n", config.model,
                      format_bytes(budget), budget, a.plans);
   for (auto [seq, b] : a.frontier) out << fmt::format("  seq {:>6}: largest batch {}\n", seq, b);
+  // Not even batch 1: what would make it fit, as the out-of-memory diagnosis of that run says.
+  if (a.batch == 0) {
+    const PreparedRun one = prepare_run(with_batch(at, 1), *backend);
+    out << fmt::format("batch 1 x {} tokens does not fit:\n", a.seq)
+        << diagnose_budget(with_batch(at, 1), one, budget, *backend).report;
+  }
   MEMFIT_CHECK(a.batch > 0, "max-batch", "not even batch 1 at sequence length {} fits the budget of {} (it needs {})",
                a.seq, format_bytes(budget), format_bytes(a.next_peak));
   out << fmt::format("largest micro-batch that fits: {} x {} tokens (planned peak {}, {} below the budget)\n", a.batch,

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <regex>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -96,6 +98,29 @@ TEST(MaxBatch, SeqAutoFrontierFitsAndIsTight) {
     EXPECT_LE(plan_candidate(with_batch(c, b), *backend).peak, kBudget) << f;
     EXPECT_GT(plan_candidate(with_batch(c, b + 1), *backend).peak, kBudget) << f;
   }
+}
+
+// When not even batch 1 fits, max-batch prints the out-of-memory diagnosis of batch 1 (single
+// changes and pairs, each planned); the cheapest change appended to the command finds a batch,
+// and one real step at it measures its plan.
+TEST(MaxBatch, NothingFitsShowsTheChangesThatWouldAndTheyDo) {
+  const std::string cmd = "max-batch --threads 1 --seq 64 --memory-budget 8MiB";
+  const auto r = test::run_memfit(cmd);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("not even batch 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("batch 1 x 64 tokens does not fit"), std::string::npos) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("append one to the command\\):\n    (--.*?) +peak"))) << r.out;
+  const auto fixed = test::run_memfit(cmd + " --json " + std::string(m[1]));
+  ASSERT_EQ(fixed.status, 0) << m[1] << "\n" << fixed.err;
+  const auto j = nlohmann::json::parse(fixed.out);
+  EXPECT_GE(j["batch"].get<int64_t>(), 1) << m[1];
+  // Verified: the device tier measured its plan. The peak is device and host (disk offload
+  // stages chunks on the host tier), so the device's share is at most that.
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_LE(j["measured_peak_bytes"].get<uint64_t>(), j["peak_bytes"].get<uint64_t>());
+  EXPECT_LE(j["peak_bytes"].get<uint64_t>(), 8 * MiB);
+  std::printf("followed '%s': batch %ld fits 8 MiB\n", std::string(m[1]).c_str(), long(j["batch"].get<int64_t>()));
 }
 
 TEST(MaxBatch, RefusesNonsense) {
