@@ -5,6 +5,7 @@
 #include "plan/plan_report.hpp"
 #include "train/adapter_files.hpp"
 #include "train/budget.hpp"
+#include "train/checkpoint_agree.hpp"
 #include "train/init.hpp"
 #include "train/run_checks.hpp"
 #include "train/synthetic_corpus.hpp"
@@ -196,7 +197,15 @@ std::unique_ptr<RunState> setup_run(const RunConfig& config, std::ostream& rank_
   s.budget = run_budget(c);
   log << describe_recompute_choice(s.run, s.budget);
   log << format_memory_table(prog, s.run.compiled.plan);
-  enforce_memory_budget(c, s.run, s.budget, *s.backend, log);
+  if (s.world == 1) {
+    enforce_memory_budget(c, s.run, s.budget, *s.backend, log);
+  } else {
+    // Every rank checks its own plan, and they agree before any throws: a rank that threw
+    // first would end the job while rank 0 still writes the diagnosis.
+    const Outcome all =
+        agree(*s.comm, attempt(Verdict::failed, [&] { enforce_memory_budget(c, s.run, s.budget, *s.backend, log); }));
+    MEMFIT_CHECK(all.ok(), "plan", "{}", all.message);
+  }
   build_executor(s, hooks);
   resume_if_asked(s);
   require_finite_start(s.ex(), c, s.staging);

@@ -169,6 +169,19 @@ TEST(FatalError, ARankThatStallsPastTheTimeoutEndsEveryRankNamingIt) {
   }
 }
 
+// An over-budget run at 2 ranks: every rank is over, and rank 0's diagnosis reaches stdout
+// whole before the job ends (the ranks agree first; a rank that threw at once cut it off).
+TEST(FatalError, AnOverBudgetRunPrintsRankZerosDiagnosisBeforeEnding) {
+  const std::string marker = "fatal-budget-2";
+  const Job job = launch(marker, "", fmt::format("-np 2 {} {} --memory-budget 4MiB", test::memfit_binary(),
+                                                 train_args(marker)));
+  const std::string out = job.output();
+  EXPECT_NE(job.status, 0) << out;
+  EXPECT_NE(out.find("memory budget exceeded: the run stops before step 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("memfit: error: [rank "), std::string::npos) << out;
+  EXPECT_FALSE(job.ranks_left());
+}
+
 // No handler runs in a rank killed by SIGKILL: the launcher sees the process die, names it and
 // ends the others (the survivors may be waiting inside a collective for the dead rank).
 TEST(FatalError, ARankKilledBySigkillEndsEveryRankNamingIt) {
