@@ -284,20 +284,22 @@ TEST(Zero, ResumedRunContinuesBitForBit) {
   }
   EXPECT_EQ(b.validation, a.validation);
 
-  // Another world size or stage is refused with the reason.
+  // Another layout resumes (tests/train/checkpoint_reshard_mpitest.cpp checks its losses),
+  // but only with the same global batch: one rank at the same micro-batch reads half the rows
+  // per step, and is refused with the fix.
   if (comm().rank() == 0) {
     auto single = make_single_process_communicator();
     try {
       run_training(second, log, nullptr, single.get());
-      ADD_FAILURE() << "resumed a checkpoint of another world size";
+      ADD_FAILURE() << "resumed with another number of rows per step";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("same world size"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("keep --batch x ranks x --grad-accum equal"), std::string::npos) << e.what();
     }
   }
-  // Resuming is collective: every rank takes part, and every rank refuses.
+  // Resuming is collective: every rank takes part, here at another ZeRO stage.
   RunConfig other = second;
   other.policy.zero_stage = 2;
-  EXPECT_THROW(run_training(other, log, nullptr, &comm()), Error);
+  EXPECT_NO_THROW(run_training(other, log, nullptr, &comm()));
   comm().barrier();
   if (comm().rank() == 0) std::filesystem::remove_all(dir);
 }
