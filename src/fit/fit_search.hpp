@@ -2,8 +2,9 @@
 //
 // A family is one choice of precision, attention, recomputation, optimizer, ZeRO stage and
 // offload; within a family the micro-batch is the largest that fits (memory grows with it)
-// and the accumulation follows from the global batch (or the run's --grad-accum). Families
-// are ranked by estimated tokens/s (fit/estimate.hpp).
+// and the accumulation follows from the global batch (or the run's --grad-accum). A family fits
+// when its per-rank peak leaves FitOptions::headroom of the budget free. Families are ranked by
+// estimated tokens/s (fit/estimate.hpp), a near-tie going to the simpler one (rank_candidates).
 //
 // Candidates are planned by the builder and planner that run them: a family without offload
 // on W ranks is rank 0's program at its ZeRO stage (fit/estimate.hpp); offload families shard
