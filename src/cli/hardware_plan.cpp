@@ -41,6 +41,9 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
                   "share of peak FLOP/s compute-bound ops reach (default 0.45 on GPU presets; 1 on cpu, whose peaks "
                   "are measured)");
   plan.add_option("--comm-overlap", comm_overlap_, "share of collective time hidden behind compute (default 0)");
+  plan.add_option("--headroom", headroom_,
+                  "share of the memory budget a plan must leave free (default 0.05): it fits only if its per-rank "
+                  "peak, fixed runtime bytes included, is at most (1 - headroom) x the budget");
   plan.add_flag("--fit", fit_, "search the fastest configuration that fits the budget (--memory-budget, default: "
                                "the hardware's memory)");
   plan.add_option("--global-batch", global_batch_, "--fit: sequences per optimizer step over all ranks (sets accumulation)")
@@ -56,7 +59,7 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
 bool HardwarePlanOptions::requested(const RunConfig&) const {
   const bool other_hardware = hardware_ != "cpu";
   for (const char* flag : {"--hardware", "--hardware-file", "--hardware-set", "--device-memory", "--gpus-per-node",
-                           "--nodes", "--fit", "--compare", "--emit", "--efficiency", "--comm-overlap"})
+                           "--nodes", "--fit", "--compare", "--emit", "--efficiency", "--comm-overlap", "--headroom"})
     if (app_.get_option(flag)->count() > 0) return true;
   return other_hardware;
 }
@@ -139,6 +142,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
                "--efficiency must be in (0, 1] (got {})", efficiency_);
   MEMFIT_CHECK(comm_overlap_ >= 0 && comm_overlap_ <= 1, "hardware", "--comm-overlap must be in [0, 1] (got {})",
                comm_overlap_);
+  MEMFIT_CHECK(headroom_ >= 0 && headroom_ < 1, "hardware", "--headroom must be in [0, 1) (got {})", headroom_);
   MEMFIT_CHECK(emit_.empty() || emit_[0] == "deepspeed", "cli", "--emit supports 'deepspeed FILE' (got '{}')",
                emit_.empty() ? "" : emit_[0]);
 
@@ -158,20 +162,22 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
                "--recompute auto is not searched on other hardware; use --fit (it searches recomputation too)");
   nlohmann::json j;
   const uint64_t budget = config.memory_budget ? config.memory_budget : hw.memory_bytes;
+  const uint64_t usable = usable_bytes(budget, headroom_);
   if (fit_) {
     FitOptions fo;
     fo.budget = budget;
     fo.global_batch = global_batch_;
     fo.max_batch = max_batch_;
     fo.keep = keep_;
+    fo.headroom = headroom_;
     const FitResult r = fit_search(spec, policy, cluster, eo, fo);
     if (as_json) j["fit"] = fit_json(r, cluster, budget, eo);
     else out << fmt::format("memfit plan --fit: model {} ({} parameters), sequence {}\n", spec.name,
                             spec.parameter_count(), policy.seq)
              << format_fit(r, cluster, budget);
     if (r.ranked.empty() && as_json) out << j.dump(2) << "\n";  // the rejected families, for scripts
-    MEMFIT_CHECK(!r.ranked.empty(), "fit", "no configuration of {} fits {} per rank on {} x {}", spec.name,
-                 format_bytes(budget), cluster.world_size(), hw.name);
+    MEMFIT_CHECK(!r.ranked.empty(), "fit", "no configuration of {} fits {} per rank ({:g}% headroom of {}) on {} x {}",
+                 spec.name, format_bytes(usable), 100 * headroom_, format_bytes(budget), cluster.world_size(), hw.name);
     policy = r.ranked.front().policy;
   }
   const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo);
@@ -181,16 +187,22 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     j["model"] = model_json(spec, s.parameters);
     j["policy"] = policy_json(policy);
     j["estimate"] = estimate_json(e, cluster, eo);
-    j["fits"] = check_fit(e, cluster, budget).fits();
+    j["fits"] = check_fit(e, cluster, usable).fits();
+    j["budget_bytes"] = budget;
+    j["headroom"] = headroom_;
+    j["usable_bytes"] = usable;
     if (compare_) j["compare"] = comparison_json(spec, s, policy, cluster, e);
   } else {
     out << fmt::format("memfit plan: model {} ({} parameters), {}, micro-batch {} x {}, accumulation {}, {} ops\n",
                        spec.name, s.parameters, family_name(policy), policy.batch, policy.seq, policy.grad_accum, s.ops);
     out << format_estimate(e, cluster, eo);
-    const Overflow o = check_fit(e, cluster, budget);
+    const Overflow o = check_fit(e, cluster, usable);
+    const std::string within = fmt::format("{} usable per rank: {} less {:g}% headroom (--headroom)",
+                                           format_bytes(usable), format_bytes(budget), 100 * headroom_);
     if (!o.fits())
-      out << fmt::format("does not fit: {} tier over by {} (largest there: {})\n", tier_name(o.tier),
+      out << fmt::format("does not fit {}: {} tier over by {} (largest there: {})\n", within, tier_name(o.tier),
                          format_bytes(o.excess), category_name(o.category));
+    else out << fmt::format("fits {}\n", within);
     if (compare_) out << format_comparison(spec, s, policy, cluster, e);
   }
   if (!emit_.empty()) {

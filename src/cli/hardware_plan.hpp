@@ -32,6 +32,7 @@ class HardwarePlanOptions {
   std::string device_memory_;
   int gpus_per_node_ = 0, nodes_ = 0, world_size_ = 0;
   double efficiency_ = 0, comm_overlap_ = 0;  // efficiency 0: the hardware's default
+  double headroom_ = 0.05;                    // share of the budget a plan leaves free
   bool fit_ = false, compare_ = false;
   int64_t global_batch_ = 0, max_batch_ = 64;
   int keep_ = 5;

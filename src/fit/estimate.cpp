@@ -38,12 +38,28 @@ double op_seconds(const Program& p, const Op& op, const Hardware& hw, double eff
     if (t != kNoTensor) bytes += double(p.tensor(t).bytes());
   for (TensorId t : op.outputs)
     if (t != kNoTensor) bytes += double(p.tensor(t).bytes());
+  // An op runs at the speed of what it multiplies: its largest float input. 16-bit operands
+  // reach tensor-core peak whatever the output (a bf16 product accumulating into fp32 gradients
+  // is a bf16 GEMM), and small fp32 side inputs (flash attention's log-sum-exp, a norm's
+  // statistics) do not make it an fp32 op. Ops without float inputs (fills) go by their output.
   DType dt = DType::f32;
-  for (TensorId t : op.outputs)
-    if (t != kNoTensor && dtype_is_float(p.tensor(t).dtype)) {
-      dt = p.tensor(t).dtype;
-      break;
-    }
+  bool float_input = false;
+  int64_t largest = -1;
+  for (TensorId t : op.inputs) {
+    if (t == kNoTensor || !dtype_is_float(p.tensor(t).dtype) || p.tensor(t).numel() <= largest) continue;
+    dt = p.tensor(t).dtype;
+    largest = p.tensor(t).numel();
+    float_input = true;
+  }
+  // A quantised base's product multiplies dequantised tiles in the compute dtype (its scales
+  // are fp32 inputs but never multiplied as a matrix).
+  if (const auto* q = std::get_if<QuantLinearAttrs>(&op.attrs)) return roofline_seconds(op.flops, bytes, q->compute, hw, efficiency);
+  if (!float_input)
+    for (TensorId t : op.outputs)
+      if (t != kNoTensor && dtype_is_float(p.tensor(t).dtype)) {
+        dt = p.tensor(t).dtype;
+        break;
+      }
   return roofline_seconds(op.flops, bytes, dt, hw, efficiency);
 }
 
@@ -240,9 +256,11 @@ void analytic_memory(const ProgramSummary& s, const Policy& policy, int W, RankE
     e.host_bytes += e.states.host[size_t(c)];
     e.disk_bytes += e.states.disk[size_t(c)];
   }
-  // The unsharded plan's packing, carried over: no sharded program was packed (labelled).
-  e.packing_overhead = s.packing_overhead;
-  e.device_bytes = best + s.packing_overhead + e.fixed_overhead;
+  // No sharded or offloaded program was packed, and the unsharded plan's packing belongs to
+  // other tensors at other offsets (issue 19: 7.97 GiB carried into the 70B winner, enough to
+  // reorder families), so none is added: the labelled estimate is live bytes plus fixed ones.
+  e.packing_overhead = 0;
+  e.device_bytes = best + e.fixed_overhead;
 }
 
 // Communication of the analytic path: ring volumes of the collectives ZeRO would add.

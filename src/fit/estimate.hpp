@@ -6,14 +6,16 @@
 // may differ by a few KiB). Only where the builder cannot express the policy (offload,
 // until issue 16; frozen parameters or the update in backward with ZeRO) is the unsharded
 // program planned and sharding and offload applied to its per-op live bytes
-// (fit/model_states.hpp, a labelled estimate). The rank's fixed runtime overheads are added.
+// (fit/model_states.hpp, a labelled estimate, with no packing: no such program was packed).
+// The rank's fixed runtime overheads are added.
 //
 // Invariant (tested): without offload the device peak is the rank program's planned peak plus
 // the hardware's fixed overheads, and on the "cpu" hardware (backend scratch attached, none
 // fixed) it is the peak the executed run measures on rank 0, for any stage and world.
 //
 // Step time, stated plainly: every op is timed by a roofline, max(flops / (peak of its dtype
-// x efficiency), bytes it reads and writes / (memory bandwidth x 0.8)); recomputed ops are
+// x efficiency), bytes it reads and writes / (memory bandwidth x 0.8)), its dtype that of its
+// largest float input (a bf16 product writing fp32 gradients is a bf16 GEMM); recomputed ops are
 // counted apart; collectives are ring volumes over the slowest link they cross (not
 // overlapped with compute unless --comm-overlap); offload traffic crosses the host link (or
 // the disk), and an offloaded optimizer runs at host memory bandwidth.
@@ -88,7 +90,8 @@ struct ProgramSummary {
 };
 
 // The roofline every op is timed by: max(flops / (peak of dt x efficiency), bytes / (memory
-// bandwidth x 0.8)); op_seconds reads an op's FLOPs, bytes and dtype from its program.
+// bandwidth x 0.8)); op_seconds reads an op's FLOPs, bytes and dtype (its largest float
+// input's; a quantised product's compute dtype) from its program.
 double roofline_seconds(double flops, double bytes, DType dt, const Hardware& hw, double efficiency);
 double op_seconds(const Program& p, const Op& op, const Hardware& hw, double efficiency);
 
@@ -121,7 +124,7 @@ struct RankEstimate {
   uint64_t fixed_overhead = 0;                     // framework + GEMM workspace + collective buffers
   uint64_t device_bytes = 0;                       // peak incl. packing and fixed overheads
   uint64_t host_bytes = 0, disk_bytes = 0;         // per rank
-  uint64_t packing_overhead = 0;
+  uint64_t packing_overhead = 0;  // this rank program's own; 0 for the labelled (analytic) estimate
   int peak_op = -1;
   std::string peak_op_name;
   Phase peak_phase = Phase::forward;

@@ -77,7 +77,7 @@ std::string format_estimate(const RankEstimate& e, const Cluster& c, const Estim
   else if (!e.from_program)
     out += "  (offload, or frozen parameters with ZeRO: the analytic model, ZeRO sharding and offload applied to the "
            "unsharded plan's model-state categories as DeepSpeed places them on a GPU (gradients streamed to the "
-           "host), an estimate; on this machine `memfit plan` without --hardware plans optimizer offload's real "
+           "host), an estimate without packing (no such program was planned); on this machine `memfit plan` without --hardware plans optimizer offload's real "
            "program)\n";
   else if (c.world_size() > 1 && e.ranks_planned == 1)
     out += fmt::format("  (rank 0's planned program of {} ranks; the others' pieces differ and may plan a few KiB more "

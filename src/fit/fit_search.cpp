@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <optional>
@@ -200,10 +201,58 @@ std::string family_name(const Policy& p) {
                      p.recompute.to_string(), optimizer_name(p.optimizer), p.zero_stage, offload, lora);
 }
 
+uint64_t usable_bytes(uint64_t budget, double headroom) {
+  MEMFIT_CHECK(headroom >= 0 && headroom < 1, "fit", "the headroom must be a share of memory in [0, 1) (got {})",
+               headroom);
+  return uint64_t(std::floor(double(budget) * (1.0 - headroom)));
+}
+
+FitComplexity fit_complexity(const Policy& p) {
+  const RecomputeMode m = p.recompute.mode;
+  const int recompute = m == RecomputeMode::none ? 0 : m == RecomputeMode::selective ? 1 : 2;
+  return {int(p.offload_params),
+          int(p.offload_optimizer),
+          p.optimizer == OptimizerKind::adamw8bit ? 1 : 0,
+          p.zero_stage,
+          recompute,
+          p.precision == Precision::fp32 ? 0 : 1,
+          p.attention == AttentionKind::flash ? 1 : 0};
+}
+
+void rank_candidates(std::vector<FitCandidate>& candidates, double tolerance) {
+  MEMFIT_CHECK(tolerance >= 0, "fit", "the tie tolerance must not be negative (got {})", tolerance);
+  std::vector<FitCandidate> rest = std::move(candidates), ranked;
+  // A total order, unlike "faster unless within 5%" (not transitive): the fastest remaining
+  // sets the bar, the simplest that clears it goes next.
+  std::stable_sort(rest.begin(), rest.end(), [](const FitCandidate& a, const FitCandidate& b) {
+    if (a.changes_training != b.changes_training) return b.changes_training;
+    return a.estimate.tokens_per_second > b.estimate.tokens_per_second;
+  });
+  while (!rest.empty()) {
+    const FitCandidate& fastest = rest.front();
+    size_t pick = 0;
+    for (size_t i = 1; i < rest.size(); ++i) {
+      const FitCandidate& c = rest[i];
+      if (c.changes_training != fastest.changes_training) break;
+      // The fastest keeps its place only when it gains the tolerance or more over c.
+      if (fastest.estimate.tokens_per_second >= (1.0 + tolerance) * c.estimate.tokens_per_second) break;
+      if (fit_complexity(c.policy) < fit_complexity(rest[pick].policy)) pick = i;
+    }
+    ranked.push_back(std::move(rest[pick]));
+    rest.erase(rest.begin() + std::ptrdiff_t(pick));
+  }
+  candidates = std::move(ranked);
+}
+
 FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& cluster, const EstimateOptions& eo,
                      const FitOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  const uint64_t budget = options.budget ? options.budget : cluster.hw.memory_bytes;
+  FitResult r;
+  r.budget = options.budget ? options.budget : cluster.hw.memory_bytes;
+  r.headroom = options.headroom;
+  r.tie_tolerance = options.tie_tolerance;
+  r.usable = usable_bytes(r.budget, options.headroom);
+  const uint64_t budget = r.usable;  // every candidate is checked against this
   const int W = cluster.world_size();
   MEMFIT_CHECK(options.max_batch >= 1, "fit", "the largest micro-batch must be at least 1 (got {})", options.max_batch);
   MEMFIT_CHECK(options.global_batch == 0 || options.global_batch % W == 0, "fit",
@@ -214,7 +263,6 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
   };
 
   Planner planner(spec, cluster.hw, eo, W);
-  FitResult r;
   std::vector<FitCandidate> found;
   double best_per_token = 0;  // seconds per token per rank of the keep-th best so far (0: none yet)
   auto kth_best = [&]() {
@@ -256,7 +304,9 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
             const ProgramSummary& t = planner.summary(twin, level);
             const double bound = (t.micro_flops + t.recompute_flops) / double(p.seq) /
                                  (cluster.hw.peak_flops(prec == Precision::fp32 ? DType::f32 : DType::bf16) * eo.efficiency);
-            if (bound > best_per_token) {
+            // A slower key can still rank above the k-th best if it is simpler and within
+            // the tie tolerance of it.
+            if (bound > best_per_token * (1.0 + options.tie_tolerance)) {
               r.pruned += int(choices.size());
               continue;
             }
@@ -272,11 +322,7 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
           }
         }
   // Candidates that train what was asked first, then (labelled) those that train LoRA instead.
-  auto faster = [](const FitCandidate& a, const FitCandidate& b) {
-    if (a.changes_training != b.changes_training) return b.changes_training;
-    return a.estimate.tokens_per_second > b.estimate.tokens_per_second;
-  };
-  std::sort(found.begin(), found.end(), faster);
+  rank_candidates(found, options.tie_tolerance);
   if (int(found.size()) > options.keep) found.resize(size_t(options.keep));
   const bool on_device = std::any_of(found.begin(), found.end(), [](const FitCandidate& c) {
     return c.policy.offload_optimizer == Tier::device && c.policy.offload_params == Tier::device;
@@ -284,14 +330,14 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
   if (!on_device && !has_lora_or_quantised_base(base)) {
     std::vector<FitCandidate> lora;
     propose_lora(planner, base, cluster, eo, budget, max_batch, options.global_batch, accumulation, r, lora);
-    std::sort(lora.begin(), lora.end(), faster);
+    rank_candidates(lora, options.tie_tolerance);
     if (int(lora.size()) > options.keep) lora.resize(size_t(options.keep));
     for (FitCandidate& c : lora) found.push_back(std::move(c));
   }
   int rank_plans = 0;
   std::vector<FitCandidate> checked = plan_winners_on_every_rank(
       std::move(found), spec, cluster, eo, budget, options.global_batch, accumulation, rank_plans);
-  std::sort(checked.begin(), checked.end(), faster);
+  rank_candidates(checked, options.tie_tolerance);
   r.ranked = std::move(checked);
   std::sort(r.rejected.begin(), r.rejected.end(),
             [](const RejectedFamily& a, const RejectedFamily& b) { return a.overflow.excess < b.overflow.excess; });
@@ -301,18 +347,25 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
 }
 
 std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
-  std::string out = fmt::format("fit: {} families on {} x {} (budget {} per rank); {} programs planned, {} families "
-                                "pruned (could not beat the best), {:.2f} s\n",
-                                r.families, c.world_size(), c.hw.name, format_bytes(budget), r.programs_planned,
-                                r.pruned, r.seconds);
+  std::string out = fmt::format("fit: {} families on {} x {} (budget {} per rank, {} usable: {:g}% headroom, "
+                                "--headroom); {} programs planned, {} families pruned (could not beat the best), "
+                                "{:.2f} s\n",
+                                r.families, c.world_size(), c.hw.name, format_bytes(budget), format_bytes(r.usable),
+                                100 * r.headroom, r.programs_planned, r.pruned, r.seconds);
+  out += fmt::format("ranked by tokens/s; a near-tie (the faster gains under {:g}%) goes to the simpler configuration "
+                     "(in this order, less of: parameter offload, optimizer offload, 8-bit state, ZeRO stage, "
+                     "recomputation, mixed precision, flash attention)\n",
+                     100 * r.tie_tolerance);
   if (r.ranked.empty()) out += "nothing fits\n";
   for (size_t i = 0; i < r.ranked.size(); ++i) {
     const FitCandidate& f = r.ranked[i];
+    const uint64_t bytes = f.estimate.device_bytes_of_largest_rank();
     out += fmt::format("{} {}, micro-batch {} x {}, accumulation {}: {:.0f} tokens/s, step {:.2f} s, {} per rank "
-                       "(peak at '{}')\n",
+                       "({:.1f}% of {}; peak at '{}')\n",
                        i == 0 ? "winner:" : fmt::format("{:>6}.", i + 1), f.family, f.policy.batch, f.policy.seq,
-                       f.policy.grad_accum, f.estimate.tokens_per_second, f.estimate.step_seconds,
-                       format_bytes(f.estimate.device_bytes_of_largest_rank()), f.estimate.peak_op_name);
+                       f.policy.grad_accum, f.estimate.tokens_per_second, f.estimate.step_seconds, format_bytes(bytes),
+                       budget ? 100.0 * double(bytes) / double(budget) : 0.0, format_bytes(budget),
+                       f.estimate.peak_op_name);
     if (f.changes_training)
       out += fmt::format("        changes what trains: only LoRA adapters (rank {}) on the frozen base{}; nothing that "
                          "trains every weight fits without offload (--lora-rank {} --lora-targets all-linear{})\n",
@@ -346,7 +399,9 @@ nlohmann::json fit_json(const FitResult& r, const Cluster& c, uint64_t budget, c
                         {"tier", tier_name(f.overflow.tier)},
                         {"category", category_name(f.overflow.category)},
                         {"excess_bytes", f.overflow.excess}});
-  return {{"budget_bytes", budget},     {"families", r.families}, {"programs_planned", r.programs_planned},
+  return {{"budget_bytes", budget},     {"headroom", r.headroom}, {"usable_bytes", r.usable},
+          {"tie_tolerance", r.tie_tolerance},
+          {"families", r.families}, {"programs_planned", r.programs_planned},
           {"pruned", r.pruned},         {"seconds", r.seconds},   {"ranked", ranked},
           {"rejected", rejected}};
 }

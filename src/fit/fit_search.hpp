@@ -2,8 +2,9 @@
 //
 // A family is one choice of precision, attention, recomputation, optimizer, ZeRO stage and
 // offload; within a family the micro-batch is the largest that fits (memory grows with it)
-// and the accumulation follows from the global batch (or the run's --grad-accum). Families
-// are ranked by estimated tokens/s (fit/estimate.hpp).
+// and the accumulation follows from the global batch (or the run's --grad-accum). A family fits
+// when its per-rank peak leaves FitOptions::headroom of the budget free. Families are ranked by
+// estimated tokens/s (fit/estimate.hpp), a near-tie going to the simpler one (rank_candidates).
 //
 // Candidates are planned by the builder and planner that run them: a family without offload
 // on W ranks is rank 0's program at its ZeRO stage (fit/estimate.hpp); offload families shard
@@ -18,6 +19,7 @@
 // and offload only add time).
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -30,7 +32,26 @@ struct FitOptions {
   int64_t max_batch = 64;      // largest micro-batch tried
   int64_t global_batch = 0;    // sequences per optimizer step over all ranks; 0: keep grad_accum
   int keep = 5;                // winners reported
+  // Share of the budget every candidate leaves free: a real run's allocator rounds and caches,
+  // and libraries allocate what no plan sees. Winners at 98% of a GPU (issue 19) fail there.
+  double headroom = 0.05;
+  // A configuration that uses more techniques (fit_complexity) ranks above a simpler one only
+  // when it is at least this much faster in tokens/s.
+  double tie_tolerance = 0.05;
 };
+
+// Device bytes per rank a candidate may plan, fixed runtime bytes included: (1 - headroom) x
+// budget, rounded down.
+uint64_t usable_bytes(uint64_t budget, double headroom);
+
+// What a configuration asks of the run, compared lexicographically (smaller is simpler). The
+// techniques, from the one most worth avoiding to the least: parameter offload (host, then
+// disk), optimizer offload (host, then disk), 8-bit optimizer state (changes the update's
+// numerics), ZeRO stage, recomputation (selective, then full), mixed precision, flash
+// attention. A configuration is simpler when it uses less of the first technique where two
+// differ.
+using FitComplexity = std::array<int, 7>;
+FitComplexity fit_complexity(const Policy& p);
 
 // Rank of the LoRA adapters --fit proposes when nothing that trains every weight fits.
 inline constexpr int64_t kProposedLoraRank = 16;
@@ -50,13 +71,24 @@ struct RejectedFamily {
 };
 
 struct FitResult {
-  std::vector<FitCandidate> ranked;     // fastest first, at most FitOptions::keep
+  // First the simplest of those within the tie tolerance of the fastest, then the same among
+  // the rest (rank_candidates); at most FitOptions::keep.
+  std::vector<FitCandidate> ranked;
   std::vector<RejectedFamily> rejected; // families that do not fit even at micro-batch 1
   int families = 0;
   int programs_planned = 0;
   int pruned = 0;  // families not searched because they could not beat the best
   double seconds = 0;
+  uint64_t budget = 0;   // device bytes per rank
+  double headroom = 0;   // FitOptions::headroom
+  double tie_tolerance = 0;
+  uint64_t usable = 0;   // usable_bytes(budget, headroom): what every candidate fits in
 };
+
+// Orders candidates: those that train what was asked before those that change it (LoRA); within
+// each, repeatedly the simplest (fit_complexity, then faster) of those the fastest remaining does
+// not beat by `tolerance` or more, so a near-tie goes to the simpler configuration.
+void rank_candidates(std::vector<FitCandidate>& candidates, double tolerance);
 
 std::string family_name(const Policy& p);
 
