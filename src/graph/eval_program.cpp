@@ -36,6 +36,17 @@ void emit_eval_section(GraphBuilder& b, const ModelSpec& spec, const ModelParams
   p.end_section();
 }
 
+FrozenModel declare_frozen_model(GraphBuilder& b, const ModelSpec& spec, const Policy& policy) {
+  FrozenModel m{declare_model_parameters(b, spec), forward_rewrites_for(policy)};
+  // LoRA adapters and a quantised base change the forward: a model infers as it trains (with
+  // its adapter, on its quantised weights).
+  if (!m.rewrites.empty()) declare_forward_rewrites(b, m.rewrites);
+  Program& p = b.program();
+  for (ParamEntry& e : p.params()) freeze_parameter(p, e);
+  declare_master_weights(b, policy);  // 16-bit parameters under mixed precision; frozen ones get no master
+  return m;
+}
+
 Program build_eval_program(const ModelSpec& spec, const Policy& policy, const OpCapabilities& backend) {
   spec.validate();
   MEMFIT_CHECK(policy.batch >= 1 && policy.seq >= 1, "policy", "batch {} x sequence {}: both must be at least 1",
@@ -44,14 +55,8 @@ Program build_eval_program(const ModelSpec& spec, const Policy& policy, const Op
                policy.seq, spec.name, spec.max_seq);
   Program p;
   GraphBuilder b(p);
-  const ModelParams params = declare_model_parameters(b, spec);
-  // LoRA adapters and a quantised base change the forward that is evaluated: a model is
-  // evaluated as it trains (with its adapter, on its quantised weights).
-  const ForwardRewrites rewrites = forward_rewrites_for(policy);
-  if (!rewrites.empty()) declare_forward_rewrites(b, rewrites);
-  for (ParamEntry& e : p.params()) freeze_parameter(p, e);
-  declare_master_weights(b, policy);  // 16-bit parameters under mixed precision; frozen ones get no master
-  emit_eval_section(b, spec, params, policy, rewrites);
+  const FrozenModel m = declare_frozen_model(b, spec, policy);
+  emit_eval_section(b, spec, m.params, policy, m.rewrites);
   apply_precision(p, policy, backend);
   schedule_async(p, AsyncOptions{.overlap_comm = policy.overlap_comm});
   p.validate();

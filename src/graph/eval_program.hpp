@@ -20,6 +20,15 @@ class GraphBuilder;
 void emit_eval_section(GraphBuilder& b, const ModelSpec& spec, const ModelParams& params, const Policy& policy,
                        const ForwardRewrites& rewrites);
 
+// The parameters of a program that only infers (eval, generate): the model's, with the
+// forward rewrites' (LoRA adapters, a quantised base's storage), every one frozen, held in the
+// policy's precision. The rewrites are for the sections the caller emits.
+struct FrozenModel {
+  ModelParams params;
+  ForwardRewrites rewrites;
+};
+FrozenModel declare_frozen_model(GraphBuilder& b, const ModelSpec& spec, const Policy& policy);
+
 // A program of one section, "eval", over every parameter frozen: no gradient, master weight or
 // optimizer state exists, and parameters are held in the policy's precision (bf16 or fp16 under
 // mixed precision, as training would hold them). Throws [policy] as build_training_program does

@@ -1,5 +1,7 @@
 #include "graph/inference_program.hpp"
 
+#include "graph/eval_program.hpp"
+
 #include <cmath>
 
 #include "core/error.hpp"
@@ -145,12 +147,8 @@ Program build_inference_program(const ModelSpec& spec, const Policy& policy, con
   spec.validate();
   Program p;
   GraphBuilder b(p);
-  const ModelParams params = declare_model_parameters(b, spec);
-  const ForwardRewrites rewrites = forward_rewrites_for(policy);
-  if (!rewrites.empty()) declare_forward_rewrites(b, rewrites);
-  for (ParamEntry& e : p.params()) freeze_parameter(p, e);
-  declare_master_weights(b, policy);  // 16-bit parameters under mixed precision; frozen ones get no master
-  emit_generate_section(b, spec, params, policy, shape, rewrites);
+  const FrozenModel m = declare_frozen_model(b, spec, policy);
+  emit_generate_section(b, spec, m.params, policy, shape, m.rewrites);
   apply_precision(p, policy, backend);
   schedule_async(p, AsyncOptions{.overlap_comm = policy.overlap_comm});
   p.validate();

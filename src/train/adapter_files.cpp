@@ -9,6 +9,7 @@
 #include "graph/lora.hpp"
 #include "io/safetensors.hpp"
 #include "train/master_weights.hpp"
+#include "train/init.hpp"
 #include "train/run_config.hpp"
 #include "train/weights.hpp"
 
@@ -237,6 +238,22 @@ void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, T
     MEMFIT_CHECK(used.count(t.name) > 0, "adapter",
                  "the adapter in '{}' was made for another base: it holds '{}', which no LoRA target of model '{}' has",
                  dir, t.name, spec.name);
+}
+
+void load_inference_weights(const RunConfig& config, Executor& ex, const ModelSpec& spec, TensorStaging& staging,
+                            std::ostream& log) {
+  if (config.load.empty()) {
+    initialize_parameters(ex, spec, config.seed, staging);
+    log << fmt::format("no --load: model '{}' at its seeded initialisation (seed {})\n", spec.name, config.seed);
+  } else {
+    load_weights(config.load, ex, spec, staging);
+    // A base checkpoint has no adapters: without --load-adapter they start as PEFT's (B = 0).
+    initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); });
+  }
+  if (!config.load_adapter.empty()) {
+    load_adapter(config.load_adapter, ex, spec, staging);
+    log << fmt::format("with the LoRA adapter from {}\n", config.load_adapter);
+  }
 }
 
 }  // namespace memfit

@@ -20,6 +20,8 @@
 
 namespace memfit {
 
+struct RunConfig;
+
 bool is_lora_adapter(const std::string& param);  // "<module>.lora_A.weight" or "<module>.lora_B.weight"
 // PEFT's name of a memfit parameter ("base_model.model." + the HF name).
 std::string peft_tensor_name(const ModelSpec& spec, const std::string& param);
@@ -40,6 +42,12 @@ void apply_adapter_config(const std::string& dir, LoraPolicy& lora);
 void save_adapter(const std::string& dir, const Executor& ex, const ModelSpec& spec, const LoraPolicy& lora,
                   const std::string& base_model, TensorStaging& staging,
                   const std::vector<std::vector<float>>* whole = nullptr);
+
+// The weights of a program that only infers (eval, generate): --load's (the adapters of a
+// base checkpoint as PEFT starts them), else the seeded initialisation; then --load-adapter's.
+// Says on `log` what it used.
+void load_inference_weights(const RunConfig& config, Executor& ex, const ModelSpec& spec, TensorStaging& staging,
+                            std::ostream& log);
 
 // Loads DIR/adapter_model.safetensors into the program's adapters and trained biases. An
 // adapter made for another base (a tensor missing, extra or of another shape) is refused

@@ -66,19 +66,7 @@ nlohmann::json run_evaluation(const RunConfig& config, int64_t max_batches, std:
 
   Executor ex(compiled, *backend);
   TensorStaging staging;
-  if (config.load.empty()) {
-    initialize_parameters(ex, spec, config.seed, staging);
-    log << fmt::format("no --load: evaluating model '{}' at its seeded initialisation (seed {})\n", spec.name,
-                       config.seed);
-  } else {
-    load_weights(config.load, ex, spec, staging);
-    // A base checkpoint has no adapters: without --load-adapter they start as PEFT's (B = 0).
-    initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); });
-  }
-  if (!config.load_adapter.empty()) {
-    load_adapter(config.load_adapter, ex, spec, staging);
-    log << fmt::format("evaluating with the LoRA adapter from {}\n", config.load_adapter);
-  }
+  load_inference_weights(config, ex, spec, staging, log);
   zero_persistent_state(ex, staging);
   const TensorId tokens = program.find_tensor(kEvalTokens), targets = program.find_tensor(kEvalTargets);
   const TensorId loss_id = program.find_tensor(kEvalLoss);

@@ -300,19 +300,7 @@ nlohmann::json run_generate(const RunConfig& config, const GenerateRequest& requ
       compile_program(build_inference_program(spec, config.policy, backend->capabilities(), shape), *backend);
   Executor ex(compiled, *backend);
   TensorStaging staging;
-  if (config.load.empty()) {
-    initialize_parameters(ex, spec, config.seed, staging);
-    log << fmt::format("no --load: generating from model '{}' at its seeded initialisation (seed {})\n", spec.name,
-                       config.seed);
-  } else {
-    load_weights(config.load, ex, spec, staging);
-    // A base checkpoint has no adapters: without --load-adapter they start as PEFT's (B = 0).
-    initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); });
-  }
-  if (!config.load_adapter.empty()) {
-    load_adapter(config.load_adapter, ex, spec, staging);
-    log << fmt::format("generating with the LoRA adapter from {}\n", config.load_adapter);
-  }
+  load_inference_weights(config, ex, spec, staging, log);
   zero_persistent_state(ex, staging);
   Generator gen(ex, spec.vocab_size);
   Sampler sampler(request.sampling, spec.vocab_size);

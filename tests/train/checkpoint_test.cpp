@@ -332,12 +332,17 @@ TEST(Checkpoint, ADamagedRankFileOnOneOfTwoRanksEndsEveryRank) {
   auto [named, named_out] = mpirun("--steps 3 --resume " + root + "/step-000002");
   EXPECT_NE(named, 0) << named_out;
   EXPECT_NE(named, 124) << "timed out: a rank hung\n" << named_out;
-  size_t lines = 0;
+  // Every rank throws rank 1's error; the first MPI_Abort may end the other rank before it
+  // prints (a loaded machine), so at least one line, and no other error.
+  size_t lines = 0, errors = 0;
   for (int rank = 0; rank < 2; ++rank)
     if (named_out.find("memfit: error: [rank " + std::to_string(rank) + "] [checkpoint] " + victim +
                        ": checksum mismatch") != std::string::npos)
       ++lines;
-  EXPECT_EQ(lines, 2u) << "every rank reports rank 1's error, naming itself:\n" << named_out;
+  for (size_t at = named_out.find("memfit: error:"); at != std::string::npos; at = named_out.find("memfit: error:", at + 1))
+    ++errors;
+  EXPECT_GE(lines, 1u) << "the ranks report rank 1's error:\n" << named_out;
+  EXPECT_EQ(errors, lines) << "an error other than rank 1's:\n" << named_out;
 
   fs::remove(victim);
   auto [fallback, fallback_out] = mpirun("--steps 3 --resume " + root);
