@@ -202,7 +202,8 @@ void save_adapter(const std::string& dir, const Executor& ex, const ModelSpec& s
   fs::rename(tmp, config);
 }
 
-void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, TensorStaging& staging) {
+void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, const LoraPolicy& lora,
+                  TensorStaging& staging) {
   const std::string path = (fs::path(dir) / kWeightsFile).string();
   MEMFIT_CHECK(fs::exists(path), "adapter", "--load-adapter '{}' has no {}", dir, kWeightsFile);
   const SafetensorsReader reader(path);
@@ -223,8 +224,6 @@ void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, T
     store_parameter_range(ex, e, 0, v, staging);
     used.insert(name);
   }
-  LoraPolicy lora;
-  apply_adapter_config(dir, lora);
   for (const AdapterBias& b : adapter_biases(p, spec, lora)) {
     const SafetensorsEntry* t = reader.find(b.name);
     MEMFIT_CHECK(t != nullptr, "adapter", "the adapter in '{}' has no tensor '{}', a bias its bias '{}' trains", dir,
@@ -251,7 +250,7 @@ void load_inference_weights(const RunConfig& config, Executor& ex, const ModelSp
     initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); });
   }
   if (!config.load_adapter.empty()) {
-    load_adapter(config.load_adapter, ex, spec, staging);
+    load_adapter(config.load_adapter, ex, spec, config.policy.lora, staging);
     log << fmt::format("with the LoRA adapter from {}\n", config.load_adapter);
   }
 }

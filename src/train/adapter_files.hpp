@@ -52,6 +52,8 @@ void load_inference_weights(const RunConfig& config, Executor& ex, const ModelSp
 // Loads DIR/adapter_model.safetensors into the program's adapters and trained biases. An
 // adapter made for another base (a tensor missing, extra or of another shape) is refused
 // naming the first difference.
-void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, TensorStaging& staging);
+// `lora`: the run's LoRA settings (apply_adapter_config already made them the file's).
+void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, const LoraPolicy& lora,
+                  TensorStaging& staging);
 
 }  // namespace memfit

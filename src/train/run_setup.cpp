@@ -107,7 +107,7 @@ void build_executor(RunState& s, RunHooks* hooks) {
     log << fmt::format("loaded weights from {}\n", c.load);
   }
   if (!c.load_adapter.empty()) {
-    load_adapter(c.load_adapter, ex, s.run.spec, s.staging);
+    load_adapter(c.load_adapter, ex, s.run.spec, c.policy.lora, s.staging);
     log << fmt::format("loaded the LoRA adapter from {}\n", c.load_adapter);
   }
   zero_persistent_state(ex, s.staging);

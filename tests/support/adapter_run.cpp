@@ -22,7 +22,7 @@ AdapterRun::AdapterRun(const std::string& base_dir, const std::string& adapter_d
   compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
   ex = std::make_unique<Executor>(compiled, *backend);
   load_weights(base_dir + "/model.safetensors", *ex, spec, staging);
-  load_adapter(adapter_dir, *ex, spec, staging);
+  load_adapter(adapter_dir, *ex, spec, lora, staging);
   zero_persistent_state(*ex, staging);
   const TensorId tokens = compiled.program.find_tensor(kTokens), targets = compiled.program.find_tensor(kTargets);
   ex->set_input_handler([this, tokens, targets](const Op&, const StepContext&) {
