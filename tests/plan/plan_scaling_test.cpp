@@ -5,7 +5,7 @@
 // single-parameter copy (past 24 GB at 3,000 layers).
 //
 // The test measures no fixed time (the machine running it is shared): it prepares the same run
-// at 1,000 and at 4,000 layers in one process and compares. Four times the layers gives four
+// at 500 and at 2,000 layers in one process and compares. Four times the layers gives four
 // times the ops; a linear planner takes about four times as long, a quadratic one sixteen
 // times. The bound is the geometric middle, 8. Time is this process's CPU time, not wall
 // clock (other processes on a loaded machine delay the wall clock, not the CPU time), the
@@ -28,7 +28,7 @@ namespace memfit {
 namespace {
 
 constexpr rlim_t kAddressSpaceLimit = rlim_t(16) << 30;
-constexpr int64_t kSmall = 1000, kLarge = 4000;
+constexpr int64_t kSmall = 500, kLarge = 2000;
 constexpr double kMaxTimeRatio = 8;  // linear: 4; quadratic: 16
 
 struct Variant {

@@ -1,7 +1,7 @@
 // Optimizer offload (--offload-optimizer host|disk), run on gpt2-tiny and llama-tiny:
 // (a) the loss history (and the final validation loss) is bitwise that of the same run with
 //     the optimizer resident, for fp32 and bf16, AdamW and 8-bit AdamW, with gradient
-//     clipping, over 20 steps in one staging chunk per tensor and 6 in chunks of 4096 elements;
+//     clipping, over 10 steps in one staging chunk per tensor and 4 in chunks of 4096 elements;
 // (b) planned == measured on every tier (the disk tier's file included), and the offload
 //     tier holds exactly the optimizer state and masters, counted from the model's shapes
 //     (AdamW: 8 bytes per element; 8-bit AdamW: 2 bytes plus two fp32 absmax per 256
@@ -17,7 +17,7 @@
 // Parameter offload (--offload-params host|disk, ZeRO stage 3 on one rank):
 // (f) the loss history is bitwise that of the same stage-3 run with the parameters resident,
 //     for gpt2-tiny and llama-tiny, fp32 and bf16, AdamW and 8-bit AdamW, with the optimizer
-//     resident or on disk, over 20 steps; planned == measured on every tier; the offload tier
+//     resident or on disk, over 10 steps; planned == measured on every tier; the offload tier
 //     holds exactly the parameter shards the resident run kept on the device, and the device
 //     keeps none; steps 2.. allocate nothing;
 // (g) a checkpoint of a parameter-offloaded run resumes bit for bit, with or without offload;
@@ -135,9 +135,9 @@ TEST(OptimizerOffload, LossesBitwiseThoseOfTheResidentOptimizerAndEveryTierMeasu
     for (Precision precision : {Precision::fp32, Precision::bf16})
       for (OptimizerKind optimizer : {OptimizerKind::adamw, OptimizerKind::adamw8bit}) {
         for (int64_t chunk : {int64_t(0), int64_t(4096)}) {
-          // 20 steps in whole-tensor chunks; 6 in small chunks (a thousand transfers a step,
+          // 10 steps in whole-tensor chunks; 4 in small chunks (a thousand transfers a step,
           // each a thread hand-off, which a loaded machine makes slow).
-          const RunConfig base = tiny(model, precision, optimizer, chunk == 0 ? 20 : 6);
+          const RunConfig base = tiny(model, precision, optimizer, chunk == 0 ? 10 : 4);
           const nlohmann::json resident = train(base);
           for (Tier tier : {Tier::host, Tier::disk}) {
             SCOPED_TRACE(fmt::format("{} {} {} {} chunk {}", model, precision_name(precision),
@@ -327,7 +327,7 @@ TEST(ParamOffload, LossesBitwiseThoseOfResidentParametersAndEveryTierMeasured) {
   for (const std::string model : {"gpt2-tiny", "llama-tiny"})
     for (Precision precision : {Precision::fp32, Precision::bf16})
       for (OptimizerKind optimizer : {OptimizerKind::adamw, OptimizerKind::adamw8bit}) {
-        const RunConfig base = stage3(model, precision, optimizer, 20);
+        const RunConfig base = stage3(model, precision, optimizer, 10);
         const nlohmann::json resident = train(base);
         const uint64_t shards = category_bytes(resident, Tier::device, "parameters");
         ASSERT_GT(shards, 0u);

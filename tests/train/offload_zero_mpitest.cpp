@@ -5,7 +5,7 @@
 // its measured high-water on every tier (the disk tier's file included), each rank's offload
 // tier holds its own piece of the optimizer's tensors (the offload tier's bytes fall as the
 // world grows from stage 1 on), and steps 2.. allocate nothing.
-// Parameter offload at stage 3 likewise: over 20 steps, for both models, fp32 and bf16, AdamW and
+// Parameter offload at stage 3 likewise: over 10 steps, for both models, fp32 and bf16, AdamW and
 // 8-bit AdamW, the parameter shards on disk with the optimizer resident, and on the host or on
 // disk (alternating) with the optimizer on disk, give the resident parameters' bits; every rank
 // plans what it measures on every tier, its offload tier holds exactly its own shards (what the
@@ -106,7 +106,7 @@ TEST(ParamOffloadZero, StageThreeBitwiseThatOfResidentParameters) {
         p.precision = precision;
         p.optimizer = optimizer;
         RunConfig base = config(model, p, dir);
-        base.steps = 20;
+        base.steps = 10;
         std::ostringstream log;
         const nlohmann::json resident = run_training(base, log, nullptr, &comm());
         const uint64_t shards = resident["memory"]["tiers"]["device"]["by_category"]["parameters"].get<uint64_t>();

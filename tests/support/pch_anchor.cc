@@ -1,0 +1,2 @@
+// The object that carries the tests' precompiled header (tests/CMakeLists.txt): every test
+// executable reuses it.
