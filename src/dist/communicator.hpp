@@ -53,6 +53,9 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // The world rank of member `rank` (reports name world ranks).
   virtual int world_rank(int rank) const { return rank; }
+  // Process memory this communicator holds for its whole life (scratch it reduces through),
+  // outside any planned tier: the run's process plan counts it.
+  virtual uint64_t resident_bytes() const { return 0; }
   // Seconds a wait may take before it throws; <= 0: no limit.
   virtual void set_timeout(double seconds) { (void)seconds; }
   // The name the next started collective goes by in a timeout's report (an op name). Not

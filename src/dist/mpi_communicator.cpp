@@ -2,10 +2,13 @@
 // collectives. The subtle points:
 // - MPI counts are int: a collective over more than 2^30 elements is split into several
 //   requests, all held by one ticket.
-// - MPI has no 16-bit float types: bf16 and fp16 travel as 2-byte types with user-defined
-//   reduction ops that add in fp32 and round once per combination with core/half.hpp's codec.
+// - MPI has no 16-bit float types: bf16 and fp16 travel as 2-byte types.
 // - Request slots are preallocated; a ticket is a slot index, so a step allocates nothing in
 //   memfit code (MPI's own bookkeeping happens inside LibraryCallScope).
+// - Sums and maxima run as rings over point-to-point messages (dist/mpi_ring.hpp) through one
+//   scratch segment the communicator holds from its creation (resident_bytes), one ring at a
+//   time in start order; OpenMPI's own non-blocking reductions allocate copies of their data
+//   on every call. Gathers and broadcasts are MPI's (they allocate nothing).
 // - Waits poll (MPI_Testall) against the timeout; starting a collective publishes this rank's
 //   count of collectives started on the communicator (dist/mpi_arrivals.hpp), which is how a
 //   timed-out wait names the ranks that did not arrive.
@@ -20,10 +23,10 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/half.hpp"
 #include "core/library_scope.hpp"
 #include "dist/communicator.hpp"
 #include "dist/mpi_arrivals.hpp"
+#include "dist/mpi_ring.hpp"
 
 namespace memfit {
 
@@ -32,23 +35,10 @@ namespace {
 constexpr int64_t kMaxChunk = int64_t(1) << 30;  // elements per MPI call
 constexpr int kSlots = 64;
 constexpr int kRequestsPerSlot = 8;
-
-// One combination of two 16-bit values: widened, combined in fp32, narrowed once by the same
-// codec the kernels use (core/half.hpp), so a reduced bf16 value rounds (and flushes fp32
-// subnormals) exactly as a kernel's output would.
-template <class T, bool Max>
-void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const T*>(in);
-  auto* b = static_cast<T*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    const float x = widen(a[i]), y = widen(b[i]);
-    b[i] = narrow<T>(Max ? (x > y ? x : y) : x + y);
-  }
-}
+constexpr int64_t kRingScratchBytes = int64_t(2) << 20;
 
 struct MpiTypes {
   MPI_Datatype half = MPI_DATATYPE_NULL;  // 2 opaque bytes, for bf16 and fp16
-  MPI_Op bf16_sum{}, bf16_max{}, f16_sum{}, f16_max{};
 };
 
 // Created once per process (after MPI_Init), shared by every communicator.
@@ -57,10 +47,6 @@ const MpiTypes& mpi_types() {
     MpiTypes t;
     MPI_Type_contiguous(2, MPI_BYTE, &t.half);
     MPI_Type_commit(&t.half);
-    MPI_Op_create(&reduce16<bf16_t, false>, 1, &t.bf16_sum);
-    MPI_Op_create(&reduce16<bf16_t, true>, 1, &t.bf16_max);
-    MPI_Op_create(&reduce16<fp16_t, false>, 1, &t.f16_sum);
-    MPI_Op_create(&reduce16<fp16_t, true>, 1, &t.f16_max);
     return t;
   }();
   return types;
@@ -80,6 +66,9 @@ using Clock = std::chrono::steady_clock;
 // timed out but is not the one to report keeps waiting for the reporter to end the job.
 constexpr double kReadSeconds = 1.0;
 constexpr double kReporterGraceSeconds = 2.0;
+// A wait spins this many polls (tens of microseconds) before it sleeps between polls.
+constexpr uint32_t kSpinPolls = 2048;
+constexpr std::chrono::microseconds kIdlePause{20};
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s;
@@ -105,6 +94,8 @@ class MpiCommunicator final : public Communicator {
     mpi_types();
     arrival_slot_ = mpi_arrivals::acquire_slot(comm_);
     for (auto& slot : slots_) slot.fill(MPI_REQUEST_NULL);
+    // Touched now, so it is resident before any plan is compared with the process's RSS.
+    ring_scratch_.assign(size_t(kRingScratchBytes), std::byte{0});
   }
 
   ~MpiCommunicator() override {
@@ -121,6 +112,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   int world_rank(int rank) const override { return world_ranks_[size_t(rank)]; }
   void set_timeout(double seconds) override { timeout_ = seconds; }
+  uint64_t resident_bytes() const override { return ring_scratch_.size(); }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub = MPI_COMM_NULL;
@@ -134,22 +126,12 @@ class MpiCommunicator final : public Communicator {
   }
 
   CommTicket start_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
-    const CommTicket t = take_slot("all_reduce");
-    for_chunks(t, count, dtype, [&](int64_t off, int n, MPI_Request* r) {
-      return MPI_Iallreduce(MPI_IN_PLACE, at(data, off, dtype), n, mpi_type(dtype), mpi_op(dtype, op), comm_, r);
-    });
-    return t;
+    return start_ring({RingReduction::Kind::all_reduce, data, data, count, dtype, op}, "all_reduce");
   }
 
   CommTicket start_reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
-    MEMFIT_CHECK(count <= kMaxChunk, "dist", "reduce-scatter of {} elements per rank exceeds {}", count, kMaxChunk);
-    const CommTicket t = take_slot("reduce_scatter");
-    LibraryCallScope scope;
-    // send == recv: MPI's in-place form (the input is recv; the result lands at its start).
-    check(MPI_Ireduce_scatter_block(send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(dtype),
-                                    mpi_op(dtype, op), comm_, &slots_[size_t(t)][0]),
-          "MPI_Ireduce_scatter_block");
-    return t;
+    // send == recv: the in-place form (the input is recv; the result lands at its start).
+    return start_ring({RingReduction::Kind::reduce_scatter, send, recv, count, dtype, op}, "reduce_scatter");
   }
 
   CommTicket start_all_gather(const void* send, void* recv, int64_t count, DType dtype) override {
@@ -175,20 +157,23 @@ class MpiCommunicator final : public Communicator {
   void wait(CommTicket t) override {
     MEMFIT_ASSERT(t >= 0 && t < kSlots && busy_[size_t(t)], "wait on ticket {} that is not pending", t);
     LibraryCallScope scope;
-    MPI_Request* requests = slots_[size_t(t)].data();
-    if (timeout_ <= 0) {
-      check(MPI_Waitall(kRequestsPerSlot, requests, MPI_STATUSES_IGNORE), "MPI_Waitall");
-    } else {
-      const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                            std::chrono::duration<double>(timeout_));
-      int done = 0;
-      for (uint32_t polls = 1;; ++polls) {
-        check(MPI_Testall(kRequestsPerSlot, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-        if (done) break;
-        if (polls % 256 == 0 && Clock::now() > deadline && timed_out(t)) break;
-      }
+    const bool timed = timeout_ > 0;
+    const Clock::time_point deadline =
+        timed ? Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_))
+              : Clock::time_point::max();
+    // Polls rather than MPI_Waitall, which spins inside the library: after a short spin a
+    // waiting rank sleeps between polls, so ranks that wait on a slower peer give their core
+    // to the ranks (or other jobs) still computing. Oversubscribed runs (more ranks than
+    // cores) were several times slower with every waiting rank spinning.
+    int done = 0;
+    for (uint32_t polls = 1;; ++polls) {
+      done = test(t);
+      if (done) break;
+      if (polls % 256 == 0 && timed && Clock::now() > deadline && timed_out(t)) break;
+      if (polls > kSpinPolls) std::this_thread::sleep_for(kIdlePause);
     }
     busy_[size_t(t)] = false;
+    ring_[size_t(t)] = false;
     --in_flight_;
   }
 
@@ -196,8 +181,9 @@ class MpiCommunicator final : public Communicator {
 
   void progress() override {
     LibraryCallScope scope;
+    advance_rings();
     for (int s = 0; s < kSlots && in_flight_ > 0; ++s) {
-      if (!busy_[size_t(s)]) continue;
+      if (!busy_[size_t(s)] || ring_[size_t(s)]) continue;
       int done = 0;
       check(MPI_Testall(kRequestsPerSlot, slots_[size_t(s)].data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
     }
@@ -254,12 +240,46 @@ class MpiCommunicator final : public Communicator {
                                                          std::chrono::duration<double>(kReporterGraceSeconds));
       int done = 0;
       while (!done && Clock::now() < grace) {
-        check(MPI_Testall(kRequestsPerSlot, slots_[size_t(t)].data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+        done = test(t);
         std::this_thread::yield();
       }
       if (done) return true;
     }
     throw Error("dist", message);
+  }
+
+  CommTicket start_ring(const RingReduction::Spec& spec, const char* kind) {
+    const CommTicket t = take_slot(kind);
+    ring_[size_t(t)] = true;
+    rings_[size_t(t)].prepare(spec, comm_, rank_, size_, ring_scratch_.data(), kRingScratchBytes);
+    LibraryCallScope scope;
+    advance_rings();
+    return t;
+  }
+
+  // Runs the started rings in start order, one at a time (they share the scratch), as far as
+  // their messages have arrived.
+  void advance_rings() {
+    for (;;) {
+      int head = -1;
+      for (int s = 0; s < kSlots; ++s)
+        if (busy_[size_t(s)] && ring_[size_t(s)] && !rings_[size_t(s)].finished() &&
+            (head < 0 || started_[size_t(s)].sequence < started_[size_t(head)].sequence))
+          head = s;
+      if (head < 0) return;
+      RingReduction& r = rings_[size_t(head)];
+      if (!r.started()) r.start();
+      if (!r.advance()) return;
+    }
+  }
+
+  // Whether collective t has completed (moving every ring, and MPI's progress, on).
+  bool test(CommTicket t) {
+    advance_rings();
+    if (ring_[size_t(t)]) return rings_[size_t(t)].finished();
+    int done = 0;
+    check(MPI_Testall(kRequestsPerSlot, slots_[size_t(t)].data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    return done != 0;
   }
 
   template <typename Start>
@@ -294,13 +314,6 @@ class MpiCommunicator final : public Communicator {
     throw Error("dist", fmt::format("no collective for {} tensors", dtype_name(t)));
   }
 
-  MPI_Op mpi_op(DType t, ReduceOp op) const {
-    const MpiTypes& m = mpi_types();
-    if (t == DType::bf16) return op == ReduceOp::sum ? m.bf16_sum : m.bf16_max;
-    if (t == DType::f16) return op == ReduceOp::sum ? m.f16_sum : m.f16_max;
-    return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
-  }
-
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0, size_ = 1, next_ = 0, in_flight_ = 0;
@@ -311,6 +324,9 @@ class MpiCommunicator final : public Communicator {
   std::array<std::array<MPI_Request, kRequestsPerSlot>, kSlots> slots_{};
   std::array<bool, kSlots> busy_{};
   std::array<Started, kSlots> started_{};
+  std::array<bool, kSlots> ring_{};
+  std::array<RingReduction, kSlots> rings_{};
+  std::vector<std::byte> ring_scratch_;
 };
 
 }  // namespace

@@ -17,10 +17,12 @@
 //    its --save must equal bit for bit the --save of the run that wrote the checkpoint (fp32
 //    masters under bf16, gathered whole by train/whole_weights.cpp, not by the reader here);
 //  * the continuation: the losses after the resumed step against an uninterrupted run of the
-//    new layout, to 1e-6 relative. Not bit for bit: the two layouts reduce the gradients in
-//    another order (ranks against accumulation, 4-way against 2-way sums), so the state at
-//    the checkpoint differs in the last bits from the new layout's own. (Within one layout a
-//    resume is bit for bit: checkpoint_mpitest.)
+//    new layout, to 1e-6 relative with fp32 weights and 3e-5 with bf16 weights. Not bit for
+//    bit: the two layouts reduce the gradients in another order (ranks against accumulation;
+//    the 4-rank ring sums block j as ((x[j+1] + x[j+2]) + x[j+3]) + x[j], 2 ranks as a pair of
+//    2-row products), so the state at the checkpoint differs in the last bits of the fp32
+//    gradients (1e-7 relative in the losses), and bf16 weights round that into differences of
+//    up to 1.6e-5 by step 4. (Within one layout a resume is bit for bit: checkpoint_mpitest.)
 // Every resumed run plans what it measures on every tier of every rank.
 #include <gtest/gtest.h>
 
@@ -57,6 +59,8 @@ struct Case {
   Precision precision;
   OptimizerKind optimizer;
 };
+
+double tolerance(const Case& c) { return c.precision == Precision::fp32 ? 1e-6 : 3e-5; }
 
 std::string name_of(const Case& c) {
   return fmt::format("{} {} {}", c.model, precision_name(c.precision), optimizer_name(c.optimizer));
@@ -147,7 +151,7 @@ void reshard(const Case& k, const Layout& from, const Layout& to, const std::str
     const std::vector<float> got = losses(resumed, 0), want = losses(whole, 2);
     ASSERT_EQ(got.size(), 2u);
     for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_NEAR(got[i], want[i], 1e-6 * std::abs(want[i])) << "step " << i + 3;
+      EXPECT_NEAR(got[i], want[i], tolerance(k) * std::abs(want[i])) << "step " << i + 3;
       if (c.rank() == 0)
         std::printf("  %s, %d ranks stage %d -> %d ranks stage %d, step %zu: resumed %.9g, uninterrupted %.9g (%s)\n",
                     name_of(k).c_str(), from.ranks, from.stage, to.ranks, to.stage, i + 3, got[i], want[i],

@@ -123,8 +123,13 @@ void expect_matches_single_rank(const Policy& base, std::initializer_list<int> s
     }
     EXPECT_NEAR(t.validation, ref.validation, tolerance * ref.validation);
     ASSERT_EQ(t.norm.size(), ref.norm.size());
+    // The first step's norm (the same weights on both sides) checks the reduction itself.
+    // Later, 16-bit gradients take the two runs apart: the one-rank run itself, with batch 8
+    // split into 2 or 4 accumulated micro-batches, ends 4.6% away in the norm after 20 steps
+    // (measured with --grad-clip 0.5 --recompute full), so those steps get 30x the tolerance.
+    const double later = base.grad_dtype == DType::f32 ? 10 * tolerance : 30 * tolerance;
     for (size_t i = 0; i < t.norm.size(); ++i)
-      EXPECT_NEAR(t.norm[i], ref.norm[i], 10 * tolerance * ref.norm[i]) << "grad norm, step " << i + 1;
+      EXPECT_NEAR(t.norm[i], ref.norm[i], (i == 0 ? tolerance : later) * ref.norm[i]) << "grad norm, step " << i + 1;
     EXPECT_TRUE(report["memory"]["all_ranks_equal"].get<bool>());
     EXPECT_EQ(report["memory"]["planned_peak_bytes"]["device"], report["memory"]["measured_peak_bytes"]["device"]);
     EXPECT_EQ(watch.allocations, 0);
