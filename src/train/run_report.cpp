@@ -106,6 +106,7 @@ nlohmann::json finish_run(RunState& s, const LoopRecord& rec, RunHooks* hooks) {
                        equal ? ", equal" : ", DIFFERENT");
     log << (t == Tier::device ? fmt::format("; max RSS {}\n", format_bytes(rss)) : std::string("\n"));
   }
+  log << describe_process_check(s.process, rss);
   s.comm->all_reduce(&mismatched, 1, DType::i32, ReduceOp::max);
   const double tokens_per_step = double(s.global_batch() * pol.seq * pol.grad_accum);
   const double seconds = rec.timed_seconds, steps = double(rec.timed_steps);
@@ -152,6 +153,7 @@ nlohmann::json finish_run(RunState& s, const LoopRecord& rec, RunHooks* hooks) {
   report["data"] = {{"source", s.data->description()}, {"tokens", s.data->size()}, {"validation_tokens", s.val_tokens}};
   report["memory"] = memory_json(prog, s.run.compiled.plan, measured);
   report["memory"]["max_rss_bytes"] = rss;
+  report["memory"]["process"] = process_json(s.process, rss);
   report["memory"]["budget_bytes"] = s.budget;
   report["memory"]["all_ranks_equal"] = mismatched == 0;
   report["distributed"] = {{"world_size", s.world}, {"rank", s.rank}, {"zero_stage", pol.zero_stage},

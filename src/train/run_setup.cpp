@@ -89,6 +89,8 @@ void build_executor(RunState& s, RunHooks* hooks) {
   const Program& prog = s.program();
   std::ostream& log = s.out();
   s.groups.emplace(*s.comm, c.topology);
+  s.process = plan_process(s);
+  log << describe_process_plan(s.process);
   ExecutorOptions options;
   options.disk = BufferSite{s.config.offload_dir, s.rank,
                             DiskIo{s.config.disk_io.block_size, s.config.disk_io.queue_depth}};

@@ -17,6 +17,7 @@
 #include "runtime/collective_op.hpp"
 #include "io/token_file.hpp"
 #include "runtime/executor.hpp"
+#include "train/process_plan.hpp"
 #include "train/checkpoint.hpp"
 #include "train/data_loader.hpp"
 #include "train/lr_schedule.hpp"
@@ -49,6 +50,7 @@ struct RunState {
   std::optional<BatchLoader> train_loader, val_loader;
   std::optional<CommGroups> groups;
   std::optional<Executor> executor;
+  ProcessPlan process;  // measured and summed just before the executor allocates
   // The one host buffer through which tensors bigger than a scalar are read and written
   // (initialisation, --load, --save, checkpoints, state scans), allocated before step 1.
   TensorStaging staging;
