@@ -63,7 +63,8 @@ def shape_of(m, B, T):
 
 def variants():
     for arch, branches in (("gpt2", ["b3", "b1"]),
-                           ("llama", [b + g + t for b in ("b3", "b1") for g in ("-gqa", "-mha") for t in ("", "-tie")])):
+                           ("llama", [b + g + t for b in ("b3", "b1") for g in ("-gqa", "-mha") for t in ("", "-tie")] +
+                            ["b1-mqa", "b1-mqa-tie"])):
         for br in branches:
             for att in ("sdpa", "eager"):
                 for ck in (0, 1):
@@ -83,8 +84,11 @@ def trace_specs(arch, att, ck, ac, br):
         H, KV, D, B = (25, 5, 14, 1) if b1 else (25, 5, 18, 7)
         if "mha" in br:
             H, KV, D = 5, 5, (14 if b1 else 10)
+        if "mqa" in br:  # one K/V head at batch 1: repeating it is a view, no copy
+            KV = 1
         runs = [(llama(L, H * D, H, KV, 301, 1009, 257, "tie" in br), B, 53) for L in (1, 2, 3)]
-        runs.append((llama(2, 72, 4, 4 if "mha" in br else 2, 203, 777, 131, "tie" in br), 1 if b1 else 2, 45))
+        runs.append((llama(2, 72, 4, {"mha": 4, "mqa": 1}.get(br.split("-")[1], 2), 203, 777, 131, "tie" in br),
+                     1 if b1 else 2, 45))
     return [(m, B, T, att, bool(ck), bool(ac)) for m, B, T in runs]
 
 
@@ -285,6 +289,8 @@ def samples(arch, br, n, seed):
             if not ks:
                 continue
             KV = rng.choice(ks)
+        if arch == "llama" and "mqa" in br:
+            KV = 1
         NP = max(T, 1024)
         out.append((L, monos(L, C, H, KV, I, V, B, T, NP), 4 * hf_params(arch, L, C, H, KV, I, V, NP, "tie" in br)))
     return out
@@ -326,7 +332,7 @@ def cpp_file(arch, rows):
             f"// fit/framework_pytorch_table.hpp): do not edit by hand.\n"
             f"#include \"fit/framework_pytorch_table.hpp\"\n\nnamespace memfit::torch_model {{\n\n"
             f"namespace {{\n\n"
-            f"// {{llama, eager, checkpointing, bf16, batch1, gqa, tied}}, phase, allocation, two layers, terms\n"
+            f"// {{llama, eager, checkpointing, bf16, batch1, gqa, mqa, tied}}, phase, allocation, two layers, terms\n"
             f"const std::vector<Entry> kEntries = {{\n")
     return (head + "\n".join(r[4:] for r in rows) + "\n};\n\n}  // namespace\n\n"
             f"const std::vector<Entry>& {arch}_entries() {{ return kEntries; }}\n\n}}  // namespace memfit::torch_model\n")
@@ -356,7 +362,7 @@ def main():
             continue
         f = lambda x: "true" if x else "false"
         v = (f"{{{f(arch == 'llama')}, {f(att == 'eager')}, {f(ck)}, {f(ac)}, {f(br.startswith('b1'))}, "
-             f"{f('gqa' in br)}, {f('tie' in br)}}}")
+             f"{f('gqa' in br)}, {f('mqa' in br)}, {f('tie' in br)}}}")
         rows[arch].append(f"      {{{v}, Phase::saved, \"saved\", false, {cpp_terms(saved)}}},")
         for c in chosen:
             ph = "Phase::forward" if c["phase"] == "forward" else "Phase::backward"

@@ -20,6 +20,9 @@ peaks; the running sum continues across sessions, so a tensor freed in a later p
 allocated in is still counted. Sizes are the bytes requested from the allocator (no rounding).
 
 Usage: /work/venv/bin/python tools/make_pytorch_memory_fixtures.py [--only N] [--out PATH]
+       /work/venv/bin/python tools/make_pytorch_memory_fixtures.py --random 10
+  --random K: K random small shapes for each of the 16 (architecture, attention, checkpointing,
+  autocast) combinations, peaks only, to random_shapes.json (a check on shapes nobody chose).
 """
 import argparse
 import json
@@ -170,12 +173,52 @@ def measure(model_cfg, batch, seq, attention, checkpointing, autocast):
     return cfg, params, base, phases
 
 
+def random_configs(per_combo, seed=7):
+    import random
+    rnd = random.Random(seed)
+    out = []
+    for arch in ("gpt2", "llama"):
+        for att in ("sdpa", "eager"):
+            for ckpt in (False, True):
+                for ac in (False, True):
+                    for _ in range(per_combo):
+                        L, H, C = rnd.choice([1, 2, 3]), rnd.choice([2, 4]), rnd.choice([64, 96, 128])
+                        V, B, T, I = rnd.choice([500, 1000, 2000]), rnd.choice([1, 2, 3]), rnd.choice([64, 128, 256]), \
+                            C * rnd.choice([2, 3, 4])
+                        if arch == "gpt2":
+                            m = dict(arch="gpt2", n_layer=L, n_embd=C, n_head=H, vocab_size=V, n_positions=512, n_inner=I)
+                        else:
+                            m = dict(arch="llama", num_hidden_layers=L, hidden_size=C, intermediate_size=I,
+                                     num_attention_heads=H, num_key_value_heads=rnd.choice([k for k in (1, 2, H) if H % k == 0]),
+                                     vocab_size=V, max_position_embeddings=512, tie_word_embeddings=rnd.choice([True, False]))
+                        out.append((m, B, T, att, ckpt, ac))
+    return out
+
+
+def main_random(per_combo, path):
+    out = []
+    for i, (m, b, t, att, ckpt, ac) in enumerate(random_configs(per_combo)):
+        cfg, params, base, ph = measure(m, b, t, att, ckpt, ac)
+        d = cfg.to_dict()
+        hf = {"model_type": d["model_type"]}
+        hf.update({k: d[k] for k in m if k != "arch"})
+        out.append(dict(config=hf, batch=b, seq=t, attention=att, checkpointing=ckpt, autocast="bf16" if ac else "none",
+                        peak=ph["peak"]))
+        print(i, hf, b, t, att, ckpt, ac, ph["peak"], file=sys.stderr, flush=True)
+    with open(path, "w") as f:
+        json.dump({"torch": torch.__version__, "transformers": transformers.__version__, "configs": out}, f)
+        f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", type=int, default=-1)
+    ap.add_argument("--random", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures",
                                                   "pytorch_memory", "fixtures.json"))
     args = ap.parse_args()
+    if args.random:
+        return main_random(args.random, os.path.join(os.path.dirname(args.out), "random_shapes.json"))
     out = []
     for i, (m, b, t, att, ckpt, ac) in enumerate(CONFIGS):
         if args.only >= 0 and i != args.only:

@@ -72,7 +72,8 @@ tm::Variant variant_of(const ModelSpec& s, const TorchStep& st) {
   v.checkpointing = st.checkpointing;
   v.bf16 = st.autocast_bf16;
   v.batch1 = st.batch == 1;
-  v.gqa = v.llama && s.n_kv_head < s.n_head;
+  v.mqa = v.llama && s.n_kv_head == 1 && s.n_head > 1 && st.batch == 1;
+  v.gqa = v.llama && s.n_kv_head < s.n_head && !v.mqa;
   v.tied = v.llama && s.tied_embeddings;
   return v;
 }

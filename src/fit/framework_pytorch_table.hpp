@@ -10,7 +10,7 @@
 // never are, up to 0.05%). The sequence depends on the code path, so each variant is traced
 // on its own: attention, checkpointing, autocast, and batch 1 (torch's matmul folds a batch
 // of one into a plain product and keeps other copies), and for Llama whether K/V heads are
-// repeated (GQA) and whether the embeddings are tied.
+// repeated (GQA; one K/V head at batch 1 is repeated by a view) and whether the embeddings are tied.
 #pragma once
 
 #include <cstdint>
@@ -35,8 +35,11 @@ struct Term {
 };
 
 // Variant key: which code path the step takes.
+// gqa: fewer K/V heads than heads, repeated by copies; mqa: one K/V head at batch 1, whose
+// repetition is a view.
 struct Variant {
-  bool llama = false, eager = false, checkpointing = false, bf16 = false, batch1 = false, gqa = false, tied = false;
+  bool llama = false, eager = false, checkpointing = false, bf16 = false, batch1 = false, gqa = false, mqa = false;
+  bool tied = false;
   bool operator==(const Variant&) const = default;
 };
 
