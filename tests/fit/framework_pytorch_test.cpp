@@ -152,6 +152,11 @@ TEST(FrameworkPytorch, PlanCommand) {
   const nlohmann::json j = nlohmann::json::parse(r.out).at("pytorch");
   EXPECT_EQ(j.at("peak_bytes").get<uint64_t>(), 6824562552u);
   EXPECT_EQ(j.at("phase"), "backward");
+  // the same with gradient checkpointing and bf16 autocast: measured 2,896,913,016 bytes
+  const test::CliResult ck =
+      test::run_memfit("plan --model gpt2 --batch 4 --seq 512 --recompute full --precision bf16 --framework pytorch --json");
+  ASSERT_EQ(ck.status, 0) << ck.err;
+  EXPECT_EQ(nlohmann::json::parse(ck.out).at("pytorch").at("peak_bytes").get<uint64_t>(), 2896913016u);
 
   const std::string dir = test::temp_dir();
   const nlohmann::json c = fixtures().at(22).at("config");  // Llama, GQA 8/2, untied
