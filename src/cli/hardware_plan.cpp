@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "fit/compare.hpp"
 #include "fit/fit_search.hpp"
+#include "fit/framework_pytorch.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/speed_probe.hpp"
 #include "kernels/quant/quant_format.hpp"
@@ -54,12 +55,21 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
   plan.add_flag("--compare", compare_, "also print what DeepSpeed's estimator and accelerate's estimate-memory say");
   plan.add_option("--emit", emit_, "--emit deepspeed FILE: write the (chosen) configuration as a DeepSpeed config")
       ->expected(2);
+  plan.add_option("--framework", framework_,
+                  "memfit (default): memfit's plan; pytorch: the peak tensor bytes of the same step in HF transformers "
+                  "+ PyTorch (--recompute full: gradient checkpointing, --precision bf16: bf16 autocast; with --fit: "
+                  "of the chosen configuration)")
+      ->check(CLI::IsMember({"memfit", "pytorch"}));
+  plan.add_option("--torch-attention", torch_attention_,
+                  "--framework pytorch: HF's attn_implementation, eager or sdpa (default sdpa, as transformers)")
+      ->check(CLI::IsMember({"eager", "sdpa"}));
 }
 
 bool HardwarePlanOptions::requested(const RunConfig&) const {
   const bool other_hardware = hardware_ != "cpu";
   for (const char* flag : {"--hardware", "--hardware-file", "--hardware-set", "--device-memory", "--gpus-per-node",
-                           "--nodes", "--fit", "--compare", "--emit", "--efficiency", "--comm-overlap", "--headroom"})
+                           "--nodes", "--fit", "--compare", "--emit", "--efficiency", "--comm-overlap", "--headroom",
+                           "--framework", "--torch-attention"})
     if (app_.get_option(flag)->count() > 0) return true;
   return other_hardware;
 }
@@ -79,6 +89,30 @@ void measure_this_machine(Hardware& hw, const std::set<std::string>& given) {
   fill("memory_bandwidth", hw.memory_bandwidth, speed.stream_bytes_per_s);
   fill("host_memory_bandwidth", hw.host_memory_bandwidth, speed.stream_bytes_per_s);
   hw.speeds_measured = true;
+}
+
+// The HF + PyTorch step a memfit policy corresponds to: the same micro-batch; memfit's full
+// recomputation is HF's gradient checkpointing (every block recomputed from its input), bf16
+// is torch.autocast. With --json, added to `j` (which may hold the --fit search) and printed.
+int print_pytorch_peak(const ModelSpec& spec, const Policy& p, const std::string& attention, bool as_json,
+                       nlohmann::json j, std::ostream& out) {
+  MEMFIT_CHECK(p.precision != Precision::fp16, "framework", "--framework pytorch predicts fp32 and bf16 autocast only");
+  MEMFIT_CHECK(p.recompute.mode == RecomputeMode::none || p.recompute.mode == RecomputeMode::full, "framework",
+               "--framework pytorch maps --recompute full to gradient checkpointing; other modes have no HF equivalent");
+  MEMFIT_CHECK(p.lora.rank == 0 && p.freeze.empty(), "framework", "--framework pytorch predicts full fine-tuning only");
+  TorchStep st;
+  st.batch = p.batch, st.seq = p.seq;
+  st.attention = parse_torch_attention(attention);
+  st.checkpointing = p.recompute.mode == RecomputeMode::full;
+  st.autocast_bf16 = p.precision == Precision::bf16;
+  const TorchPeak peak = predict_pytorch_peak(spec, st);
+  if (!as_json) {
+    out << format_pytorch_peak(spec, st, peak);
+    return 0;
+  }
+  j["pytorch"] = pytorch_peak_json(st, peak);
+  out << j.dump(2) << "\n";
+  return 0;
 }
 
 Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
@@ -102,6 +136,8 @@ Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
 }  // namespace
 
 int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
+  if (framework_ == "pytorch" && !fit_)  // a closed form of the shapes: no hardware, no program
+    return print_pytorch_peak(resolve_model(config.model), config.policy, torch_attention_, as_json, {}, out);
   Hardware hw = hardware_preset(hardware_);
   std::set<std::string> given;  // hardware fields the user set
   if (!hardware_file_.empty()) {
@@ -180,6 +216,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
                  spec.name, format_bytes(usable), 100 * headroom_, format_bytes(budget), cluster.world_size(), hw.name);
     policy = r.ranked.front().policy;
   }
+  if (framework_ == "pytorch") return print_pytorch_peak(spec, policy, torch_attention_, as_json, j, out);
   const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo);
   RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
   plan_every_rank(spec, policy, cluster, eo, e);  // the budget is checked on the largest

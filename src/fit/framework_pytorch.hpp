@@ -1,0 +1,68 @@
+// What the same training step costs in HF transformers + PyTorch (`memfit plan --framework
+// pytorch`): the peak of live tensor bytes of one steady-state step (forward with labels ->
+// loss.backward() -> AdamW(foreach=True).step() -> zero_grad(set_to_none=True)), as torch's CPU
+// allocator sees it, for the HF model memfit's spec describes.
+//
+// memfit plans its own program; a user who takes a plan to PyTorch gets a different peak: HF
+// materialises the full logits and the loss's log-softmax, autograd keeps every saved tensor
+// (dropout masks, GELU-tanh pieces, q/k/v copies) until its backward, autocast keeps bf16 copies
+// of the weights, and checkpointing recomputes a block inside the backward.
+//
+// The prediction is the largest of a few closed-form expressions in the shapes (B, T, C, heads,
+// MLP width, vocabulary, layers): the live bytes at the allocations that can be the step's peak
+// (framework_pytorch_table.hpp), plus AdamW's peak. They are derived from the allocation sequence
+// of HF's modeling code under torch's profiler (tools/derive_pytorch_memory_model.py) and checked
+// against measured steps (tests/fixtures/pytorch_memory, tools/make_pytorch_memory_fixtures.py).
+// Coverage: GPT-2 (HF defaults: dropout 0.1, gelu_new) and Llama (no dropout, SiLU, RoPE, GQA,
+// tied or untied embeddings), attention eager or sdpa, fp32 or bf16 autocast, gradient
+// checkpointing or not, the torch and transformers versions the fixtures name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "graph/model_spec.hpp"
+
+namespace memfit {
+
+enum class TorchAttention : uint8_t { eager, sdpa };
+TorchAttention parse_torch_attention(std::string_view s);  // throws [framework]
+std::string_view torch_attention_name(TorchAttention a);
+
+struct TorchStep {
+  int64_t batch = 1, seq = 1;
+  TorchAttention attention = TorchAttention::sdpa;  // transformers' default
+  bool checkpointing = false;  // model.gradient_checkpointing_enable(use_reentrant=False)
+  bool autocast_bf16 = false;  // forward and loss under torch.autocast('cpu', bfloat16)
+};
+
+// Bytes live at the predicted peak, by what holds them.
+struct TorchPeak {
+  uint64_t parameters = 0;       // fp32 weights (and Llama's rotary buffers)
+  uint64_t optimizer_state = 0;  // AdamW's exp_avg, exp_avg_sq and step tensors
+  uint64_t inputs = 0;           // the token ids (also the labels)
+  uint64_t gradients = 0;        // parameter-shaped tensors: gradients, autocast's bf16 weight copies
+  uint64_t saved_activations = 0;  // what the forward left for the backward, still live
+  uint64_t transient = 0;          // the rest: logits gradients, recomputed blocks, foreach temporaries
+  uint64_t peak = 0;
+  std::string phase;  // where the peak falls: forward, backward or optimizer
+  std::string where;  // which allocation of that phase (for the tests and the curious)
+};
+
+// HF's own parameter count (the real vocabulary, no padding) and its number of parameter
+// tensors (AdamW keeps one step tensor per parameter tensor).
+struct TorchParameters {
+  int64_t elements = 0, tensors = 0;
+};
+TorchParameters torch_parameters(const ModelSpec& spec);
+
+// Throws [framework] for shapes the prediction does not cover.
+TorchPeak predict_pytorch_peak(const ModelSpec& spec, const TorchStep& step);
+
+std::string format_pytorch_peak(const ModelSpec& spec, const TorchStep& step, const TorchPeak& p);
+nlohmann::json pytorch_peak_json(const TorchStep& step, const TorchPeak& p);
+
+}  // namespace memfit

@@ -1,0 +1,185 @@
+// `memfit plan --framework pytorch` against torch's own count: the CPU tensor-byte peak of one
+// steady-state HF training step, measured by tools/make_pytorch_memory_fixtures.py with torch's
+// profiler (tests/fixtures/pytorch_memory/fixtures.json).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "fit/framework_pytorch.hpp"
+#include "support/run_cli.hpp"
+
+namespace memfit {
+namespace {
+
+// The measured configurations (a copy: a range-for over a temporary's member would dangle).
+nlohmann::json fixtures() {
+  std::ifstream f(std::string(MEMFIT_FIXTURE_DIR) + "/pytorch_memory/fixtures.json");
+  EXPECT_TRUE(f.good());
+  nlohmann::json configs = nlohmann::json::parse(f).at("configs");
+  EXPECT_GE(configs.size(), 16u);
+  return configs;
+}
+
+// The spec HF's config describes, built here from the config's own keys (HF's defaults where
+// the fixture leaves a key out) so that the test does not lean on io/hf_config's reading.
+ModelSpec spec_of(const nlohmann::json& c) {
+  ModelSpec s;
+  if (c.at("model_type") == "gpt2") {
+    s.arch = Arch::gpt2;
+    s.n_layer = c.at("n_layer"), s.n_embd = c.at("n_embd"), s.n_head = c.at("n_head");
+    s.n_kv_head = s.n_head;
+    s.n_inner = c.at("n_inner").is_null() ? 4 * s.n_embd : c.at("n_inner").get<int64_t>();
+    s.max_seq = c.at("n_positions");
+    s.tied_embeddings = true;
+  } else {
+    s.arch = Arch::llama;
+    s.n_layer = c.at("num_hidden_layers"), s.n_embd = c.at("hidden_size"), s.n_head = c.at("num_attention_heads");
+    s.n_kv_head = c.at("num_key_value_heads"), s.n_inner = c.at("intermediate_size");
+    s.max_seq = c.at("max_position_embeddings");
+    s.tied_embeddings = c.value("tie_word_embeddings", false);
+  }
+  s.vocab_size = c.at("vocab_size");
+  s.padded_vocab = pad_vocab(s.vocab_size);
+  s.name = c.at("model_type");
+  return s;
+}
+
+TorchStep step_of(const nlohmann::json& r) {
+  TorchStep st;
+  st.batch = r.at("batch"), st.seq = r.at("seq");
+  st.attention = parse_torch_attention(r.at("attention").get<std::string>());
+  st.checkpointing = r.at("checkpointing");
+  st.autocast_bf16 = r.at("autocast") == "bf16";
+  return st;
+}
+
+TEST(FrameworkPytorch, ParameterCountIsHfs) {
+  const nlohmann::json configs = fixtures();
+  for (const auto& r : configs) {
+    const ModelSpec s = spec_of(r.at("config"));
+    EXPECT_EQ(4 * torch_parameters(s).elements, r.at("parameter_bytes").get<int64_t>()) << r.at("config").dump();
+  }
+}
+
+// The target: every measured configuration within 3%.
+TEST(FrameworkPytorch, PeakWithinThreePercentOfTorch) {
+  const nlohmann::json configs = fixtures();
+  double worst = 1, largest_difference = 0;
+  std::string worst_config;
+  for (const auto& r : configs) {
+    const ModelSpec s = spec_of(r.at("config"));
+    const TorchStep st = step_of(r);
+    const TorchPeak p = predict_pytorch_peak(s, st);
+    const double measured = r.at("peak").get<double>();
+    const double ratio = double(p.peak) / measured;
+    const std::string name = fmt::format("{} L{} C{} b{}x{} {} ckpt={} {}", s.name, s.n_layer, s.n_embd, st.batch,
+                                         st.seq, torch_attention_name(st.attention), st.checkpointing,
+                                         st.autocast_bf16 ? "bf16" : "fp32");
+    EXPECT_NEAR(ratio, 1.0, 0.03) << name << ": predicted " << p.peak << " measured " << measured;
+    EXPECT_EQ(p.parameters + p.optimizer_state + p.inputs + p.gradients + p.saved_activations + p.transient, p.peak)
+        << name;
+    largest_difference = std::max(largest_difference, std::abs(double(p.peak) - measured));
+    if (worst_config.empty() || std::abs(ratio - 1) > std::abs(worst - 1)) worst = ratio, worst_config = name;
+  }
+  std::printf("worst predicted / measured peak: %.6f (%s); largest difference %.0f bytes\n", worst,
+              worst_config.c_str(), largest_difference);
+}
+
+// 160 random small shapes (tools/make_pytorch_memory_fixtures.py --random 10): 10 for each
+// architecture, attention, checkpointing and autocast, batch 1-3, sequence 64-256, 1-3 layers;
+// for Llama any of 1, 2 or all K/V heads, tied or not.
+TEST(FrameworkPytorch, RandomShapesWithinThreePercentOfTorch) {
+  std::ifstream f(std::string(MEMFIT_FIXTURE_DIR) + "/pytorch_memory/random_shapes.json");
+  ASSERT_TRUE(f.good());
+  const nlohmann::json configs = nlohmann::json::parse(f).at("configs");
+  ASSERT_EQ(configs.size(), 160u);
+  double worst = 1;
+  int exact = 0;
+  for (const auto& r : configs) {
+    const uint64_t predicted = predict_pytorch_peak(spec_of(r.at("config")), step_of(r)).peak;
+    const double ratio = double(predicted) / r.at("peak").get<double>();
+    EXPECT_NEAR(ratio, 1.0, 0.03) << r.dump();
+    if (std::abs(ratio - 1) > std::abs(worst - 1)) worst = ratio;
+    exact += std::abs(ratio - 1) < 1e-3;
+  }
+  std::printf("random shapes: worst predicted / measured peak %.4f, %d of %zu within 0.1%%\n", worst, exact,
+              configs.size());
+}
+
+// The bytes live before the step (weights and buffers, AdamW state) are the same in both counts.
+TEST(FrameworkPytorch, FixedBytesMatchTheMeasuredBaseline) {
+  const nlohmann::json configs = fixtures();
+  for (const auto& r : configs) {
+    const ModelSpec s = spec_of(r.at("config"));
+    const TorchStep st = step_of(r);
+    const TorchPeak p = predict_pytorch_peak(s, st);
+    EXPECT_EQ(p.parameters + p.optimizer_state, r.at("live_before_step").get<uint64_t>()) << r.at("config").dump();
+  }
+}
+
+// The prediction follows the shapes: a longer sequence or a wider vocabulary raises it by the
+// bytes the step keeps for them, checkpointing lowers it.
+TEST(FrameworkPytorch, FollowsTheShapes) {
+  const auto r = fixtures().at(2);  // GPT-2, 4 x 512, sdpa, fp32
+  ModelSpec s = spec_of(r.at("config"));
+  TorchStep st = step_of(r);
+  const uint64_t base = predict_pytorch_peak(s, st).peak;
+  TorchStep longer = st;
+  longer.seq = 1024;
+  EXPECT_GT(predict_pytorch_peak(s, longer).peak, base + base / 2);
+  ModelSpec wider = s;
+  wider.vocab_size += 1000;
+  // the loss's logits, log-softmax and their gradients: >= 12 bytes per token per vocabulary entry
+  EXPECT_GE(predict_pytorch_peak(wider, st).peak, base + uint64_t(12) * 4 * 512 * 1000);
+  TorchStep ckpt = st;
+  ckpt.checkpointing = true;
+  EXPECT_LT(predict_pytorch_peak(s, ckpt).peak, base);
+}
+
+// The command line: the preset GPT-2 (124M) at 4 x 512, sdpa, fp32, whose HF step
+// tools/make_pytorch_memory_fixtures.py measured at 6,824,562,552 bytes (torch 2.15, transformers
+// 5.24; too slow for the fixture file: ~2 minutes on one thread); and a Llama config.json read
+// by memfit's own reader, with --recompute full and --precision bf16.
+TEST(FrameworkPytorch, PlanCommand) {
+  const test::CliResult r =
+      test::run_memfit("plan --model gpt2 --batch 4 --seq 512 --framework pytorch --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out).at("pytorch");
+  EXPECT_EQ(j.at("peak_bytes").get<uint64_t>(), 6824562552u);
+  EXPECT_EQ(j.at("phase"), "backward");
+  // the same with gradient checkpointing and bf16 autocast: measured 2,896,913,016 bytes
+  const test::CliResult ck =
+      test::run_memfit("plan --model gpt2 --batch 4 --seq 512 --recompute full --precision bf16 --framework pytorch --json");
+  ASSERT_EQ(ck.status, 0) << ck.err;
+  EXPECT_EQ(nlohmann::json::parse(ck.out).at("pytorch").at("peak_bytes").get<uint64_t>(), 2896913016u);
+
+  const std::string dir = test::temp_dir();
+  const nlohmann::json c = fixtures().at(22).at("config");  // Llama, GQA 8/2, untied
+  test::write_file(dir + "/config.json", c.dump());
+  const test::CliResult l = test::run_memfit("plan --model " + dir +
+                                             "/config.json --batch 8 --seq 1024 --framework pytorch "
+                                             "--torch-attention sdpa --recompute full --precision bf16 --json");
+  ASSERT_EQ(l.status, 0) << l.err;
+  const auto measured = fixtures().at(24);  // the same model and step, measured
+  ASSERT_EQ(measured.at("config"), c);
+  EXPECT_EQ(nlohmann::json::parse(l.out).at("pytorch").at("peak_bytes").get<uint64_t>(),
+            measured.at("peak").get<uint64_t>());
+  EXPECT_NE(test::run_memfit("plan --model gpt2 --framework tensorflow").status, 0);
+}
+
+TEST(FrameworkPytorch, RefusesWhatItDoesNotCover) {
+  const auto r = fixtures().at(0);
+  ModelSpec s = spec_of(r.at("config"));
+  TorchStep st = step_of(r);
+  st.seq = s.max_seq + 1;
+  EXPECT_THROW(predict_pytorch_peak(s, st), Error);
+  EXPECT_THROW(parse_torch_attention("flash"), Error);
+}
+
+}  // namespace
+}  // namespace memfit
