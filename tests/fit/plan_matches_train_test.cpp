@@ -5,8 +5,6 @@
 // it comes from the executed arena, not from a plan.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -21,13 +19,6 @@
 namespace memfit {
 namespace {
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 TEST(PlanMatchesTrain, TwoRanksEveryZeroStage) {
   // Accumulation 2 and clipping: the persistent gradient shard of stage 2/3, the sync section
   // and the global norm's collective are all part of the program.
@@ -36,15 +27,11 @@ TEST(PlanMatchesTrain, TwoRanksEveryZeroStage) {
   setenv("OMP_NUM_THREADS", "1", 1);
   for (int stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE(fmt::format("stage {}", stage));
-    const std::string dir = test::temp_dir(), report = fmt::format("{}/zero{}.json", dir, stage);
-    const std::string log = fmt::format("{}/zero{}.log", dir, stage);
-    const std::string cmd = fmt::format(
-        "OMP_NUM_THREADS=1 timeout -k 10 240 {} --allow-run-as-root --oversubscribe -np 2 {} train {} --zero {} "
-        "--steps 2 --log-every 0 --report-json {} >{} 2>&1",
-        test::mpiexec(), test::memfit_binary(), settings, stage, report, log);
-    const int raw = std::system(cmd.c_str());
-    ASSERT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0) << read_all(log);
-    const auto trained = nlohmann::json::parse(read_all(report));
+    const std::string report = fmt::format("{}/zero{}.json", test::temp_dir(), stage);
+    const auto run = test::run_memfit_mpi(
+        2, fmt::format("train {} --zero {} --steps 2 --log-every 0 --report-json {}", settings, stage, report));
+    ASSERT_EQ(run.status, 0) << run.out << run.err;
+    const auto trained = nlohmann::json::parse(test::read_file(report));
     const uint64_t planned = trained["memory"]["planned_peak_bytes"]["device"].get<uint64_t>();
     EXPECT_EQ(trained["memory"]["measured_peak_bytes"]["device"].get<uint64_t>(), planned);
     EXPECT_TRUE(trained["memory"]["all_ranks_equal"].get<bool>());

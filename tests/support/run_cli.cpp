@@ -12,14 +12,12 @@
 
 namespace memfit::test {
 
-namespace {
-std::string slurp(const std::string& path) {
+std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
-}  // namespace
 
 std::string temp_dir() {
   static const std::string dir = [] {
@@ -35,16 +33,26 @@ void write_file(const std::string& path, const std::string& bytes) {
   out << bytes;
 }
 
-CliResult run_memfit(const std::string& args) {
+namespace {
+CliResult run_command(const std::string& launcher_and_binary, const std::string& args) {
   static int counter = 0;
   const std::string base = temp_dir() + "/cli" + std::to_string(counter++);
-  const std::string cmd = memfit_binary() + " " + args + " >" + base + ".out 2>" + base + ".err";
+  const std::string cmd = launcher_and_binary + " " + args + " >" + base + ".out 2>" + base + ".err";
   const int raw = std::system(cmd.c_str());
   CliResult r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
+  r.out = read_file(base + ".out");
+  r.err = read_file(base + ".err");
   return r;
+}
+}  // namespace
+
+CliResult run_memfit(const std::string& args) { return run_command(memfit_binary(), args); }
+
+CliResult run_memfit_mpi(int ranks, const std::string& args) {
+  return run_command("OMP_NUM_THREADS=1 timeout -k 10 240 " + mpiexec() + " --allow-run-as-root --oversubscribe -np " +
+                         std::to_string(ranks) + " " + memfit_binary(),
+                     args);
 }
 
 }  // namespace memfit::test
