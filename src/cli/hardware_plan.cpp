@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 
 #include "core/bytes.hpp"
@@ -43,7 +44,7 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
                   "are measured)");
   plan.add_option("--comm-overlap", comm_overlap_, "share of collective time hidden behind compute (default 0)");
   plan.add_option("--headroom", headroom_,
-                  "share of the memory budget a plan must leave free (default 0.05): it fits only if its per-rank "
+                  "share of the memory budget a plan must leave free (default 0.05; 0.10 with --fit --framework pytorch): it fits only if its per-rank "
                   "peak, fixed runtime bytes included, is at most (1 - headroom) x the budget");
   plan.add_flag("--fit", fit_, "search the fastest configuration that fits the budget (--memory-budget, default: "
                                "the hardware's memory)");
@@ -58,10 +59,11 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
   plan.add_option("--framework", framework_,
                   "memfit (default): memfit's plan; pytorch: the peak tensor bytes of the same step in HF transformers "
                   "+ PyTorch (--recompute full: gradient checkpointing, --precision bf16: bf16 autocast; with --fit: "
-                  "of the chosen configuration)")
+                  "only configurations whose PyTorch peak fits are searched, flash as sdpa and plain as eager)")
       ->check(CLI::IsMember({"memfit", "pytorch"}));
   plan.add_option("--torch-attention", torch_attention_,
-                  "--framework pytorch: HF's attn_implementation, eager or sdpa (default sdpa, as transformers)")
+                  "--framework pytorch: HF's attn_implementation, eager or sdpa (default sdpa, as transformers; with --fit: "
+                  "only configurations of that attention, else either)")
       ->check(CLI::IsMember({"eager", "sdpa"}));
 }
 
@@ -91,28 +93,32 @@ void measure_this_machine(Hardware& hw, const std::set<std::string>& given) {
   hw.speeds_measured = true;
 }
 
-// The HF + PyTorch step a memfit policy corresponds to: the same micro-batch; memfit's full
-// recomputation is HF's gradient checkpointing (every block recomputed from its input), bf16
-// is torch.autocast. With --json, added to `j` (which may hold the --fit search) and printed.
-int print_pytorch_peak(const ModelSpec& spec, const Policy& p, const std::string& attention, bool as_json,
+// The HF + PyTorch step a memfit policy corresponds to (torch_step_for): the attention given, or
+// (a --fit winner) the one its attention maps to. With --json, added to `j` (which may hold the
+// --fit search) and printed.
+int print_pytorch_peak(const ModelSpec& spec, const Policy& p, std::optional<TorchAttention> attention, bool as_json,
                        nlohmann::json j, std::ostream& out) {
-  MEMFIT_CHECK(p.precision != Precision::fp16, "framework", "--framework pytorch predicts fp32 and bf16 autocast only");
-  MEMFIT_CHECK(p.recompute.mode == RecomputeMode::none || p.recompute.mode == RecomputeMode::full, "framework",
-               "--framework pytorch maps --recompute full to gradient checkpointing; other modes have no HF equivalent");
-  MEMFIT_CHECK(p.lora.rank == 0 && p.freeze.empty(), "framework", "--framework pytorch predicts full fine-tuning only");
-  TorchStep st;
-  st.batch = p.batch, st.seq = p.seq;
-  st.attention = parse_torch_attention(attention);
-  st.checkpointing = p.recompute.mode == RecomputeMode::full;
-  st.autocast_bf16 = p.precision == Precision::bf16;
-  const TorchPeak peak = predict_pytorch_peak(spec, st);
+  std::string why;
+  const std::optional<TorchStep> st = torch_step_for(p, 1, attention, why);
+  MEMFIT_CHECK(st.has_value(), "framework", "--framework pytorch does not model {}", why);
+  const TorchPeak peak = predict_pytorch_peak(spec, *st);
   if (!as_json) {
-    out << format_pytorch_peak(spec, st, peak);
+    out << format_pytorch_peak(spec, *st, peak);
     return 0;
   }
-  j["pytorch"] = pytorch_peak_json(st, peak);
+  j["pytorch"] = pytorch_peak_json(*st, peak);
   out << j.dump(2) << "\n";
   return 0;
+}
+
+void emit_deepspeed(const Policy& policy, double lr, const std::string& path, bool as_json, nlohmann::json& j,
+                    std::ostream& out) {
+  std::ofstream f(path);
+  MEMFIT_CHECK(f.good(), "cli", "cannot write '{}'", path);
+  f << deepspeed_config(policy, lr).dump(2) << "\n";
+  const std::string fsdp = fsdp_settings(policy);
+  if (as_json) j["emitted"] = {{"deepspeed", path}, {"fsdp", fsdp}};
+  else out << fmt::format("wrote DeepSpeed config {}\nPyTorch FSDP equivalent: {}\n", path, fsdp);
 }
 
 Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
@@ -136,8 +142,10 @@ Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
 }  // namespace
 
 int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
-  if (framework_ == "pytorch" && !fit_)  // a closed form of the shapes: no hardware, no program
-    return print_pytorch_peak(resolve_model(config.model), config.policy, torch_attention_, as_json, {}, out);
+  const bool torch = framework_ == "pytorch";
+  if (torch && !fit_)  // a closed form of the shapes: no hardware, no program
+    return print_pytorch_peak(resolve_model(config.model), config.policy, parse_torch_attention(torch_attention_),
+                              as_json, {}, out);
   Hardware hw = hardware_preset(hardware_);
   std::set<std::string> given;  // hardware fields the user set
   if (!hardware_file_.empty()) {
@@ -178,7 +186,9 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
                "--efficiency must be in (0, 1] (got {})", efficiency_);
   MEMFIT_CHECK(comm_overlap_ >= 0 && comm_overlap_ <= 1, "hardware", "--comm-overlap must be in [0, 1] (got {})",
                comm_overlap_);
-  MEMFIT_CHECK(headroom_ >= 0 && headroom_ < 1, "hardware", "--headroom must be in [0, 1) (got {})", headroom_);
+  // PyTorch's caching allocator rounds and caches more than memfit's plan leaves to chance.
+  const double headroom = app_.get_option("--headroom")->count() > 0 ? headroom_ : torch && fit_ ? 0.10 : 0.05;
+  MEMFIT_CHECK(headroom >= 0 && headroom < 1, "hardware", "--headroom must be in [0, 1) (got {})", headroom);
   MEMFIT_CHECK(emit_.empty() || emit_[0] == "deepspeed", "cli", "--emit supports 'deepspeed FILE' (got '{}')",
                emit_.empty() ? "" : emit_[0]);
 
@@ -198,14 +208,17 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
                "--recompute auto is not searched on other hardware; use --fit (it searches recomputation too)");
   nlohmann::json j;
   const uint64_t budget = config.memory_budget ? config.memory_budget : hw.memory_bytes;
-  const uint64_t usable = usable_bytes(budget, headroom_);
+  const uint64_t usable = usable_bytes(budget, headroom);
   if (fit_) {
     FitOptions fo;
     fo.budget = budget;
     fo.global_batch = global_batch_;
     fo.max_batch = max_batch_;
     fo.keep = keep_;
-    fo.headroom = headroom_;
+    fo.headroom = headroom;
+    if (torch) fo.framework = FitFramework::pytorch;
+    if (torch && app_.get_option("--torch-attention")->count())
+      fo.torch_attention = parse_torch_attention(torch_attention_);
     const FitResult r = fit_search(spec, policy, cluster, eo, fo);
     if (as_json) j["fit"] = fit_json(r, cluster, budget, eo);
     else out << fmt::format("memfit plan --fit: model {} ({} parameters), sequence {}\n", spec.name,
@@ -213,10 +226,11 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
              << format_fit(r, cluster, budget);
     if (r.ranked.empty() && as_json) out << j.dump(2) << "\n";  // the rejected families, for scripts
     MEMFIT_CHECK(!r.ranked.empty(), "fit", "no configuration of {} fits {} per rank ({:g}% headroom of {}) on {} x {}",
-                 spec.name, format_bytes(usable), 100 * headroom_, format_bytes(budget), cluster.world_size(), hw.name);
+                 spec.name, format_bytes(usable), 100 * headroom, format_bytes(budget), cluster.world_size(), hw.name);
     policy = r.ranked.front().policy;
   }
-  if (framework_ == "pytorch") return print_pytorch_peak(spec, policy, torch_attention_, as_json, j, out);
+  if (torch && !emit_.empty()) emit_deepspeed(policy, config.lr, emit_[1], as_json, j, out);
+  if (torch) return print_pytorch_peak(spec, policy, std::nullopt, as_json, j, out);
   const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo);
   RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
   plan_every_rank(spec, policy, cluster, eo, e);  // the budget is checked on the largest
@@ -226,7 +240,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     j["estimate"] = estimate_json(e, cluster, eo);
     j["fits"] = check_fit(e, cluster, usable).fits();
     j["budget_bytes"] = budget;
-    j["headroom"] = headroom_;
+    j["headroom"] = headroom;
     j["usable_bytes"] = usable;
     if (compare_) j["compare"] = comparison_json(spec, s, policy, cluster, e);
   } else {
@@ -235,21 +249,14 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     out << format_estimate(e, cluster, eo);
     const Overflow o = check_fit(e, cluster, usable);
     const std::string within = fmt::format("{} usable per rank: {} less {:g}% headroom (--headroom)",
-                                           format_bytes(usable), format_bytes(budget), 100 * headroom_);
+                                           format_bytes(usable), format_bytes(budget), 100 * headroom);
     if (!o.fits())
       out << fmt::format("does not fit {}: {} tier over by {} (largest there: {})\n", within, tier_name(o.tier),
                          format_bytes(o.excess), category_name(o.category));
     else out << fmt::format("fits {}\n", within);
     if (compare_) out << format_comparison(spec, s, policy, cluster, e);
   }
-  if (!emit_.empty()) {
-    std::ofstream f(emit_[1]);
-    MEMFIT_CHECK(f.good(), "cli", "cannot write '{}'", emit_[1]);
-    f << deepspeed_config(policy, config.lr).dump(2) << "\n";
-    const std::string fsdp = fsdp_settings(policy);
-    if (as_json) j["emitted"] = {{"deepspeed", emit_[1]}, {"fsdp", fsdp}};
-    else out << fmt::format("wrote DeepSpeed config {}\nPyTorch FSDP equivalent: {}\n", emit_[1], fsdp);
-  }
+  if (!emit_.empty()) emit_deepspeed(policy, config.lr, emit_[1], as_json, j, out);
   if (as_json) out << j.dump(2) << "\n";
   return 0;
 }

@@ -149,6 +149,12 @@ nlohmann::json deepspeed_config(const Policy& p, double lr) {
                       {"eps", p.adamw.eps},
                       {"weight_decay", p.adamw.weight_decay}}}};
   if (p.grad_clip > 0) j["gradient_clipping"] = p.grad_clip;
+  // DeepSpeed's section configures its checkpointing; the HF Trainer turns it on per block
+  // (memfit_hf below). Only full recomputation has an HF form.
+  if (p.recompute.mode == RecomputeMode::full)
+    j["activation_checkpointing"] = {{"partition_activations", false}, {"cpu_checkpointing", false},
+                                     {"contiguous_memory_optimization", false}, {"synchronize_checkpoint_boundary", false}};
+  j["memfit_hf"] = hf_settings(p);
   // What the plan depends on and DeepSpeed has no key for (memfit's reader takes it back).
   nlohmann::json own = {{"seq", p.seq}, {"recompute", p.recompute.to_string()}, {"attention", attention_name(p.attention)}};
   if (!p.fp32_ops.empty()) own["fp32_ops"] = p.fp32_ops;
@@ -157,6 +163,19 @@ nlohmann::json deepspeed_config(const Policy& p, double lr) {
   if (p.classifier_chunk_rows > 0) own["classifier_chunk_rows"] = p.classifier_chunk_rows;
   j["memfit"] = own;
   return j;
+}
+
+nlohmann::json hf_settings(const Policy& p) {
+  nlohmann::json args = nlohmann::json::object();
+  // Selective recomputation has no HF switch: the key is left out rather than approximated.
+  if (p.recompute.mode == RecomputeMode::none) args["gradient_checkpointing"] = false;
+  if (p.recompute.mode == RecomputeMode::full) {
+    args["gradient_checkpointing"] = true;
+    args["gradient_checkpointing_kwargs"] = {{"use_reentrant", false}};  // what --framework pytorch predicts
+  }
+  // flash attention's memory (no T x T tensors) is what sdpa's fused kernels give.
+  const char* attn = p.attention == AttentionKind::flash ? "sdpa" : "eager";
+  return {{"training_arguments", args}, {"from_pretrained", {{"attn_implementation", attn}}}};
 }
 
 std::string fsdp_settings(const Policy& p) {

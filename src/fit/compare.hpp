@@ -47,8 +47,14 @@ nlohmann::json comparison_json(const ModelSpec& spec, const ProgramSummary& s, c
                                const Cluster& cluster, const RankEstimate& memfit);
 
 // The DeepSpeed config of a policy (keys memfit's own --config reader also understands), and
-// one line of equivalent PyTorch FSDP settings.
+// one line of equivalent PyTorch FSDP settings. The config's "memfit_hf" key holds what the HF
+// side of the run needs and DeepSpeed has no key for (hf_settings); DeepSpeed ignores it.
 nlohmann::json deepspeed_config(const Policy& policy, double lr);
+// {"training_arguments": {"gradient_checkpointing", "gradient_checkpointing_kwargs"},
+//  "from_pretrained": {"attn_implementation"}}: the HF Trainer's arguments and the model's load
+// argument the plan depends on (memfit's flash is sdpa, plain is eager; full recomputation is
+// gradient checkpointing; selective has no HF form and leaves gradient_checkpointing out).
+nlohmann::json hf_settings(const Policy& policy);
 std::string fsdp_settings(const Policy& policy);
 
 }  // namespace memfit

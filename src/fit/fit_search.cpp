@@ -90,30 +90,101 @@ class Planner {
   int planned_ = 0;
 };
 
+// Whether a candidate fits, and the bytes that decided it: memfit's plan of it (the largest
+// rank's, fixed runtime bytes included), or the predicted PyTorch peak of the same step plus the
+// same fixed runtime bytes (the framework's context and workspaces are no tensors either way).
+class Judge {
+ public:
+  Judge(const ModelSpec& spec, const Cluster& cluster, uint64_t budget, const FitOptions& o)
+      : spec_(spec), cluster_(cluster), budget_(budget), o_(o) {}
+  uint64_t budget() const { return budget_; }
+  // Why the framework's prediction does not cover the family; empty when it does.
+  std::string refuses(const Policy& p) const {
+    if (o_.framework == FitFramework::memfit) return "";
+    std::string why;
+    const std::optional<TorchStep> st = torch_step_for(p, cluster_.world_size(), std::nullopt, why);
+    if (!st) return why;
+    if (o_.torch_attention && st->attention != *o_.torch_attention)
+      return fmt::format("attention other than --torch-attention {}", torch_attention_name(*o_.torch_attention));
+    try {
+      predict_pytorch_peak(spec_, *st);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+  uint64_t bytes(const Policy& q, const RankEstimate& e) const {
+    if (o_.framework == FitFramework::memfit) return e.device_bytes_of_largest_rank();
+    return torch_peak(q).peak + cluster_.fixed_overhead_bytes();
+  }
+  uint64_t framework_bytes(const Policy& q, const RankEstimate& e) const {
+    return o_.framework == FitFramework::memfit ? 0 : bytes(q, e);
+  }
+  Overflow check(const Policy& q, const RankEstimate& e) const {
+    if (o_.framework == FitFramework::memfit) return check_fit(e, cluster_, budget_);
+    const TorchPeak t = torch_peak(q);
+    Overflow o;
+    const uint64_t need = t.peak + cluster_.fixed_overhead_bytes();
+    if (need <= budget_) return o;
+    o.excess = need - budget_;
+    const std::pair<uint64_t, Category> parts[] = {{t.parameters, Category::parameters},
+                                                   {t.optimizer_state, Category::optimizer_state},
+                                                   {t.gradients, Category::gradients},
+                                                   {t.saved_activations, Category::activations},
+                                                   {t.transient, Category::temporaries}};
+    o.category = std::max_element(std::begin(parts), std::end(parts))->second;
+    return o;
+  }
+
+ private:
+  TorchPeak torch_peak(const Policy& q) const {
+    std::string why;
+    const std::optional<TorchStep> st = torch_step_for(q, cluster_.world_size(), std::nullopt, why);
+    MEMFIT_ASSERT(st.has_value(), "a refused family was searched: {}", why);
+    return predict_pytorch_peak(spec_, *st);
+  }
+
+  const ModelSpec& spec_;
+  const Cluster& cluster_;
+  uint64_t budget_;
+  const FitOptions& o_;
+};
+
 // The family's largest fitting micro-batch: guessed from the growth between 1 and 2, then
-// checked. A family that does not fit at micro-batch 1 is recorded in `rejected`.
+// checked. A family that does not fit at micro-batch 1 is recorded in `r.rejected`, one the
+// judge's framework does not cover in `r.skipped`.
 std::optional<FitCandidate> search_family(Planner& planner, const Policy& f, int level, const Cluster& cluster,
-                                          const EstimateOptions& eo, uint64_t budget, int64_t max_batch,
+                                          const EstimateOptions& eo, const Judge& judge, int64_t max_batch,
                                           int64_t global_batch, const std::function<int(int64_t)>& accumulation,
-                                          std::vector<RejectedFamily>& rejected) {
+                                          FitResult& r) {
   const int W = cluster.world_size();
+  if (const std::string why = judge.refuses(f); !why.empty()) {
+    ++r.skipped[why];
+    return std::nullopt;
+  }
+  const double budget = double(judge.budget());
   auto estimate_at = [&](int64_t b) {
     Policy q = f;
     q.batch = b;
     q.grad_accum = accumulation(b);
     return std::pair{q, estimate_from_summary(planner.for_estimate(q, level), q, cluster, eo)};
   };
-  auto fits = [&](int64_t b) { return check_fit(estimate_at(b).second, cluster, budget).fits(); };
+  auto fits = [&](int64_t b) {
+    const auto [q, e] = estimate_at(b);
+    return judge.check(q, e).fits();
+  };
   const auto [q1, e1] = estimate_at(1);
-  const Overflow o1 = check_fit(e1, cluster, budget);
+  const Overflow o1 = judge.check(q1, e1);
   if (!o1.fits()) {
-    rejected.push_back({family_name(f), o1});
+    r.rejected.push_back({family_name(f), o1});
     return std::nullopt;
   }
   int64_t b = 1;
   if (max_batch > 1 && fits(2)) {
-    const double slope = std::max(1.0, double(estimate_at(2).second.device_bytes) - double(e1.device_bytes));
-    b = std::clamp<int64_t>(1 + int64_t((double(budget) - double(e1.device_bytes)) / slope), 2, max_batch);
+    const auto [q2, e2] = estimate_at(2);
+    const double bytes1 = double(judge.bytes(q1, e1));
+    const double slope = std::max(1.0, double(judge.bytes(q2, e2)) - bytes1);
+    b = std::clamp<int64_t>(1 + int64_t((budget - bytes1) / slope), 2, max_batch);
     for (int tries = 0; b > 2 && !fits(b) && tries < 8; ++tries) b = std::max<int64_t>(2, b * 9 / 10);
     while (b > 2 && !fits(b)) --b;
     for (int tries = 0; b < max_batch && tries < 2 && fits(b + 1); ++tries) ++b;
@@ -122,20 +193,20 @@ std::optional<FitCandidate> search_family(Planner& planner, const Policy& f, int
   if (global_batch)
     while ((global_batch / W) % b != 0) --b;
   auto [q, e] = estimate_at(b);
-  return FitCandidate{q, e, family_name(q)};
+  return FitCandidate{q, e, family_name(q), false, 0};
 }
 
 // The search planned rank 0; the winners are planned on every rank (their pieces of the
 // buckets differ by a few KiB) and step their micro-batch down where another rank does not fit.
 std::vector<FitCandidate> plan_winners_on_every_rank(std::vector<FitCandidate> found, const ModelSpec& spec,
-                                                     const Cluster& cluster, const EstimateOptions& eo, uint64_t budget,
+                                                     const Cluster& cluster, const EstimateOptions& eo, const Judge& judge,
                                                      int64_t global_batch, const std::function<int(int64_t)>& accumulation,
                                                      int& rank_plans) {
   const int W = cluster.world_size();
   std::vector<FitCandidate> checked;
   for (FitCandidate& f : found) {
     plan_every_rank(spec, f.policy, cluster, eo, f.estimate);
-    while (!check_fit(f.estimate, cluster, budget).fits() && f.policy.batch > 1) {
+    while (!judge.check(f.policy, f.estimate).fits() && f.policy.batch > 1) {
       int64_t b = f.policy.batch - 1;
       if (global_batch)
         while ((global_batch / W) % b != 0) --b;
@@ -145,7 +216,9 @@ std::vector<FitCandidate> plan_winners_on_every_rank(std::vector<FitCandidate> f
       plan_every_rank(spec, f.policy, cluster, eo, f.estimate);
     }
     rank_plans += f.estimate.ranks_planned - 1;
-    if (check_fit(f.estimate, cluster, budget).fits()) checked.push_back(std::move(f));
+    if (!judge.check(f.policy, f.estimate).fits()) continue;
+    f.framework_bytes = judge.framework_bytes(f.policy, f.estimate);
+    checked.push_back(std::move(f));
   }
   return checked;
 }
@@ -154,7 +227,7 @@ std::vector<FitCandidate> plan_winners_on_every_rank(std::vector<FitCandidate> f
 // linear layer, then also on a 4-bit base, may. They change what trains, so they are searched
 // only then, listed after every family that trains the model as asked, and labelled.
 void propose_lora(Planner& planner, const Policy& base, const Cluster& cluster, const EstimateOptions& eo,
-                  uint64_t budget, int64_t max_batch, int64_t global_batch,
+                  const Judge& judge, int64_t max_batch, int64_t global_batch,
                   const std::function<int(int64_t)>& accumulation, FitResult& r, std::vector<FitCandidate>& found) {
   for (bool quantised : {false, true})
     for (int level : {0, 2}) {
@@ -178,7 +251,7 @@ void propose_lora(Planner& planner, const Policy& base, const Cluster& cluster, 
       f.batch = 1;
       f.grad_accum = accumulation(1);
       ++r.families;
-      if (auto c = search_family(planner, f, level, cluster, eo, budget, max_batch, global_batch, accumulation, r.rejected)) {
+      if (auto c = search_family(planner, f, level, cluster, eo, judge, max_batch, global_batch, accumulation, r)) {
         c->changes_training = true;
         found.push_back(std::move(*c));
       }
@@ -252,7 +325,8 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
   r.headroom = options.headroom;
   r.tie_tolerance = options.tie_tolerance;
   r.usable = usable_bytes(r.budget, options.headroom);
-  const uint64_t budget = r.usable;  // every candidate is checked against this
+  r.framework = options.framework;
+  const Judge judge(spec, cluster, r.usable, options);  // every candidate is checked against r.usable
   const int W = cluster.world_size();
   MEMFIT_CHECK(options.max_batch >= 1, "fit", "the largest micro-batch must be at least 1 (got {})", options.max_batch);
   MEMFIT_CHECK(options.global_batch == 0 || options.global_batch % W == 0, "fit",
@@ -316,8 +390,8 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
             f.zero_stage = sc.zero;
             f.offload_optimizer = sc.optimizer;
             f.offload_params = sc.params;
-            if (auto c = search_family(planner, f, level, cluster, eo, budget, max_batch, options.global_batch,
-                                       accumulation, r.rejected))
+            if (auto c = search_family(planner, f, level, cluster, eo, judge, max_batch, options.global_batch,
+                                       accumulation, r))
               found.push_back(std::move(*c));
           }
         }
@@ -329,14 +403,14 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
   });
   if (!on_device && !has_lora_or_quantised_base(base)) {
     std::vector<FitCandidate> lora;
-    propose_lora(planner, base, cluster, eo, budget, max_batch, options.global_batch, accumulation, r, lora);
+    propose_lora(planner, base, cluster, eo, judge, max_batch, options.global_batch, accumulation, r, lora);
     rank_candidates(lora, options.tie_tolerance);
     if (int(lora.size()) > options.keep) lora.resize(size_t(options.keep));
     for (FitCandidate& c : lora) found.push_back(std::move(c));
   }
   int rank_plans = 0;
   std::vector<FitCandidate> checked = plan_winners_on_every_rank(
-      std::move(found), spec, cluster, eo, budget, options.global_batch, accumulation, rank_plans);
+      std::move(found), spec, cluster, eo, judge, options.global_batch, accumulation, rank_plans);
   rank_candidates(checked, options.tie_tolerance);
   r.ranked = std::move(checked);
   std::sort(r.rejected.begin(), r.rejected.end(),
@@ -356,16 +430,26 @@ std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
                      "(in this order, less of: parameter offload, optimizer offload, 8-bit state, ZeRO stage, "
                      "recomputation, mixed precision, flash attention)\n",
                      100 * r.tie_tolerance);
+  const bool torch = r.framework == FitFramework::pytorch;
+  if (torch)
+    out += "fits by the predicted peak of the same step in HF transformers + PyTorch (--framework pytorch) plus the "
+           "fixed runtime bytes; tokens/s are memfit's estimate\n";
+  if (!r.skipped.empty()) {
+    int n = 0;
+    std::string why;
+    for (const auto& [reason, count] : r.skipped) n += count, why += fmt::format("{}{} {}", why.empty() ? "" : "; ", count, reason);
+    out += fmt::format("skipped {} families the PyTorch prediction does not model: {}\n", n, why);
+  }
   if (r.ranked.empty()) out += "nothing fits\n";
   for (size_t i = 0; i < r.ranked.size(); ++i) {
     const FitCandidate& f = r.ranked[i];
-    const uint64_t bytes = f.estimate.device_bytes_of_largest_rank();
-    out += fmt::format("{} {}, micro-batch {} x {}, accumulation {}: {:.0f} tokens/s, step {:.2f} s, {} per rank "
+    const uint64_t bytes = torch ? f.framework_bytes : f.estimate.device_bytes_of_largest_rank();
+    out += fmt::format("{} {}, micro-batch {} x {}, accumulation {}: {:.0f} tokens/s, step {:.2f} s, {} per rank{} "
                        "({:.1f}% of {}; peak at '{}')\n",
                        i == 0 ? "winner:" : fmt::format("{:>6}.", i + 1), f.family, f.policy.batch, f.policy.seq,
                        f.policy.grad_accum, f.estimate.tokens_per_second, f.estimate.step_seconds, format_bytes(bytes),
-                       budget ? 100.0 * double(bytes) / double(budget) : 0.0, format_bytes(budget),
-                       f.estimate.peak_op_name);
+                       torch ? " in PyTorch" : "", budget ? 100.0 * double(bytes) / double(budget) : 0.0,
+                       format_bytes(budget), torch ? "memfit's plan: " + f.estimate.peak_op_name : f.estimate.peak_op_name);
     if (f.changes_training)
       out += fmt::format("        changes what trains: only LoRA adapters (rank {}) on the frozen base{}; nothing that "
                          "trains every weight fits without offload (--lora-rank {} --lora-targets all-linear{})\n",
@@ -393,6 +477,7 @@ nlohmann::json fit_json(const FitResult& r, const Cluster& c, uint64_t budget, c
                       {"seq", f.policy.seq},
                       {"grad_accum", f.policy.grad_accum},
                       {"changes_what_trains", f.changes_training},
+                      {"framework_bytes", f.framework_bytes},
                       {"estimate", estimate_json(f.estimate, c, eo)}});
   for (const RejectedFamily& f : r.rejected)
     rejected.push_back({{"family", f.family},
@@ -403,7 +488,9 @@ nlohmann::json fit_json(const FitResult& r, const Cluster& c, uint64_t budget, c
           {"tie_tolerance", r.tie_tolerance},
           {"families", r.families}, {"programs_planned", r.programs_planned},
           {"pruned", r.pruned},         {"seconds", r.seconds},   {"ranked", ranked},
-          {"rejected", rejected}};
+          {"rejected", rejected},
+          {"framework", r.framework == FitFramework::pytorch ? "pytorch" : "memfit"},
+          {"skipped", r.skipped}};
 }
 
 }  // namespace memfit

@@ -20,12 +20,20 @@
 #pragma once
 
 #include <array>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "fit/estimate.hpp"
+#include "fit/framework_pytorch.hpp"
 
 namespace memfit {
+
+// What decides whether a candidate fits: memfit's own plan of it, or the peak the same step has
+// in HF transformers + PyTorch (fit/framework_pytorch.hpp), the fixed runtime bytes added. A
+// user who takes the winner to PyTorch needs the second: its peak is elsewhere and higher.
+enum class FitFramework : uint8_t { memfit, pytorch };
 
 struct FitOptions {
   uint64_t budget = 0;         // device bytes per rank; 0: the hardware's memory
@@ -38,6 +46,10 @@ struct FitOptions {
   // A configuration that uses more techniques (fit_complexity) ranks above a simpler one only
   // when it is at least this much faster in tokens/s.
   double tie_tolerance = 0.05;
+  FitFramework framework = FitFramework::memfit;
+  // pytorch: only candidates whose attention is this HF attn_implementation (flash is sdpa,
+  // plain is eager); empty: either.
+  std::optional<TorchAttention> torch_attention;
 };
 
 // Device bytes per rank a candidate may plan, fixed runtime bytes included: (1 - headroom) x
@@ -63,6 +75,9 @@ struct FitCandidate {
   // LoRA (and a quantised base) that the run did not ask for: it trains something else. Only
   // searched when nothing else fits without offload; such candidates come last.
   bool changes_training = false;
+  // FitFramework::pytorch: the predicted PyTorch peak plus the fixed runtime bytes, what fits was
+  // decided on; 0 under memfit.
+  uint64_t framework_bytes = 0;
 };
 
 struct RejectedFamily {
@@ -83,6 +98,9 @@ struct FitResult {
   double headroom = 0;   // FitOptions::headroom
   double tie_tolerance = 0;
   uint64_t usable = 0;   // usable_bytes(budget, headroom): what every candidate fits in
+  FitFramework framework = FitFramework::memfit;
+  // Families the framework's prediction does not cover, by why (not errors: the search goes on).
+  std::map<std::string, int> skipped;
 };
 
 // Orders candidates: those that train what was asked before those that change it (LoRA); within

@@ -20,6 +20,27 @@ TorchAttention parse_torch_attention(std::string_view s) {
 
 std::string_view torch_attention_name(TorchAttention a) { return a == TorchAttention::eager ? "eager" : "sdpa"; }
 
+std::optional<TorchStep> torch_step_for(const Policy& p, int world, std::optional<TorchAttention> attention,
+                                        std::string& why) {
+  why.clear();
+  const RecomputeMode r = p.recompute.mode;
+  if (p.precision == Precision::fp16) why = "fp16 (fp32 and bf16 autocast are modelled)";
+  else if (r != RecomputeMode::none && r != RecomputeMode::full) why = "recomputation other than none or full";
+  else if (p.optimizer != OptimizerKind::adamw) why = "8-bit AdamW";
+  else if (p.zero_stage != 0 || p.offload_optimizer != Tier::device || p.offload_params != Tier::device)
+    why = "ZeRO or offload (DeepSpeed's buffers)";
+  else if (world != 1) why = "data parallelism (DDP's buckets)";
+  else if (p.lora.rank != 0 || p.quantize_base.enabled() || !p.freeze.empty()) why = "LoRA or frozen parameters";
+  else if (p.update_in_backward) why = "the update in backward";
+  if (!why.empty()) return std::nullopt;
+  TorchStep st;
+  st.batch = p.batch, st.seq = p.seq;
+  st.attention = attention ? *attention : p.attention == AttentionKind::flash ? TorchAttention::sdpa : TorchAttention::eager;
+  st.checkpointing = r == RecomputeMode::full;
+  st.autocast_bf16 = p.precision == Precision::bf16;
+  return st;
+}
+
 TorchParameters torch_parameters(const ModelSpec& spec) {
   const int64_t L = spec.n_layer, C = spec.n_embd, F = spec.n_inner, V = spec.vocab_size;
   if (spec.arch == Arch::gpt2) {

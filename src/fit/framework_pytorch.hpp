@@ -19,12 +19,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "graph/model_spec.hpp"
+#include "graph/policy.hpp"
 
 namespace memfit {
 
@@ -58,6 +60,15 @@ struct TorchParameters {
   int64_t elements = 0, tensors = 0;
 };
 TorchParameters torch_parameters(const ModelSpec& spec);
+
+// The HF + PyTorch step a memfit policy is, on one process: the same micro-batch; memfit's full
+// recomputation is HF's gradient checkpointing (every block recomputed from its input), bf16 is
+// torch.autocast; `attention` given, else memfit's flash is sdpa and plain is eager. Empty, with
+// `why` in a few words, for what the prediction does not model: fp16, selective recomputation,
+// 8-bit AdamW, ZeRO or offload (DeepSpeed's), data parallelism (DDP's buckets), LoRA, frozen
+// parameters, the update in backward.
+std::optional<TorchStep> torch_step_for(const Policy& p, int world, std::optional<TorchAttention> attention,
+                                        std::string& why);
 
 // Throws [framework] for shapes the prediction does not cover.
 TorchPeak predict_pytorch_peak(const ModelSpec& spec, const TorchStep& step);

@@ -248,6 +248,49 @@ void apply_activation_checkpointing_block(const json& v, RunConfig& c) {
   if (c.policy.recompute.mode == RecomputeMode::none) c.policy.recompute = parse_recompute("full");
 }
 
+// "memfit_hf" (what memfit's --emit deepspeed writes for the HF side of the run, fit/compare.hpp):
+// the HF Trainer's gradient checkpointing is full recomputation, attn_implementation sdpa (and
+// flash_attention_2) is flash attention and eager is plain. Keys are applied in name order, so a
+// "memfit" block has already been read: a conflict with it is refused, not overwritten.
+void apply_hf_block(const json& v, RunConfig& c) {
+  Policy& p = c.policy;
+  for (const auto& [group, gv] : object_at(v, "memfit_hf").items()) {
+    const std::string gname = "memfit_hf." + group;
+    if (group != "training_arguments" && group != "from_pretrained") unknown_key(gname);
+    for (const auto& [sub, sv] : object_at(gv, gname).items()) {
+      const std::string name = gname + "." + sub;
+      const bool full = p.recompute.mode == RecomputeMode::full;
+      if (group == "training_arguments" && sub == "gradient_checkpointing") {
+        if (get_as<bool>(sv, name)) {
+          refuse_unless(full || p.recompute.mode == RecomputeMode::none, name,
+                        fmt::format("HF's gradient checkpointing recomputes whole blocks; the file asks for '{}'",
+                                    p.recompute.to_string()));
+          p.recompute = parse_recompute("full");
+        } else {
+          refuse_unless(!full, name, "false, but the file asks for full recomputation (activation_checkpointing "
+                                     "or memfit.recompute)");
+        }
+      } else if (group == "training_arguments" && sub == "gradient_checkpointing_kwargs") {
+        for (const auto& [k, kv] : object_at(sv, name).items())
+          if (k == "use_reentrant") get_as<bool>(kv, name + "." + k);  // the same recomputation either way
+          else unknown_key(name + "." + k);
+      } else if (group == "from_pretrained" && sub == "attn_implementation") {
+        const std::string impl = get_as<std::string>(sv, name);
+        refuse_unless(impl == "sdpa" || impl == "flash_attention_2" || impl == "eager", name,
+                      fmt::format("'{}' is none of sdpa, flash_attention_2 and eager", impl));
+        const AttentionKind a = impl == "eager" ? AttentionKind::plain : AttentionKind::flash;
+        refuse_unless(!c.attention_given || p.attention == a, name,
+                      fmt::format("'{}' is {} attention, but memfit.attention says {}", impl, attention_name(a),
+                                  attention_name(p.attention)));
+        p.attention = a;
+        c.attention_given = true;
+      } else {
+        unknown_key(name);
+      }
+    }
+  }
+}
+
 // Keys of DeepSpeed features memfit does not have, with what to use instead where there is something.
 const std::map<std::string, std::string, std::less<>>& refused_features() {
   static const std::map<std::string, std::string, std::less<>> kRefused = {
@@ -321,6 +364,7 @@ bool apply_deepspeed_key(const std::string& key, const json& v, RunConfig& c) {
   else if (key == "zero_optimization") apply_zero_block(v, c);
   else if (key == "activation_checkpointing") apply_activation_checkpointing_block(v, c);
   else if (key == "aio") apply_aio_block(v, c);
+  else if (key == "memfit_hf") apply_hf_block(v, c);
   else if (key == "data_types") {
     for (const auto& [sub, sv] : object_at(v, key).items()) {
       if (sub == "grad_accum_dtype") c.policy.grad_dtype = parse_dtype(get_as<std::string>(sv, "data_types." + sub));

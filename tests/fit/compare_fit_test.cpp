@@ -242,7 +242,83 @@ TEST(Emit, FitWinnersReadBackAsTheSameRun) {
     EXPECT_EQ(a["policy"], b["policy"]);
     EXPECT_EQ(a["estimate"], b["estimate"]);
     EXPECT_TRUE(a["estimate"].contains("device_bytes") || !a["estimate"].empty());
+
+    // What the HF side needs: checkpointing for full recomputation (DeepSpeed's section and the
+    // Trainer's switch), sdpa for flash attention and eager for plain.
+    std::ifstream in(emitted);
+    nlohmann::json ds = nlohmann::json::parse(in);
+    const std::string recompute = a["policy"]["recompute"], attention = a["policy"]["attention"];
+    const nlohmann::json& hf = ds.at("memfit_hf");
+    EXPECT_EQ(hf.at("from_pretrained").at("attn_implementation"), attention == "flash" ? "sdpa" : "eager");
+    EXPECT_EQ(ds.contains("activation_checkpointing"), recompute == "full");
+    if (recompute == "full" || recompute == "none")
+      EXPECT_EQ(hf.at("training_arguments").at("gradient_checkpointing").get<bool>(), recompute == "full");
+    else EXPECT_FALSE(hf.at("training_arguments").contains("gradient_checkpointing"));
+    // Without memfit's own keys for them, the HF options alone plan the same run.
+    if (recompute != "full" && recompute != "none") continue;
+    ds["memfit"].erase("recompute");
+    ds["memfit"].erase("attention");
+    const std::string hf_only = dir + "/" + c.model + ".hf_only.json";
+    test::write_file(hf_only, ds.dump());
+    const auto from_hf = test::run_memfit(base + " --config " + hf_only);
+    ASSERT_EQ(from_hf.status, 0) << from_hf.err;
+    const auto h = nlohmann::json::parse(from_hf.out);
+    EXPECT_EQ(a["policy"], h["policy"]);
+    EXPECT_EQ(a["estimate"], h["estimate"]);
   }
+}
+
+// Full recomputation (no --fit winner above takes it) and plain attention: the emitted HF and
+// DeepSpeed options alone, without memfit's keys for them, read back as the same policy.
+TEST(Emit, CheckpointingAndAttentionReadBackFromTheHfOptions) {
+  for (const char* recompute : {"full", "none"})
+    for (AttentionKind attention : {AttentionKind::plain, AttentionKind::flash}) {
+      SCOPED_TRACE(std::string(recompute) + " " + std::string(attention_name(attention)));
+      Policy p;
+      p.recompute = parse_recompute(recompute);
+      p.attention = attention;
+      nlohmann::json ds = deepspeed_config(p, 1e-4);
+      EXPECT_EQ(ds.contains("activation_checkpointing"), p.recompute.mode == RecomputeMode::full);
+      ds["memfit"].erase("recompute");
+      ds["memfit"].erase("attention");
+      const std::string path = test::temp_dir() + "/ds.json";
+      test::write_file(path, ds.dump());
+      RunConfig c;
+      c.policy.attention = attention == AttentionKind::flash ? AttentionKind::plain : AttentionKind::flash;
+      apply_config_file(path, c);
+      EXPECT_EQ(c.policy.recompute.mode, p.recompute.mode);
+      EXPECT_EQ(c.policy.attention, attention);
+    }
+}
+
+// The HF options read back refuse what contradicts memfit's own keys rather than overwrite them.
+TEST(Emit, HfOptionsThatContradictTheFileAreRefused) {
+  const std::string dir = test::temp_dir();
+  auto plan = [&](const nlohmann::json& file) {
+    test::write_file(dir + "/c.json", file.dump());
+    return test::run_memfit("plan --model gpt2-tiny --seq 64 --hardware h100-80gb --json --config " + dir + "/c.json");
+  };
+  const nlohmann::json eager = {{"from_pretrained", {{"attn_implementation", "eager"}}}};
+  auto r = plan({{"memfit", {{"attention", "flash"}}}, {"memfit_hf", eager}});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("attn_implementation"), std::string::npos) << r.err;
+  r = plan({{"memfit_hf", eager}});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["policy"]["attention"], "plain");
+  const nlohmann::json ckpt = {{"training_arguments", {{"gradient_checkpointing", true}}}};
+  r = plan({{"memfit", {{"recompute", "selective:attention"}}}, {"memfit_hf", ckpt}});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("gradient_checkpointing"), std::string::npos) << r.err;
+  r = plan({{"memfit_hf", ckpt}});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["policy"]["recompute"], "full");
+  r = plan({{"activation_checkpointing", nlohmann::json::object()},
+            {"memfit_hf", {{"training_arguments", {{"gradient_checkpointing", false}}}}}});
+  EXPECT_NE(r.status, 0);
+  r = plan({{"memfit_hf", {{"training_arguments", {{"gradient_checkpointing", "yes"}}}}}});
+  EXPECT_NE(r.status, 0);
+  r = plan({{"memfit_hf", {{"model_kwargs", nlohmann::json::object()}}}});
+  EXPECT_NE(r.status, 0);
 }
 
 TEST(Emit, RecomputeChoicesOfAutoReadBack) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "fit/fit_search.hpp"
 #include "fit/framework_pytorch.hpp"
 #include "support/run_cli.hpp"
 
@@ -179,6 +180,100 @@ TEST(FrameworkPytorch, RefusesWhatItDoesNotCover) {
   st.seq = s.max_seq + 1;
   EXPECT_THROW(predict_pytorch_peak(s, st), Error);
   EXPECT_THROW(parse_torch_attention("flash"), Error);
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// What the test expects a candidate to need in PyTorch, from the closed form directly: the same
+// micro-batch, full recomputation as checkpointing, bf16 as autocast, flash as sdpa.
+uint64_t pytorch_bytes(const ModelSpec& spec, const Policy& p, const Cluster& c) {
+  TorchStep st;
+  st.batch = p.batch, st.seq = p.seq;
+  st.attention = p.attention == AttentionKind::flash ? TorchAttention::sdpa : TorchAttention::eager;
+  st.checkpointing = p.recompute.mode == RecomputeMode::full;
+  st.autocast_bf16 = p.precision == Precision::bf16;
+  return predict_pytorch_peak(spec, st).peak + c.fixed_overhead_bytes();
+}
+
+// --fit --framework pytorch: GPT-2 (124M) at sequence 1024 on an RTX 4090. memfit's own winner
+// fits memfit's plan but, taken to PyTorch, not the budget less 10%; the PyTorch search's winner
+// is another configuration that does, and what it cannot predict is skipped and counted.
+TEST(FrameworkPytorch, FitKeepsOnlyWhatFitsInPytorch) {
+  Cluster c;
+  c.hw = hardware_preset("rtx4090-24gb");
+  Policy base;
+  base.seq = 1024;
+  const ModelSpec spec = model_preset("gpt2");
+  const uint64_t usable = uint64_t(std::floor(0.9 * double(c.hw.memory_bytes)));
+
+  const FitResult m = fit_search(spec, base, c, {}, FitOptions{});
+  ASSERT_FALSE(m.ranked.empty());
+  const Policy& mw = m.ranked.front().policy;
+  ASSERT_EQ(mw.zero_stage, 0) << m.ranked.front().family;  // a step the prediction covers
+  EXPECT_GT(pytorch_bytes(spec, mw, c), usable) << m.ranked.front().family;
+  EXPECT_EQ(m.ranked.front().framework_bytes, 0u);
+
+  FitOptions o;
+  o.framework = FitFramework::pytorch;
+  o.headroom = 0.10;
+  o.keep = 100;
+  const FitResult t = fit_search(spec, base, c, {}, o);
+  EXPECT_EQ(t.usable, usable);
+  ASSERT_FALSE(t.ranked.empty());
+  const FitCandidate& tw = t.ranked.front();
+  EXPECT_TRUE(tw.family != m.ranked.front().family || tw.policy.batch != mw.batch) << tw.family;
+  for (const FitCandidate& f : t.ranked) {
+    EXPECT_EQ(f.framework_bytes, pytorch_bytes(spec, f.policy, c)) << f.family;
+    EXPECT_LE(f.framework_bytes, usable) << f.family;
+    EXPECT_EQ(f.policy.zero_stage, 0) << f.family;
+    EXPECT_NE(f.policy.recompute.mode, RecomputeMode::selective) << f.family;
+    EXPECT_EQ(f.policy.optimizer, OptimizerKind::adamw) << f.family;
+  }
+  // The largest micro-batch that fits: one more does not.
+  Policy more = tw.policy;
+  ++more.batch;
+  if (tw.policy.batch < o.max_batch) EXPECT_GT(pytorch_bytes(spec, more, c), usable) << tw.family;
+  // On one rank: ZeRO with offload (3 stage choices x AdamW), selective recomputation, 8-bit AdamW.
+  EXPECT_GT(t.skipped.at("ZeRO or offload (DeepSpeed's buffers)"), 0);
+  EXPECT_GT(t.skipped.at("recomputation other than none or full"), 0);
+  EXPECT_GT(t.skipped.at("8-bit AdamW"), 0);
+
+  // Only eager attention when --torch-attention eager asks.
+  o.torch_attention = TorchAttention::eager;
+  const FitResult e = fit_search(spec, base, c, {}, o);
+  ASSERT_FALSE(e.ranked.empty());
+  for (const FitCandidate& f : e.ranked) EXPECT_EQ(f.policy.attention, AttentionKind::plain) << f.family;
+  EXPECT_GT(e.skipped.at("attention other than --torch-attention eager"), 0);
+}
+
+// The command line: --headroom is 0.10 with --fit --framework pytorch unless given, and the
+// printed PyTorch peak is the winner's.
+TEST(FrameworkPytorch, FitCommand) {
+  const std::string emitted = test::temp_dir() + "/ds.json";
+  const test::CliResult r = test::run_memfit(
+      "plan --model gpt2 --seq 1024 --hardware rtx4090-24gb --fit --framework pytorch --json --emit deepspeed " + emitted);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  std::ifstream in(emitted);
+  const nlohmann::json ds = nlohmann::json::parse(in);
+  EXPECT_EQ(ds.at("memfit_hf").at("from_pretrained").at("attn_implementation"), j.at("pytorch").at("attention"));
+  EXPECT_EQ(ds.at("train_micro_batch_size_per_gpu"), j.at("pytorch").at("batch"));
+  EXPECT_EQ(j.at("fit").at("headroom").get<double>(), 0.10);
+  EXPECT_EQ(j.at("fit").at("framework"), "pytorch");
+  const nlohmann::json& win = j.at("fit").at("ranked").at(0);
+  const uint64_t fixed = win.at("framework_bytes").get<uint64_t>() - j.at("pytorch").at("peak_bytes").get<uint64_t>();
+  Cluster c;
+  c.hw = hardware_preset("rtx4090-24gb");
+  EXPECT_EQ(fixed, c.fixed_overhead_bytes());
+  EXPECT_EQ(j.at("pytorch").at("batch").get<int64_t>(), win.at("batch").get<int64_t>());
+  const test::CliResult h = test::run_memfit(
+      "plan --model gpt2 --seq 1024 --hardware rtx4090-24gb --fit --framework pytorch --headroom 0.2 --json");
+  ASSERT_EQ(h.status, 0) << h.err;
+  EXPECT_EQ(nlohmann::json::parse(h.out).at("fit").at("headroom").get<double>(), 0.2);
 }
 
 }  // namespace
