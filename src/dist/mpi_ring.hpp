@@ -72,7 +72,6 @@ class RingReduction {
   int64_t segments_ = 0, segment_ = 0, hop_ = 0;
   // Requests: the receive into the scratch's first third, and a send from each of the other two.
   MPI_Request recv_ = MPI_REQUEST_NULL, sends_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  bool receive_posted_ = false;
 };
 
 }  // namespace memfit

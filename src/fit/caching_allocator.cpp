@@ -31,7 +31,13 @@ struct CachingAllocatorModel::State {
   std::vector<Block> blocks;       // every block ever made (merged ones stay, unused)
   std::vector<int64_t> handed_out;  // block index of each allocation id (-1 once freed)
   // Free blocks of a pool by (size, address): the smallest that fits, lowest address first.
+  // A bare size compares by size alone, so lower_bound(size) finds the lowest-addressed block of
+  // the smallest size that fits.
+  struct Size {
+    uint64_t bytes;
+  };
   struct BySizeThenAddress {
+    using is_transparent = void;
     const std::vector<Block>* blocks;
     bool operator()(int64_t a, int64_t b) const {
       const Block &x = (*blocks)[size_t(a)], &y = (*blocks)[size_t(b)];
@@ -39,6 +45,8 @@ struct CachingAllocatorModel::State {
       if (x.segment != y.segment) return x.segment > y.segment;
       return x.offset < y.offset;
     }
+    bool operator()(int64_t a, Size s) const { return (*blocks)[size_t(a)].size < s.bytes; }
+    bool operator()(Size s, int64_t a) const { return s.bytes < (*blocks)[size_t(a)].size; }
   };
   std::set<int64_t, BySizeThenAddress> pool[2]{std::set<int64_t, BySizeThenAddress>{BySizeThenAddress{&blocks}},
                                                std::set<int64_t, BySizeThenAddress>{BySizeThenAddress{&blocks}}};
@@ -47,11 +55,7 @@ struct CachingAllocatorModel::State {
 
   int64_t take_free(bool small, uint64_t size) {
     auto& p = pool[small ? 1 : 0];
-    // A probe block of this size at the lowest address sorts before every real one of its size.
-    blocks.push_back(Block{size, 0, INT64_MAX, small});
-    const int64_t probe = int64_t(blocks.size()) - 1;
-    const auto it = p.lower_bound(probe);
-    blocks.pop_back();
+    const auto it = p.lower_bound(Size{size});
     if (it == p.end()) return -1;
     const int64_t b = *it;
     p.erase(it);
