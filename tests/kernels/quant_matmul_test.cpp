@@ -169,9 +169,13 @@ void check_cpu(int64_t m, int64_t rows, int64_t cols) {
   for (const QuantSpec& spec : kSpecs) {
     const OwnedWeight q = quantize_weight(w, rows, cols, spec);
     const Oracle fwd = oracle_product(x, m, q.view, false), bwd = oracle_product(dy, m, q.view, true);
-    for (int64_t tile_rows : {int64_t(1), int64_t(16), int64_t(24), rows + 13}) {
-      const std::string what = describe(spec, tile_rows) + (compute == DType::bf16 ? " bf16" : " f32");
-      CpuQuantLinear product(env, QuantLinearShape{m, rows, cols, tile_rows, compute});
+    // The input gradient by tiles of columns (16 or 32 of them, or all of W; with tiles of one
+    // row fewer than 16 fit and it takes rows) and by tiles of rows.
+    for (int64_t tile_rows : {int64_t(1), int64_t(16), int64_t(24), rows + 13})
+    for (GradTiles split : {GradTiles::automatic, GradTiles::columns, GradTiles::rows}) {
+      const std::string what = describe(spec, tile_rows) + (compute == DType::bf16 ? " bf16" : " f32") +
+                               (split == GradTiles::rows ? " grad by rows" : split == GradTiles::columns ? " grad by columns" : "");
+      CpuQuantLinear product(env, QuantLinearShape{m, rows, cols, tile_rows, compute, split});
       std::vector<T> tile(size_t(product.tile_elements())), y(size_t(m * rows));
       std::vector<std::byte> scratch(product.scratch_bytes());
       std::vector<float> dx(size_t(m * cols), 1e30f);  // overwritten, not added to
@@ -186,6 +190,7 @@ void check_cpu(int64_t m, int64_t rows, int64_t cols) {
 TEST(QuantMatmul, CpuAgainstNaiveOracle) {
   check_cpu<float>(6, 64, 96);  // 64 rows: tiles of 16 divide them, 24 leave 16
   check_cpu<bf16_t>(6, 64, 96);
+  check_cpu<bf16_t>(6, 96, 40);  // taller than wide
 }
 
 // The fixture's products: PyTorch's bf16 results on bitsandbytes' dequantised weight (the codec

@@ -1,9 +1,15 @@
-// CPU quant_linear / quant_linear_backward: for each tile of each segment of W, dequantise the
-// tile's rows into the op's tile workspace (threads split it), then one oneDNN product bound at
-// prepare time to that tile's columns of y (or dy):
-//   forward   y[:, r:r+h] = x tile^T (+ bias[r:r+h]), the bias fused as in a plain linear;
-//   backward  dx (+)= dy[:, r:r+h] tile, summed in fp32: straight into an fp32 dx, or into the
-//             fp32 workspace and then rounded once into a bf16 dx (with the op's write mode).
+// CPU quant_linear / quant_linear_backward: dequantise a tile of W into the op's tile workspace
+// (threads split it), then one oneDNN product bound at prepare time:
+//   forward   per tile of rows of each segment, y[:, r:r+h] = x tile^T (+ bias[r:r+h]), the
+//             bias fused as in a plain linear;
+//   backward  per tile of columns of all segments stacked, dx[:, c:c+w] (+)= dy tile, each
+//             element one fp32 sum over W's rows inside oneDNN: straight into an fp32 dx, or
+//             into the fp32 workspace and then rounded once into a bf16 dx (with the op's write
+//             mode). Splitting the output, not the sum, spares an fp32 read and write of all of
+//             dx per tile and gives the fused q, k, v weight one product per tile instead of a
+//             thin one per segment (bench/quant_bench). A taller than wide single weight, or one
+//             where fewer than 16 columns fit the tile, takes tiles of rows instead, dx (+)=
+//             dy[:, r:r+h] tile, summed over them.
 // The products are kernels/quant/cpu_quant_linear.hpp's, with one difference that needs its
 // own binding: a segment's rows are a column slice of a wider y, so y's row stride is N, not
 // the segment's rows.
@@ -15,6 +21,7 @@
 #include "kernels/cpu/matmul.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "kernels/quant/blockwise.hpp"
+#include "kernels/quant/cpu_quant_linear.hpp"
 #include "kernels/quant/quant_segments.hpp"
 
 namespace memfit::cpu {
@@ -22,29 +29,46 @@ namespace {
 
 using dt = dnnl::memory::data_type;
 
-// One product per tile, in execution order.
+// One product per tile, in execution order: rows of one segment, or (the backward) columns of
+// every segment, height then all of W's rows.
 struct Tile {
   size_t segment = 0;
   int64_t row = 0;    // first row of W (over all segments)
   int64_t local = 0;  // first row inside its segment
   int64_t height = 0;
+  int64_t col = 0;    // column tiles: the first column and the width; width 0 for row tiles
+  int64_t width = 0;
 };
-std::vector<Tile> tiles_of(const QuantLinearAttrs& a) {
+std::vector<Tile> tiles_of(const QuantLinearAttrs& a, bool forward) {
   std::vector<Tile> out;
+  // Columns as GradTiles::automatic chooses them, and for a fused weight always (its row tiles
+  // would be one thin product per segment).
+  const bool by_columns = !forward && (a.k >= a.n || a.segments.size() > 1);
+  const int64_t cols = by_columns ? quant_grad_tile_cols(a.n, a.k, a.tile_rows) : 0;
+  if (cols > 0) {
+    for (int64_t c = 0; c < a.k; c += cols) out.push_back({0, 0, 0, a.n, c, std::min(cols, a.k - c)});
+    return out;
+  }
   int64_t r0 = 0;
   for (size_t s = 0; s < a.segments.size(); ++s) {
     for (int64_t t = 0; t < a.segments[s]; t += a.tile_rows)
-      out.push_back({s, r0 + t, t, std::min(a.tile_rows, a.segments[s] - t)});
+      out.push_back({s, r0 + t, t, std::min(a.tile_rows, a.segments[s] - t), 0, 0});
     r0 += a.segments[s];
   }
   return out;
 }
 
-DnnlMatmulSpec product_spec(const QuantLinearAttrs& a, bool forward, int64_t h, bool accumulate, bool bias,
+DnnlMatmulSpec product_spec(const QuantLinearAttrs& a, bool forward, const Tile& tile, bool accumulate, bool bias,
                             DType bias_dtype) {
   const dt t = a.compute == DType::bf16 ? dt::bf16 : dt::f32;
+  const int64_t h = tile.height, w = tile.width;
   DnnlMatmulSpec s;
-  if (forward) {
+  if (w > 0) {
+    s.src = DnnlOperand{{a.m, a.n}, {a.n, 1}, t};
+    s.wei = DnnlOperand{{a.n, w}, {w, 1}, t};            // the tile: W's columns c .. c + w
+    s.dst = DnnlOperand{{a.m, w}, {a.k, 1}, dt::f32};  // the same columns of dx
+    s.accumulate = accumulate;
+  } else if (forward) {
     s.src = DnnlOperand{{a.m, a.k}, {a.k, 1}, t};
     s.wei = DnnlOperand{{a.k, h}, {1, a.k}, t};  // the tile [h, k], transposed
     s.dst = DnnlOperand{{a.m, h}, {a.n, 1}, t};  // columns r .. r + h of y
@@ -59,10 +83,12 @@ DnnlMatmulSpec product_spec(const QuantLinearAttrs& a, bool forward, int64_t h, 
   return s;
 }
 
-// The (height, accumulate) variants an op needs: every tile accumulates into dx but the first,
-// which overwrites or (an fp32 dx written in an accumulating mode) accumulates.
+// The (height, width, accumulate) variants an op needs. Tiles of columns overwrite their
+// columns of dx, or accumulate there (an fp32 dx written in an accumulating mode); tiles of rows
+// accumulate into dx but the first, which overwrites or (the same fp32 case) accumulates.
 struct Variant {
   int64_t height;
+  int64_t width;
   bool accumulate;
   auto operator<=>(const Variant&) const = default;
 };
@@ -86,14 +112,14 @@ class QuantLinearOp final : public PreparedOp {
     const size_t ebytes = a_.compute == DType::bf16 ? 2 : 4;
     const auto* in = static_cast<const std::byte*>(b.inputs[0]);
     auto* out = static_cast<std::byte*>(b.outputs[0]);
-    const bool first_may_accumulate = !forward_ && !wide_ && mode_ != WriteMode::overwrite;
-    for (const Tile& t : tiles_of(a_)) {
+    const bool may_accumulate = !forward_ && !wide_ && mode_ != WriteMode::overwrite;
+    for (const Tile& t : tiles_of(a_, forward_)) {
       Step step;
       step.tile = t;
       auto bind = [&](bool acc) {
-        DnnlMatmul*& mm = products_[{t.height, acc}];
+        DnnlMatmul*& mm = products_[{t.height, t.width, acc}];
         if (!mm) {
-          owned_.push_back(std::make_unique<DnnlMatmul>(env, product_spec(a_, forward_, t.height, acc, bias, bias_dtype)));
+          owned_.push_back(std::make_unique<DnnlMatmul>(env, product_spec(a_, forward_, t, acc, bias, bias_dtype)));
           mm = owned_.back().get();
         }
         if (forward_)
@@ -101,12 +127,13 @@ class QuantLinearOp final : public PreparedOp {
                                                               size_t(t.row) * dtype_bytes(bias_dtype, 1)
                                                         : nullptr,
                                         out + size_t(t.row) * ebytes, scratch)};
-        void* dx = wide_ ? static_cast<void*>(dx32_) : b.outputs[0];
+        // dx is fp32 here (the op's fp32 dx or the workspace).
+        float* dx = (wide_ ? dx32_ : static_cast<float*>(b.outputs[0])) + t.col;
         return std::pair{mm, mm->bind(in + size_t(t.row) * ebytes, tile_, nullptr, dx, scratch)};
       };
-      const bool first = steps_.empty();
-      std::tie(step.product, step.index) = bind(!forward_ && !first);
-      if (first && first_may_accumulate) std::tie(step.product_acc, step.index_acc) = bind(true);
+      const bool first = steps_.empty(), columns = t.width > 0;
+      std::tie(step.product, step.index) = bind(!forward_ && !columns && !first);
+      if ((first || columns) && may_accumulate) std::tie(step.product_acc, step.index_acc) = bind(true);
       steps_.push_back(step);
     }
     out_ = b.outputs[0];
@@ -122,7 +149,7 @@ class QuantLinearOp final : public PreparedOp {
     Tile tile;
     DnnlMatmul* product = nullptr;
     int index = -1;
-    DnnlMatmul* product_acc = nullptr;  // the first tile of an fp32 dx in an accumulating mode
+    DnnlMatmul* product_acc = nullptr;  // where the op's mode accumulates into an fp32 dx
     int index_acc = -1;
   };
 
@@ -133,15 +160,18 @@ class QuantLinearOp final : public PreparedOp {
     // filled (initialised, loaded, resumed) after the program is prepared.
     if (offsets_)
       for (size_t s = 0; s < weights_.size(); ++s) weights_[s].offset = offsets_[s];
-    for (size_t i = 0; i < steps_.size(); ++i) {
-      const Step& s = steps_[i];
-      const QuantizedWeight& w = weights_[s.tile.segment];
-      T* tile = static_cast<T*>(tile_);
-      const int64_t base = s.tile.local * a_.k;
-      parallel_for(s.tile.height * a_.k, kParallelGrain, [&](int64_t begin, int64_t end) {
-        dequantize_range<T>(w, base + begin, base + end, std::span<T>(tile + begin, size_t(end - begin)));
-      });
-      if (i == 0 && acc && s.product_acc) s.product_acc->execute(s.index_acc);
+    T* tile = static_cast<T*>(tile_);
+    for (const Step& s : steps_) {
+      if (s.tile.width > 0) {
+        dequantize_columns<T>(weights_, s.tile.col, s.tile.width, std::span<T>(tile, size_t(a_.n * s.tile.width)));
+      } else {
+        const QuantizedWeight& w = weights_[s.tile.segment];
+        const int64_t base = s.tile.local * a_.k;
+        parallel_for(s.tile.height * a_.k, kParallelGrain, [&](int64_t begin, int64_t end) {
+          dequantize_range<T>(w, base + begin, base + end, std::span<T>(tile + begin, size_t(end - begin)));
+        });
+      }
+      if (acc && s.product_acc) s.product_acc->execute(s.index_acc);
       else s.product->execute(s.index);
     }
     if (wide_) accumulate_forward(dx32_, static_cast<T*>(out_), a_.m * a_.k, acc);
@@ -169,11 +199,11 @@ uint64_t quant_linear_scratch_bytes(const DnnlEnv& env, const Program& p, const 
   const DType bias_dtype = bias ? dtype_of(p, op.inputs.back()) : DType::f32;
   uint64_t most = 0;
   std::map<Variant, bool> seen;
-  for (const Tile& t : tiles_of(a))
+  for (const Tile& t : tiles_of(a, forward))
     for (bool acc : {false, true}) {
       if (forward && acc) continue;
-      if (seen.emplace(Variant{t.height, acc}, true).second)
-        most = std::max(most, DnnlMatmul::scratch_bytes(env, product_spec(a, forward, t.height, acc, bias, bias_dtype)));
+      if (seen.emplace(Variant{t.height, t.width, acc}, true).second)
+        most = std::max(most, DnnlMatmul::scratch_bytes(env, product_spec(a, forward, t, acc, bias, bias_dtype)));
     }
   return most;
 }

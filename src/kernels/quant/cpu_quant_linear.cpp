@@ -21,6 +21,41 @@ dnnl::memory::desc desc_of(const DnnlOperand& op) { return dnnl::memory::desc(op
 
 }  // namespace
 
+int64_t quant_grad_tile_cols(int64_t rows, int64_t cols, int64_t tile_rows) {
+  const int64_t fit = std::min(std::min(rows, tile_rows) * cols / std::max<int64_t>(rows, 1), cols);
+  if (fit == cols) return fit;
+  if (fit < 16) return 0;  // thinner tiles than tiles of rows
+  // As few tiles as fit, of near-equal widths: 2048 columns in 2 x 1024 rather than 1632 + 416.
+  const int64_t tiles = (cols + fit - 1) / (fit / 16 * 16);
+  return std::min(fit / 16 * 16, ((cols + tiles - 1) / tiles + 15) / 16 * 16);
+}
+
+template <class T>
+void dequantize_columns(std::span<const QuantizedWeight> segments, int64_t c0, int64_t width, std::span<T> tile) {
+  int64_t rows = 0;
+  for (const QuantizedWeight& w : segments) {
+    MEMFIT_CHECK(c0 >= 0 && width >= 1 && c0 + width <= w.cols && w.cols == segments[0].cols, "kernels",
+                 "dequantise columns [{}, {}) of a [{}, {}] weight", c0, c0 + width, w.rows, w.cols);
+    rows += w.rows;
+  }
+  MEMFIT_CHECK(tile.size() >= uint64_t(rows * width), "kernels", "dequantise {} x {} into a tile of {}", rows, width,
+               tile.size());
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / width);
+  parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+    size_t s = 0;
+    int64_t first = 0;  // first row of segment s
+    for (int64_t r = begin; r < end; ++r) {
+      while (r >= first + segments[s].rows) first += segments[s++].rows;
+      const QuantizedWeight& w = segments[s];
+      const int64_t at = (r - first) * w.cols + c0;
+      dequantize_range<T>(w, at, at + width, tile.subspan(size_t(r * width), size_t(width)));
+    }
+  });
+}
+
+template void dequantize_columns<float>(std::span<const QuantizedWeight>, int64_t, int64_t, std::span<float>);
+template void dequantize_columns<bf16_t>(std::span<const QuantizedWeight>, int64_t, int64_t, std::span<bf16_t>);
+
 CpuQuantLinear::CpuQuantLinear(const DnnlEnv& env, const QuantLinearShape& shape) : env_(env), shape_(shape) {
   MEMFIT_CHECK(shape.compute == DType::f32 || shape.compute == DType::bf16, "kernels",
                "quantised products compute in f32 or bf16, not {}", dtype_name(shape.compute));
@@ -47,12 +82,25 @@ CpuQuantLinear::CpuQuantLinear(const DnnlEnv& env, const QuantLinearShape& shape
     return spec;
   };
   forward_full_ = make(forward_spec(tile));
+  if (last > 0) forward_last_ = make(forward_spec(last));
+  const bool by_columns =
+      shape.grad_tiles == GradTiles::columns || (shape.grad_tiles == GradTiles::automatic && cols >= rows);
+  grad_cols_ = by_columns ? quant_grad_tile_cols(rows, cols, tile) : 0;
+  if (grad_cols_ > 0) {
+    auto column_spec = [&](int64_t width) {
+      DnnlMatmulSpec spec;
+      spec.src = DnnlOperand{{m, rows}, {rows, 1}, type};
+      spec.wei = DnnlOperand{{rows, width}, {width, 1}, type};  // the tile: W's columns c0 .. c0 + width
+      spec.dst = DnnlOperand{{m, width}, {cols, 1}, dt::f32};   // the same columns of dx
+      return spec;
+    };
+    grad_full_ = make(column_spec(grad_cols_));
+    if (cols % grad_cols_ > 0) grad_last_ = make(column_spec(cols % grad_cols_));
+    return;
+  }
   grad_first_ = make(grad_spec(tile, false));
   if (rows / tile >= 2) grad_full_ = make(grad_spec(tile, true));
-  if (last > 0) {
-    forward_last_ = make(forward_spec(last));
-    grad_last_ = make(grad_spec(last, true));
-  }
+  if (last > 0) grad_last_ = make(grad_spec(last, true));
 }
 
 CpuQuantLinear::Product CpuQuantLinear::make(const DnnlMatmulSpec& spec) {
@@ -142,6 +190,14 @@ template <class T>
 void CpuQuantLinear::input_grad(std::span<const T> dy, const QuantizedWeight& w, std::span<T> tile,
                                 std::span<std::byte> scratch, std::span<float> dx) {
   check_call<T>(w, dy.size(), tile.size(), scratch.size(), dx.size(), true);
+  if (grad_cols_ > 0) {
+    for (int64_t c0 = 0; c0 < shape_.cols; c0 += grad_cols_) {
+      const int64_t width = std::min(grad_cols_, shape_.cols - c0);
+      dequantize_columns<T>(std::span(&w, 1), c0, width, tile);
+      (width == grad_cols_ ? grad_full_ : grad_last_).run(env_, dy.data(), tile.data(), dx.data() + c0, scratch.data());
+    }
+    return;
+  }
   const int64_t rows = shape_.rows, tile_rows = shape_.tile_rows;
   for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
     const int64_t height = std::min(tile_rows, rows - r0);

@@ -3,8 +3,12 @@
 // (the same library and strided-operand convention as kernels/cpu/matmul.hpp; bf16 operands
 // accumulate in fp32 inside oneDNN):
 //   forward      y[:, r0:r0+h] = x * tile^T, written in place in y (row stride rows);
-//   input grad   dx = dy[:, 0:h] * tile for the first tile, dx += dy[:, r0:r0+h] * tile after
-//                (oneDNN's sum post-op: dx stays fp32 across tiles).
+//   input grad   dx[:, c0:c0+w] = dy * tile, the tile then W's columns c0 .. c0 + w ([rows, w]):
+//                each element of dx is one product over all of W's rows, summed in fp32 inside
+//                oneDNN and written once. (Tiles of rows split the sum instead: dx += dy[:, r0:
+//                r0+h] * tile after the first, an fp32 read and write of all of dx per tile,
+//                which made the input gradient of a wide dx ~2x its forward; kept as
+//                GradTiles::rows for bench/quant_bench's comparison.)
 // Construction is prepare time: it builds every primitive (one per tile height and write
 // mode) and the oneDNN memory objects, with no addresses. forward() and input_grad() point
 // those objects at the caller's spans and run; they allocate nothing in memfit code (oneDNN's
@@ -25,13 +29,31 @@
 
 namespace memfit {
 
+// automatic: columns where W is at least as wide as tall (dx is then the wider side, and the
+// row tiles' fp32 re-reads of it cost most: down_proj's gradient 0.74x by columns), rows where
+// it is taller (gate_proj's 1.09x by columns: its strips of ~700 columns dequantise and multiply
+// less well than whole rows); bench/quant_bench, one thread, docs/benchmarks.md.
+enum class GradTiles { automatic, columns, rows };
+
 struct QuantLinearShape {
   int64_t m = 0;          // rows of x (tokens)
   int64_t rows = 0;       // out_features: rows of W
   int64_t cols = 0;       // in_features
   int64_t tile_rows = 0;  // rows of W per tile (clamped to rows)
   DType compute = DType::bf16;  // bf16 or f32: x, y, dy and the tile
+  GradTiles grad_tiles = GradTiles::automatic;
 };
+
+// Columns of W per tile of the input gradient: as many as fit the forward's tile of tile_rows
+// rows (so one workspace serves both), in near-equal multiples of 16 where W is wider; 0 where
+// fewer than 16 columns fit, and the gradient then takes tiles of rows.
+int64_t quant_grad_tile_cols(int64_t rows, int64_t cols, int64_t tile_rows);
+
+// Dequantises W[:, c0:c0+width] into tile ([rows, width], row-major); threads split the rows.
+// W may be segments stacked by rows, each quantised on its own (the fused q, k, v weight), all
+// of the same columns.
+template <class T>
+void dequantize_columns(std::span<const QuantizedWeight> segments, int64_t c0, int64_t width, std::span<T> tile);
 
 class CpuQuantLinear {
  public:
@@ -70,6 +92,8 @@ class CpuQuantLinear {
   // Forward: a full tile and the shorter last one. Input grad: the first tile (overwrite),
   // later full tiles and the shorter last one (accumulate).
   Product forward_full_, forward_last_, grad_first_, grad_full_, grad_last_;
+  int64_t grad_cols_ = 0;  // GradTiles::columns: columns per tile; grad_full_ / grad_last_ then
+                           // write a full and the last, narrower, column block of dx
 };
 
 }  // namespace memfit
