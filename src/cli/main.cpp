@@ -44,6 +44,9 @@
 
 namespace {
 
+// A plan runs nowhere: without --ranks-per-node its ranks share one node.
+int plan_ranks_per_node(const memfit::RunConfig& c) { return c.ranks_per_node > 0 ? c.ranks_per_node : c.topology.world(); }
+
 int plan_command(const memfit::RunConfig& config, bool as_json) {
   using namespace memfit;
   auto backend = make_backend(config.backend);
@@ -73,7 +76,8 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
     j["tensors"] = p.tensors().size();
     j["distributed"] = {{"world_size", config.topology.world()}, {"rank", 0},
                         {"zero_stage", run.policy.zero_stage},
-                        {"comm_bytes_per_step", communication_bytes_per_step(p)}};
+                        {"comm_bytes_per_step", communication_bytes_per_step(p)},
+                        {"communication", communication_json(p, config.topology, plan_ranks_per_node(config))}};
     if (const FrozenSummary f = summarize_frozen(p, run.policy); f.params > 0)
       j["frozen"] = {{"parameters", f.params}, {"elements", f.elements}, {"gradient_bytes_saved", f.gradient_bytes},
                      {"master_bytes_saved", f.master_bytes}, {"optimizer_state_bytes_saved", f.optimizer_bytes},
@@ -91,6 +95,7 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
       std::cout << fmt::format("data parallel: rank 0 of {}, ZeRO stage {}, {} sent per rank per step\n",
                                config.topology.world(), run.policy.zero_stage,
                                format_bytes(uint64_t(communication_bytes_per_step(p))));
+    if (config.topology.world() > 1) std::cout << describe_communication(p, config.topology, plan_ranks_per_node(config));
     if (const FrozenSummary f = summarize_frozen(p, run.policy); f.params > 0) {
       std::cout << fmt::format("frozen: {} parameters ({} elements) have no gradient, master or optimizer state: saves "
                                "{} (gradients {}, masters {}, optimizer state {})\n",

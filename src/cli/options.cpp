@@ -137,6 +137,7 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
                      MEMFIT_CHECK(v == "on" || v == "off", "cli", "--overlap-comm takes on or off, not '{}'", v);
                      c.policy.overlap_comm = v == "on";
                    });
+  add_zero_plus_plus_options(app);
   add<std::string>(app, "--offload-optimizer", "device | host | disk",
                    [](RunConfig& c, std::string v) { c.policy.offload_optimizer = parse_tier(v); });
   add<std::string>(app, "--offload-params", "device | host | disk",
@@ -188,6 +189,16 @@ RunOptions::RunOptions(CLI::App& app, bool training) {
 }
 
 // LoRA and the quantised base (graph/lora.hpp, graph/quantize_base.hpp).
+// ZeRO++ and the node layout its communication is reported against.
+void RunOptions::add_zero_plus_plus_options(CLI::App& app) {
+  add_flag(app, "--zero-quantized-weights",
+           "ZeRO++ qwZ at --zero 3: parameters all-gathered as int8 blocks of 256 with fp32 scales",
+           [](RunConfig& c, bool v) { c.policy.zero_quantized_weights = v; });
+  add<int64_t>(app, "--ranks-per-node", "consecutive ranks per node, for the intra/inter-node split of the bytes sent "
+               "(default: the ranks sharing a node when running, the world for a plan)",
+               [](RunConfig& c, int64_t v) { c.ranks_per_node = int(require_in("--ranks-per-node", v, input_range::ranks_per_node)); });
+}
+
 void RunOptions::add_fine_tuning_options(CLI::App& app) {
   add<int64_t>(app, "--lora-rank", "LoRA: adapters of this rank on the target layers, every base weight frozen",
                [](RunConfig& c, int64_t v) { c.policy.lora.rank = require_in("--lora-rank", v, input_range::lora_rank); });

@@ -25,6 +25,7 @@ class RunOptions {
   void add(CLI::App& app, const std::string& name, const std::string& help, std::function<void(RunConfig&, T)> apply);
   void add_training_options(CLI::App& app);
   void add_fine_tuning_options(CLI::App& app);
+  void add_zero_plus_plus_options(CLI::App& app);
   // A switch: `--name` turns it on (off by default and in the config file unless set there).
   void add_flag(CLI::App& app, const std::string& name, const std::string& help,
                 std::function<void(RunConfig&, bool)> apply);

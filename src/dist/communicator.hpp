@@ -51,6 +51,8 @@ class Communicator {
   // The ranks of this communicator that pass the same color, ordered by key (MPI_Comm_split);
   // collective over this communicator. The new one keeps this one's timeout.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // How many members share this rank's node (MPI_Comm_split_type shared); collective.
+  virtual int ranks_on_node() { return size(); }
   // The world rank of member `rank` (reports name world ranks).
   virtual int world_rank(int rank) const { return rank; }
   // Process memory this communicator holds for its whole life (scratch it reduces through),

@@ -125,6 +125,16 @@ class MpiCommunicator final : public Communicator {
     return c;
   }
 
+  int ranks_on_node() override {
+    LibraryCallScope scope;
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    int n = 1;
+    check(MPI_Comm_size(node, &n), "MPI_Comm_size");
+    check(MPI_Comm_free(&node), "MPI_Comm_free");
+    return n;
+  }
+
   CommTicket start_all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
     return start_ring({RingReduction::Kind::all_reduce, data, data, count, dtype, op}, "all_reduce");
   }

@@ -65,6 +65,8 @@ std::string_view op_kind_name(OpKind k) {
     MEMFIT_KIND(all_gather)
     MEMFIT_KIND(broadcast)
     MEMFIT_KIND(transfer)
+    MEMFIT_KIND(comm_quantize)
+    MEMFIT_KIND(comm_dequantize)
     MEMFIT_KIND(wait)
 #undef MEMFIT_KIND
   }

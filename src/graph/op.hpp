@@ -120,6 +120,12 @@ enum class OpKind : uint16_t {
   // --- transfers between tiers ---
   //   Run by the transfer engine; src and dst have the same bytes and live on different tiers.
   transfer,            // in [src] out [dst] on another tier
+  // --- ZeRO++ qwZ (graph/zero_quant.cpp): the int8 wire of a quantised all-gather ---
+  comm_quantize,       // in [x (n) float] out [wire (u8, comm_wire_bytes(n, block))]: n int8 codes, then
+                       //   n / block fp32 scales; symmetric absmax per block (kernels/cpu/comm_codec.hpp);
+                       //   CommQuantAttrs. Elements outside attrs.valid count as 0
+  comm_dequantize,     // in [wire (u8, ranks wires of n / ranks elements each)] out [x (n) float]:
+                       //   x = code * scale, rounded once to x's dtype; CommQuantAttrs (block, ranks)
   // --- asynchronous work ---
   wait,                // in [the started op's inputs] out [its outputs] (update): completes the op
                        //   with the same Op::async_id on the same queue; between the two, no op may
@@ -256,9 +262,19 @@ struct CollectiveAttrs {
   int size = 1;      // ranks in the group
   bool max = false;  // all_reduce: maximum instead of sum (overflow flags)
 };
+// comm_quantize / comm_dequantize: elements per block (a multiple of it: the op's n), the ranks
+// whose wires a dequantise decodes, and the (first, count) element ranges of a quantise's input
+// that hold values (ascending; ZeRO's padding between parameters is left out).
+struct CommQuantAttrs {
+  int64_t block = 256;
+  int ranks = 1;
+  std::vector<std::pair<int64_t, int64_t>> valid;
+};
+// Bytes of the int8 wire of n elements: the codes, then one fp32 scale per block.
+inline constexpr uint64_t comm_wire_bytes(int64_t n, int64_t block) { return uint64_t(n) + 4 * uint64_t(n / block); }
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
                              ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs, ColumnsAttrs,
-                             DropoutAttrs, QuantLinearAttrs, CachedAttentionAttrs>;
+                             DropoutAttrs, QuantLinearAttrs, CachedAttentionAttrs, CommQuantAttrs>;
 
 struct Op {
   OpKind kind = OpKind::fill;

@@ -104,6 +104,9 @@ struct Policy {
   double grad_clip = 0;  // > 0: clip gradients to this global norm (DeepSpeed gradient_clipping)
   bool update_in_backward = false;  // update each parameter in the backward (graph/update_in_backward.hpp)
   int zero_stage = 0;
+  // ZeRO++ qwZ (DeepSpeed's zero_quantized_weights, stage 3): parameter shards all-gathered as
+  // blockwise int8 with fp32 scales, decoded on arrival (graph/zero.hpp).
+  bool zero_quantized_weights = false;
   bool overlap_comm = true;  // collectives run asynchronously, overlapping compute (graph/schedule_async.hpp)
   Tier offload_optimizer = Tier::device;
   Tier offload_params = Tier::device;

@@ -15,6 +15,7 @@
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
 #include "graph/training_program.hpp"
+#include "graph/zero_quant.hpp"
 
 namespace memfit {
 
@@ -29,12 +30,17 @@ struct ZeroPass {
   // world and rank are the data group's (ZeRO shards over the ranks holding the same
   // tensor-parallel slice); everywhere is the world's size (the overflow flag's group).
   int stage = 0, world = 1, rank = 0, everywhere = 1, micro_repeat = 1;
+  bool qwz = false;  // stage 3's gathers in int8 (ZeRO++ qwZ, zero_quant.hpp)
 
   std::vector<TensorId> param_root{}, grad_root{}, grad_shard_root{};  // per bucket
   // Stage 3, per bucket: transient gather buffers of the forward, backward (and recompute)
   // and validation passes; param_root is then the persistent shard.
   std::vector<TensorId> gather_fwd{}, gather_bwd{}, gather_eval{};
   std::map<TensorId, TensorId> bwd_view{}, eval_view{};  // parameter value -> its view in those buffers
+  // qwZ, per gather (numbered as gather_op numbers them): its wire and decoder, emitted when the
+  // gather is, and the gathers to decode before each old op (the bucket's first use in the pass).
+  std::vector<QwzGather> qwz_of{};
+  std::vector<std::vector<size_t>> arrivals_before{};
   // Per parameter (index into params()).
   std::vector<int64_t> piece_first{}, piece_count{};
   std::vector<TensorId> value_piece{}, grad_piece{};
@@ -296,7 +302,9 @@ struct ZeroPass {
     for (size_t i = 0; i < old.size(); ++i) {
       for (size_t bi : fills_before[i]) emit_tail_fill(bi, push, p.section_of_op(int(i)));
       if (stage == 3)
-        for (size_t g : gathers_before[i]) push(gather_op(g), p.section_of_op(int(i)));
+        for (size_t g : gathers_before[i]) emit_gather(g, push, p.section_of_op(int(i)));
+      if (qwz)
+        for (size_t g : arrivals_before[i]) push(qwz_of[g].dequantize, p.section_of_op(int(i)));
       Op op = old[i];
       const int s = p.section_of_op(int(i));
       const SectionKind sk = p.sections()[size_t(s)].kind;
@@ -392,12 +400,24 @@ struct ZeroPass {
   }
 
   // Gather g encodes (pass, bucket) as pass * buckets + bucket; pass 0 forward, 1 backward, 2 eval.
-  Op gather_op(size_t g) const {
+  // qwZ: the shard is coded into this rank's block of the wire, the wire is gathered, and the
+  // decoder waits in qwz_of[g] for the bucket's first use.
+  template <class Push>
+  void emit_gather(size_t g, Push& push, int s) {
     const size_t nb = L.buckets.size(), bi = g % nb, pass = g / nb;
     const TensorId buf = (pass == 0 ? gather_fwd : pass == 1 ? gather_bwd : gather_eval)[bi];
     static const char* names[] = {"forward", "backward", "eval"};
-    return collective(OpKind::all_gather, fmt::format("zero.all_gather.{}.{}", L.buckets[bi].tag, names[pass]),
-                      {param_root[bi]}, {buf}, Phase::communication, L.buckets[bi].layer);
+    const std::string name = fmt::format("zero.all_gather.{}.{}", L.buckets[bi].tag, names[pass]);
+    if (!qwz) {
+      push(collective(OpKind::all_gather, name, {param_root[bi]}, {buf}, Phase::communication, L.buckets[bi].layer), s);
+      return;
+    }
+    qwz_of.resize(3 * nb);
+    qwz_of[g] = qwz_gather(p, L, bi, param_root[bi], buf, name);
+    push(qwz_of[g].quantize, s);
+    push(collective(OpKind::all_gather, name, {qwz_of[g].mine}, {qwz_of[g].wire}, Phase::communication,
+                    L.buckets[bi].layer),
+         s);
   }
 
   // For each old op, the gathers to issue just before it. Within a pass, buckets are ordered
@@ -405,8 +425,9 @@ struct ZeroPass {
   // use, and each later bucket's gather before the previous bucket's first use (prefetch:
   // the next block's parameters arrive while the current block computes, at the cost of
   // one more gathered block alive, which the plan shows as communication buffers).
-  std::vector<std::vector<size_t>> plan_gathers(const std::vector<Op>& old) const {
+  std::vector<std::vector<size_t>> plan_gathers(const std::vector<Op>& old) {
     std::vector<std::vector<size_t>> before(old.size());
+    arrivals_before.assign(old.size(), {});
     const size_t nb = L.buckets.size();
     for (size_t pass = 0; pass < (gather_eval.empty() ? 2u : 3u); ++pass) {
       const std::vector<int> first = first_uses(old, pass);
@@ -417,6 +438,7 @@ struct ZeroPass {
       for (size_t j = 0; j < order.size(); ++j) {
         const int at = first[order[j == 0 ? 0 : j - 1]];
         before[size_t(at)].push_back(pass * nb + order[j]);
+        arrivals_before[size_t(first[order[j]])].push_back(pass * nb + order[j]);
       }
     }
     return before;
@@ -553,6 +575,7 @@ void apply_zero(Program& p, const Policy& policy, const Topology& topo) {
   z.world = topo.data;
   z.rank = topo.data_rank();
   z.everywhere = topo.world();
+  z.qwz = policy.zero_quantized_weights;
   z.build_buckets();
   if (z.stage >= 1) z.shard_state();
   z.rebuild();

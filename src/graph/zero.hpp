@@ -18,6 +18,15 @@
 //               added), so full-size gradients live only while their block's backward runs.
 //   stage 3     also parameters: each bucket's shard is all-gathered before its forward and
 //               again before its backward, one bucket ahead.
+//   qwZ         (ZeRO++, Policy::zero_quantized_weights, stage 3 only) each gather becomes: this
+//               rank codes its shard as int8 blocks of kQwzBlock with an fp32 scale each
+//               (comm_quantize, into its block of a transient uint8 wire buffer), the wire is
+//               all-gathered in place, and comm_dequantize decodes it into the gather buffer
+//               just before the bucket's first use (so the gather still overlaps the previous
+//               block). Masters, optimizer state and the shard itself stay exact; only the
+//               gathered copy is quantised, the same bits on every rank. The layout aligns
+//               parameters and shards to the block, so no block straddles two ranks, and the
+//               coder skips the padding between parameters (its bytes are never written).
 // Every collective runs over the data group (CollectiveAttrs::group, size Topology::data): ZeRO
 // shards over the ranks that hold the same tensor-parallel slice. The one exception is the fp16
 // overflow flag, max-reduced over the world so that every rank skips the same steps.
@@ -42,6 +51,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -50,6 +60,8 @@
 #include "graph/program.hpp"
 
 namespace memfit {
+
+inline constexpr int64_t kQwzBlock = 256;  // elements per int8 block of qwZ's wire
 
 struct ZeroBucket {
   std::string tag;               // "outer" or "h<layer>", then ".frozen" for a frozen bucket
@@ -89,5 +101,30 @@ FrozenSummary frozen_savings_per_rank(const FrozenSummary& whole, const Policy& 
 // plus the sync and optimizer sections'), from each collective's ring volume (Op::comm_bytes:
 // all-reduce 2 (N-1)/N of the buffer, reduce-scatter and all-gather (N-1)/N).
 double communication_bytes_per_step(const Program& p);
+
+// What one rank's collectives send per optimizer step, by purpose (eval's gathers run outside
+// steps and count nowhere), and the split of the same bytes over the nodes of ranks_per_node
+// consecutive world ranks, for ring algorithms: a rank sends each collective's ring volume to
+// its right neighbour in the group, which is on its node or not. node_link is what crosses
+// each node boundary per step (one direction of a ring link: the ZeRO++ paper's cross-node
+// volume), 0 when every group lies on one node.
+enum class CommPurpose : uint8_t {
+  param_gather_forward,   // stage 3 (qwZ: the int8 wire)
+  param_gather_backward,  // stage 3, backward and recomputation
+  param_gather_update,    // stages 1-2: the updated shards, after the optimizer
+  grad_reduce_scatter,    // stages 1-3
+  grad_all_reduce,        // stage 0
+  scalars,                // loss, overflow flag, gradient norm
+};
+inline constexpr int kNumCommPurposes = 6;
+std::string_view comm_purpose_name(CommPurpose c);  // "param_gather_forward", ...
+
+struct CommVolume {
+  double by_purpose[kNumCommPurposes] = {};
+  double total = 0, intra_node = 0, inter_node = 0, node_link = 0;
+  int ranks_per_node = 1, nodes = 1;
+};
+// Throws [policy] for ranks_per_node < 1. The rank is topo.rank's.
+CommVolume communication_volume(const Program& p, const Topology& topo, int ranks_per_node);
 
 }  // namespace memfit

@@ -27,10 +27,17 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
                "rank {} of a world of {} x {} ranks (data x tensor)", topo.rank, topo.data, topo.tensor);
   MEMFIT_CHECK(policy.zero_stage >= 0 && policy.zero_stage <= 3, "policy", "ZeRO stage must be 0..3 (got {})",
                policy.zero_stage);
+  MEMFIT_CHECK(!policy.zero_quantized_weights || policy.zero_stage == 3, "policy",
+               "zero_quantized_weights (ZeRO++ qwZ) quantises stage 3's parameter gathers: it needs ZeRO stage 3, "
+               "not {}", policy.zero_stage);
+  MEMFIT_CHECK(!policy.zero_quantized_weights || policy.offload_params == Tier::device, "policy",
+               "zero_quantized_weights with offloaded parameters is not supported yet");
   ZeroLayout L;
   L.world_size = topo.data;
   L.rank = topo.data_rank();
-  L.align = policy.optimizer == OptimizerKind::adamw8bit ? kQuantBlock : 32;
+  // qwZ: every shard holds whole int8 blocks, so each rank codes only its own elements.
+  L.align = policy.optimizer == OptimizerKind::adamw8bit || policy.zero_quantized_weights ? kQuantBlock : 32;
+  static_assert(kQwzBlock == kQuantBlock);
   // Frozen parameters get buckets of their own (their values are laid out without gradients,
   // so a trainable bucket's value and gradient offsets stay equal), and only at stage 3: below
   // it every rank keeps them whole, outside the buckets, and no collective touches them.

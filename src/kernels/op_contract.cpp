@@ -20,6 +20,7 @@ bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DTyp
 // uint8 codes; uint8 workspace is library scratch (runtime/compile.cpp), bytes without a type.
 void check_slot_dtypes(const Program& p, const Op& op) {
   if (op.kind == OpKind::quant_linear || op.kind == OpKind::quant_linear_backward) return;  // check_quant_linear
+  if (op.kind == OpKind::comm_quantize || op.kind == OpKind::comm_dequantize) return;  // check_comm_codec
   auto int_input = [&](size_t i) {
     switch (op.kind) {
       case OpKind::embedding_forward:
@@ -48,6 +49,31 @@ void check_slot_dtypes(const Program& p, const Op& op) {
   }
   for (TensorId id : op.workspace)
     if (p.tensor(id).dtype != DType::f32 && p.tensor(id).dtype != DType::u8) wrong_dtype(p, op, id, "fp32 or uint8");
+}
+
+// The qwZ wire: a float tensor of whole blocks on one side, its uint8 wire(s) on the other.
+void check_comm_codec(const Program& p, const Op& op) {
+  check_arity(op, 1, 1);
+  require_overwrite(op, 0);
+  const bool q = op.kind == OpKind::comm_quantize;
+  const TensorDesc& x = p.tensor(q ? op.inputs[0] : op.outputs[0]);
+  const TensorDesc& wire = p.tensor(q ? op.outputs[0] : op.inputs[0]);
+  if (!is_float(x.dtype)) wrong_dtype(p, op, q ? op.inputs[0] : op.outputs[0], "a float type");
+  if (wire.dtype != DType::u8) wrong_dtype(p, op, q ? op.outputs[0] : op.inputs[0], "uint8");
+  const CommQuantAttrs& a = attrs_of<CommQuantAttrs>(op);
+  const int ranks = q ? 1 : a.ranks;
+  MEMFIT_CHECK(a.block > 0 && ranks > 0 && x.numel() % (a.block * ranks) == 0, "kernels",
+               "op '{}': {} elements are not whole blocks of {} from {} ranks", op.name, x.numel(), a.block, ranks);
+  MEMFIT_CHECK(wire.bytes() == ranks * comm_wire_bytes(x.numel() / ranks, a.block), "kernels",
+               "op '{}': wire '{}' has {} bytes, not the {} of {} elements", op.name, wire.name, wire.bytes(),
+               ranks * comm_wire_bytes(x.numel() / ranks, a.block), x.numel());
+  int64_t end = 0;
+  for (const auto& [first, count] : a.valid) {
+    MEMFIT_CHECK(first >= end && count > 0 && first + count <= x.numel(), "kernels",
+                 "op '{}': valid range ({}, {}) overlaps, is empty or lies outside {} elements", op.name, first, count,
+                 x.numel());
+    end = first + count;
+  }
 }
 
 void check_embedding(const Program& p, const Op& op) {
@@ -484,6 +510,8 @@ void check_op_contract(const Program& program, const Op& op) {
     case OpKind::check_finite:
     case OpKind::loss_mean: return check_reduction(program, op);
     case OpKind::fill: return check_arity(op, 0, 1);
+    case OpKind::comm_quantize:
+    case OpKind::comm_dequantize: return check_comm_codec(program, op);
     case OpKind::embedding_at:
     case OpKind::cached_attention: return check_generation(program, op);
     default: return;  // kinds no backend computes: refused by the backend, naming the op

@@ -88,6 +88,10 @@ struct RunConfig {
   uint64_t memory_budget = 0;  // bytes; 0: the memory available on this machine
   LossScaleConfig loss_scale;  // fp16 runs (DeepSpeed's fp16 block selects its convention)
   int64_t log_every = 1;
+  // Consecutive world ranks per node, for the communication volume's intra/inter-node split
+  // (graph/zero.hpp); 0: the ranks that share this rank's node (MPI_Comm_split_type), or the
+  // whole world for a plan.
+  int ranks_per_node = 0;
   double comm_timeout = 300;  // seconds a collective may wait for the other ranks; 0: no limit
 };
 
@@ -130,7 +134,8 @@ inline constexpr RealRange beta{0, 1, false, true};              // AdamW betas:
 inline constexpr RealRange fraction{0, 1, false, true};          // the validation share
 inline constexpr RealRange positive{0, kInf, true, true};        // the minimum loss scale, LoRA alpha
 inline constexpr RealRange initial_scale{0, 0x1p100, true, false};
-inline constexpr RealRange comm_timeout{0, 1e7};  // seconds (0: no limit); 1e7 s is 116 days
+inline constexpr RealRange comm_timeout{0, 1e7};
+inline constexpr IntRange ranks_per_node{1, 1 << 20};  // seconds (0: no limit); 1e7 s is 116 days
 inline constexpr RealRange weight_decay{0, std::numeric_limits<float>::max()};  // stored as float
 }  // namespace input_range
 

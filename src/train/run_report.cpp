@@ -157,7 +157,8 @@ nlohmann::json finish_run(RunState& s, const LoopRecord& rec, RunHooks* hooks) {
   report["memory"]["budget_bytes"] = s.budget;
   report["memory"]["all_ranks_equal"] = mismatched == 0;
   report["distributed"] = {{"world_size", s.world}, {"rank", s.rank}, {"zero_stage", pol.zero_stage},
-                           {"comm_bytes_per_step", communication_bytes_per_step(prog)}};
+                           {"comm_bytes_per_step", communication_bytes_per_step(prog)},
+                           {"communication", communication_json(prog, c.topology, c.ranks_per_node)}};
   report["optimizer_steps_applied"] = s.applied;
   if (s.runner->loss_scaling())
     report["loss_scaling"] = {

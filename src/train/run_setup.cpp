@@ -48,6 +48,7 @@ void settle_ranks(RunState& s, const RunConfig& config, std::ostream& rank_log, 
   if (!c.load_adapter.empty()) apply_adapter_config(c.load_adapter, c.policy.lora);
   c.topology = Topology{.data = W / tensor, .tensor = tensor, .rank = rank};
   comm->set_timeout(c.comm_timeout);
+  if (c.ranks_per_node == 0) c.ranks_per_node = comm->ranks_on_node();
   s.fault = TestFault::from_environment(rank);
   s.log = rank == 0 ? &rank_log : &s.quiet;
   MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);
@@ -199,6 +200,7 @@ std::unique_ptr<RunState> setup_run(const RunConfig& config, std::ostream& rank_
   s.budget = run_budget(c);
   log << describe_recompute_choice(s.run, s.budget);
   log << format_memory_table(prog, s.run.compiled.plan);
+  if (s.world > 1) log << describe_communication(prog, c.topology, c.ranks_per_node);
   if (s.world == 1) {
     enforce_memory_budget(c, s.run, s.budget, *s.backend, log);
   } else {

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/training_program.hpp"
+#include "graph/zero.hpp"
 #include "train/generate.hpp"
 #include "train/run_report.hpp"
 #include "train/run_setup.hpp"
@@ -79,9 +80,33 @@ nlohmann::json policy_json(const Policy& p) {
                      {"weight_decay", p.adamw.weight_decay}}},
           {"zero_stage", p.zero_stage},
           {"overlap_comm", p.overlap_comm},
+          {"zero_quantized_weights", p.zero_quantized_weights},
           {"offload_optimizer", tier_name(p.offload_optimizer)},
           {"offload_params", tier_name(p.offload_params)},
           {"classifier_chunk_rows", p.classifier_chunk_rows}};
+}
+
+nlohmann::json communication_json(const Program& program, const Topology& topo, int ranks_per_node) {
+  const CommVolume v = communication_volume(program, topo, ranks_per_node);
+  nlohmann::json by;
+  for (int c = 0; c < kNumCommPurposes; ++c) by[std::string(comm_purpose_name(CommPurpose(c)))] = v.by_purpose[c];
+  return {{"bytes", v.total},         {"by_purpose", by},           {"intra_node_bytes", v.intra_node},
+          {"inter_node_bytes", v.inter_node}, {"node_link_bytes", v.node_link}, {"ranks_per_node", v.ranks_per_node},
+          {"nodes", v.nodes}};
+}
+
+std::string describe_communication(const Program& program, const Topology& topo, int ranks_per_node) {
+  const CommVolume v = communication_volume(program, topo, ranks_per_node);
+  std::string parts;
+  for (int c = 0; c < kNumCommPurposes; ++c)
+    if (v.by_purpose[c] > 0)
+      parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", comm_purpose_name(CommPurpose(c)),
+                           format_bytes(uint64_t(v.by_purpose[c])));
+  return fmt::format("communication: {} sent per rank per step ({}); {} node(s) of {} ranks: this rank {} intra-node, "
+                     "{} inter-node; {} across each node boundary\n",
+                     format_bytes(uint64_t(v.total)), parts.empty() ? "none" : parts, v.nodes, v.ranks_per_node,
+                     format_bytes(uint64_t(v.intra_node)), format_bytes(uint64_t(v.inter_node)),
+                     format_bytes(uint64_t(v.node_link)));
 }
 
 nlohmann::json run_training(const RunConfig& config, std::ostream& rank_log, RunHooks* hooks, Communicator* comm) {

@@ -38,6 +38,11 @@ uint64_t run_budget(const RunConfig& config);  // --memory-budget, else availabl
 // The resolved model and policy, as reported by `plan --json` and the run report.
 nlohmann::json model_json(const ModelSpec& spec, int64_t parameters);
 nlohmann::json policy_json(const Policy& policy);
+// The bytes this rank's collectives send per step (graph/zero.hpp communication_volume), by
+// purpose and split over nodes of ranks_per_node ranks: `plan --json` and the run report's
+// "distributed", and the line `memfit plan` and the run log print.
+nlohmann::json communication_json(const Program& program, const Topology& topo, int ranks_per_node);
+std::string describe_communication(const Program& program, const Topology& topo, int ranks_per_node);
 
 // Refuses to start when the plan exceeds the budget (train/budget.hpp). `hooks` (optional)
 // watch the run: `memfit profile`, `--check-leaks`. `comm` is the world (not owned; the data
