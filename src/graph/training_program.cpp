@@ -59,6 +59,10 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   MEMFIT_CHECK(std::isfinite(p.grad_clip) && p.grad_clip >= 0, "policy",
                "gradient clipping needs a norm >= 0 (got {}; 0 turns it off)", p.grad_clip);
   MEMFIT_CHECK(p.zero_stage >= 0 && p.zero_stage <= 3, "policy", "ZeRO stage must be 0..3 (got {})", p.zero_stage);
+  // Checked here too: at stage 0 on one rank the ZeRO pass (and its own check) never runs.
+  MEMFIT_CHECK(!p.zero_quantized_weights || p.zero_stage == 3, "policy",
+               "zero_quantized_weights (ZeRO++ qwZ) quantises stage 3's parameter gathers: it needs ZeRO stage 3 "
+               "(got stage {})", p.zero_stage);
   MEMFIT_CHECK(topo.data >= 1 && topo.tensor >= 1 && topo.rank >= 0 && topo.rank < topo.world(), "policy",
                "rank {} of a world of {} x {} ranks (data x tensor)", topo.rank, topo.data, topo.tensor);
   if (p.update_in_backward && (p.zero_stage > 0 || topo.world() > 1))

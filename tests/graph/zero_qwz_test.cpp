@@ -142,6 +142,8 @@ TEST(ZeroQwz, EachGatherCodesTheShardAndDecodesBeforeFirstUse) {
 TEST(ZeroQwz, RefusedBelowStageThreeAndReadFromDeepSpeedsKey) {
   const ModelSpec spec = model_preset("gpt2-tiny");
   EXPECT_THROW(build_training_program(spec, policy(true, 2), Topology{.data = 2, .rank = 0}, cpu_capabilities()), Error);
+  // One rank at stage 0 never runs the ZeRO pass: the flag must still not be ignored.
+  EXPECT_THROW(build_training_program(spec, policy(true, 0), Topology{}, cpu_capabilities()), Error);
   const std::string path = test::temp_dir() + "/ds_qwz.json";
   test::write_file(path, R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})");
   RunConfig c;
