@@ -54,6 +54,7 @@ class InputFile {
   InputFile& operator=(const InputFile&) = delete;
   uint64_t size() const { return size_; }
   const std::string& where() const { return where_; }
+  int fd() const { return fd_; }
   void read(void* data, uint64_t bytes) {
     char* p = static_cast<char*>(data);
     while (bytes > 0) {
@@ -188,6 +189,47 @@ std::vector<TensorId> checkpointed_tensors(const Program& p) {
   for (size_t id = 0; id < p.tensors().size(); ++id)
     if (checkpointed(p.tensors()[id])) ids.push_back(TensorId(id));
   return ids;
+}
+
+bool rank_file_lists_program_tensors(const fs::path& path, const Program& program, const RankFileEntry& entry) {
+  try {
+    InputFile f(path);
+    if (f.size() < kFraming || entry.chunk_bytes == 0) return true;
+    char magic[sizeof kMagic];
+    f.read(magic, sizeof magic);
+    const uint64_t header_bytes = f.read_u64();
+    if (std::memcmp(magic, kMagic, sizeof magic) != 0 || header_bytes > kMaxHeaderBytes ||
+        header_bytes > f.size() - kFraming)
+      return true;
+    // Only a header the manifest's chunk checksums vouch for says "another layout"; an edited
+    // one is damage, which validate_rank_file names field by field.
+    const uint64_t covered = std::min(f.size() - 8, (sizeof kMagic + 8 + header_bytes + entry.chunk_bytes - 1) /
+                                                        entry.chunk_bytes * entry.chunk_bytes);
+    std::string head(covered, '\0');
+    ::lseek(f.fd(), 0, SEEK_SET);
+    f.read(head.data(), covered);
+    for (uint64_t at = 0, k = 0; at < covered; at += entry.chunk_bytes, ++k) {
+      Checksum chunk;
+      chunk.update(head.data() + at, size_t(std::min(entry.chunk_bytes, covered - at)));
+      if (k >= entry.chunks.size() || chunk.digest() != entry.chunks[k]) return true;
+    }
+    const nlohmann::json header = nlohmann::json::parse(head.substr(sizeof kMagic + 8, header_bytes), nullptr, false);
+    if (header.is_discarded() || !header.is_object() || !header.contains("tensors") || !header["tensors"].is_array())
+      return true;
+    const nlohmann::json& list = header["tensors"];
+    const std::vector<TensorId> ids = checkpointed_tensors(program);
+    if (list.size() != ids.size()) return false;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const TensorDesc& t = program.tensor(ids[i]);
+      const nlohmann::json& e = list[i];
+      if (!e.is_object() || e.value("name", std::string()) != t.name || !e.contains("bytes") ||
+          !e["bytes"].is_number_unsigned() || e["bytes"].get<uint64_t>() != t.bytes())
+        return false;
+    }
+    return true;
+  } catch (const Error&) {
+    return true;  // unreadable: validate_rank_file says why
+  }
 }
 
 WrittenRankFile write_rank_file(const fs::path& path, const Executor& ex, TensorStaging& staging,

@@ -50,6 +50,15 @@ WrittenRankFile write_rank_file(const std::filesystem::path& path, const Executo
 void validate_rank_file(const std::filesystem::path& path, const Program& program, const RankFileIdentity& who,
                         const RankFileEntry& entry);
 
+// Whether the file's header lists this program's checkpointed tensors, by name and size (the
+// same layout), reading only the header's chunks. A file that cannot be read or parsed, or
+// whose header chunks fail the manifest entry's checksums, counts as listing them, so that
+// validate_rank_file reports what is wrong with it. An intact header with another list means
+// another layout of the same world and stage (ZeRO's alignment differs under qwZ): the
+// checkpoint is then read by byte ranges.
+bool rank_file_lists_program_tensors(const std::filesystem::path& path, const Program& program,
+                                     const RankFileEntry& entry);
+
 // Reads the tensors into the executor, checking the layout and checksum again (the file may
 // have changed since it was validated). Throws like validate_rank_file; the tensors are then
 // partly overwritten.

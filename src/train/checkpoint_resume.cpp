@@ -131,6 +131,18 @@ bool same_layout(const CheckpointManifest& m, const CheckpointRun& run) {
   return m.world_size == run.world_size && m.zero_stage == run.zero_stage;
 }
 
+// Collective (every rank takes the same path): whether each rank's own file holds exactly this
+// program's tensors. A format 2 checkpoint has no byte ranges to fall back on: it is read whole.
+bool every_rank_file_lists_program_tensors(const fs::path& dir, const Program& program, Communicator& comm,
+                                           const CheckpointManifest& m) {
+  if (!m.has_layout()) return true;
+  const RankFileEntry& entry = m.ranks[size_t(comm.rank())];
+  const bool mine = rank_file_lists_program_tensors(dir / entry.file, program, entry);
+  for (const std::string& r : all_gather_strings(comm, mine ? "1" : "0"))
+    if (r != "1") return false;
+  return true;
+}
+
 Outcome load_ranges(const fs::path& dir, Executor& ex, TensorStaging& staging, Communicator& comm,
                     const CheckpointManifest& m) {
   std::vector<std::vector<RangeRead>> plan;
@@ -177,7 +189,8 @@ Outcome try_candidate(const fs::path& dir, Executor& ex, TensorStaging& staging,
   }
   o = agree(comm, o);
   if (!o.ok()) return o;
-  if (!same_layout(m, run)) return load_ranges(dir, ex, staging, comm, m);
+  if (!same_layout(m, run) || !every_rank_file_lists_program_tensors(dir, ex.program(), comm, m))
+    return load_ranges(dir, ex, staging, comm, m);
   const RankFileIdentity who{rank, comm.size(), m.step};
   o = attempt(Verdict::damaged, [&] { validate_rank_file(dir / m.ranks[size_t(rank)].file, ex.program(), who, m.ranks[size_t(rank)]); });
   o = agree(comm, o);
