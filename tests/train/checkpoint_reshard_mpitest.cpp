@@ -17,17 +17,22 @@
 //    its --save must equal bit for bit the --save of the run that wrote the checkpoint (fp32
 //    masters under bf16, gathered whole by train/whole_weights.cpp, not by the reader here);
 //  * the continuation: the losses after the resumed step against an uninterrupted run of the
-//    new layout, to 1e-6 relative with fp32 weights and 3e-5 with bf16 weights. Not bit for
-//    bit: the two layouts reduce the gradients in another order (ranks against accumulation;
-//    the 4-rank ring sums block j as ((x[j+1] + x[j+2]) + x[j+3]) + x[j], 2 ranks as a pair of
-//    2-row products), so the state at the checkpoint differs in the last bits of the fp32
-//    gradients (1e-7 relative in the losses), and bf16 weights round that into differences of
-//    up to 1.6e-5 by step 4. (Within one layout a resume is bit for bit: checkpoint_mpitest.)
+//    new layout, to 1e-6 relative with fp32 and bf16 weights alike; the largest relative
+//    difference is printed per move. The layouts sum the gradients in the same order: 4 ranks
+//    sum every element as (x0 + x1) + (x2 + x3) (recursive halving, dist/mpi_ring.hpp), 2 ranks
+//    the same pairs each in one 2-row product, 1 rank two accumulated 2-row micro-steps. At 4
+//    ranks (measured) 45 of 48 comparisons are bit for bit, bf16 included (the ring this
+//    replaced summed block j as ((x[j+1] + x[j+2]) + x[j+3]) + x[j] and left bf16 6e-6..1.6e-5
+//    apart); the other three, gpt2-tiny fp32 8-bit AdamW 4 -> 2 and 4 -> 1, differ by 1e-7:
+//    the 4-rank run's step-2 weights give another step-3 loss than the 2-rank run's own, so
+//    those layouts' own runs already differ at step 2 (not traced further). Within one layout
+//    a resume is bit for bit: checkpoint_mpitest.
 // Every resumed run plans what it measures on every tier of every rank.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -60,7 +65,7 @@ struct Case {
   OptimizerKind optimizer;
 };
 
-double tolerance(const Case& c) { return c.precision == Precision::fp32 ? 1e-6 : 3e-5; }
+constexpr double kTolerance = 1e-6;  // relative, fp32 and bf16 weights alike
 
 std::string name_of(const Case& c) {
   return fmt::format("{} {} {}", c.model, precision_name(c.precision), optimizer_name(c.optimizer));
@@ -150,15 +155,18 @@ void reshard(const Case& k, const Layout& from, const Layout& to, const std::str
     const nlohmann::json resumed = run_training(resume, log, &count, &c);
     const std::vector<float> got = losses(resumed, 0), want = losses(whole, 2);
     ASSERT_EQ(got.size(), 2u);
+    double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_NEAR(got[i], want[i], tolerance(k) * std::abs(want[i])) << "step " << i + 3;
+      EXPECT_NEAR(got[i], want[i], kTolerance * std::abs(want[i])) << "step " << i + 3;
+      worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / std::abs(double(want[i])));
       if (c.rank() == 0)
-        std::printf("  %s, %d ranks stage %d -> %d ranks stage %d, step %zu: resumed %.9g, uninterrupted %.9g (%s)\n",
-                    name_of(k).c_str(), from.ranks, from.stage, to.ranks, to.stage, i + 3, got[i], want[i],
-                    got[i] == want[i] ? "bit for bit"
-                                      : fmt::format("{:.2e} relative", std::abs(got[i] - want[i]) / std::abs(want[i]))
-                                            .c_str());
+        std::printf("  %s, %d ranks stage %d -> %d ranks stage %d, step %zu: resumed %.9g, uninterrupted %.9g\n",
+                    name_of(k).c_str(), from.ranks, from.stage, to.ranks, to.stage, i + 3, got[i], want[i]);
     }
+    if (c.rank() == 0)
+      std::printf("  %s, %d ranks stage %d -> %d ranks stage %d: largest relative difference %s\n", name_of(k).c_str(),
+                  from.ranks, from.stage, to.ranks, to.stage,
+                  worst == 0 ? "0 (bit for bit)" : fmt::format("{:.2e}", worst).c_str());
     expect_planned_equals_measured(resumed);
     EXPECT_EQ(count.allocations, 0);
 
