@@ -6,13 +6,13 @@
 // (b) the loss and the final validation loss equal those of the world-size-1 freeze run on
 //     the same global batch (computed in process by rank 0 and broadcast) within the tolerance
 //     of the ZeRO-vs-one-rank tests (tests/train/zero_mpitest.cpp: fp32 1e-5 * loss, 16-bit
-//     2e-3 * loss); on two ranks, where every reduction adds the same two numbers, stages 1..3
-//     reproduce stage 0 bit for bit;
+//     2e-3 * loss); on power-of-two worlds, where every collective sums an element as the same
+//     pairwise tree, stages 1..3 reproduce stage 0 bit for bit;
 // (d) planned == measured device peak on every rank, all ranks plan the same, and steps 2..
 //     allocate nothing;
 // (e) a run saved at step 6 and resumed (ZeRO 2 and 3, bf16) continues bit for bit;
 // and `--save` gathers the whole weights at every stage: the frozen tensors bitwise those
-//     of stage 0, the trained ones within fp32 rounding (bitwise on two ranks).
+//     of stage 0, the trained ones within fp32 rounding (bitwise on power-of-two worlds).
 // (c), the plan's bytes, is checked without MPI in tests/graph/zero_program_test.cpp.
 #include <gtest/gtest.h>
 
@@ -168,7 +168,7 @@ void expect_every_stage_matches_one_rank(const Model& m, const Policy& base, dou
     if (stage == 0) {
       stage0 = t;
     } else if (pairwise_sums()) {
-      EXPECT_EQ(t.loss, stage0->loss) << "two ranks: the same sums as stage 0";
+      EXPECT_EQ(t.loss, stage0->loss) << "power-of-two world: the same sums as stage 0";
     }
     if (comm().rank() == 0) std::printf("  %s stage %d: largest relative loss difference %.3g\n", m.name.c_str(), stage, worst);
   }

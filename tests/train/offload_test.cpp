@@ -142,7 +142,8 @@ TEST(OptimizerOffload, LossesBitwiseThoseOfTheResidentOptimizerAndEveryTierMeasu
           // chunks at least once.
           const RunConfig base = tiny(model, precision, optimizer, chunk == 0 ? 10 : 4);
           const nlohmann::json resident = train(base);
-          const bool disk_turn = (model == "llama-tiny") != (precision == Precision::bf16) != (optimizer == OptimizerKind::adamw8bit);
+          const bool disk_turn =
+              ((model == "llama-tiny") != (precision == Precision::bf16)) != (optimizer == OptimizerKind::adamw8bit);
           for (Tier tier : {Tier::host, Tier::disk}) {
             if (chunk != 0 && (tier == Tier::disk) != disk_turn) continue;
             SCOPED_TRACE(fmt::format("{} {} {} {} chunk {}", model, precision_name(precision),

@@ -141,9 +141,9 @@ void expect_matches_single_rank(const Policy& base, std::initializer_list<int> s
     if (report.contains("loss_scaling") && comm().rank() == 0)
       std::printf("  stage %d: %ld steps skipped for overflow\n", stage,
                   long(report["loss_scaling"]["skipped_steps"].get<int64_t>()));
-    // With two ranks every reduction adds two numbers, the same sum whichever collective does
-    // it: without clipping (whose sharded norm adds partials in another order) the sharded
-    // stages must reproduce stage 0 bit for bit. Under 8-bit AdamW this is the check that no
+    // On a power-of-two world every element is summed as the same pairwise tree, whichever
+    // collective does it: without clipping (whose sharded norm adds partials in another order)
+    // the sharded stages must reproduce stage 0 bit for bit. Under 8-bit AdamW this is the check that no
     // quantization block straddles two ranks.
     if (stage == 0) stage0 = t;
     else if (stage0 && pairwise_sums() && base.grad_clip == 0) {
@@ -218,8 +218,8 @@ TEST(Zero, OverlappedCommunicationGivesTheBlockingRunsBits) {
 
 // `--save` of a data-parallel run writes the whole model from the shards (masters and ZeRO-3
 // parameter shards gathered): the same tensors as plain data parallelism (stage 0) writes,
-// bit for bit on two ranks (where every reduction adds the same two numbers), within fp32
-// rounding of 20 steps on four. Both fp32 and bf16 (gathered fp32 masters).
+// bit for bit on power-of-two worlds (where every collective sums an element as the same
+// pairwise tree), within fp32 rounding of 20 steps on others. Both fp32 and bf16 (gathered fp32 masters).
 TEST(Zero, SavedWholeWeightsEqualPlainDataParallelism) {
   int32_t id = int32_t(getpid());
   comm().broadcast(&id, 1, DType::i32, 0);
