@@ -278,7 +278,7 @@ DeepSpeedPeak predict_deepspeed_peak(const ModelSpec& spec, const DeepSpeedStep&
     // stage3_max_reuse_distance elements is not released after its forward
     // (partitioned_param_coordinator.py): with the defaults (1e9) every gathered parameter, up to
     // stage3_max_live_parameters, stays whole from its forward to its backward; otherwise about
-    // one prefetch bucket and the largest tensor are. One rank holds every parameter whole.
+    // one prefetch bucket and the largest tensor are. Every rank holds them whole.
     if (N > 1) {
       const double sharded = P - persistent, largest = double(*std::max_element(tensors.begin(), tensors.end()));
       const double live = z.max_reuse_distance >= int64_t(sharded)
