@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "fit/compare.hpp"
 #include "fit/fit_search.hpp"
+#include "fit/framework_deepspeed.hpp"
 #include "fit/framework_pytorch.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/speed_probe.hpp"
@@ -59,8 +60,13 @@ HardwarePlanOptions::HardwarePlanOptions(CLI::App& plan) : app_(plan) {
   plan.add_option("--framework", framework_,
                   "memfit (default): memfit's plan; pytorch: the peak tensor bytes of the same step in HF transformers "
                   "+ PyTorch (--recompute full: gradient checkpointing, --precision bf16: bf16 autocast; with --fit: "
-                  "only configurations whose PyTorch peak fits are searched, flash as sdpa and plain as eager)")
-      ->check(CLI::IsMember({"memfit", "pytorch"}));
+                  "only configurations whose PyTorch peak fits are searched, flash as sdpa and plain as eager); "
+                  "deepspeed: the per-rank peak of the same step under DeepSpeed 0.19 ZeRO (--zero, --world-size, "
+                  "--precision; buckets from --deepspeed-config or --config, else DeepSpeed's defaults)")
+      ->check(CLI::IsMember({"memfit", "pytorch", "deepspeed"}));
+  plan.add_option("--deepspeed-config", deepspeed_config_,
+                  "--framework deepspeed: a DeepSpeed JSON config whose zero_optimization sizes, overlap_comm, "
+                  "bf16/fp16, optimizer.params.torch_adam and train_micro_batch_size_per_gpu the prediction takes");
   plan.add_option("--torch-attention", torch_attention_,
                   "--framework pytorch: HF's attn_implementation, eager or sdpa (default sdpa, as transformers; with --fit: "
                   "only configurations of that attention, else either)")
@@ -71,7 +77,7 @@ bool HardwarePlanOptions::requested(const RunConfig&) const {
   const bool other_hardware = hardware_ != "cpu";
   for (const char* flag : {"--hardware", "--hardware-file", "--hardware-set", "--device-memory", "--gpus-per-node",
                            "--nodes", "--fit", "--compare", "--emit", "--efficiency", "--comm-overlap", "--headroom",
-                           "--framework", "--torch-attention"})
+                           "--framework", "--torch-attention", "--deepspeed-config"})
     if (app_.get_option(flag)->count() > 0) return true;
   return other_hardware;
 }
@@ -111,6 +117,71 @@ int print_pytorch_peak(const ModelSpec& spec, const Policy& p, std::optional<Tor
   return 0;
 }
 
+// DeepSpeed's settings for --framework deepspeed: memfit's zero_optimization bounds when its
+// --config gave them, then a --deepspeed-config file's own keys (which may also set the stage,
+// precision and micro-batch).
+DeepSpeedStep deepspeed_settings(const RunConfig& config, const std::string& ds_file, DeepSpeedStep st) {
+  const RunConfig::ZeroBounds& zb = config.zero_bounds;
+  if (zb.reduce_bucket) st.zero.reduce_bucket_size = zb.reduce_bucket;
+  if (zb.allgather_bucket) st.zero.allgather_bucket_size = zb.allgather_bucket;
+  if (zb.prefetch_bucket) st.zero.prefetch_bucket_size = zb.prefetch_bucket;
+  if (zb.max_live_parameters) st.zero.max_live_parameters = zb.max_live_parameters;
+  if (ds_file.empty()) return st;
+  std::ifstream f(ds_file);
+  MEMFIT_CHECK(f.good(), "cli", "cannot open DeepSpeed config '{}'", ds_file);
+  try {
+    apply_deepspeed_json(nlohmann::json::parse(f), st);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("framework", fmt::format("{}: not valid JSON ({})", ds_file, e.what()));
+  }
+  return st;
+}
+
+int print_deepspeed_step(const ModelSpec& spec, const DeepSpeedStep& st, bool as_json, nlohmann::json j,
+                         std::ostream& out) {
+  const DeepSpeedPeak peak = predict_deepspeed_peak(spec, st);
+  if (!as_json) {
+    out << format_deepspeed_peak(spec, st, peak);
+    return 0;
+  }
+  j["deepspeed"] = deepspeed_peak_json(st, peak);
+  out << j.dump(2) << "\n";
+  return 0;
+}
+
+// Without --fit: the step memfit's flags give (on --world-size ranks), then the DeepSpeed
+// config's keys over it.
+int print_deepspeed_peak(const RunConfig& config, const std::string& ds_file, int world, const std::string& attention,
+                         bool as_json, std::ostream& out) {
+  std::string why;
+  const std::optional<DeepSpeedStep> st =
+      deepspeed_step_for(config.policy, std::max(world, 1), parse_torch_attention(attention), why);
+  MEMFIT_CHECK(st.has_value(), "framework", "--framework deepspeed does not model {}", why);
+  return print_deepspeed_step(resolve_model(config.model), deepspeed_settings(config, ds_file, *st), as_json, {}, out);
+}
+
+// --fit --framework pytorch|deepspeed (only candidates of `attention` when given); for DeepSpeed
+// the search judges every candidate under the config's sizes (each its own stage).
+void set_framework_fit(bool torch, const RunConfig& config, const std::string& ds_file, const std::string& attention,
+                       FitOptions& fo) {
+  fo.framework = torch ? FitFramework::pytorch : FitFramework::deepspeed;
+  if (!attention.empty()) fo.torch_attention = parse_torch_attention(attention);
+  if (torch) return;
+  const DeepSpeedStep settings = deepspeed_settings(config, ds_file, {});
+  fo.deepspeed_zero = settings.zero, fo.deepspeed_torch_adam = settings.torch_adam;
+}
+
+// The --fit winner, as the search judged it.
+int print_deepspeed_winner(const ModelSpec& spec, const RunConfig& config, const std::string& ds_file,
+                           const Policy& winner, int world, bool as_json, nlohmann::json j, std::ostream& out) {
+  FitOptions fo;
+  set_framework_fit(false, config, ds_file, "", fo);
+  std::string why;
+  const std::optional<DeepSpeedStep> st = fit_deepspeed_step(winner, world, fo, why);
+  MEMFIT_CHECK(st.has_value(), "framework", "--framework deepspeed does not model {}", why);
+  return print_deepspeed_step(spec, *st, as_json, std::move(j), out);
+}
+
 void emit_deepspeed(const Policy& policy, double lr, const std::string& path, bool as_json, nlohmann::json& j,
                     std::ostream& out) {
   std::ofstream f(path);
@@ -142,10 +213,11 @@ Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
 }  // namespace
 
 int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
-  const bool torch = framework_ == "pytorch";
-  if (torch && !fit_)  // a closed form of the shapes: no hardware, no program
-    return print_pytorch_peak(resolve_model(config.model), config.policy, parse_torch_attention(torch_attention_),
-                              as_json, {}, out);
+  const bool torch = framework_ == "pytorch", ds = framework_ == "deepspeed";
+  if ((torch || ds) && !fit_)  // a closed form of the shapes: no hardware, no program
+    return torch ? print_pytorch_peak(resolve_model(config.model), config.policy,
+                                      parse_torch_attention(torch_attention_), as_json, {}, out)
+                 : print_deepspeed_peak(config, deepspeed_config_, world_size_, torch_attention_, as_json, out);
   Hardware hw = hardware_preset(hardware_);
   std::set<std::string> given;  // hardware fields the user set
   if (!hardware_file_.empty()) {
@@ -187,7 +259,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
   MEMFIT_CHECK(comm_overlap_ >= 0 && comm_overlap_ <= 1, "hardware", "--comm-overlap must be in [0, 1] (got {})",
                comm_overlap_);
   // PyTorch's caching allocator rounds and caches more than memfit's plan leaves to chance.
-  const double headroom = app_.get_option("--headroom")->count() > 0 ? headroom_ : torch && fit_ ? 0.10 : 0.05;
+  const double headroom = app_.get_option("--headroom")->count() > 0 ? headroom_ : (torch || ds) && fit_ ? 0.10 : 0.05;
   MEMFIT_CHECK(headroom >= 0 && headroom < 1, "hardware", "--headroom must be in [0, 1) (got {})", headroom);
   MEMFIT_CHECK(emit_.empty() || emit_[0] == "deepspeed", "cli", "--emit supports 'deepspeed FILE' (got '{}')",
                emit_.empty() ? "" : emit_[0]);
@@ -216,9 +288,8 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     fo.max_batch = max_batch_;
     fo.keep = keep_;
     fo.headroom = headroom;
-    if (torch) fo.framework = FitFramework::pytorch;
-    if (torch && app_.get_option("--torch-attention")->count())
-      fo.torch_attention = parse_torch_attention(torch_attention_);
+    const bool attention_given = app_.get_option("--torch-attention")->count() > 0;
+    if (torch || ds) set_framework_fit(torch, config, deepspeed_config_, attention_given ? torch_attention_ : "", fo);
     const FitResult r = fit_search(spec, policy, cluster, eo, fo);
     if (as_json) j["fit"] = fit_json(r, cluster, budget, eo);
     else out << fmt::format("memfit plan --fit: model {} ({} parameters), sequence {}\n", spec.name,
@@ -229,8 +300,9 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
                  spec.name, format_bytes(usable), 100 * headroom, format_bytes(budget), cluster.world_size(), hw.name);
     policy = r.ranked.front().policy;
   }
-  if (torch && !emit_.empty()) emit_deepspeed(policy, config.lr, emit_[1], as_json, j, out);
+  if ((torch || ds) && !emit_.empty()) emit_deepspeed(policy, config.lr, emit_[1], as_json, j, out);
   if (torch) return print_pytorch_peak(spec, policy, std::nullopt, as_json, j, out);
+  if (ds) return print_deepspeed_winner(spec, config, deepspeed_config_, policy, cluster.world_size(), as_json, j, out);
   const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo);
   RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
   plan_every_rank(spec, policy, cluster, eo, e);  // the budget is checked on the largest

@@ -1,6 +1,7 @@
 // `memfit plan` on hardware this machine is not: --hardware, --gpus-per-node, --nodes or
-// --world-size, ZeRO and offload policies, --fit, --compare and --emit; and --framework pytorch
-// (the same step's peak in HF transformers + PyTorch, fit/framework_pytorch.hpp). Registered on the plan
+// --world-size, ZeRO and offload policies, --fit, --compare and --emit; and --framework pytorch|deepspeed
+// (the same step's peak in HF transformers + PyTorch or DeepSpeed, fit/framework_pytorch.hpp,
+// fit/framework_deepspeed.hpp). Registered on the plan
 // subcommand next to RunOptions; main.cpp hands the run to it when any of these is given.
 #pragma once
 
@@ -36,6 +37,7 @@ class HardwarePlanOptions {
   double headroom_ = 0.05;                    // share of the budget a plan leaves free
   bool fit_ = false, compare_ = false;
   std::string framework_ = "memfit", torch_attention_ = "sdpa";  // --framework, --torch-attention
+  std::string deepspeed_config_;                                  // --deepspeed-config
   int64_t global_batch_ = 0, max_batch_ = 64;
   int keep_ = 5;
   std::vector<std::string> emit_;

@@ -90,6 +90,20 @@ class Planner {
   int planned_ = 0;
 };
 
+}  // namespace
+
+std::optional<DeepSpeedStep> fit_deepspeed_step(const Policy& p, int world, const FitOptions& o, std::string& why) {
+  std::optional<DeepSpeedStep> st = deepspeed_step_for(p, world, std::nullopt, why);
+  if (!st) return st;
+  const int stage = st->zero.stage;
+  st->zero = o.deepspeed_zero;
+  st->zero.stage = stage;
+  st->torch_adam = o.deepspeed_torch_adam;
+  return st;
+}
+
+namespace {
+
 // Whether a candidate fits, and the bytes that decided it: memfit's plan of it (the largest
 // rank's, fixed runtime bytes included), or the predicted PyTorch peak of the same step plus the
 // same fixed runtime bytes (the framework's context and workspaces are no tensors either way).
@@ -102,6 +116,18 @@ class Judge {
   std::string refuses(const Policy& p) const {
     if (o_.framework == FitFramework::memfit) return "";
     std::string why;
+    if (o_.framework == FitFramework::deepspeed) {
+      const std::optional<DeepSpeedStep> d = fit_deepspeed_step(p, cluster_.world_size(), o_, why);
+      if (!d) return why;
+      if (o_.torch_attention && d->torch.attention != *o_.torch_attention)
+        return fmt::format("attention other than --torch-attention {}", torch_attention_name(*o_.torch_attention));
+      try {
+        predict_deepspeed_peak(spec_, *d);
+      } catch (const Error& e) {
+        return e.what();
+      }
+      return "";
+    }
     const std::optional<TorchStep> st = torch_step_for(p, cluster_.world_size(), std::nullopt, why);
     if (!st) return why;
     if (o_.torch_attention && st->attention != *o_.torch_attention)
@@ -115,6 +141,7 @@ class Judge {
   }
   uint64_t bytes(const Policy& q, const RankEstimate& e) const {
     if (o_.framework == FitFramework::memfit) return e.device_bytes_of_largest_rank();
+    if (o_.framework == FitFramework::deepspeed) return ds_peak(q).peak + cluster_.fixed_overhead_bytes();
     return torch_peak(q).peak + cluster_.fixed_overhead_bytes();
   }
   uint64_t framework_bytes(const Policy& q, const RankEstimate& e) const {
@@ -122,6 +149,20 @@ class Judge {
   }
   Overflow check(const Policy& q, const RankEstimate& e) const {
     if (o_.framework == FitFramework::memfit) return check_fit(e, cluster_, budget_);
+    if (o_.framework == FitFramework::deepspeed) {
+      const DeepSpeedPeak d = ds_peak(q);
+      Overflow o;
+      const uint64_t need = d.peak + cluster_.fixed_overhead_bytes();
+      if (need <= budget_) return o;
+      o.excess = need - budget_;
+      const std::pair<uint64_t, Category> parts[] = {{d.parameters, Category::parameters},
+                                                     {d.master + d.optimizer_state, Category::optimizer_state},
+                                                     {d.gradients, Category::gradients},
+                                                     {d.buckets, Category::communication},
+                                                     {d.activations, Category::activations}};
+      o.category = std::max_element(std::begin(parts), std::end(parts))->second;
+      return o;
+    }
     const TorchPeak t = torch_peak(q);
     Overflow o;
     const uint64_t need = t.peak + cluster_.fixed_overhead_bytes();
@@ -137,6 +178,12 @@ class Judge {
   }
 
  private:
+  DeepSpeedPeak ds_peak(const Policy& q) const {
+    std::string why;
+    const std::optional<DeepSpeedStep> st = fit_deepspeed_step(q, cluster_.world_size(), o_, why);
+    MEMFIT_ASSERT(st.has_value(), "a refused family was searched: {}", why);
+    return predict_deepspeed_peak(spec_, *st);
+  }
   TorchPeak torch_peak(const Policy& q) const {
     std::string why;
     const std::optional<TorchStep> st = torch_step_for(q, cluster_.world_size(), std::nullopt, why);
@@ -430,15 +477,18 @@ std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
                      "(in this order, less of: parameter offload, optimizer offload, 8-bit state, ZeRO stage, "
                      "recomputation, mixed precision, flash attention)\n",
                      100 * r.tie_tolerance);
-  const bool torch = r.framework == FitFramework::pytorch;
+  const bool torch = r.framework != FitFramework::memfit, ds = r.framework == FitFramework::deepspeed;
   if (torch)
-    out += "fits by the predicted peak of the same step in HF transformers + PyTorch (--framework pytorch) plus the "
-           "fixed runtime bytes; tokens/s are memfit's estimate\n";
+    out += fmt::format("fits by the predicted peak of the same step in {} plus the fixed runtime bytes; tokens/s are "
+                       "memfit's estimate\n",
+                       ds ? "DeepSpeed ZeRO (--framework deepspeed)"
+                          : "HF transformers + PyTorch (--framework pytorch)");
   if (!r.skipped.empty()) {
     int n = 0;
     std::string why;
     for (const auto& [reason, count] : r.skipped) n += count, why += fmt::format("{}{} {}", why.empty() ? "" : "; ", count, reason);
-    out += fmt::format("skipped {} families the PyTorch prediction does not model: {}\n", n, why);
+    out += fmt::format("skipped {} families the {} prediction does not model: {}\n", n, ds ? "DeepSpeed" : "PyTorch",
+                       why);
   }
   if (r.ranked.empty()) out += "nothing fits\n";
   for (size_t i = 0; i < r.ranked.size(); ++i) {
@@ -448,7 +498,7 @@ std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
                        "({:.1f}% of {}; peak at '{}')\n",
                        i == 0 ? "winner:" : fmt::format("{:>6}.", i + 1), f.family, f.policy.batch, f.policy.seq,
                        f.policy.grad_accum, f.estimate.tokens_per_second, f.estimate.step_seconds, format_bytes(bytes),
-                       torch ? " in PyTorch" : "", budget ? 100.0 * double(bytes) / double(budget) : 0.0,
+                       torch ? (ds ? " in DeepSpeed" : " in PyTorch") : "", budget ? 100.0 * double(bytes) / double(budget) : 0.0,
                        format_bytes(budget), torch ? "memfit's plan: " + f.estimate.peak_op_name : f.estimate.peak_op_name);
     if (f.changes_training)
       out += fmt::format("        changes what trains: only LoRA adapters (rank {}) on the frozen base{}; nothing that "
@@ -489,7 +539,9 @@ nlohmann::json fit_json(const FitResult& r, const Cluster& c, uint64_t budget, c
           {"families", r.families}, {"programs_planned", r.programs_planned},
           {"pruned", r.pruned},         {"seconds", r.seconds},   {"ranked", ranked},
           {"rejected", rejected},
-          {"framework", r.framework == FitFramework::pytorch ? "pytorch" : "memfit"},
+          {"framework", r.framework == FitFramework::pytorch     ? "pytorch"
+                        : r.framework == FitFramework::deepspeed ? "deepspeed"
+                                                                 : "memfit"},
           {"skipped", r.skipped}};
 }
 

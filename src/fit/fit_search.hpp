@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "fit/estimate.hpp"
+#include "fit/framework_deepspeed.hpp"
 #include "fit/framework_pytorch.hpp"
 
 namespace memfit {
@@ -33,7 +34,8 @@ namespace memfit {
 // What decides whether a candidate fits: memfit's own plan of it, or the peak the same step has
 // in HF transformers + PyTorch (fit/framework_pytorch.hpp), the fixed runtime bytes added. A
 // user who takes the winner to PyTorch needs the second: its peak is elsewhere and higher.
-enum class FitFramework : uint8_t { memfit, pytorch };
+// deepspeed: the same step's per-rank peak under DeepSpeed ZeRO (fit/framework_deepspeed.hpp).
+enum class FitFramework : uint8_t { memfit, pytorch, deepspeed };
 
 struct FitOptions {
   uint64_t budget = 0;         // device bytes per rank; 0: the hardware's memory
@@ -50,7 +52,14 @@ struct FitOptions {
   // pytorch: only candidates whose attention is this HF attn_implementation (flash is sdpa,
   // plain is eager); empty: either.
   std::optional<TorchAttention> torch_attention;
+  // deepspeed: zero_optimization's sizes and overlap_comm (the stage is each candidate's) and
+  // whether the optimizer is torch's AdamW; DeepSpeed's defaults unless a config gave them.
+  DeepSpeedZero deepspeed_zero;
+  bool deepspeed_torch_adam = false;
 };
+
+// The DeepSpeed step a candidate is under FitOptions' DeepSpeed settings; empty with `why`.
+std::optional<DeepSpeedStep> fit_deepspeed_step(const Policy& p, int world, const FitOptions& o, std::string& why);
 
 // Device bytes per rank a candidate may plan, fixed runtime bytes included: (1 - headroom) x
 // budget, rounded down.
