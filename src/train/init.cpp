@@ -31,9 +31,13 @@ void draw_values(const ParamEntry& e, uint64_t base, int64_t first, std::span<fl
   for (int64_t c = first / kStream; c < (end + kStream - 1) / kStream; ++c) {
     Rng rng(base + uint64_t(c) * 0x9E3779B97F4A7C15ull);
     const int64_t stop = std::min(end, (c + 1) * kStream);
-    for (int64_t i = c * kStream; i < stop; ++i)
-      x[size_t(i - first)] =
+    for (int64_t i = c * kStream; i < stop; ++i) {
+      // A range may start inside a stream (a quantised weight's pieces start anywhere): the
+      // stream's earlier values are drawn and dropped, so every element keeps its value.
+      const float v =
           float(uniform ? (2.0 * rng.uniform() - 1.0) * double(e.init_std) : rng.normal() * double(e.init_std));
+      if (i >= first) x[size_t(i - first)] = v;
+    }
   }
 }
 
@@ -47,10 +51,12 @@ void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, T
     if (only && !only(e)) continue;
     const uint64_t base = derive_seed(seed, e.name);
     if (is_quantized_param(e)) {
-      // Drawn whole (the same values as unquantised, stream by stream), then quantised.
-      std::vector<float> whole(size_t(p.param_numel(e)));
-      draw_values(e, base, 0, whole);
-      store_quantized_parameter(ex, e, whole, staging);
+      // Drawn a chunk at a time (the same values as unquantised, stream by stream) as the
+      // quantiser asks: a whole fp32 copy of the largest weight (46 MiB for a TinyLlama
+      // gate_proj) would lift the process's peak RSS above its plan.
+      store_quantized_parameter(ex, e, ParameterValues([&](int64_t first, std::span<float> out) {
+        draw_values(e, base, first, out);
+      }), staging);
       continue;
     }
     require_float_values(e);

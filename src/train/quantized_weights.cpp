@@ -85,16 +85,24 @@ void store_quantized_parameter(Executor& ex, const ParamEntry& e, const SegmentV
   }
 }
 
+void store_quantized_parameter(Executor& ex, const ParamEntry& e, const ParameterValues& values,
+                               TensorStaging& staging) {
+  const QuantizedParam qp = quantized_param_of(ex.program(), e);
+  std::vector<int64_t> starts{0};  // each piece's first element in the parameter
+  for (int64_t rows : qp.segments) starts.push_back(starts.back() + rows * qp.cols);
+  store_quantized_parameter(ex, e, [&](size_t s, int64_t first, std::span<float> out) {
+    values(starts[s] + first, out);
+  }, staging);
+}
+
 void store_quantized_parameter(Executor& ex, const ParamEntry& e, std::span<const float> values,
                                TensorStaging& staging) {
   const QuantizedParam qp = quantized_param_of(ex.program(), e);
   MEMFIT_CHECK(int64_t(values.size()) == qp.rows * qp.cols, "train", "parameter '{}': {} values for a [{}, {}] weight",
                e.name, values.size(), qp.rows, qp.cols);
-  std::vector<int64_t> starts{0};  // each piece's first element in the parameter
-  for (int64_t rows : qp.segments) starts.push_back(starts.back() + rows * qp.cols);
-  store_quantized_parameter(ex, e, [&](size_t s, int64_t first, std::span<float> out) {
-    std::copy_n(values.begin() + starts[s] + first, out.size(), out.begin());
-  }, staging);
+  store_quantized_parameter(ex, e, ParameterValues([&](int64_t first, std::span<float> out) {
+    std::copy_n(values.begin() + first, out.size(), out.begin());
+  }), staging);
 }
 
 }  // namespace memfit

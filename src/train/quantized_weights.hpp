@@ -30,8 +30,15 @@ using SegmentValues = std::function<void(size_t segment, int64_t first, std::spa
 // order. The chunks lie in staging.values(); `values` may use staging.gather() but not raw().
 void store_quantized_parameter(Executor& ex, const ParamEntry& e, const SegmentValues& values, TensorStaging& staging);
 
-// The same from all of the parameter's values at once (memfit's row order): initialisation,
-// whose random streams are drawn per parameter, not per piece.
+// Elements [first, first + out.size()) of the whole parameter, in memfit's row order.
+using ParameterValues = std::function<void(int64_t first, std::span<float> out)>;
+
+// The same, asking for chunks of the whole parameter: initialisation, whose random streams are
+// drawn per parameter, not per piece, and can draw any range (no copy of the weight is made).
+void store_quantized_parameter(Executor& ex, const ParamEntry& e, const ParameterValues& values,
+                               TensorStaging& staging);
+
+// The same from all of the parameter's values at once.
 void store_quantized_parameter(Executor& ex, const ParamEntry& e, std::span<const float> values,
                                TensorStaging& staging);
 
