@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
-#include "fit/framework_pytorch_table.hpp"
 
 namespace memfit {
 
@@ -131,62 +130,6 @@ std::vector<int64_t> parameter_tensors(const ModelSpec& s) {
   return t;
 }
 
-namespace tm = torch_model;
-
-// The live bytes of HF's step at each allocation that can be its forward/backward peak, from the
-// PyTorch prediction's table (fit/framework_pytorch_table.hpp), evaluated here because
-// predict_pytorch_peak reports only the step's overall peak, which for large models is AdamW's
-// and says nothing of the activations. Shape products and the variant key as
-// framework_pytorch.cpp forms them.
-double product(tm::Mono m, const ModelSpec& s, const TorchStep& st) {
-  const double B = double(st.batch), T = double(st.seq), N = B * T, C = double(s.n_embd), H = double(s.n_head);
-  const double KV = double(s.n_kv_head), D = double(s.head_dim()), I = double(s.n_inner), V = double(s.vocab_size);
-  switch (m) {
-    case tm::NC: return N * C;
-    case tm::NI: return N * I;
-    case tm::BHTT: return B * H * T * T;
-    case tm::NV: return N * V;
-    case tm::VC: return V * C;
-    case tm::N: return N;
-    case tm::BHT: return B * H * T;
-    case tm::TD: return T * D;
-    case tm::NKVD: return N * KV * D;
-    case tm::BTT: return B * T * T;
-    case tm::TT: return T * T;
-    case tm::CC: return C * C;
-    case tm::CI: return C * I;
-    case tm::NPC: return double(s.max_seq) * C;
-    case tm::CKVD: return C * KV * D;
-    case tm::KVD: return KV * D;
-    case tm::C: return C;
-    case tm::I: return I;
-    case tm::V: return V;
-    case tm::T: return T;
-    case tm::D: return D;
-    case tm::TC: return T * C;
-    case tm::NH: return N * H;
-    case tm::BKVTT: return B * KV * T * T;
-    case tm::HTT: return H * T * T;
-    case tm::B: return B;
-    case tm::One: return 1;
-    case tm::kMonos: break;
-  }
-  return 0;
-}
-
-tm::Variant variant_of(const ModelSpec& s, const TorchStep& st) {
-  tm::Variant v;
-  v.llama = s.arch == Arch::llama;
-  v.eager = st.attention == TorchAttention::eager;
-  v.checkpointing = st.checkpointing;
-  v.bf16 = st.autocast_bf16;
-  v.batch1 = st.batch == 1;
-  v.mqa = v.llama && s.n_kv_head == 1 && s.n_head > 1 && st.batch == 1;
-  v.gqa = v.llama && s.n_kv_head < s.n_head && !v.mqa;
-  v.tied = v.llama && s.tied_embeddings;
-  return v;
-}
-
 // HF's activations at their largest, without PyTorch's parameter-shaped tensors (its gradients
 // and autocast's weight copies), which are DeepSpeed's here: the token ids plus the largest
 // forward or backward entry. A half-precision model is predicted by the bf16 autocast step: HF
@@ -194,20 +137,7 @@ tm::Variant variant_of(const ModelSpec& s, const TorchStep& st) {
 uint64_t activations(const ModelSpec& spec, const DeepSpeedStep& st) {
   TorchStep t = st.torch;
   t.autocast_bf16 = st.precision != DsPrecision::fp32;
-  predict_pytorch_peak(spec, t);  // its coverage checks
-  const tm::Variant v = variant_of(spec, t);
-  const std::vector<tm::Entry>& table = spec.arch == Arch::gpt2 ? tm::gpt2_entries() : tm::llama_entries();
-  double best = 0;
-  for (const tm::Entry& e : table) {
-    if (!(e.variant == v) || e.phase == tm::Phase::saved || (e.two_layers && spec.n_layer < 2)) continue;
-    double bytes = 0;
-    for (const tm::Term& term : e.terms)
-      if (!tm::parameter_shaped(term.mono))
-        bytes += (double(term.once) + double(term.per_extra_layer) * double(spec.n_layer - 1)) *
-                 product(term.mono, spec, t);
-    best = std::max(best, bytes);
-  }
-  return uint64_t(8 * double(t.batch) * double(t.seq) + best);
+  return uint64_t(8 * double(t.batch) * double(t.seq)) + pytorch_activation_peak(spec, t);
 }
 
 struct DsPhase {

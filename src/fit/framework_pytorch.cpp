@@ -119,13 +119,36 @@ const tm::Variant* find_variant(const std::vector<tm::Entry>& table, tm::Variant
 
 }  // namespace
 
-TorchPeak predict_pytorch_peak(const ModelSpec& spec, const TorchStep& step) {
+namespace {
+
+const std::vector<tm::Entry>& covered_table(const ModelSpec& spec, const TorchStep& step, const tm::Variant*& variant) {
   check_covered(spec, step);
   const std::vector<tm::Entry>& table = spec.arch == Arch::gpt2 ? tm::gpt2_entries() : tm::llama_entries();
-  const tm::Variant* variant = find_variant(table, variant_of(spec, step));
+  variant = find_variant(table, variant_of(spec, step));
   MEMFIT_CHECK(variant != nullptr, "framework", "no PyTorch memory model for this combination of attention {}, "
                "checkpointing {}, autocast {}", torch_attention_name(step.attention), step.checkpointing,
                step.autocast_bf16);
+  return table;
+}
+
+}  // namespace
+
+uint64_t pytorch_activation_peak(const ModelSpec& spec, const TorchStep& step) {
+  const tm::Variant* variant = nullptr;
+  const std::vector<tm::Entry>& table = covered_table(spec, step, variant);
+  const Monos m = monomials(spec, step);
+  double best = 0;
+  for (const tm::Entry& e : table) {
+    if (!(e.variant == *variant) || e.phase == tm::Phase::saved || (e.two_layers && spec.n_layer < 2)) continue;
+    const Value v = evaluate(e.terms, m, spec.n_layer);
+    best = std::max(best, v.total - v.parameter_shaped);
+  }
+  return uint64_t(best);
+}
+
+TorchPeak predict_pytorch_peak(const ModelSpec& spec, const TorchStep& step) {
+  const tm::Variant* variant = nullptr;
+  const std::vector<tm::Entry>& table = covered_table(spec, step, variant);
   const Monos m = monomials(spec, step);
   const TorchParameters params = torch_parameters(spec);
   const double P = 4.0 * double(params.elements), N = double(step.batch) * double(step.seq);

@@ -73,6 +73,12 @@ std::optional<TorchStep> torch_step_for(const Policy& p, int world, std::optiona
 // Throws [framework] for shapes the prediction does not cover.
 TorchPeak predict_pytorch_peak(const ModelSpec& spec, const TorchStep& step);
 
+// The largest live bytes of the forward or backward that are not parameter-shaped (activations
+// and their temporaries, without the token ids), over the prediction's table: what a framework
+// that holds parameters, gradients and optimizer state its own way (DeepSpeed) adds to them.
+// Throws [framework] like predict_pytorch_peak.
+uint64_t pytorch_activation_peak(const ModelSpec& spec, const TorchStep& step);
+
 std::string format_pytorch_peak(const ModelSpec& spec, const TorchStep& step, const TorchPeak& p);
 nlohmann::json pytorch_peak_json(const TorchStep& step, const TorchPeak& p);
 

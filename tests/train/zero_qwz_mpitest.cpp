@@ -27,7 +27,7 @@
 #include <fmt/format.h>
 
 #include "dist/communicator.hpp"
-#include "support/alloc_counter.hpp"
+#include "support/mpi_test.hpp"
 #include "train/trainer.hpp"
 
 namespace memfit {
@@ -36,21 +36,7 @@ namespace {
 constexpr int64_t kSteps = 10;
 constexpr double kTolerance = 1e-2;
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = make_mpi_communicator();
-  return *c;
-}
-
-class AllocWatch final : public RunHooks {
- public:
-  void before_step(int64_t step) override {
-    if (step >= 2) test::alloc_counter_start();
-  }
-  void after_step(int64_t step, float) override {
-    if (step >= 2) allocations += test::alloc_counter_stop().memfit_allocations;
-  }
-  int64_t allocations = 0;
-};
+Communicator& comm() { return test::world(); }
 
 RunConfig config(const std::string& model, Precision precision, bool qwz) {
   RunConfig c;
@@ -77,7 +63,7 @@ struct Run {
 };
 
 Run run(const RunConfig& c) {
-  AllocWatch watch;
+  test::StepAllocations watch;
   std::ostringstream log;
   Run r;
   r.report = run_training(c, log, &watch, &comm());
@@ -163,11 +149,4 @@ TEST(ZeroQwz, CheckpointResumesWithoutQwzOnTheSameRanks) {
 }  // namespace
 }  // namespace memfit
 
-int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
-  if (memfit::comm().rank() != 0) {
-    auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return memfit::test::run_mpi_tests(argc, argv); }
