@@ -115,29 +115,26 @@ class Judge {
   // Why the framework's prediction does not cover the family; empty when it does.
   std::string refuses(const Policy& p) const {
     if (o_.framework == FitFramework::memfit) return "";
-    std::string why;
-    if (o_.framework == FitFramework::deepspeed) {
-      const std::optional<DeepSpeedStep> d = fit_deepspeed_step(p, cluster_.world_size(), o_, why);
-      if (!d) return why;
-      if (o_.torch_attention && d->torch.attention != *o_.torch_attention)
+    // The same attention as asked, and a step the prediction covers (it throws otherwise).
+    auto covered = [&](TorchAttention attention, const auto& predict) -> std::string {
+      if (o_.torch_attention && attention != *o_.torch_attention)
         return fmt::format("attention other than --torch-attention {}", torch_attention_name(*o_.torch_attention));
       try {
-        predict_deepspeed_peak(spec_, *d);
+        predict();
       } catch (const Error& e) {
         return e.what();
       }
       return "";
+    };
+    std::string why;
+    if (o_.framework == FitFramework::deepspeed) {
+      const std::optional<DeepSpeedStep> d = fit_deepspeed_step(p, cluster_.world_size(), o_, why);
+      if (!d) return why;
+      return covered(d->torch.attention, [&] { predict_deepspeed_peak(spec_, *d); });
     }
     const std::optional<TorchStep> st = torch_step_for(p, cluster_.world_size(), std::nullopt, why);
     if (!st) return why;
-    if (o_.torch_attention && st->attention != *o_.torch_attention)
-      return fmt::format("attention other than --torch-attention {}", torch_attention_name(*o_.torch_attention));
-    try {
-      predict_pytorch_peak(spec_, *st);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
+    return covered(st->attention, [&] { predict_pytorch_peak(spec_, *st); });
   }
   uint64_t bytes(const Policy& q, const RankEstimate& e) const {
     if (o_.framework == FitFramework::memfit) return e.device_bytes_of_largest_rank();
