@@ -17,11 +17,11 @@
 //    its --save must equal bit for bit the --save of the run that wrote the checkpoint (fp32
 //    masters under bf16, gathered whole by train/whole_weights.cpp, not by the reader here);
 //  * the continuation: the losses after the resumed step against an uninterrupted run of the
-//    new layout, to 1e-6 relative with fp32 and bf16 weights alike; the largest relative
+//    new layout, to 1e-6 relative (bf16: 3e-5, see kBf16Tolerance); the largest relative
 //    difference is printed per move. The layouts sum the gradients in the same order: 4 ranks
 //    sum every element as (x0 + x1) + (x2 + x3) (recursive halving, dist/mpi_ring.hpp), 2 ranks
 //    the same pairs each in one 2-row product, 1 rank two accumulated 2-row micro-steps. At 4
-//    ranks (measured) 45 of 48 comparisons are bit for bit, bf16 included (the ring this
+//    ranks (measured on an AMX host) 45 of 48 comparisons are bit for bit, bf16 included (the ring this
 //    replaced summed block j as ((x[j+1] + x[j+2]) + x[j+3]) + x[j] and left bf16 6e-6..1.6e-5
 //    apart); the other three, gpt2-tiny fp32 8-bit AdamW 4 -> 2 and 4 -> 1, differ by 1e-7:
 //    the 4-rank run's step-2 weights give another step-3 loss than the 2-rank run's own, so
@@ -65,7 +65,10 @@ struct Case {
   OptimizerKind optimizer;
 };
 
-constexpr double kTolerance = 1e-6;  // relative, fp32 and bf16 weights alike
+// Relative. bf16 is looser: on a host whose oneDNN runs AVX512-BF16 products (no AMX), the
+// layouts' 2-row and 1-row bf16 products round llama-tiny's 8-bit AdamW run apart by step 2,
+// and its 4 -> 1 and 2 -> 4 moves then differ by 7.8e-6 (measured; bit for bit on an AMX host).
+constexpr double kTolerance = 1e-6, kBf16Tolerance = 3e-5;
 
 std::string name_of(const Case& c) {
   return fmt::format("{} {} {}", c.model, precision_name(c.precision), optimizer_name(c.optimizer));
@@ -157,7 +160,8 @@ void reshard(const Case& k, const Layout& from, const Layout& to, const std::str
     ASSERT_EQ(got.size(), 2u);
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_NEAR(got[i], want[i], kTolerance * std::abs(want[i])) << "step " << i + 3;
+      const double bound = k.precision == Precision::bf16 ? kBf16Tolerance : kTolerance;
+      EXPECT_NEAR(got[i], want[i], bound * std::abs(want[i])) << "step " << i + 3;
       worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / std::abs(double(want[i])));
       if (c.rank() == 0)
         std::printf("  %s, %d ranks stage %d -> %d ranks stage %d, step %zu: resumed %.9g, uninterrupted %.9g\n",
