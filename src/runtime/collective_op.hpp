@@ -41,6 +41,7 @@ class CommGroups {
   void add_distinct(Communicator* c);
 
   std::unique_ptr<Communicator> own_world_, data_, tensor_;
+  std::unique_ptr<Communicator> node_, across_nodes_;  // qgZ's two hops
   std::array<Communicator*, kNumCommGroups> groups_{};
   std::array<Communicator*, kNumCommGroups> distinct_{};
   int distinct_count_ = 0;
