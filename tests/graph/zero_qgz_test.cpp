@@ -150,6 +150,26 @@ TEST(ZeroQgz, GradientBytesFallToBitsOver32OfFp32) {
   }
 }
 
+// The last hop's all-to-all is started and waited for later (graph/schedule_async.hpp): its
+// decode waits for the next bucket's gradients, so the exchange overlaps that bucket's backward.
+TEST(ZeroQgz, TheLastHopOverlapsTheNextBucketsBackward) {
+  const ModelSpec spec = model_preset("gpt2-tiny");
+  const Program p = build_training_program(spec, policy(true, 3, 4), topo(0, 2), cpu_capabilities());
+  int start = -1, wait = -1, sum = -1, backward_between = 0;
+  for (int i = 0; i < int(p.ops().size()); ++i) {
+    const Op& op = p.op(i);
+    if (op.name == "zero.reduce_scatter.h1.across_nodes" && op.kind == OpKind::all_to_all) start = i;
+    if (op.name == "zero.reduce_scatter.h1.across_nodes.wait") wait = i;
+    if (op.name == "zero.reduce_scatter.h1.across_nodes.dequantize_sum") sum = i;
+    if (start >= 0 && wait < 0 && op.phase == Phase::backward) ++backward_between;
+  }
+  ASSERT_GE(start, 0);
+  EXPECT_GE(p.op(start).async_id, 0);
+  EXPECT_GT(wait, start);
+  EXPECT_EQ(sum, wait + 1);
+  EXPECT_GT(backward_between, 3) << "the block before h1 runs its backward while h1's gradients travel";
+}
+
 TEST(ZeroQgz, AccumulationDecodesIntoTheBufferThenAdds) {
   const ModelSpec spec = model_preset("gpt2-tiny");
   Policy pol = policy(true, 2, 8);
