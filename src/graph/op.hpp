@@ -142,7 +142,7 @@ enum class OpKind : uint16_t {
                        //   of the ranks decoded parts, rounded once to y's dtype; CommQuantAttrs
 };
 std::string_view op_kind_name(OpKind k);
-// The four collectives (all_reduce, reduce_scatter, all_gather, broadcast); not wait.
+// The collectives (all_reduce, reduce_scatter, all_gather, broadcast, all_to_all); not wait.
 bool is_collective_kind(OpKind k);
 
 // Who runs an op: the backend's kernels, the communicator (collectives), or the transfer

@@ -47,9 +47,8 @@ struct ZeroPass {
   std::vector<TensorId> value_piece{}, grad_piece{};
   std::vector<int> bucket_of{};
   std::map<TensorId, int> param_of_grad{}, param_of_target{};
-  // qgZ (zero_qgz.hpp): the gradient reduce-scatters as quantised all-to-alls over this node
-  // layout; each bucket's last decoding (and accumulation) waits in qgz_later for the next
-  // bucket's reduction, so its last all-to-all overlaps that bucket's backward.
+  // qgZ (zero_qgz.hpp): a bucket's last decode (and accumulation) waits in qgz_later for the
+  // next bucket's reduction, so its last all-to-all overlaps that bucket's backward.
   bool qgz = false;
   int qgz_bits = 4;
   Topology topo{};
@@ -507,14 +506,9 @@ struct ZeroPass {
     const TensorId shard = grad_shard_root[bi];
     if (qgz) {
       flush_qgz(push, s);
-      const TensorId into = k == 1 ? shard
-                                   : add_root("zero.reduce_scatter." + b.tag + ".buffer", L.shard(b),
-                                              p.tensor(shard).dtype, Category::communication, Lifetime::transient,
-                                              b.layer);
-      QgzReduce r = qgz_reduce_scatter(p, L, bi, topo, qgz_bits, grad_root[bi], into);
+      QgzReduce r = qgz_reduce_scatter(p, L, bi, topo, qgz_bits, grad_root[bi], shard, k);
       for (Op& op : r.now) push(std::move(op), s);
       qgz_later = std::move(r.later);
-      if (k > 1) qgz_later.push_back(accumulate_into_shard(bi, into));
       return;
     }
     if (k == 1) {
@@ -528,23 +522,7 @@ struct ZeroPass {
     push(collective(OpKind::reduce_scatter, "zero.reduce_scatter." + b.tag, {grad_root[bi]}, {buf},
                     Phase::communication, b.layer),
          s);
-    push(accumulate_into_shard(bi, buf), s);
-  }
-
-  // With accumulation: the micro-step's reduced shard, in `buf`, added to the shard.
-  Op accumulate_into_shard(size_t bi, TensorId buf) const {
-    const ZeroBucket& b = L.buckets[bi];
-    const TensorId shard = grad_shard_root[bi];
-    Op acc;
-    acc.kind = OpKind::accumulate;
-    acc.phase = Phase::backward;
-    acc.layer = b.layer;
-    acc.name = "zero.accumulate." + b.tag;
-    acc.inputs = {buf};
-    acc.outputs = {shard};
-    acc.modes = {WriteMode::accumulate_after_first_micro};
-    acc.flops = double(L.shard(b));
-    return acc;
+    push(accumulate_shard(L, bi, buf, shard), s);
   }
 
   // Stages 0 and 1: bucket bi's gradients all-reduced (0) or reduce-scattered in place into

@@ -91,8 +91,11 @@ bool qgz_two_hops(const Topology& topo) {
   return h > 1 && h < topo.data;
 }
 
-QgzReduce qgz_reduce_scatter(Program& p, const ZeroLayout& L, size_t bi, const Topology& topo, int bits,
-                             TensorId grads, TensorId out) {
+namespace {
+
+// Into `out`: the shard, or the accumulation's buffer.
+QgzReduce qgz_reduce_scatter_into(Program& p, const ZeroLayout& L, size_t bi, const Topology& topo, int bits,
+                                  TensorId grads, TensorId out) {
   const ZeroBucket& b = L.buckets[bi];
   const int W = L.world_size;
   const int64_t S = L.shard(b);
@@ -112,6 +115,33 @@ QgzReduce qgz_reduce_scatter(Program& p, const ZeroLayout& L, size_t bi, const T
   r.now = std::move(first);
   r.now.insert(r.now.end(), second.begin(), second.end() - 1);
   r.later.push_back(std::move(second.back()));
+  return r;
+}
+
+}  // namespace
+
+Op accumulate_shard(const ZeroLayout& L, size_t bi, TensorId buf, TensorId shard) {
+  const ZeroBucket& b = L.buckets[bi];
+  Op acc;
+  acc.kind = OpKind::accumulate;
+  acc.phase = Phase::backward;
+  acc.layer = b.layer;
+  acc.name = "zero.accumulate." + b.tag;
+  acc.inputs = {buf};
+  acc.outputs = {shard};
+  acc.modes = {WriteMode::accumulate_after_first_micro};
+  acc.flops = double(L.shard(b));
+  return acc;
+}
+
+QgzReduce qgz_reduce_scatter(Program& p, const ZeroLayout& L, size_t bi, const Topology& topo, int bits,
+                             TensorId grads, TensorId shard, int k) {
+  QgzReduce r = qgz_reduce_scatter_into(p, L, bi, topo, bits, grads,
+                                        k == 1 ? shard
+                                               : add_buffer(p, "zero.reduce_scatter." + L.buckets[bi].tag + ".buffer",
+                                                            L.shard(L.buckets[bi]), p.tensor(shard).dtype,
+                                                            L.buckets[bi].layer));
+  if (k > 1) r.later.push_back(accumulate_shard(L, bi, r.later.back().outputs[0], shard));
   return r;
 }
 
