@@ -194,6 +194,12 @@ void RunOptions::add_zero_plus_plus_options(CLI::App& app) {
   add_flag(app, "--zero-quantized-weights",
            "ZeRO++ qwZ at --zero 3: parameters all-gathered as int8 blocks of 256 with fp32 scales",
            [](RunConfig& c, bool v) { c.policy.zero_quantized_weights = v; });
+  add_flag(app, "--zero-quantized-gradients",
+           "ZeRO++ qgZ at --zero 2 or 3: gradients reduce-scattered as int4 (or int8) blocks of 256 with fp32 scales "
+           "through an all-to-all inside each node, then one across nodes",
+           [](RunConfig& c, bool v) { c.policy.zero_quantized_gradients = v; });
+  add<int64_t>(app, "--zero-quantized-gradient-bits", "qgZ's code width: 4 (default, as DeepSpeed) or 8",
+               [](RunConfig& c, int64_t v) { c.policy.zero_quantized_gradient_bits = int(v); });
   add<int64_t>(app, "--ranks-per-node", "consecutive ranks per node, for the intra/inter-node split of the bytes sent "
                "(default: the ranks sharing a node when running, the world for a plan)",
                [](RunConfig& c, int64_t v) { c.ranks_per_node = int(require_in("--ranks-per-node", v, input_range::ranks_per_node)); });

@@ -39,6 +39,9 @@ class Communicator {
   // send holds count elements; recv receives size() * count, rank r's block at r * count.
   virtual CommTicket start_all_gather(const void* send, void* recv, int64_t count, DType dtype) = 0;
   virtual CommTicket start_broadcast(void* data, int64_t count, DType dtype, int root) = 0;
+  // send holds size() * count elements, block r for member r; recv receives member r's block
+  // for this rank at r * count (ZeRO++ qgZ's byte wires). send and recv do not overlap.
+  virtual CommTicket start_all_to_all(const void* send, void* recv, int64_t count, DType dtype) = 0;
   virtual void wait(CommTicket ticket) = 0;
   // Whether any started collective has not been waited for, and a nudge to the transport to
   // advance them: MPI implementations move non-blocking collectives only inside MPI calls, so

@@ -164,6 +164,17 @@ class MpiCommunicator final : public Communicator {
     return t;
   }
 
+  // MPI's own (pairwise exchanges: no reduction, so no copies of the data).
+  CommTicket start_all_to_all(const void* send, void* recv, int64_t count, DType dtype) override {
+    MEMFIT_CHECK(count <= kMaxChunk, "dist", "all-to-all of {} elements per rank exceeds {}", count, kMaxChunk);
+    const CommTicket t = take_slot("all_to_all");
+    LibraryCallScope scope;
+    check(MPI_Ialltoall(send, int(count), mpi_type(dtype), recv, int(count), mpi_type(dtype), comm_,
+                        &slots_[size_t(t)][0]),
+          "MPI_Ialltoall");
+    return t;
+  }
+
   void wait(CommTicket t) override {
     MEMFIT_ASSERT(t >= 0 && t < kSlots && busy_[size_t(t)], "wait on ticket {} that is not pending", t);
     LibraryCallScope scope;

@@ -27,6 +27,10 @@ class SingleProcessCommunicator final : public Communicator {
     MEMFIT_ASSERT(root == 0, "broadcast from rank {} in a world of one", root);
     return 0;
   }
+  CommTicket start_all_to_all(const void* send, void* recv, int64_t count, DType dtype) override {
+    std::memmove(recv, send, dtype_bytes(dtype, count));
+    return 0;
+  }
   void wait(CommTicket) override {}
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override {

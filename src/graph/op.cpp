@@ -68,13 +68,17 @@ std::string_view op_kind_name(OpKind k) {
     MEMFIT_KIND(comm_quantize)
     MEMFIT_KIND(comm_dequantize)
     MEMFIT_KIND(wait)
+    MEMFIT_KIND(all_to_all)
+    MEMFIT_KIND(grad_quantize)
+    MEMFIT_KIND(grad_dequantize_sum)
 #undef MEMFIT_KIND
   }
   MEMFIT_ASSERT(false, "unknown op kind {}", int(k));
 }
 
 bool is_collective_kind(OpKind k) {
-  return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather || k == OpKind::broadcast;
+  return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather || k == OpKind::broadcast ||
+         k == OpKind::all_to_all;
 }
 
 std::string_view engine_name(Engine e) {
@@ -117,6 +121,8 @@ std::string_view comm_group_name(CommGroup g) {
     case CommGroup::world: return "world";
     case CommGroup::data: return "data";
     case CommGroup::tensor: return "tensor";
+    case CommGroup::node: return "node";
+    case CommGroup::across_nodes: return "across_nodes";
   }
   MEMFIT_ASSERT(false, "unknown group {}", int(g));
 }
@@ -124,7 +130,8 @@ std::string_view comm_group_name(CommGroup g) {
 Queue default_queue(OpKind kind, bool outward) {
   switch (kind) {
     case OpKind::all_reduce:
-    case OpKind::reduce_scatter: return Queue::comm_reduce;
+    case OpKind::reduce_scatter:
+    case OpKind::all_to_all: return Queue::comm_reduce;
     case OpKind::all_gather:
     case OpKind::broadcast: return Queue::comm_gather;
     case OpKind::transfer: return outward ? Queue::transfer_out : Queue::transfer_in;

@@ -130,9 +130,19 @@ enum class OpKind : uint16_t {
   wait,                // in [the started op's inputs] out [its outputs] (update): completes the op
                        //   with the same Op::async_id on the same queue; between the two, no op may
                        //   touch those bytes (graph/schedule_async.hpp)
+  // --- ZeRO++ qgZ (graph/zero_qgz.cpp): the quantised gradient reduce-scatter ---
+  all_to_all,          // in [send (u8, size x part)] out [recv (u8, size x part)]: part r of send goes to
+                       //   member r, recv's part r comes from member r; CollectiveAttrs (a collective)
+  grad_quantize,       // in [x (n) float] out [wire (u8, ranks x qgz_wire_bytes(n / ranks))]: the parts, one
+                       //   per destination d, each the chunks (chunk elements) k * ranks + d of x for
+                       //   k = 0 .. n / (ranks chunk) - 1, coded in blocks: int8 or packed int4 codes,
+                       //   then fp32 scales (kernels/cpu/grad_codec.hpp); CommQuantAttrs (block, bits,
+                       //   ranks, chunk, valid)
+  grad_dequantize_sum, // in [wire (u8, ranks parts of n elements each)] out [y (n) float]: the sum in fp32
+                       //   of the ranks decoded parts, rounded once to y's dtype; CommQuantAttrs
 };
 std::string_view op_kind_name(OpKind k);
-// The four collectives (all_reduce, reduce_scatter, all_gather, broadcast); not wait.
+// The collectives (all_reduce, reduce_scatter, all_gather, broadcast, all_to_all); not wait.
 bool is_collective_kind(OpKind k);
 
 // Who runs an op: the backend's kernels, the communicator (collectives), or the transfer
@@ -254,8 +264,11 @@ struct FillAttrs {
 // The ranks a collective runs over (graph/policy.hpp Topology): all of them, the ranks holding
 // the same tensor-parallel slice (data parallelism, ZeRO), or the ranks sharing one model
 // replica (tensor parallelism; adjacent ranks, as Megatron lays them out).
-enum class CommGroup : uint8_t { world, data, tensor };
-inline constexpr int kNumCommGroups = 3;
+// qgZ's two hops (graph/zero_qgz.cpp) add the data ranks on this rank's node (member: data
+// rank % Topology::data_per_node()) and those with its index on every node (member: data rank /
+// data_per_node()).
+enum class CommGroup : uint8_t { world, data, tensor, node, across_nodes };
+inline constexpr int kNumCommGroups = 5;
 std::string_view comm_group_name(CommGroup g);  // "world", "data", "tensor"
 struct CollectiveAttrs {
   CommGroup group = CommGroup::world;
@@ -269,9 +282,16 @@ struct CommQuantAttrs {
   int64_t block = 256;
   int ranks = 1;
   std::vector<std::pair<int64_t, int64_t>> valid;
+  int bits = 8;        // qgZ: 8 or 4 (two codes a byte)
+  int64_t chunk = 0;   // grad_quantize: elements of one chunk (op.hpp, grad_quantize)
 };
 // Bytes of the int8 wire of n elements: the codes, then one fp32 scale per block.
 inline constexpr uint64_t comm_wire_bytes(int64_t n, int64_t block) { return uint64_t(n) + 4 * uint64_t(n / block); }
+// Bytes of one part of qgZ's wire of n elements: int8 codes (bits 8) or two int4 codes a byte
+// (bits 4, the odd one last alone), then one fp32 scale per block (the last one may be partial).
+inline constexpr uint64_t qgz_wire_bytes(int64_t n, int64_t block, int bits) {
+  return (bits == 4 ? uint64_t(n + 1) / 2 : uint64_t(n)) + 4 * uint64_t((n + block - 1) / block);
+}
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
                              ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs, ColumnsAttrs,
                              DropoutAttrs, QuantLinearAttrs, CachedAttentionAttrs, CommQuantAttrs>;

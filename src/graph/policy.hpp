@@ -4,6 +4,7 @@
 // Topology: where the program runs (data- and tensor-parallel degrees, this rank).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -116,6 +117,11 @@ struct Policy {
   // > 0: add the "generate" section (graph/inference_program.hpp) for a prompt of this many
   // tokens and a KV cache of sample_capacity positions (train --sample-every).
   int64_t sample_prompt = 0, sample_capacity = 0;
+  // ZeRO++ qgZ (DeepSpeed's zero_quantized_gradients, stages 2-3): each bucket's gradient
+  // reduce-scatter becomes blockwise int4 (or int8) all-to-alls, one inside each node and one
+  // across nodes, summed in fp32 between them (graph/zero_qgz.cpp).
+  bool zero_quantized_gradients = false;
+  int zero_quantized_gradient_bits = 4;
 };
 
 // world = data x tensor ranks. Tensor-parallel ranks are adjacent, as Megatron lays them out:
@@ -128,6 +134,10 @@ struct Topology {
   int world() const { return data * tensor; }
   int data_rank() const { return rank / tensor; }
   int tensor_rank() const { return rank % tensor; }
+  int ranks_per_node = 0;  // consecutive world ranks per node; 0: every rank on one node
+  // Data-parallel ranks per node (qgZ's first hop): data ranks d and e share a node when d / it
+  // == e / it. The data degree when everything is on one node.
+  int data_per_node() const { return ranks_per_node <= 0 ? data : std::max(1, std::min(data, ranks_per_node / tensor)); }
 };
 
 }  // namespace memfit

@@ -44,6 +44,24 @@ void check_step_sizes(const ModelSpec& spec, const Policy& p) {
                format_bytes(kMaxTierBytes));
 }
 
+// ZeRO++ qgZ (graph/zero_qgz.cpp): the sharded gradient reduce-scatter, quantised.
+void check_quantized_gradients(const Policy& p, const Topology& topo) {
+  if (!p.zero_quantized_gradients) return;
+  MEMFIT_CHECK(p.zero_stage >= 2, "policy",
+               "zero_quantized_gradients (ZeRO++ qgZ) quantises the gradient reduce-scatter of ZeRO stages 2 and 3 "
+               "(got stage {})", p.zero_stage);
+  MEMFIT_CHECK(topo.data > 1, "policy",
+               "zero_quantized_gradients (ZeRO++ qgZ) needs a data-parallel degree above 1 (got {})", topo.data);
+  MEMFIT_CHECK(p.zero_quantized_gradient_bits == 4 || p.zero_quantized_gradient_bits == 8, "policy",
+               "zero_quantized_gradient_bits must be 4 or 8 (got {})", p.zero_quantized_gradient_bits);
+  const int h = topo.data_per_node();
+  MEMFIT_CHECK(h <= 1 || h >= topo.data || topo.data % h == 0, "policy",
+               "zero_quantized_gradients: {} data-parallel ranks per node do not divide the data degree {} (qgZ's "
+               "second hop pairs each rank with one on every node)", h, topo.data);
+  MEMFIT_CHECK(p.offload_optimizer == Tier::device && p.offload_params == Tier::device, "policy",
+               "zero_quantized_gradients with offloaded optimizer state or parameters is not supported yet");
+}
+
 void check_supported(const ModelSpec& spec, const Policy& p, const Topology& topo) {
   auto unsupported = [](std::string_view what) {
     throw Error("policy", fmt::format("{} is not supported by this build yet", what));
@@ -65,6 +83,7 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
                "(got stage {})", p.zero_stage);
   MEMFIT_CHECK(topo.data >= 1 && topo.tensor >= 1 && topo.rank >= 0 && topo.rank < topo.world(), "policy",
                "rank {} of a world of {} x {} ranks (data x tensor)", topo.rank, topo.data, topo.tensor);
+  check_quantized_gradients(p, topo);
   if (p.update_in_backward && (p.zero_stage > 0 || topo.world() > 1))
     unsupported("updating in the backward pass with data parallelism (ZeRO)");
   if (const std::string why = offload_refusal(p); !why.empty()) throw Error("policy", why);

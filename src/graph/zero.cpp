@@ -15,6 +15,7 @@
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
 #include "graph/training_program.hpp"
+#include "graph/zero_qgz.hpp"
 #include "graph/zero_quant.hpp"
 
 namespace memfit {
@@ -46,6 +47,12 @@ struct ZeroPass {
   std::vector<TensorId> value_piece{}, grad_piece{};
   std::vector<int> bucket_of{};
   std::map<TensorId, int> param_of_grad{}, param_of_target{};
+  // qgZ (zero_qgz.hpp): a bucket's last decode (and accumulation) waits in qgz_later for the
+  // next bucket's reduction, so its last all-to-all overlaps that bucket's backward.
+  bool qgz = false;
+  int qgz_bits = 4;
+  Topology topo{};
+  std::vector<Op> qgz_later{};
 
   // A collective over the data group; over the world with `everywhere_max` (an all-reduce with
   // max: the fp16 overflow flag, which every rank must agree on whatever slice it holds).
@@ -293,6 +300,7 @@ struct ZeroPass {
     const std::vector<std::vector<size_t>> gathers_before = stage == 3 ? plan_gathers(old) : std::vector<std::vector<size_t>>();
     // The same per op, in bucket order: the loop below looks them up instead of scanning every
     // bucket at every op (that scan made the pass quadratic in the layer count).
+    const int last_sync = *std::max_element(last_writer.begin(), last_writer.end());
     std::vector<std::vector<size_t>> fills_before(old.size()), syncs_after(old.size());
     for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
       if (first_writer[bi] >= 0) fills_before[size_t(first_writer[bi])].push_back(bi);
@@ -352,6 +360,7 @@ struct ZeroPass {
         if (stage >= 2) emit_bucket_reduce_scatter(bi, push, s, k);
         else emit_bucket_sync(bi, push, s);
       }
+      if (qgz && int(i) == last_sync) flush_qgz(push, s);  // nothing left to overlap with
       const bool section_end = int(i) + 1 == p.sections()[size_t(s)].end;
       // Once per step, after the last micro-step, whether or not the optimizer runs.
       if (section_end && s == micro_index) {
@@ -486,9 +495,22 @@ struct ZeroPass {
   }
 
   template <class Push>
+  void flush_qgz(Push& push, int s) {
+    for (Op& op : qgz_later) push(std::move(op), s);
+    qgz_later.clear();
+  }
+
+  template <class Push>
   void emit_bucket_reduce_scatter(size_t bi, Push& push, int s, int k) {
     const ZeroBucket& b = L.buckets[bi];
     const TensorId shard = grad_shard_root[bi];
+    if (qgz) {
+      flush_qgz(push, s);
+      QgzReduce r = qgz_reduce_scatter(p, L, bi, topo, qgz_bits, grad_root[bi], shard, k);
+      for (Op& op : r.now) push(std::move(op), s);
+      qgz_later = std::move(r.later);
+      return;
+    }
     if (k == 1) {
       push(collective(OpKind::reduce_scatter, "zero.reduce_scatter." + b.tag, {grad_root[bi]}, {shard},
                       Phase::communication, b.layer),
@@ -500,16 +522,7 @@ struct ZeroPass {
     push(collective(OpKind::reduce_scatter, "zero.reduce_scatter." + b.tag, {grad_root[bi]}, {buf},
                     Phase::communication, b.layer),
          s);
-    Op acc;
-    acc.kind = OpKind::accumulate;
-    acc.phase = Phase::backward;
-    acc.layer = b.layer;
-    acc.name = "zero.accumulate." + b.tag;
-    acc.inputs = {buf};
-    acc.outputs = {shard};
-    acc.modes = {WriteMode::accumulate_after_first_micro};
-    acc.flops = double(L.shard(b));
-    push(std::move(acc), s);
+    push(accumulate_shard(L, bi, buf, shard), s);
   }
 
   // Stages 0 and 1: bucket bi's gradients all-reduced (0) or reduce-scattered in place into
@@ -576,6 +589,9 @@ void apply_zero(Program& p, const Policy& policy, const Topology& topo) {
   z.rank = topo.data_rank();
   z.everywhere = topo.world();
   z.qwz = policy.zero_quantized_weights;
+  z.qgz = policy.zero_quantized_gradients && z.stage >= 2;
+  z.qgz_bits = policy.zero_quantized_gradient_bits;
+  z.topo = topo;
   z.build_buckets();
   if (z.stage >= 1) z.shard_state();
   z.rebuild();

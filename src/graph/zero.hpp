@@ -27,6 +27,9 @@
 //               gathered copy is quantised, the same bits on every rank. The layout aligns
 //               parameters and shards to the block, so no block straddles two ranks, and the
 //               coder skips the padding between parameters (its bytes are never written).
+//   qgZ         (ZeRO++, Policy::zero_quantized_gradients, stages 2-3) each bucket's gradient
+//               reduce-scatter becomes int4/int8 all-to-alls, inside each node then across nodes,
+//               summed in fp32 between them (graph/zero_qgz.hpp).
 // Every collective runs over the data group (CollectiveAttrs::group, size Topology::data): ZeRO
 // shards over the ranks that hold the same tensor-parallel slice. The one exception is the fp16
 // overflow flag, max-reduced over the world so that every rank skips the same steps.

@@ -25,6 +25,7 @@ CommPurpose purpose_of(const Op& op) {
     return CommPurpose::param_gather_update;
   }
   if (op.kind == OpKind::reduce_scatter && name.starts_with("zero.reduce_scatter.")) return CommPurpose::grad_reduce_scatter;
+  if (op.kind == OpKind::all_to_all && name.starts_with("zero.reduce_scatter.")) return CommPurpose::grad_reduce_scatter;
   if (op.kind == OpKind::all_reduce && name.starts_with("zero.all_reduce.")) {
     for (std::string_view scalar : {"loss", "eval_loss", "overflow_flag", "grad_norm"})
       if (name.substr(16) == scalar) return CommPurpose::scalars;
@@ -41,6 +42,8 @@ int world_rank_of(CommGroup g, const Topology& t, int m) {
     case CommGroup::world: return m;
     case CommGroup::data: return m * t.tensor + t.tensor_rank();
     case CommGroup::tensor: return t.data_rank() * t.tensor + m;
+    case CommGroup::node: return ((t.data_rank() / t.data_per_node()) * t.data_per_node() + m) * t.tensor + t.tensor_rank();
+    case CommGroup::across_nodes: return (m * t.data_per_node() + t.data_rank() % t.data_per_node()) * t.tensor + t.tensor_rank();
   }
   return m;
 }
@@ -50,6 +53,8 @@ int member_index(CommGroup g, const Topology& t) {
     case CommGroup::world: return t.rank;
     case CommGroup::data: return t.data_rank();
     case CommGroup::tensor: return t.tensor_rank();
+    case CommGroup::node: return t.data_rank() % t.data_per_node();
+    case CommGroup::across_nodes: return t.data_rank() / t.data_per_node();
   }
   return t.rank;
 }
@@ -68,8 +73,11 @@ std::string_view comm_purpose_name(CommPurpose c) {
   return "?";
 }
 
-CommVolume communication_volume(const Program& p, const Topology& topo, int ranks_per_node) {
+CommVolume communication_volume(const Program& p, const Topology& program_topo, int ranks_per_node) {
   MEMFIT_CHECK(ranks_per_node >= 1, "policy", "ranks per node must be at least 1 (got {})", ranks_per_node);
+  // The node and across_nodes groups (qgZ) were laid out by the program's own node size.
+  Topology topo = program_topo;
+  if (topo.ranks_per_node == 0) topo.ranks_per_node = ranks_per_node;
   CommVolume v;
   v.ranks_per_node = ranks_per_node;
   v.nodes = (topo.world() + ranks_per_node - 1) / ranks_per_node;
@@ -83,6 +91,17 @@ CommVolume communication_volume(const Program& p, const Topology& topo, int rank
     v.by_purpose[size_t(purpose_of(op))] += bytes;
     v.total += bytes;
     const int me = member_index(a.group, topo);
+    if (op.kind == OpKind::all_to_all) {
+      // Not a ring: a 1/N part goes to each other member, on this rank's node or not.
+      int near = 0;
+      for (int m = 0; m < a.size; ++m)
+        near += m != me && node(world_rank_of(a.group, topo, m)) == node(world_rank_of(a.group, topo, me));
+      const double inside = a.size > 1 ? bytes * double(near) / double(a.size - 1) : bytes;
+      v.intra_node += inside;
+      v.inter_node += bytes - inside;
+      v.node_link += bytes - inside;
+      continue;
+    }
     const bool crosses = node(world_rank_of(a.group, topo, me)) != node(world_rank_of(a.group, topo, (me + 1) % a.size));
     (crosses ? v.inter_node : v.intra_node) += bytes;
     // Every link of a ring carries the same bytes: a group on several nodes has a link across

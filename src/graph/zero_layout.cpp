@@ -36,7 +36,11 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
   L.world_size = topo.data;
   L.rank = topo.data_rank();
   // qwZ: every shard holds whole int8 blocks, so each rank codes only its own elements.
-  L.align = policy.optimizer == OptimizerKind::adamw8bit || policy.zero_quantized_weights ? kQuantBlock : 32;
+  // qgZ: likewise, every shard holds whole blocks of its gradient wire.
+  L.align = policy.optimizer == OptimizerKind::adamw8bit || policy.zero_quantized_weights ||
+                    policy.zero_quantized_gradients
+                ? kQuantBlock
+                : 32;
   static_assert(kQwzBlock == kQuantBlock);
   // Frozen parameters get buckets of their own (their values are laid out without gradients,
   // so a trainable bucket's value and gradient offsets stay equal), and only at stage 3: below

@@ -21,6 +21,7 @@ bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DTyp
 void check_slot_dtypes(const Program& p, const Op& op) {
   if (op.kind == OpKind::quant_linear || op.kind == OpKind::quant_linear_backward) return;  // check_quant_linear
   if (op.kind == OpKind::comm_quantize || op.kind == OpKind::comm_dequantize) return;  // check_comm_codec
+  if (op.kind == OpKind::grad_quantize || op.kind == OpKind::grad_dequantize_sum) return;  // check_grad_codec
   auto int_input = [&](size_t i) {
     switch (op.kind) {
       case OpKind::embedding_forward:
@@ -74,6 +75,26 @@ void check_comm_codec(const Program& p, const Op& op) {
                  x.numel());
     end = first + count;
   }
+}
+
+// qgZ's wire: a float tensor on one side, `ranks` parts of its uint8 wire on the other.
+void check_grad_codec(const Program& p, const Op& op) {
+  check_arity(op, 1, 1);
+  require_overwrite(op, 0);
+  const bool q = op.kind == OpKind::grad_quantize;
+  const TensorDesc& x = p.tensor(q ? op.inputs[0] : op.outputs[0]);
+  const TensorDesc& wire = p.tensor(q ? op.outputs[0] : op.inputs[0]);
+  if (!is_float(x.dtype)) wrong_dtype(p, op, q ? op.inputs[0] : op.outputs[0], "a float type");
+  if (wire.dtype != DType::u8) wrong_dtype(p, op, q ? op.outputs[0] : op.inputs[0], "uint8");
+  const CommQuantAttrs& a = attrs_of<CommQuantAttrs>(op);
+  MEMFIT_CHECK(a.block > 0 && a.ranks > 0 && (a.bits == 8 || (a.bits == 4 && a.block % 2 == 0)), "kernels",
+               "op '{}': blocks of {} at {} bits from {} ranks", op.name, a.block, a.bits, a.ranks);
+  MEMFIT_CHECK(!q || (a.chunk > 0 && x.numel() % (a.chunk * a.ranks) == 0), "kernels",
+               "op '{}': {} elements are not {} parts of whole {}-element chunks", op.name, x.numel(), a.ranks, a.chunk);
+  const int64_t part = q ? x.numel() / a.ranks : x.numel();
+  MEMFIT_CHECK(wire.bytes() == uint64_t(a.ranks) * qgz_wire_bytes(part, a.block, a.bits), "kernels",
+               "op '{}': wire '{}' has {} bytes, not {} parts of {} elements", op.name, wire.name, wire.bytes(),
+               a.ranks, part);
 }
 
 void check_embedding(const Program& p, const Op& op) {
@@ -512,6 +533,8 @@ void check_op_contract(const Program& program, const Op& op) {
     case OpKind::fill: return check_arity(op, 0, 1);
     case OpKind::comm_quantize:
     case OpKind::comm_dequantize: return check_comm_codec(program, op);
+    case OpKind::grad_quantize:
+    case OpKind::grad_dequantize_sum: return check_grad_codec(program, op);
     case OpKind::embedding_at:
     case OpKind::cached_attention: return check_generation(program, op);
     default: return;  // kinds no backend computes: refused by the backend, naming the op

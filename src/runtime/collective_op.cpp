@@ -66,6 +66,17 @@ CommGroups::CommGroups(Communicator& world, const Topology& topology) {
   groups_[size_t(CommGroup::data)] = group(world, topology.data, "data", topology.tensor_rank(), topology.data_rank(), data_);
   groups_[size_t(CommGroup::tensor)] =
       group(world, topology.tensor, "tensor", topology.data_rank(), topology.tensor_rank(), tensor_);
+  // The data ranks of each node, and those with the same index on every node: split only when
+  // the data group spans several nodes of several ranks (else qgZ takes one hop over `data`).
+  // Colors count over (node or index, tensor slice), so each is unique across slices.
+  const int h = topology.data_per_node(), d = topology.data_rank(), tr = topology.tensor_rank();
+  if (h > 1 && h < topology.data && topology.data % h == 0) {
+    groups_[size_t(CommGroup::node)] = group(world, h, "node", (d / h) * topology.tensor + tr, d % h, node_);
+    groups_[size_t(CommGroup::across_nodes)] =
+        group(world, topology.data / h, "across_nodes", (d % h) * topology.tensor + tr, d / h, across_nodes_);
+  } else {
+    groups_[size_t(CommGroup::node)] = groups_[size_t(CommGroup::across_nodes)] = groups_[size_t(CommGroup::data)];
+  }
   for (Communicator* c : groups_) add_distinct(c);
 }
 
@@ -154,6 +165,19 @@ std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, c
           [=] {
             if (out != in) std::memmove(out, in, block);
           },
+          async));
+    }
+    case OpKind::all_to_all: {
+      MEMFIT_CHECK(op.inputs.size() == 1 && op.outputs.size() == 1, "runtime", "op '{}' needs one input and one output",
+                   op.name);
+      const TensorDesc& send = p.tensor(op.inputs[0]);
+      const TensorDesc& recv = p.tensor(op.outputs[0]);
+      MEMFIT_CHECK(send.dtype == recv.dtype && send.numel() == recv.numel() && send.numel() % world == 0, "runtime",
+                   "op '{}': '{}' and '{}' are not {} equal parts each", op.name, send.name, recv.name, world);
+      const int64_t n = send.numel() / world;
+      const DType dt = send.dtype;
+      return remember(make_run(
+          c, label, [=, in = b.inputs[0], out = b.outputs[0]] { return c->start_all_to_all(in, out, n, dt); }, [] {},
           async));
     }
     default: break;

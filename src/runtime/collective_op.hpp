@@ -1,4 +1,4 @@
-// Collective ops (all_reduce, reduce_scatter, all_gather, broadcast) run by the executor
+// Collective ops (all_reduce, reduce_scatter, all_gather, broadcast, all_to_all) run by the executor
 // through the Communicator of the op's group (CollectiveAttrs::group): collectives are the
 // runtime's business, not a compute backend's, so every backend shares them. The subtle point:
 // a reduce_scatter whose shard is the full buffer's own block (ZeRO-1 keeps full-size gradients
@@ -22,7 +22,9 @@ namespace memfit {
 // topology: the data group of rank r is the ranks with r's tensor rank (ordered by data rank),
 // its tensor group the ranks of r's replica (adjacent ranks, ordered by tensor rank). A group
 // that spans the whole world is the world communicator itself, a group of one a single-process
-// communicator: only groups in between are split (collectively) from the world.
+// communicator: only groups in between are split (collectively) from the world. qgZ's node
+// and across_nodes groups (graph/op.hpp) are split when the data group spans several nodes of
+// several ranks (Topology::data_per_node), else they are the data group.
 class CommGroups {
  public:
   // A world of one: every group is one single-process communicator.
@@ -41,6 +43,7 @@ class CommGroups {
   void add_distinct(Communicator* c);
 
   std::unique_ptr<Communicator> own_world_, data_, tensor_;
+  std::unique_ptr<Communicator> node_, across_nodes_;  // qgZ's two hops
   std::array<Communicator*, kNumCommGroups> groups_{};
   std::array<Communicator*, kNumCommGroups> distinct_{};
   int distinct_count_ = 0;

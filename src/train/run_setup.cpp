@@ -49,6 +49,7 @@ void settle_ranks(RunState& s, const RunConfig& config, std::ostream& rank_log, 
   c.topology = Topology{.data = W / tensor, .tensor = tensor, .rank = rank};
   comm->set_timeout(c.comm_timeout);
   if (c.ranks_per_node == 0) c.ranks_per_node = comm->ranks_on_node();
+  c.topology.ranks_per_node = c.ranks_per_node;  // --ranks-per-node overrides the node (tests force qgZ's hops)
   s.fault = TestFault::from_environment(rank);
   s.log = rank == 0 ? &rank_log : &s.quiet;
   MEMFIT_CHECK(c.steps >= 1, "train", "--steps must be at least 1 (got {})", c.steps);

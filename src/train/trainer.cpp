@@ -25,13 +25,15 @@ PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
   run.policy = c.policy;
   run.policy.with_eval = c.val_fraction > 0;
   plan_training_samples(c, run.spec, run.policy);
+  // The node layout (qgZ's hops): the communicator's when running, --ranks-per-node in a plan.
+  Topology topo = c.topology;
+  if (topo.ranks_per_node == 0) topo.ranks_per_node = c.ranks_per_node;
   if (run.policy.recompute.mode == RecomputeMode::automatic && run.policy.recompute.blocks.empty()) {
-    run.recompute_choice = choose_recompute(run.spec, run.policy, c.topology, backend.capabilities(), run_budget(c),
+    run.recompute_choice = choose_recompute(run.spec, run.policy, topo, backend.capabilities(), run_budget(c),
                                             [&](Program& p) { attach_backend_scratch(p, backend); });
     run.policy.recompute.blocks = run.recompute_choice->blocks;
   }
-  run.compiled =
-      compile_program(build_training_program(run.spec, run.policy, c.topology, backend.capabilities()), backend);
+  run.compiled = compile_program(build_training_program(run.spec, run.policy, topo, backend.capabilities()), backend);
   check_deepspeed_bounds(c, run.compiled.program);
   return run;
 }
@@ -81,6 +83,8 @@ nlohmann::json policy_json(const Policy& p) {
           {"zero_stage", p.zero_stage},
           {"overlap_comm", p.overlap_comm},
           {"zero_quantized_weights", p.zero_quantized_weights},
+          {"zero_quantized_gradients", p.zero_quantized_gradients},
+          {"zero_quantized_gradient_bits", p.zero_quantized_gradient_bits},
           {"offload_optimizer", tier_name(p.offload_optimizer)},
           {"offload_params", tier_name(p.offload_params)},
           {"classifier_chunk_rows", p.classifier_chunk_rows}};

@@ -164,6 +164,36 @@ TEST(MpiCommunicator, DataAndTensorGroupsSplitFromTheWorld) {
 // One rank arrives 1.5 s late at a collective of a group with a 0.5 s timeout: the member that
 // waited throws [dist] naming the collective, the group and the late rank's world rank. The
 // late rank then completes the collective against the reporter's pending request.
+// qgZ's all-to-all over the data group and, with nodes of 2 ranks, over the node and
+// across_nodes groups (member d % 2 and d / 2; with 2 ranks both are the data group): block q of
+// a member's send goes to member q, whose receive holds it at the sender's index. Starting and
+// waiting allocate nothing in memfit code.
+TEST(MpiCommunicator, AllToAllOverTheDataNodeAndAcrossNodeGroups) {
+  const int r = comm().rank(), n = comm().size();
+  Topology topo{.data = n, .rank = r};
+  topo.ranks_per_node = 2;
+  const CommGroups groups(comm(), topo);
+  const int h = topo.data_per_node();
+  for (CommGroup g : {CommGroup::data, CommGroup::node, CommGroup::across_nodes}) {
+    SCOPED_TRACE(comm_group_name(g));
+    Communicator& c = groups[g];
+    const int size = c.size(), me = c.rank();
+    const int expect_size = g == CommGroup::data || h >= n ? n : g == CommGroup::node ? h : n / h;
+    ASSERT_EQ(size, expect_size);
+    const int64_t block = 3;
+    std::vector<uint8_t> send(size_t(block * size)), recv(size_t(block * size), 0xFF);
+    for (int q = 0; q < size; ++q)
+      for (int64_t i = 0; i < block; ++i) send[size_t(q * block + i)] = uint8_t(16 * r + 4 * q + i);
+    test::alloc_counter_start();
+    const CommTicket t = c.start_all_to_all(send.data(), recv.data(), block, DType::u8);
+    c.wait(t);
+    EXPECT_EQ(test::alloc_counter_stop().memfit_allocations, 0);
+    for (int q = 0; q < size; ++q)
+      for (int64_t i = 0; i < block; ++i)
+        ASSERT_EQ(recv[size_t(q * block + i)], uint8_t(16 * c.world_rank(q) + 4 * me + i)) << q << " " << i;
+  }
+}
+
 TEST(MpiCommunicator, ATimedOutWaitNamesTheRankThatDidNotArrive) {
   const int r = comm().rank(), n = comm().size();
   const int late = n - 1;

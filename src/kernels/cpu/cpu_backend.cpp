@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/comm_codec.hpp"
+#include "kernels/cpu/grad_codec.hpp"
 #include "kernels/cpu/cpu_prepare.hpp"
 #include "kernels/op_contract.hpp"
 
@@ -38,6 +39,7 @@ OpCapabilities make_cpu_capabilities() {
           {DType::bf16, DType::f16});
   c.allow(OpKind::load_input, {DType::f32});
   c.allow({OpKind::comm_quantize, OpKind::comm_dequantize}, {DType::f32, DType::bf16, DType::f16});
+  c.allow({OpKind::grad_quantize, OpKind::grad_dequantize_sum}, {DType::f32, DType::bf16, DType::f16});
   c.allow({OpKind::embedding_at, OpKind::cached_attention}, {DType::f32, DType::bf16, DType::f16});
   // Products: oneDNN 2.6 offers bf16 matmuls on CPUs (AMX / AVX512-BF16), no f16 ones.
   c.allow({OpKind::matmul, OpKind::attention_forward, OpKind::attention_backward, OpKind::classifier,
@@ -124,6 +126,8 @@ class CpuBackend final : public Backend {
       case OpKind::cached_attention: return prepare_cached_attention(program, op, binding);
       case OpKind::comm_quantize:
       case OpKind::comm_dequantize: return prepare_comm_codec(program, op, binding);
+      case OpKind::grad_quantize:
+      case OpKind::grad_dequantize_sum: return prepare_grad_codec(program, op, binding);
       default: no_cpu_kernel(op, op_storage_dtype(program, op));
     }
   }
