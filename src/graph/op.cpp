@@ -117,6 +117,7 @@ std::string_view comm_group_name(CommGroup g) {
     case CommGroup::world: return "world";
     case CommGroup::data: return "data";
     case CommGroup::tensor: return "tensor";
+    case CommGroup::hpz: return "hpz";
   }
   MEMFIT_ASSERT(false, "unknown group {}", int(g));
 }

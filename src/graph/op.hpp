@@ -253,10 +253,11 @@ struct FillAttrs {
 };
 // The ranks a collective runs over (graph/policy.hpp Topology): all of them, the ranks holding
 // the same tensor-parallel slice (data parallelism, ZeRO), or the ranks sharing one model
-// replica (tensor parallelism; adjacent ranks, as Megatron lays them out).
-enum class CommGroup : uint8_t { world, data, tensor };
-inline constexpr int kNumCommGroups = 3;
-std::string_view comm_group_name(CommGroup g);  // "world", "data", "tensor"
+// replica (tensor parallelism; adjacent ranks, as Megatron lays them out), or ZeRO++ hpZ's
+// N consecutive ranks of the data group (Policy::zero_hpz_partition_size; graph/zero.hpp).
+enum class CommGroup : uint8_t { world, data, tensor, hpz };
+inline constexpr int kNumCommGroups = 4;
+std::string_view comm_group_name(CommGroup g);  // "world", "data", "tensor", "hpz"
 struct CollectiveAttrs {
   CommGroup group = CommGroup::world;
   int size = 1;      // ranks in the group

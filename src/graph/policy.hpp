@@ -116,6 +116,10 @@ struct Policy {
   // > 0: add the "generate" section (graph/inference_program.hpp) for a prompt of this many
   // tokens and a KV cache of sample_capacity positions (train --sample-every).
   int64_t sample_prompt = 0, sample_capacity = 0;
+  // ZeRO++ hpZ (DeepSpeed's zero_hpz_partition_size, stage 3): a secondary copy of the
+  // parameters partitioned over groups of this many consecutive data-parallel ranks, so the
+  // backward's gathers stay inside the group (graph/zero.hpp). 1, or the data degree: off.
+  int zero_hpz_partition_size = 1;
 };
 
 // world = data x tensor ranks. Tensor-parallel ranks are adjacent, as Megatron lays them out:

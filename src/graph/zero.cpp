@@ -15,6 +15,7 @@
 #include "graph/optimizer.hpp"
 #include "graph/precision.hpp"
 #include "graph/training_program.hpp"
+#include "graph/zero_hpz.hpp"
 #include "graph/zero_quant.hpp"
 
 namespace memfit {
@@ -31,6 +32,7 @@ struct ZeroPass {
   // tensor-parallel slice); everywhere is the world's size (the overflow flag's group).
   int stage = 0, world = 1, rank = 0, everywhere = 1, micro_repeat = 1;
   bool qwz = false;  // stage 3's gathers in int8 (ZeRO++ qwZ, zero_quant.hpp)
+  int hpz = 1;       // > 1: ZeRO++ hpZ's partition size (zero_hpz.hpp); the backward gathers over it
 
   std::vector<TensorId> param_root{}, grad_root{}, grad_shard_root{};  // per bucket
   // Stage 3, per bucket: transient gather buffers of the forward, backward (and recompute)
@@ -41,6 +43,8 @@ struct ZeroPass {
   // gather is, and the gathers to decode before each old op (the bucket's first use in the pass).
   std::vector<QwzGather> qwz_of{};
   std::vector<std::vector<size_t>> arrivals_before{};
+  // hpZ, per bucket: its secondary partition and the copy into it (no secondary: kNoTensor).
+  std::vector<HpzCopy> hpz_of{};
   // Per parameter (index into params()).
   std::vector<int64_t> piece_first{}, piece_count{};
   std::vector<TensorId> value_piece{}, grad_piece{};
@@ -113,6 +117,8 @@ struct ZeroPass {
         gather_bwd.push_back(bwd_first[bi] < 0 ? kNoTensor
                                                : add_root("zero.gather." + b.tag + ".backward", b.elements, pdt,
                                                           Category::communication, Lifetime::transient, b.layer));
+        if (hpz > 1)
+          hpz_of.push_back(gather_bwd.back() == kNoTensor ? HpzCopy{} : hpz_copy(p, L, bi, gather_fwd.back(), hpz));
         if (has_eval)
           gather_eval.push_back(eval_first[bi] < 0 ? kNoTensor
                                                    : add_root("zero.gather." + b.tag + ".eval", b.elements, pdt,
@@ -304,7 +310,14 @@ struct ZeroPass {
       if (stage == 3)
         for (size_t g : gathers_before[i]) emit_gather(g, push, p.section_of_op(int(i)));
       if (qwz)
-        for (size_t g : arrivals_before[i]) push(qwz_of[g].dequantize, p.section_of_op(int(i)));
+        for (size_t g : arrivals_before[i])
+          if (qwz_of[g].wire != kNoTensor)  // (hpZ's backward gathers are not quantised)
+            push(qwz_of[g].dequantize, p.section_of_op(int(i)));
+      // hpZ: the forward's gathered (and decoded) bucket has arrived: keep this rank's piece.
+      if (hpz > 1)
+        for (size_t g : arrivals_before[i])
+          if (g < L.buckets.size() && hpz_of[g].secondary != kNoTensor)
+            push(hpz_of[g].copy, p.section_of_op(int(i)));
       Op op = old[i];
       const int s = p.section_of_op(int(i));
       const SectionKind sk = p.sections()[size_t(s)].kind;
@@ -408,6 +421,14 @@ struct ZeroPass {
     const TensorId buf = (pass == 0 ? gather_fwd : pass == 1 ? gather_bwd : gather_eval)[bi];
     static const char* names[] = {"forward", "backward", "eval"};
     const std::string name = fmt::format("zero.all_gather.{}.{}", L.buckets[bi].tag, names[pass]);
+    if (pass == 1 && hpz > 1) {  // hpZ: unquantised, from the secondary, inside the hpZ group
+      Op op = collective(OpKind::all_gather, name, {hpz_of[bi].secondary}, {buf}, Phase::communication,
+                         L.buckets[bi].layer);
+      op.attrs = CollectiveAttrs{CommGroup::hpz, hpz, false};
+      op.comm_bytes = ring_bytes(double(p.tensor(buf).bytes()), hpz, 1.0);
+      push(std::move(op), s);
+      return;
+    }
     if (!qwz) {
       push(collective(OpKind::all_gather, name, {param_root[bi]}, {buf}, Phase::communication, L.buckets[bi].layer), s);
       return;
@@ -576,6 +597,7 @@ void apply_zero(Program& p, const Policy& policy, const Topology& topo) {
   z.rank = topo.data_rank();
   z.everywhere = topo.world();
   z.qwz = policy.zero_quantized_weights;
+  z.hpz = hpz_partition(policy, topo);
   z.build_buckets();
   if (z.stage >= 1) z.shard_state();
   z.rebuild();

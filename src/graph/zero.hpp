@@ -27,6 +27,16 @@
 //               gathered copy is quantised, the same bits on every rank. The layout aligns
 //               parameters and shards to the block, so no block straddles two ranks, and the
 //               coder skips the padding between parameters (its bytes are never written).
+//   hpZ         (ZeRO++, Policy::zero_hpz_partition_size = N, stage 3, 1 < N < data degree;
+//               graph/zero_hpz.hpp) the hpZ group is N consecutive data-parallel ranks (member
+//               data_rank % N). Once a bucket's forward gather has arrived (qwZ: decoded), this
+//               rank copies its member's 1/N of the gathered bucket into a transient secondary
+//               partition (zero.params.<tag>.secondary, communication buffers: born in the
+//               forward, dead after the backward's gather), and the backward's gather collects
+//               the N secondaries over the hpZ group (CommGroup::hpz) instead of the shards over
+//               the data group: unquantised, the very values the forward used, so losses are
+//               bitwise those without hpZ. With nodes of N ranks the backward's gathers never
+//               leave the node. N equal to the data degree is plain stage 3 (as in DeepSpeed).
 // Every collective runs over the data group (CollectiveAttrs::group, size Topology::data): ZeRO
 // shards over the ranks that hold the same tensor-parallel slice. The one exception is the fp16
 // overflow flag, max-reduced over the world so that every rank skips the same steps.

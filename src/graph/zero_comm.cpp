@@ -35,21 +35,24 @@ CommPurpose purpose_of(const Op& op) {
   return CommPurpose::scalars;
 }
 
-// World rank of member m of this rank's group (graph/policy.hpp's layout: tensor ranks adjacent).
-int world_rank_of(CommGroup g, const Topology& t, int m) {
+// World rank of member m of this rank's group of `size` ranks (graph/policy.hpp's layout: tensor
+// ranks adjacent; an hpZ group is `size` consecutive data ranks).
+int world_rank_of(CommGroup g, const Topology& t, int m, int size) {
   switch (g) {
     case CommGroup::world: return m;
     case CommGroup::data: return m * t.tensor + t.tensor_rank();
     case CommGroup::tensor: return t.data_rank() * t.tensor + m;
+    case CommGroup::hpz: return (t.data_rank() / size * size + m) * t.tensor + t.tensor_rank();
   }
   return m;
 }
 
-int member_index(CommGroup g, const Topology& t) {
+int member_index(CommGroup g, const Topology& t, int size) {
   switch (g) {
     case CommGroup::world: return t.rank;
     case CommGroup::data: return t.data_rank();
     case CommGroup::tensor: return t.tensor_rank();
+    case CommGroup::hpz: return t.data_rank() % size;
   }
   return t.rank;
 }
@@ -82,12 +85,14 @@ CommVolume communication_volume(const Program& p, const Topology& topo, int rank
     const CollectiveAttrs& a = std::get<CollectiveAttrs>(op.attrs);
     v.by_purpose[size_t(purpose_of(op))] += bytes;
     v.total += bytes;
-    const int me = member_index(a.group, topo);
-    const bool crosses = node(world_rank_of(a.group, topo, me)) != node(world_rank_of(a.group, topo, (me + 1) % a.size));
+    const int me = member_index(a.group, topo, a.size);
+    const bool crosses =
+        node(world_rank_of(a.group, topo, me, a.size)) != node(world_rank_of(a.group, topo, (me + 1) % a.size, a.size));
     (crosses ? v.inter_node : v.intra_node) += bytes;
     // Every link of a ring carries the same bytes: a group on several nodes has a link across
     // each boundary it spans, carrying what each rank sends.
-    if (node(world_rank_of(a.group, topo, 0)) != node(world_rank_of(a.group, topo, a.size - 1))) v.node_link += bytes;
+    if (node(world_rank_of(a.group, topo, 0, a.size)) != node(world_rank_of(a.group, topo, a.size - 1, a.size)))
+      v.node_link += bytes;
   }
   return v;
 }

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "graph/training_program.hpp"
+#include "graph/zero_hpz.hpp"
 #include "plan/plan_report.hpp"
 #include "train/adapter_files.hpp"
 #include "train/budget.hpp"
@@ -89,7 +90,7 @@ void build_executor(RunState& s, RunHooks* hooks) {
   const RunConfig& c = s.config;
   const Program& prog = s.program();
   std::ostream& log = s.out();
-  s.groups.emplace(*s.comm, c.topology);
+  s.groups.emplace(*s.comm, c.topology, hpz_partition(s.run.policy, c.topology));
   s.process = plan_process(s);
   log << describe_process_plan(s.process);
   ExecutorOptions options;

@@ -81,6 +81,7 @@ nlohmann::json policy_json(const Policy& p) {
           {"zero_stage", p.zero_stage},
           {"overlap_comm", p.overlap_comm},
           {"zero_quantized_weights", p.zero_quantized_weights},
+          {"zero_hpz_partition_size", p.zero_hpz_partition_size},
           {"offload_optimizer", tier_name(p.offload_optimizer)},
           {"offload_params", tier_name(p.offload_params)},
           {"classifier_chunk_rows", p.classifier_chunk_rows}};
