@@ -38,8 +38,9 @@
 //               bitwise those without hpZ. With nodes of N ranks the backward's gathers never
 //               leave the node. N equal to the data degree is plain stage 3 (as in DeepSpeed).
 // Every collective runs over the data group (CollectiveAttrs::group, size Topology::data): ZeRO
-// shards over the ranks that hold the same tensor-parallel slice. The one exception is the fp16
-// overflow flag, max-reduced over the world so that every rank skips the same steps.
+// shards over the ranks that hold the same tensor-parallel slice. The exceptions: the fp16
+// overflow flag, max-reduced over the world so that every rank skips the same steps, and hpZ's
+// backward gathers, over the hpZ group.
 // graph/schedule_async.hpp then makes the collectives asynchronous.
 // Gradient clipping uses the global norm: the sum of squares over this rank's gradient shard,
 // all-reduced, then its square root (GradNormAttrs::Form). An fp16 overflow flag is
