@@ -43,8 +43,7 @@ struct ZeroPass {
   // gather is, and the gathers to decode before each old op (the bucket's first use in the pass).
   std::vector<QwzGather> qwz_of{};
   std::vector<std::vector<size_t>> arrivals_before{};
-  // hpZ, per bucket: its secondary partition and the copy into it (no secondary: kNoTensor).
-  std::vector<HpzCopy> hpz_of{};
+  std::vector<HpzCopy> hpz_of{};  // hpZ, per bucket: its secondary and the copy into it (or none)
   // Per parameter (index into params()).
   std::vector<int64_t> piece_first{}, piece_count{};
   std::vector<TensorId> value_piece{}, grad_piece{};
@@ -309,15 +308,7 @@ struct ZeroPass {
       for (size_t bi : fills_before[i]) emit_tail_fill(bi, push, p.section_of_op(int(i)));
       if (stage == 3)
         for (size_t g : gathers_before[i]) emit_gather(g, push, p.section_of_op(int(i)));
-      if (qwz)
-        for (size_t g : arrivals_before[i])
-          if (qwz_of[g].wire != kNoTensor)  // (hpZ's backward gathers are not quantised)
-            push(qwz_of[g].dequantize, p.section_of_op(int(i)));
-      // hpZ: the forward's gathered (and decoded) bucket has arrived: keep this rank's piece.
-      if (hpz > 1)
-        for (size_t g : arrivals_before[i])
-          if (g < L.buckets.size() && hpz_of[g].secondary != kNoTensor)
-            push(hpz_of[g].copy, p.section_of_op(int(i)));
+      if (stage == 3) emit_arrivals(arrivals_before[i], push, p.section_of_op(int(i)));
       Op op = old[i];
       const int s = p.section_of_op(int(i));
       const SectionKind sk = p.sections()[size_t(s)].kind;
@@ -421,14 +412,8 @@ struct ZeroPass {
     const TensorId buf = (pass == 0 ? gather_fwd : pass == 1 ? gather_bwd : gather_eval)[bi];
     static const char* names[] = {"forward", "backward", "eval"};
     const std::string name = fmt::format("zero.all_gather.{}.{}", L.buckets[bi].tag, names[pass]);
-    if (pass == 1 && hpz > 1) {  // hpZ: unquantised, from the secondary, inside the hpZ group
-      Op op = collective(OpKind::all_gather, name, {hpz_of[bi].secondary}, {buf}, Phase::communication,
-                         L.buckets[bi].layer);
-      op.attrs = CollectiveAttrs{CommGroup::hpz, hpz, false};
-      op.comm_bytes = ring_bytes(double(p.tensor(buf).bytes()), hpz, 1.0);
-      push(std::move(op), s);
-      return;
-    }
+    if (pass == 1 && hpz > 1)  // hpZ: unquantised, from the secondary, inside the hpZ group
+      return push(hpz_gather(p, name, hpz_of[bi].secondary, buf, hpz, L.buckets[bi].layer), s);
     if (!qwz) {
       push(collective(OpKind::all_gather, name, {param_root[bi]}, {buf}, Phase::communication, L.buckets[bi].layer), s);
       return;
@@ -439,6 +424,15 @@ struct ZeroPass {
     push(collective(OpKind::all_gather, name, {qwz_of[g].mine}, {qwz_of[g].wire}, Phase::communication,
                     L.buckets[bi].layer),
          s);
+  }
+
+  // Before a bucket's first use: qwZ's decode, then hpZ's copy of this rank's piece (forward only).
+  template <class Push>
+  void emit_arrivals(const std::vector<size_t>& arrivals, Push& push, int s) {
+    for (size_t g : arrivals) {
+      if (qwz && qwz_of[g].wire != kNoTensor) push(qwz_of[g].dequantize, s);
+      if (g < hpz_of.size() && hpz_of[g].secondary != kNoTensor) push(hpz_of[g].copy, s);
+    }
   }
 
   // For each old op, the gathers to issue just before it. Within a pass, buckets are ordered

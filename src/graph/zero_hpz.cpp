@@ -57,4 +57,18 @@ HpzCopy hpz_copy(Program& p, const ZeroLayout& L, size_t bi, TensorId gathered, 
   return h;
 }
 
+Op hpz_gather(const Program& p, const std::string& name, TensorId secondary, TensorId gathered, int n, int layer) {
+  Op op;
+  op.kind = OpKind::all_gather;
+  op.phase = Phase::communication;
+  op.name = name;  // "zero.all_gather.<bucket>.backward": counted as param_gather_backward
+  op.layer = layer;
+  op.inputs = {secondary};
+  op.outputs = {gathered};
+  op.modes = {WriteMode::overwrite};
+  op.attrs = CollectiveAttrs{CommGroup::hpz, n, false};
+  op.comm_bytes = double(p.tensor(gathered).bytes()) * double(n - 1) / double(n);  // the ring's volume
+  return op;
+}
+
 }  // namespace memfit

@@ -3,6 +3,8 @@
 // graph/training_program.cpp.
 #pragma once
 
+#include <string>
+
 #include "graph/zero.hpp"
 
 namespace memfit {
@@ -23,5 +25,8 @@ struct HpzCopy {
 // Bucket bi's secondary partition over groups of n ranks (this rank is member L.rank % n) and
 // the copy from `gathered` (the forward's gather buffer, E elements). Adds tensors to p, no ops.
 HpzCopy hpz_copy(Program& p, const ZeroLayout& L, size_t bi, TensorId gathered, int n);
+
+// The backward's gather `name` of a bucket: the n secondaries over the hpZ group into `gathered`.
+Op hpz_gather(const Program& p, const std::string& name, TensorId secondary, TensorId gathered, int n, int layer);
 
 }  // namespace memfit
