@@ -34,6 +34,8 @@
 #include "core/bytes.hpp"
 #include "graph/forward_rewrite.hpp"
 #include "graph/zero.hpp"
+#include "graph/zero_hpz.hpp"
+#include "plan/hpz_report.hpp"
 #include "plan/plan_compare.hpp"
 #include "plan/plan_report.hpp"
 #include "train/budget.hpp"
@@ -78,6 +80,8 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
                         {"zero_stage", run.policy.zero_stage},
                         {"comm_bytes_per_step", communication_bytes_per_step(p)},
                         {"communication", communication_json(p, config.topology, plan_ranks_per_node(config))}};
+    if (const HpzSummary h = hpz_summary(p, run.compiled.plan); h.buckets > 0)
+      j["distributed"]["hpz"] = hpz_json(h, hpz_partition(run.policy, config.topology));
     if (const FrozenSummary f = summarize_frozen(p, run.policy); f.params > 0)
       j["frozen"] = {{"parameters", f.params}, {"elements", f.elements}, {"gradient_bytes_saved", f.gradient_bytes},
                      {"master_bytes_saved", f.master_bytes}, {"optimizer_state_bytes_saved", f.optimizer_bytes},
@@ -96,6 +100,7 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
                                config.topology.world(), run.policy.zero_stage,
                                format_bytes(uint64_t(communication_bytes_per_step(p))));
     if (config.topology.world() > 1) std::cout << describe_communication(p, config.topology, plan_ranks_per_node(config));
+    std::cout << describe_hpz(hpz_summary(p, run.compiled.plan), hpz_partition(run.policy, config.topology));
     if (const FrozenSummary f = summarize_frozen(p, run.policy); f.params > 0) {
       std::cout << fmt::format("frozen: {} parameters ({} elements) have no gradient, master or optimizer state: saves "
                                "{} (gradients {}, masters {}, optimizer state {})\n",

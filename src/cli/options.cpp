@@ -200,6 +200,12 @@ void RunOptions::add_zero_plus_plus_options(CLI::App& app) {
            [](RunConfig& c, bool v) { c.policy.zero_quantized_gradients = v; });
   add<int64_t>(app, "--zero-quantized-gradient-bits", "qgZ's code width: 4 (default, as DeepSpeed) or 8",
                [](RunConfig& c, int64_t v) { c.policy.zero_quantized_gradient_bits = int(v); });
+  add<int64_t>(app, "--zero-hpz-partition-size",
+               "ZeRO++ hpZ at --zero 3: a secondary copy of the parameters partitioned over N consecutive ranks, "
+               "so the backward's gathers stay among them (1, or the data-parallel degree: off)",
+               [](RunConfig& c, int64_t v) {
+                 c.policy.zero_hpz_partition_size = int(require_in("--zero-hpz-partition-size", v, input_range::ranks_per_node));
+               });
   add<int64_t>(app, "--ranks-per-node", "consecutive ranks per node, for the intra/inter-node split of the bytes sent "
                "(default: the ranks sharing a node when running, the world for a plan)",
                [](RunConfig& c, int64_t v) { c.ranks_per_node = int(require_in("--ranks-per-node", v, input_range::ranks_per_node)); });

@@ -123,6 +123,7 @@ std::string_view comm_group_name(CommGroup g) {
     case CommGroup::tensor: return "tensor";
     case CommGroup::node: return "node";
     case CommGroup::across_nodes: return "across_nodes";
+    case CommGroup::hpz: return "hpz";
   }
   MEMFIT_ASSERT(false, "unknown group {}", int(g));
 }

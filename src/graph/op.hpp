@@ -266,10 +266,11 @@ struct FillAttrs {
 // replica (tensor parallelism; adjacent ranks, as Megatron lays them out).
 // qgZ's two hops (graph/zero_qgz.cpp) add the data ranks on this rank's node (member: data
 // rank % Topology::data_per_node()) and those with its index on every node (member: data rank /
-// data_per_node()).
-enum class CommGroup : uint8_t { world, data, tensor, node, across_nodes };
-inline constexpr int kNumCommGroups = 5;
-std::string_view comm_group_name(CommGroup g);  // "world", "data", "tensor"
+// data_per_node()); ZeRO++ hpZ the N consecutive ranks of the data group
+// (Policy::zero_hpz_partition_size; graph/zero_hpz.hpp).
+enum class CommGroup : uint8_t { world, data, tensor, node, across_nodes, hpz };
+inline constexpr int kNumCommGroups = 6;
+std::string_view comm_group_name(CommGroup g);  // "world", "data", "tensor", "node", "across_nodes", "hpz"
 struct CollectiveAttrs {
   CommGroup group = CommGroup::world;
   int size = 1;      // ranks in the group

@@ -122,6 +122,10 @@ struct Policy {
   // across nodes, summed in fp32 between them (graph/zero_qgz.cpp).
   bool zero_quantized_gradients = false;
   int zero_quantized_gradient_bits = 4;
+  // ZeRO++ hpZ (DeepSpeed's zero_hpz_partition_size, stage 3): a secondary copy of the
+  // parameters partitioned over groups of this many consecutive data-parallel ranks, so the
+  // backward's gathers stay inside the group (graph/zero.hpp). 1, or the data degree: off.
+  int zero_hpz_partition_size = 1;
 };
 
 // world = data x tensor ranks. Tensor-parallel ranks are adjacent, as Megatron lays them out:

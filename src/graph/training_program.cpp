@@ -17,6 +17,7 @@
 #include "graph/recompute.hpp"
 #include "graph/zero.hpp"
 #include "graph/schedule_async.hpp"
+#include "graph/zero_hpz.hpp"
 #include "graph/update_in_backward.hpp"
 
 namespace memfit {
@@ -81,6 +82,7 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   MEMFIT_CHECK(!p.zero_quantized_weights || p.zero_stage == 3, "policy",
                "zero_quantized_weights (ZeRO++ qwZ) quantises stage 3's parameter gathers: it needs ZeRO stage 3 "
                "(got stage {})", p.zero_stage);
+  check_hpz(p, topo);  // ZeRO++ hpZ (graph/zero_hpz.hpp)
   MEMFIT_CHECK(topo.data >= 1 && topo.tensor >= 1 && topo.rank >= 0 && topo.rank < topo.world(), "policy",
                "rank {} of a world of {} x {} ranks (data x tensor)", topo.rank, topo.data, topo.tensor);
   check_quantized_gradients(p, topo);

@@ -16,6 +16,8 @@
 #include "graph/precision.hpp"
 #include "graph/training_program.hpp"
 #include "graph/zero_qgz.hpp"
+#include "graph/zero_hpz.hpp"
+#include "graph/zero_parts.hpp"
 #include "graph/zero_quant.hpp"
 
 namespace memfit {
@@ -32,6 +34,7 @@ struct ZeroPass {
   // tensor-parallel slice); everywhere is the world's size (the overflow flag's group).
   int stage = 0, world = 1, rank = 0, everywhere = 1, micro_repeat = 1;
   bool qwz = false;  // stage 3's gathers in int8 (ZeRO++ qwZ, zero_quant.hpp)
+  int hpz = 1;       // > 1: ZeRO++ hpZ's partition size (zero_hpz.hpp); the backward gathers over it
 
   std::vector<TensorId> param_root{}, grad_root{}, grad_shard_root{};  // per bucket
   // Stage 3, per bucket: transient gather buffers of the forward, backward (and recompute)
@@ -42,6 +45,7 @@ struct ZeroPass {
   // gather is, and the gathers to decode before each old op (the bucket's first use in the pass).
   std::vector<QwzGather> qwz_of{};
   std::vector<std::vector<size_t>> arrivals_before{};
+  std::vector<HpzCopy> hpz_of{};  // hpZ, per bucket: its secondary and the copy into it (or none)
   // Per parameter (index into params()).
   std::vector<int64_t> piece_first{}, piece_count{};
   std::vector<TensorId> value_piece{}, grad_piece{};
@@ -120,6 +124,8 @@ struct ZeroPass {
         gather_bwd.push_back(bwd_first[bi] < 0 ? kNoTensor
                                                : add_root("zero.gather." + b.tag + ".backward", b.elements, pdt,
                                                           Category::communication, Lifetime::transient, b.layer));
+        if (hpz > 1)
+          hpz_of.push_back(gather_bwd.back() == kNoTensor ? HpzCopy{} : hpz_copy(p, L, bi, gather_fwd.back(), hpz));
         if (has_eval)
           gather_eval.push_back(eval_first[bi] < 0 ? kNoTensor
                                                    : add_root("zero.gather." + b.tag + ".eval", b.elements, pdt,
@@ -311,8 +317,7 @@ struct ZeroPass {
       for (size_t bi : fills_before[i]) emit_tail_fill(bi, push, p.section_of_op(int(i)));
       if (stage == 3)
         for (size_t g : gathers_before[i]) emit_gather(g, push, p.section_of_op(int(i)));
-      if (qwz)
-        for (size_t g : arrivals_before[i]) push(qwz_of[g].dequantize, p.section_of_op(int(i)));
+      if (stage == 3) emit_arrivals(arrivals_before[i], push, p.section_of_op(int(i)));
       Op op = old[i];
       const int s = p.section_of_op(int(i));
       const SectionKind sk = p.sections()[size_t(s)].kind;
@@ -417,6 +422,8 @@ struct ZeroPass {
     const TensorId buf = (pass == 0 ? gather_fwd : pass == 1 ? gather_bwd : gather_eval)[bi];
     static const char* names[] = {"forward", "backward", "eval"};
     const std::string name = fmt::format("zero.all_gather.{}.{}", L.buckets[bi].tag, names[pass]);
+    if (pass == 1 && hpz > 1)  // hpZ: unquantised, from the secondary, inside the hpZ group
+      return push(hpz_gather(p, name, hpz_of[bi].secondary, buf, hpz, L.buckets[bi].layer), s);
     if (!qwz) {
       push(collective(OpKind::all_gather, name, {param_root[bi]}, {buf}, Phase::communication, L.buckets[bi].layer), s);
       return;
@@ -427,6 +434,15 @@ struct ZeroPass {
     push(collective(OpKind::all_gather, name, {qwz_of[g].mine}, {qwz_of[g].wire}, Phase::communication,
                     L.buckets[bi].layer),
          s);
+  }
+
+  // Before a bucket's first use: qwZ's decode, then hpZ's copy of this rank's piece (forward only).
+  template <class Push>
+  void emit_arrivals(const std::vector<size_t>& arrivals, Push& push, int s) {
+    for (size_t g : arrivals) {
+      if (qwz && qwz_of[g].wire != kNoTensor) push(qwz_of[g].dequantize, s);
+      if (g < hpz_of.size() && hpz_of[g].secondary != kNoTensor) push(hpz_of[g].copy, s);
+    }
   }
 
   // For each old op, the gathers to issue just before it. Within a pass, buckets are ordered
@@ -453,45 +469,13 @@ struct ZeroPass {
     return before;
   }
 
-  // Per bucket, the first op of `ops` in pass 0 (forward), 1 (backward and recompute) or 2
-  // (eval) that reads one of its parameters' values; -1 where that pass reads none.
   std::vector<int> first_uses(const std::vector<Op>& ops, size_t pass) const {
-    std::map<TensorId, size_t> bucket_of_value;
-    for (size_t bi = 0; bi < L.buckets.size(); ++bi)
-      for (int pi : L.buckets[bi].params) bucket_of_value[p.params()[size_t(pi)].value] = bi;
-    std::vector<int> first(L.buckets.size(), -1);
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const Op& op = ops[i];
-      const SectionKind sec = p.sections()[size_t(p.section_of_op(int(i)))].kind;
-      const bool bwd = op.phase == Phase::backward || op.phase == Phase::recompute;
-      const bool in_pass = pass == 2 ? sec == SectionKind::eval : sec == SectionKind::micro && (pass == 1) == bwd;
-      if (!in_pass) continue;
-      for (TensorId id : op.inputs)
-        if (auto it = bucket_of_value.find(id); it != bucket_of_value.end() && first[it->second] < 0)
-          first[it->second] = int(i);
-    }
-    return first;
+    return bucket_first_uses(p, L, ops, pass);
   }
 
   template <class Push>
   void emit_tail_fill(size_t bi, Push& push, int s) {
-    const ZeroBucket& b = L.buckets[bi];
-    const ParamEntry& last = p.params()[size_t(b.params.back())];
-    const int64_t end = b.offsets.back() + p.tensor(last.value).numel();
-    if (end == b.elements) return;
-    const DType gdt = p.tensor(grad_root[bi]).dtype;
-    const TensorId tail = p.add_view(grad_root[bi], "zero.grads." + b.tag + ".padding", Shape{b.elements - end}, gdt,
-                                     dtype_bytes(gdt, end));
-    Op fill;
-    fill.kind = OpKind::fill;
-    fill.phase = Phase::backward;
-    fill.layer = b.layer;
-    fill.name = "zero.zero_padding." + b.tag;
-    fill.outputs = {tail};
-    fill.modes = {WriteMode::overwrite};
-    fill.attrs = FillAttrs{0.0f};
-    fill.flops = double(b.elements - end);
-    push(std::move(fill), s);
+    if (std::optional<Op> fill = bucket_padding_fill(p, L.buckets[bi], grad_root[bi])) push(std::move(*fill), s);
   }
 
   template <class Push>
@@ -592,6 +576,7 @@ void apply_zero(Program& p, const Policy& policy, const Topology& topo) {
   z.qgz = policy.zero_quantized_gradients && z.stage >= 2;
   z.qgz_bits = policy.zero_quantized_gradient_bits;
   z.topo = topo;
+  z.hpz = hpz_partition(policy, topo);
   z.build_buckets();
   if (z.stage >= 1) z.shard_state();
   z.rebuild();

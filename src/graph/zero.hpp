@@ -30,9 +30,20 @@
 //   qgZ         (ZeRO++, Policy::zero_quantized_gradients, stages 2-3) each bucket's gradient
 //               reduce-scatter becomes int4/int8 all-to-alls, inside each node then across nodes,
 //               summed in fp32 between them (graph/zero_qgz.hpp).
+//   hpZ         (ZeRO++, Policy::zero_hpz_partition_size = N, stage 3, 1 < N < data degree;
+//               graph/zero_hpz.hpp) the hpZ group is N consecutive data-parallel ranks (member
+//               data_rank % N). Once a bucket's forward gather has arrived (qwZ: decoded), this
+//               rank copies its member's 1/N of the gathered bucket into a transient secondary
+//               partition (zero.params.<tag>.secondary, communication buffers: born in the
+//               forward, dead after the backward's gather), and the backward's gather collects
+//               the N secondaries over the hpZ group (CommGroup::hpz) instead of the shards over
+//               the data group: unquantised, the very values the forward used, so losses are
+//               bitwise those without hpZ. With nodes of N ranks the backward's gathers never
+//               leave the node. N equal to the data degree is plain stage 3 (as in DeepSpeed).
 // Every collective runs over the data group (CollectiveAttrs::group, size Topology::data): ZeRO
-// shards over the ranks that hold the same tensor-parallel slice. The one exception is the fp16
-// overflow flag, max-reduced over the world so that every rank skips the same steps.
+// shards over the ranks that hold the same tensor-parallel slice. The exceptions: the fp16
+// overflow flag, max-reduced over the world so that every rank skips the same steps, and hpZ's
+// backward gathers, over the hpZ group.
 // graph/schedule_async.hpp then makes the collectives asynchronous.
 // Gradient clipping uses the global norm: the sum of squares over this rank's gradient shard,
 // all-reduced, then its square root (GradNormAttrs::Form). An fp16 overflow flag is
@@ -108,9 +119,10 @@ double communication_bytes_per_step(const Program& p);
 // What one rank's collectives send per optimizer step, by purpose (eval's gathers run outside
 // steps and count nowhere), and the split of the same bytes over the nodes of ranks_per_node
 // consecutive world ranks, for ring algorithms: a rank sends each collective's ring volume to
-// its right neighbour in the group, which is on its node or not. node_link is what crosses
-// each node boundary per step (one direction of a ring link: the ZeRO++ paper's cross-node
-// volume), 0 when every group lies on one node.
+// its right neighbour in the group, which is on its node or not. node_link is what leaves a
+// node per step (the ZeRO++ paper's cross-node volume), 0 when every group lies on one node:
+// for a ring, one direction of the link across each node boundary; for an all-to-all (qgZ),
+// the inter-node shares of all the node's data ranks, each of which runs the same exchange.
 enum class CommPurpose : uint8_t {
   param_gather_forward,   // stage 3 (qwZ: the int8 wire)
   param_gather_backward,  // stage 3, backward and recomputation

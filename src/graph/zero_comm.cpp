@@ -36,25 +36,28 @@ CommPurpose purpose_of(const Op& op) {
   return CommPurpose::scalars;
 }
 
-// World rank of member m of this rank's group (graph/policy.hpp's layout: tensor ranks adjacent).
-int world_rank_of(CommGroup g, const Topology& t, int m) {
+// World rank of member m of this rank's group of `size` ranks (graph/policy.hpp's layout: tensor
+// ranks adjacent; an hpZ group is `size` consecutive data ranks).
+int world_rank_of(CommGroup g, const Topology& t, int m, int size) {
   switch (g) {
     case CommGroup::world: return m;
     case CommGroup::data: return m * t.tensor + t.tensor_rank();
     case CommGroup::tensor: return t.data_rank() * t.tensor + m;
     case CommGroup::node: return ((t.data_rank() / t.data_per_node()) * t.data_per_node() + m) * t.tensor + t.tensor_rank();
     case CommGroup::across_nodes: return (m * t.data_per_node() + t.data_rank() % t.data_per_node()) * t.tensor + t.tensor_rank();
+    case CommGroup::hpz: return (t.data_rank() / size * size + m) * t.tensor + t.tensor_rank();
   }
   return m;
 }
 
-int member_index(CommGroup g, const Topology& t) {
+int member_index(CommGroup g, const Topology& t, int size) {
   switch (g) {
     case CommGroup::world: return t.rank;
     case CommGroup::data: return t.data_rank();
     case CommGroup::tensor: return t.tensor_rank();
     case CommGroup::node: return t.data_rank() % t.data_per_node();
     case CommGroup::across_nodes: return t.data_rank() / t.data_per_node();
+    case CommGroup::hpz: return t.data_rank() % size;
   }
   return t.rank;
 }
@@ -90,23 +93,30 @@ CommVolume communication_volume(const Program& p, const Topology& program_topo, 
     const CollectiveAttrs& a = std::get<CollectiveAttrs>(op.attrs);
     v.by_purpose[size_t(purpose_of(op))] += bytes;
     v.total += bytes;
-    const int me = member_index(a.group, topo);
+    const int me = member_index(a.group, topo, a.size);
     if (op.kind == OpKind::all_to_all) {
       // Not a ring: a 1/N part goes to each other member, on this rank's node or not.
       int near = 0;
       for (int m = 0; m < a.size; ++m)
-        near += m != me && node(world_rank_of(a.group, topo, m)) == node(world_rank_of(a.group, topo, me));
+        near += m != me && node(world_rank_of(a.group, topo, m, a.size)) == node(world_rank_of(a.group, topo, me, a.size));
       const double inside = a.size > 1 ? bytes * double(near) / double(a.size - 1) : bytes;
       v.intra_node += inside;
       v.inter_node += bytes - inside;
-      v.node_link += bytes - inside;
+      // What leaves the node: every data rank of this slice on the node runs the same exchange
+      // (in its own group where the group is across nodes) and sends the same share across.
+      int on_node = 0;
+      for (int d = 0; d < topo.data; ++d)
+        on_node += node(world_rank_of(CommGroup::data, topo, d, topo.data)) == node(topo.rank);
+      v.node_link += double(on_node) * (bytes - inside);
       continue;
     }
-    const bool crosses = node(world_rank_of(a.group, topo, me)) != node(world_rank_of(a.group, topo, (me + 1) % a.size));
+    const bool crosses =
+        node(world_rank_of(a.group, topo, me, a.size)) != node(world_rank_of(a.group, topo, (me + 1) % a.size, a.size));
     (crosses ? v.inter_node : v.intra_node) += bytes;
     // Every link of a ring carries the same bytes: a group on several nodes has a link across
     // each boundary it spans, carrying what each rank sends.
-    if (node(world_rank_of(a.group, topo, 0)) != node(world_rank_of(a.group, topo, a.size - 1))) v.node_link += bytes;
+    if (node(world_rank_of(a.group, topo, 0, a.size)) != node(world_rank_of(a.group, topo, a.size - 1, a.size)))
+      v.node_link += bytes;
   }
   return v;
 }

@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "graph/optimizer.hpp"
 #include "graph/zero.hpp"
+#include "graph/zero_parts.hpp"
 
 namespace memfit {
 
@@ -88,6 +89,42 @@ double communication_bytes_per_step(const Program& p) {
     bytes += p.op(i).comm_bytes * double(p.sections()[size_t(p.section_of_op(i))].runs_per_step());
   }
   return bytes;
+}
+
+std::vector<int> bucket_first_uses(const Program& p, const ZeroLayout& L, const std::vector<Op>& ops, size_t pass) {
+  std::map<TensorId, size_t> bucket_of_value;
+  for (size_t bi = 0; bi < L.buckets.size(); ++bi)
+    for (int pi : L.buckets[bi].params) bucket_of_value[p.params()[size_t(pi)].value] = bi;
+  std::vector<int> first(L.buckets.size(), -1);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    const SectionKind sec = p.sections()[size_t(p.section_of_op(int(i)))].kind;
+    const bool bwd = op.phase == Phase::backward || op.phase == Phase::recompute;
+    const bool in_pass = pass == 2 ? sec == SectionKind::eval : sec == SectionKind::micro && (pass == 1) == bwd;
+    if (!in_pass) continue;
+    for (TensorId id : op.inputs)
+      if (auto it = bucket_of_value.find(id); it != bucket_of_value.end() && first[it->second] < 0)
+        first[it->second] = int(i);
+  }
+  return first;
+}
+
+std::optional<Op> bucket_padding_fill(Program& p, const ZeroBucket& b, TensorId grad_root) {
+  const ParamEntry& last = p.params()[size_t(b.params.back())];
+  const int64_t end = b.offsets.back() + p.tensor(last.value).numel();
+  if (end == b.elements) return std::nullopt;
+  const DType gdt = p.tensor(grad_root).dtype;
+  Op fill;
+  fill.kind = OpKind::fill;
+  fill.phase = Phase::backward;
+  fill.layer = b.layer;
+  fill.name = "zero.zero_padding." + b.tag;
+  fill.outputs = {p.add_view(grad_root, "zero.grads." + b.tag + ".padding", Shape{b.elements - end}, gdt,
+                             dtype_bytes(gdt, end))};
+  fill.modes = {WriteMode::overwrite};
+  fill.attrs = FillAttrs{0.0f};
+  fill.flops = double(b.elements - end);
+  return fill;
 }
 
 }  // namespace memfit

@@ -58,7 +58,7 @@ CommGroups::CommGroups() {
   add_distinct(own_world_.get());
 }
 
-CommGroups::CommGroups(Communicator& world, const Topology& topology) {
+CommGroups::CommGroups(Communicator& world, const Topology& topology, int hpz_partition) {
   MEMFIT_CHECK(topology.world() == world.size() && topology.rank == world.rank(), "runtime",
                "the topology is rank {} of {} x {} ranks (data x tensor), but this is rank {} of {}", topology.rank,
                topology.data, topology.tensor, world.rank(), world.size());
@@ -77,6 +77,17 @@ CommGroups::CommGroups(Communicator& world, const Topology& topology) {
   } else {
     groups_[size_t(CommGroup::node)] = groups_[size_t(CommGroup::across_nodes)] = groups_[size_t(CommGroup::data)];
   }
+  // hpZ: groups of hpz_partition consecutive data ranks, one set per tensor slice (the color
+  // numbers the group across slices); off, the group is the data group's communicator.
+  MEMFIT_CHECK(hpz_partition >= 1 && topology.data % hpz_partition == 0, "runtime",
+               "hpZ partition {} does not divide the data-parallel degree {}", hpz_partition, topology.data);
+  const int hpz_id = topology.data_rank() / hpz_partition;
+  // Partitions of one node's ranks are the node group (the usual setting): no second split.
+  groups_[size_t(CommGroup::hpz)] =
+      hpz_partition == 1              ? groups_[size_t(CommGroup::data)]
+      : node_ && hpz_partition == h   ? node_.get()
+                                      : group(world, hpz_partition, "hpz", hpz_id * topology.tensor + topology.tensor_rank(),
+                                              topology.data_rank() % hpz_partition, hpz_);
   for (Communicator* c : groups_) add_distinct(c);
 }
 

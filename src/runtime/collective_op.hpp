@@ -30,8 +30,9 @@ class CommGroups {
   // A world of one: every group is one single-process communicator.
   CommGroups();
   // Splits `world` (collective over it; not owned, must outlive this). Throws [runtime] when the
-  // topology's world is not the communicator's.
-  CommGroups(Communicator& world, const Topology& topology);
+  // topology's world is not the communicator's. hpz_partition > 1 (ZeRO++ hpZ, graph/zero_hpz.hpp:
+  // hpz_partition()) also makes the hpZ group, that many consecutive ranks of the data group.
+  CommGroups(Communicator& world, const Topology& topology, int hpz_partition = 1);
   Communicator& operator[](CommGroup g) const { return *groups_[size_t(g)]; }
   // Each communicator once: the executor keeps each one's collectives in flight moving.
   const std::array<Communicator*, kNumCommGroups>& distinct() const { return distinct_; }
@@ -44,6 +45,7 @@ class CommGroups {
 
   std::unique_ptr<Communicator> own_world_, data_, tensor_;
   std::unique_ptr<Communicator> node_, across_nodes_;  // qgZ's two hops
+  std::unique_ptr<Communicator> hpz_;                  // hpZ's backward gathers
   std::array<Communicator*, kNumCommGroups> groups_{};
   std::array<Communicator*, kNumCommGroups> distinct_{};
   int distinct_count_ = 0;

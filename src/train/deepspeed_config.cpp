@@ -198,6 +198,8 @@ void apply_zero_block(const json& v, RunConfig& c) {
     else if (sub == "overlap_comm") p.overlap_comm = get_as<bool>(sv, name);
     else if (sub == "zero_quantized_weights") p.zero_quantized_weights = get_as<bool>(sv, name);
     else if (sub == "zero_quantized_gradients") p.zero_quantized_gradients = get_as<bool>(sv, name);
+    else if (sub == "zero_hpz_partition_size")
+      p.zero_hpz_partition_size = int(get_integer(sv, name, range::ranks_per_node));
     else if (sub == "offload_optimizer") {
       apply_offload_block(name, sv, p.offload_optimizer, c.offload_optimizer_keys, c.deepspeed_note);
       if (c.offload_dir.empty()) c.offload_dir = c.offload_optimizer_keys.nvme_path;

@@ -2,6 +2,8 @@
 
 #include "core/error.hpp"
 #include "graph/training_program.hpp"
+#include "graph/zero_hpz.hpp"
+#include "plan/hpz_report.hpp"
 #include "plan/plan_report.hpp"
 #include "train/adapter_files.hpp"
 #include "train/budget.hpp"
@@ -90,7 +92,7 @@ void build_executor(RunState& s, RunHooks* hooks) {
   const RunConfig& c = s.config;
   const Program& prog = s.program();
   std::ostream& log = s.out();
-  s.groups.emplace(*s.comm, c.topology);
+  s.groups.emplace(*s.comm, c.topology, hpz_partition(s.run.policy, c.topology));
   s.process = plan_process(s);
   log << describe_process_plan(s.process);
   ExecutorOptions options;
@@ -202,6 +204,7 @@ std::unique_ptr<RunState> setup_run(const RunConfig& config, std::ostream& rank_
   log << describe_recompute_choice(s.run, s.budget);
   log << format_memory_table(prog, s.run.compiled.plan);
   if (s.world > 1) log << describe_communication(prog, c.topology, c.ranks_per_node);
+  log << describe_hpz(hpz_summary(prog, s.run.compiled.plan), hpz_partition(s.run.policy, c.topology));
   if (s.world == 1) {
     enforce_memory_budget(c, s.run, s.budget, *s.backend, log);
   } else {

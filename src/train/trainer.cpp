@@ -85,6 +85,7 @@ nlohmann::json policy_json(const Policy& p) {
           {"zero_quantized_weights", p.zero_quantized_weights},
           {"zero_quantized_gradients", p.zero_quantized_gradients},
           {"zero_quantized_gradient_bits", p.zero_quantized_gradient_bits},
+          {"zero_hpz_partition_size", p.zero_hpz_partition_size},
           {"offload_optimizer", tier_name(p.offload_optimizer)},
           {"offload_params", tier_name(p.offload_params)},
           {"classifier_chunk_rows", p.classifier_chunk_rows}};
