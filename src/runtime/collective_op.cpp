@@ -58,7 +58,18 @@ CommGroups::CommGroups() {
   add_distinct(own_world_.get());
 }
 
-CommGroups::CommGroups(Communicator& world, const Topology& topology, int hpz_partition) {
+namespace {
+
+bool runs_over(const Program* program, CommGroup g) {
+  if (!program) return true;
+  for (const Op& op : program->ops())
+    if (const auto* a = std::get_if<CollectiveAttrs>(&op.attrs); a && a->group == g) return true;
+  return false;
+}
+
+}  // namespace
+
+CommGroups::CommGroups(Communicator& world, const Topology& topology, int hpz_partition, const Program* program) {
   MEMFIT_CHECK(topology.world() == world.size() && topology.rank == world.rank(), "runtime",
                "the topology is rank {} of {} x {} ranks (data x tensor), but this is rank {} of {}", topology.rank,
                topology.data, topology.tensor, world.rank(), world.size());
@@ -70,7 +81,8 @@ CommGroups::CommGroups(Communicator& world, const Topology& topology, int hpz_pa
   // the data group spans several nodes of several ranks (else qgZ takes one hop over `data`).
   // Colors count over (node or index, tensor slice), so each is unique across slices.
   const int h = topology.data_per_node(), d = topology.data_rank(), tr = topology.tensor_rank();
-  if (h > 1 && h < topology.data && topology.data % h == 0) {
+  const bool hops = runs_over(program, CommGroup::node) || runs_over(program, CommGroup::across_nodes);
+  if (hops && h > 1 && h < topology.data && topology.data % h == 0) {
     groups_[size_t(CommGroup::node)] = group(world, h, "node", (d / h) * topology.tensor + tr, d % h, node_);
     groups_[size_t(CommGroup::across_nodes)] =
         group(world, topology.data / h, "across_nodes", (d % h) * topology.tensor + tr, d / h, across_nodes_);
@@ -84,7 +96,7 @@ CommGroups::CommGroups(Communicator& world, const Topology& topology, int hpz_pa
   const int hpz_id = topology.data_rank() / hpz_partition;
   // Partitions of one node's ranks are the node group (the usual setting): no second split.
   groups_[size_t(CommGroup::hpz)] =
-      hpz_partition == 1              ? groups_[size_t(CommGroup::data)]
+      hpz_partition == 1 || !runs_over(program, CommGroup::hpz) ? groups_[size_t(CommGroup::data)]
       : node_ && hpz_partition == h   ? node_.get()
                                       : group(world, hpz_partition, "hpz", hpz_id * topology.tensor + topology.tensor_rank(),
                                               topology.data_rank() % hpz_partition, hpz_);

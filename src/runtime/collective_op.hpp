@@ -14,6 +14,7 @@
 
 #include "dist/communicator.hpp"
 #include "graph/policy.hpp"
+#include "graph/program.hpp"
 #include "kernels/backend.hpp"
 
 namespace memfit {
@@ -32,7 +33,11 @@ class CommGroups {
   // Splits `world` (collective over it; not owned, must outlive this). Throws [runtime] when the
   // topology's world is not the communicator's. hpz_partition > 1 (ZeRO++ hpZ, graph/zero_hpz.hpp:
   // hpz_partition()) also makes the hpZ group, that many consecutive ranks of the data group.
-  CommGroups(Communicator& world, const Topology& topology, int hpz_partition = 1);
+  // `program` given: the node, across_nodes and hpz groups are split only when one of its
+  // collectives runs over them (each split holds the transport's scratch for the whole run);
+  // every rank's program names the same groups, so every rank takes the same branches.
+  CommGroups(Communicator& world, const Topology& topology, int hpz_partition = 1,
+             const Program* program = nullptr);
   Communicator& operator[](CommGroup g) const { return *groups_[size_t(g)]; }
   // Each communicator once: the executor keeps each one's collectives in flight moving.
   const std::array<Communicator*, kNumCommGroups>& distinct() const { return distinct_; }

@@ -92,7 +92,7 @@ void build_executor(RunState& s, RunHooks* hooks) {
   const RunConfig& c = s.config;
   const Program& prog = s.program();
   std::ostream& log = s.out();
-  s.groups.emplace(*s.comm, c.topology, hpz_partition(s.run.policy, c.topology));
+  s.groups.emplace(*s.comm, c.topology, hpz_partition(s.run.policy, c.topology), &prog);
   s.process = plan_process(s);
   log << describe_process_plan(s.process);
   ExecutorOptions options;

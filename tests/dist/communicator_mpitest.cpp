@@ -14,6 +14,8 @@
 
 #include "core/error.hpp"
 #include "dist/communicator.hpp"
+#include "graph/training_program.hpp"
+#include "kernels/backend.hpp"
 #include "runtime/collective_op.hpp"
 #include "support/alloc_counter.hpp"
 
@@ -191,6 +193,37 @@ TEST(MpiCommunicator, AllToAllOverTheDataNodeAndAcrossNodeGroups) {
     for (int q = 0; q < size; ++q)
       for (int64_t i = 0; i < block; ++i)
         ASSERT_EQ(recv[size_t(q * block + i)], uint8_t(16 * c.world_rank(q) + 4 * me + i)) << q << " " << i;
+  }
+}
+
+// Given the program, only the groups its collectives run over are split (each split holds the
+// transport's scratch for the whole run): plain stage 3 on "nodes" of 2 splits nothing, qgZ's
+// program (4 ranks: two hops) splits node and across_nodes, hpZ over the node's 2 ranks reuses
+// the node group.
+TEST(MpiCommunicator, OnlyTheGroupsAProgramRunsOverAreSplit) {
+  const int r = comm().rank(), n = comm().size();
+  Topology topo{.data = n, .rank = r};
+  topo.ranks_per_node = 2;
+  Policy pol;
+  pol.batch = 1;
+  pol.seq = 16;
+  pol.zero_stage = 3;
+  auto distinct = [&](const Policy& p, int hpz) {
+    const Program program = build_training_program(model_preset("gpt2-tiny"), p, topo, cpu_capabilities());
+    return CommGroups(comm(), topo, hpz, &program).distinct_count();
+  };
+  // The world (also the data group) and the tensor group of one rank.
+  EXPECT_EQ(distinct(pol, 1), 2);
+  Policy qgz = pol;
+  qgz.zero_quantized_gradients = true;
+  EXPECT_EQ(distinct(qgz, 1), n >= 4 ? 4 : 2);
+  if (n >= 4) {
+    Policy both = qgz;
+    both.zero_hpz_partition_size = 2;
+    EXPECT_EQ(distinct(both, 2), 4);  // hpz is the node group
+    Policy hpz = pol;
+    hpz.zero_hpz_partition_size = 2;
+    EXPECT_EQ(distinct(hpz, 2), 3);
   }
 }
 
