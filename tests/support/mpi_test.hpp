@@ -1,16 +1,21 @@
 // What the tests run under mpirun (tests/**/*_mpitest.cpp) share: the world communicator, a
-// main that prints one report (rank 0's; every rank's failures still fail the run), and a run
+// main that prints one report (rank 0's; every rank's failures still fail the run), a run
 // hook that counts memfit's allocations in steps 2.. (step 1 may touch lazily initialised
-// library state).
+// library state), and a training run on the world with its losses, report and that count.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "dist/communicator.hpp"
 #include "support/alloc_counter.hpp"
 #include "train/run_hooks.hpp"
+#include "train/trainer.hpp"
 
 namespace memfit::test {
 
@@ -29,6 +34,27 @@ class StepAllocations final : public RunHooks {
   }
   int64_t allocations = 0;
 };
+
+struct WorldRun {
+  std::vector<double> loss;  // the training loss of every step
+  nlohmann::json report;
+  int64_t allocations = 0;  // by memfit code in steps 2..
+};
+
+inline WorldRun run_on_world(const RunConfig& c) {
+  StepAllocations watch;
+  std::ostringstream log;
+  WorldRun r;
+  r.report = run_training(c, log, &watch, &world());
+  for (const auto& x : r.report["loss"]["history"]) r.loss.push_back(x.get<double>());
+  r.allocations = watch.allocations;
+  return r;
+}
+
+// The bytes one rank sends per step for `purpose` (zero.hpp: comm_purpose_name).
+inline double bytes_sent_for(const WorldRun& r, const char* purpose) {
+  return r.report["distributed"]["communication"]["by_purpose"][purpose].get<double>();
+}
 
 inline int run_mpi_tests(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);

@@ -60,25 +60,10 @@ RunConfig config(int stage, int bits, int accum = 1, Precision precision = Preci
   return c;
 }
 
-struct Run {
-  std::vector<double> loss;
-  nlohmann::json report;
-  int64_t allocations = 0;
-};
+using Run = test::WorldRun;
+Run run(const RunConfig& c) { return test::run_on_world(c); }
 
-Run run(const RunConfig& c) {
-  test::StepAllocations watch;
-  std::ostringstream log;
-  Run r;
-  r.report = run_training(c, log, &watch, &comm());
-  for (const auto& x : r.report["loss"]["history"]) r.loss.push_back(x.get<double>());
-  r.allocations = watch.allocations;
-  return r;
-}
-
-double grad_bytes(const Run& r) {
-  return r.report["distributed"]["communication"]["by_purpose"]["grad_reduce_scatter"].get<double>();
-}
+double grad_bytes(const Run& r) { return test::bytes_sent_for(r, "grad_reduce_scatter"); }
 
 void expect_exact_plan(const Run& r) {
   EXPECT_TRUE(r.report["memory"]["all_ranks_equal"].get<bool>());

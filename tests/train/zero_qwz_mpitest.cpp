@@ -56,25 +56,10 @@ RunConfig config(const std::string& model, Precision precision, bool qwz) {
   return c;
 }
 
-struct Run {
-  std::vector<double> loss;
-  nlohmann::json report;
-  int64_t allocations = 0;
-};
+using Run = test::WorldRun;
+Run run(const RunConfig& c) { return test::run_on_world(c); }
 
-Run run(const RunConfig& c) {
-  test::StepAllocations watch;
-  std::ostringstream log;
-  Run r;
-  r.report = run_training(c, log, &watch, &comm());
-  for (const auto& x : r.report["loss"]["history"]) r.loss.push_back(x.get<double>());
-  r.allocations = watch.allocations;
-  return r;
-}
-
-double purpose(const Run& r, const char* name) {
-  return r.report["distributed"]["communication"]["by_purpose"][name].get<double>();
-}
+double purpose(const Run& r, const char* name) { return test::bytes_sent_for(r, name); }
 
 void expect_close_to_plain_stage_three(const std::string& model, Precision precision) {
   SCOPED_TRACE(fmt::format("{} {}, {} ranks, rank {}", model, precision_name(precision), comm().size(), comm().rank()));
