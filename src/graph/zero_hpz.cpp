@@ -2,6 +2,7 @@
 #include "graph/zero_hpz.hpp"
 
 #include "core/error.hpp"
+#include "graph/zero_parts.hpp"
 
 namespace memfit {
 
@@ -34,14 +35,7 @@ HpzCopy hpz_copy(Program& p, const ZeroLayout& L, size_t bi, TensorId gathered, 
   HpzCopy h;
   // Communication, not parameters: a transient buffer that only feeds the backward's gather
   // (parameters are the persistent model state that checkpoints, estimates and offload count).
-  TensorDesc d;
-  d.name = "zero.params." + b.tag + ".secondary";
-  d.shape = Shape{piece};
-  d.dtype = dt;
-  d.category = Category::communication;
-  d.lifetime = Lifetime::transient;
-  d.layer = b.layer;
-  h.secondary = p.add_tensor(std::move(d));
+  h.secondary = add_comm_buffer(p, "zero.params." + b.tag + ".secondary", piece, dt, b.layer);
   const int64_t member = L.rank % n;
   const TensorId mine = p.add_view(gathered, "zero.gather." + b.tag + ".forward.hpz_piece", Shape{piece}, dt,
                                    dtype_bytes(dt, member * piece));

@@ -1,6 +1,7 @@
 // ZeRO's shard arithmetic (see zero.hpp): buckets, padding, each rank's piece of a
 // parameter, and the bytes a program's collectives send. Kept apart from the pass so that
 // the layout can be read (and tested) on its own.
+#include <algorithm>
 #include <map>
 
 #include "core/error.hpp"
@@ -125,6 +126,42 @@ std::optional<Op> bucket_padding_fill(Program& p, const ZeroBucket& b, TensorId 
   fill.attrs = FillAttrs{0.0f};
   fill.flops = double(b.elements - end);
   return fill;
+}
+
+std::vector<std::pair<int64_t, int64_t>> bucket_value_ranges(const Program& p, const ZeroBucket& b, int64_t lo,
+                                                             int64_t hi) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    const int64_t first = std::max(lo, b.offsets[j]);
+    const int64_t last = std::min(hi, b.offsets[j] + p.tensor(p.params()[size_t(b.params[j])].value).numel());
+    if (first < last) out.emplace_back(first - lo, last - first);
+  }
+  return out;
+}
+
+TensorId add_comm_buffer(Program& p, std::string name, int64_t elements, DType dtype, int layer) {
+  TensorDesc d;
+  d.name = std::move(name);
+  d.shape = Shape{elements};
+  d.dtype = dtype;
+  d.category = Category::communication;
+  d.lifetime = Lifetime::transient;
+  d.layer = layer;
+  return p.add_tensor(std::move(d));
+}
+
+Op codec_op(OpKind kind, std::string name, int layer, TensorId in, TensorId out, CommQuantAttrs a, double flops) {
+  Op op;
+  op.kind = kind;
+  op.phase = Phase::communication;
+  op.name = std::move(name);
+  op.layer = layer;
+  op.inputs = {in};
+  op.outputs = {out};
+  op.modes = {WriteMode::overwrite};
+  op.attrs = std::move(a);
+  op.flops = flops;
+  return op;
 }
 
 }  // namespace memfit

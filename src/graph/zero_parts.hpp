@@ -1,8 +1,10 @@
-// Pieces of the ZeRO pass (zero.cpp) that read the program and the layout but none of the
-// pass's state. Internal to graph/zero*.cpp.
+// Pieces of the ZeRO pass (zero.cpp) and its ZeRO++ parts (zero_quant, zero_hpz, zero_qgz) that
+// read the program and the layout but none of the pass's state. Internal to graph/zero*.cpp.
 #pragma once
 
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/zero.hpp"
@@ -17,5 +19,18 @@ std::vector<int> bucket_first_uses(const Program& p, const ZeroLayout& L, const 
 // The fill that zeroes bucket b's unused tail in its gradient bucket `grad_root` (after its last
 // parameter), so reductions never read stale bytes; nullopt when the parameters fill the bucket.
 std::optional<Op> bucket_padding_fill(Program& p, const ZeroBucket& b, TensorId grad_root);
+
+// The element ranges of bucket b inside [lo, hi) that hold parameter values, as (first, count)
+// relative to lo, ascending: the padding after each parameter and at the bucket's end is never
+// written, so qwZ's and qgZ's coders must not read it.
+std::vector<std::pair<int64_t, int64_t>> bucket_value_ranges(const Program& p, const ZeroBucket& b, int64_t lo,
+                                                             int64_t hi);
+
+// A transient communication buffer of `elements` (ZeRO++'s wires, partial sums, secondaries).
+TensorId add_comm_buffer(Program& p, std::string name, int64_t elements, DType dtype, int layer);
+
+// A ZeRO++ coder op (comm_quantize / comm_dequantize, grad_quantize / grad_dequantize_sum):
+// one input, one output it overwrites, in the communication phase.
+Op codec_op(OpKind kind, std::string name, int layer, TensorId in, TensorId out, CommQuantAttrs a, double flops);
 
 }  // namespace memfit

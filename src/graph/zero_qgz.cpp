@@ -11,35 +11,11 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "graph/zero_parts.hpp"
 
 namespace memfit {
 
 namespace {
-
-TensorId add_buffer(Program& p, std::string name, int64_t elements, DType dtype, int layer) {
-  TensorDesc d;
-  d.name = std::move(name);
-  d.shape = Shape{elements};
-  d.dtype = dtype;
-  d.category = Category::communication;
-  d.lifetime = Lifetime::transient;
-  d.layer = layer;
-  return p.add_tensor(std::move(d));
-}
-
-Op codec(OpKind kind, std::string name, int layer, TensorId in, TensorId out, CommQuantAttrs a, double flops) {
-  Op op;
-  op.kind = kind;
-  op.phase = Phase::communication;
-  op.name = std::move(name);
-  op.layer = layer;
-  op.inputs = {in};
-  op.outputs = {out};
-  op.modes = {WriteMode::overwrite};
-  op.attrs = std::move(a);
-  op.flops = flops;
-  return op;
-}
 
 // One hop: code `x` (parts destinations of chunks of `chunk` elements) into a wire, exchange it
 // over `group`, and sum the received parts into `y`. Returns {quantize, all_to_all, sum}.
@@ -47,8 +23,8 @@ std::vector<Op> hop(Program& p, const std::string& name, int layer, TensorId x, 
                     int64_t chunk, int bits, std::vector<std::pair<int64_t, int64_t>> valid) {
   const int64_t n = p.tensor(x).numel(), part = n / parts;
   const int64_t bytes = int64_t(parts) * int64_t(qgz_wire_bytes(part, kQgzBlock, bits));
-  const TensorId send = add_buffer(p, name + ".wire", bytes, DType::u8, layer);
-  const TensorId recv = add_buffer(p, name + ".received", bytes, DType::u8, layer);
+  const TensorId send = add_comm_buffer(p, name + ".wire", bytes, DType::u8, layer);
+  const TensorId recv = add_comm_buffer(p, name + ".received", bytes, DType::u8, layer);
   CommQuantAttrs a;
   a.block = kQgzBlock;
   a.bits = bits;
@@ -56,7 +32,7 @@ std::vector<Op> hop(Program& p, const std::string& name, int layer, TensorId x, 
   a.chunk = chunk;
   a.valid = std::move(valid);
   std::vector<Op> ops;
-  ops.push_back(codec(OpKind::grad_quantize, name + ".quantize", layer, x, send, a, 3.0 * double(n)));
+  ops.push_back(codec_op(OpKind::grad_quantize, name + ".quantize", layer, x, send, a, 3.0 * double(n)));
   Op c;
   c.kind = OpKind::all_to_all;
   c.phase = Phase::communication;
@@ -70,18 +46,9 @@ std::vector<Op> hop(Program& p, const std::string& name, int layer, TensorId x, 
   ops.push_back(std::move(c));
   a.valid.clear();
   a.chunk = 0;
-  ops.push_back(codec(OpKind::grad_dequantize_sum, name + ".dequantize_sum", layer, recv, y, a,
+  ops.push_back(codec_op(OpKind::grad_dequantize_sum, name + ".dequantize_sum", layer, recv, y, a,
                       2.0 * double(parts) * double(part)));
   return ops;
-}
-
-// The element ranges of bucket b that hold gradients: the padding between parameters is never
-// written, so the coder must not read it.
-std::vector<std::pair<int64_t, int64_t>> written(const Program& p, const ZeroBucket& b) {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (size_t j = 0; j < b.params.size(); ++j)
-    out.emplace_back(b.offsets[j], p.tensor(p.params()[size_t(b.params[j])].value).numel());
-  return out;
 }
 
 }  // namespace
@@ -102,15 +69,15 @@ QgzReduce qgz_reduce_scatter_into(Program& p, const ZeroLayout& L, size_t bi, co
   const std::string name = "zero.reduce_scatter." + b.tag;
   QgzReduce r;
   if (!qgz_two_hops(topo)) {
-    std::vector<Op> ops = hop(p, name, b.layer, grads, out, CommGroup::data, W, S, bits, written(p, b));
+    std::vector<Op> ops = hop(p, name, b.layer, grads, out, CommGroup::data, W, S, bits, bucket_value_ranges(p, b, 0, b.elements));
     r.now.assign(ops.begin(), ops.end() - 1);
     r.later.push_back(std::move(ops.back()));
     return r;
   }
   const int h = topo.data_per_node(), nodes = W / h;
   MEMFIT_CHECK(W % h == 0, "policy", "qgZ: {} data ranks per node do not divide the data degree {}", h, W);
-  const TensorId partial = add_buffer(p, name + ".node_sum", int64_t(nodes) * S, DType::f32, b.layer);
-  std::vector<Op> first = hop(p, name + ".node", b.layer, grads, partial, CommGroup::node, h, S, bits, written(p, b));
+  const TensorId partial = add_comm_buffer(p, name + ".node_sum", int64_t(nodes) * S, DType::f32, b.layer);
+  std::vector<Op> first = hop(p, name + ".node", b.layer, grads, partial, CommGroup::node, h, S, bits, bucket_value_ranges(p, b, 0, b.elements));
   std::vector<Op> second = hop(p, name + ".across_nodes", b.layer, partial, out, CommGroup::across_nodes, nodes, S, bits, {});
   r.now = std::move(first);
   r.now.insert(r.now.end(), second.begin(), second.end() - 1);
@@ -138,7 +105,7 @@ QgzReduce qgz_reduce_scatter(Program& p, const ZeroLayout& L, size_t bi, const T
                              TensorId grads, TensorId shard, int k) {
   QgzReduce r = qgz_reduce_scatter_into(p, L, bi, topo, bits, grads,
                                         k == 1 ? shard
-                                               : add_buffer(p, "zero.reduce_scatter." + L.buckets[bi].tag + ".buffer",
+                                               : add_comm_buffer(p, "zero.reduce_scatter." + L.buckets[bi].tag + ".buffer",
                                                             L.shard(L.buckets[bi]), p.tensor(shard).dtype,
                                                             L.buckets[bi].layer));
   if (k > 1) r.later.push_back(accumulate_shard(L, bi, r.later.back().outputs[0], shard));

@@ -17,17 +17,6 @@ namespace {
 // Blocks per thread below which forking costs more than it saves (a block is 256 elements).
 constexpr int64_t kBlockGrain = 64;
 
-// Calls fn(first, last) for each piece of [lo, hi) that lies in a valid range, in order.
-template <class Fn>
-void for_valid(ValidRanges valid, int64_t lo, int64_t hi, Fn&& fn) {
-  auto it = std::upper_bound(valid.begin(), valid.end(), lo,
-                             [](int64_t v, const std::pair<int64_t, int64_t>& r) { return v < r.first + r.second; });
-  for (; it != valid.end() && it->first < hi; ++it) {
-    const int64_t a = std::max(lo, it->first), b = std::min(hi, it->first + it->second);
-    if (a < b) fn(a, b);
-  }
-}
-
 }  // namespace
 
 template <class T>

@@ -11,6 +11,7 @@
 // The functions allocate nothing; they split blocks over threads with parallel_for.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -21,6 +22,18 @@
 namespace memfit::cpu {
 
 using ValidRanges = std::span<const std::pair<int64_t, int64_t>>;  // (first, count), ascending
+
+// Calls fn(first, last) for each piece of [lo, hi) that lies in a valid range, in order (the
+// coders of qwZ and qgZ skip ZeRO's padding, whose bytes nobody writes).
+template <class Fn>
+void for_valid(ValidRanges valid, int64_t lo, int64_t hi, Fn&& fn) {
+  auto it = std::upper_bound(valid.begin(), valid.end(), lo,
+                             [](int64_t v, const std::pair<int64_t, int64_t>& r) { return v < r.first + r.second; });
+  for (; it != valid.end() && it->first < hi; ++it) {
+    const int64_t a = std::max(lo, it->first), b = std::min(hi, it->first + it->second);
+    if (a < b) fn(a, b);
+  }
+}
 
 template <class T>
 void comm_quantize_int8(const T* x, int64_t n, int64_t block, ValidRanges valid, uint8_t* wire);

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/half.hpp"
+#include "kernels/cpu/comm_codec.hpp"
 #include "kernels/cpu/cpu_prepare.hpp"
 #include "kernels/cpu/parallel.hpp"
 
@@ -17,19 +18,14 @@ namespace {
 
 constexpr int64_t kBlockGrain = 64;  // blocks per thread below which forking costs more than it saves
 
-using Valid = std::span<const std::pair<int64_t, int64_t>>;
+using Valid = ValidRanges;
 
-// Calls fn(first, last) for each piece of [lo, hi) that lies in a valid range (all of it when
-// there are none), in order.
+// for_valid, where no ranges at all means every element is valid (the second hop's fp32
+// partial has no padding).
 template <class Fn>
-void for_valid(Valid valid, int64_t lo, int64_t hi, Fn&& fn) {
+void for_valid_or_all(Valid valid, int64_t lo, int64_t hi, Fn&& fn) {
   if (valid.empty()) return fn(lo, hi);
-  auto it = std::upper_bound(valid.begin(), valid.end(), lo,
-                             [](int64_t v, const std::pair<int64_t, int64_t>& r) { return v < r.first + r.second; });
-  for (; it != valid.end() && it->first < hi; ++it) {
-    const int64_t a = std::max(lo, it->first), b = std::min(hi, it->first + it->second);
-    if (a < b) fn(a, b);
-  }
+  for_valid(valid, lo, hi, fn);
 }
 
 // Calls fn(i, s, count) for each run of part d's elements [lo, hi) that is contiguous in x:
@@ -70,7 +66,7 @@ void grad_quantize(const T* x, const GradWire& w, Valid valid, uint8_t* wire) {
       float absmax = 0;
       bool finite = true;
       for_runs(w, d, lo, hi, [&](int64_t, int64_t s, int64_t count) {
-        for_valid(valid, s, s + count, [&](int64_t a, int64_t e) {
+        for_valid_or_all(valid, s, s + count, [&](int64_t a, int64_t e) {
           for (int64_t j = a; j < e; ++j) {
             const float v = widen(x[j]);
             finite &= std::isfinite(v);
@@ -86,7 +82,7 @@ void grad_quantize(const T* x, const GradWire& w, Valid valid, uint8_t* wire) {
       if (!finite || absmax == 0) continue;
       const float inv = q / absmax;
       for_runs(w, d, lo, hi, [&](int64_t i0, int64_t s, int64_t count) {
-        for_valid(valid, s, s + count, [&](int64_t a, int64_t e) {
+        for_valid_or_all(valid, s, s + count, [&](int64_t a, int64_t e) {
           for (int64_t j = a; j < e; ++j) {
             const int c = int(std::clamp(std::nearbyint(widen(x[j]) * inv), -q, q));
             const int64_t i = i0 + (j - s);
