@@ -20,7 +20,7 @@
 
 namespace memfit {
 
-inline constexpr size_t kNumOpKinds = size_t(OpKind::grad_dequantize_sum) + 1;
+inline constexpr size_t kNumOpKinds = size_t(OpKind::classifier_parallel_backward) + 1;
 
 class OpCapabilities {
  public:

@@ -71,6 +71,10 @@ std::string_view op_kind_name(OpKind k) {
     MEMFIT_KIND(all_to_all)
     MEMFIT_KIND(grad_quantize)
     MEMFIT_KIND(grad_dequantize_sum)
+    MEMFIT_KIND(add_bias)
+    MEMFIT_KIND(classifier_partial)
+    MEMFIT_KIND(classifier_combine)
+    MEMFIT_KIND(classifier_parallel_backward)
 #undef MEMFIT_KIND
   }
   MEMFIT_ASSERT(false, "unknown op kind {}", int(k));

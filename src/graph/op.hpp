@@ -140,6 +140,22 @@ enum class OpKind : uint16_t {
                        //   ranks, chunk, valid)
   grad_dequantize_sum, // in [wire (u8, ranks parts of n elements each)] out [y (n) float]: the sum in fp32
                        //   of the ranks decoded parts, rounded once to y's dtype; CommQuantAttrs
+  // --- tensor parallelism (graph/tensor_parallel.hpp) ---
+  add_bias,            // in [x (M,N), b (N)] out [y (M,N) = x + b per row]; y may overwrite x (a row-parallel
+                       //   product's bias, added once after the tensor group's all_reduce)
+  classifier_partial,  // in [x (N,C), w (Vs,C), targets (N)] out [stats (N,3) fp32] workspace [logits chunk (R,Vs)]:
+                       //   this rank's vocabulary slice, global columns vocab_begin .. vocab_begin+Vs-1 (those >=
+                       //   vocab are padding): per row the slice's max logit m (-inf when it has no real column), the
+                       //   sum of exp(logit - m) over it (0 when none), and the target's logit when the target is in
+                       //   the slice (else 0); ClassifierAttrs (rows, vocab, chunk_rows, vocab_begin)
+  classifier_combine,  // in [stats (P,N,3) fp32: the tensor group's stats, gathered in rank order] out [losses (N),
+                       //   lse (N)] both fp32: lse = M + log(sum_r s_r exp(m_r - M)) with M = max_r m_r,
+                       //   loss = lse - sum_r target_r; ClassifierAttrs (rows, parts = P)
+  classifier_parallel_backward,  // in [x, w (Vs,C), targets, lse (N) fp32] out [dx (N,C), dw (Vs,C)] workspace
+                       //   [logits chunk (R,Vs)]: with g = (exp(logit - lse) - [column is the target]) * grad_scale *
+                       //   loss_scale over the slice's real columns (0 on padding), dx = g w (this slice's part of
+                       //   the input gradient: summed over the tensor group afterwards) and dw = g^T x; either
+                       //   output may be kNoTensor; ClassifierAttrs as classifier_partial's
 };
 std::string_view op_kind_name(OpKind k);
 // The collectives (all_reduce, reduce_scatter, all_gather, broadcast, all_to_all); not wait.
@@ -231,6 +247,19 @@ struct ClassifierAttrs {
   int64_t vocab = 0;       // real vocabulary; columns >= vocab are padding and get no probability
   int64_t chunk_rows = 0;  // R: rows of logits materialised at once
   float grad_scale = 1;    // d(loss)/d(loss_i): 1 / (tokens per optimizer step)
+  // Tensor parallelism (the vocabulary-parallel classifier ops): the global column of this
+  // rank's first weight row, and the ranks whose stats classifier_combine combines.
+  int64_t vocab_begin = 0;
+  int parts = 1;
+};
+// embedding_forward / embedding_backward under tensor parallelism: wte holds the vocabulary
+// rows [vocab_begin, vocab_begin + rows of wte); tokens outside them contribute nothing (their
+// row comes from another rank, summed by the tensor group's all_reduce). With add_positions
+// false the forward leaves wpe out (one rank of the group adds it); the backward still writes
+// dwpe from dy. The defaults are the one-rank op.
+struct EmbeddingAttrs {
+  int64_t vocab_begin = 0;
+  bool add_positions = true;
 };
 struct ScaleAttrs {
   float scale = 1;
@@ -295,7 +324,7 @@ inline constexpr uint64_t qgz_wire_bytes(int64_t n, int64_t block, int bits) {
 }
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
                              ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs, ColumnsAttrs,
-                             DropoutAttrs, QuantLinearAttrs, CachedAttentionAttrs, CommQuantAttrs>;
+                             DropoutAttrs, QuantLinearAttrs, CachedAttentionAttrs, CommQuantAttrs, EmbeddingAttrs>;
 
 struct Op {
   OpKind kind = OpKind::fill;
