@@ -205,7 +205,12 @@ int main(int argc, char** argv) {
     memfit::RunConfig plan_config = plan_options.resolve();
     if (hardware_plan.requested(plan_config)) return hardware_plan.run(plan_config, as_json, std::cout);
     // This machine's backend: one rank of the real (ZeRO-transformed) program, rank 0.
-    if (hardware_plan.world_size() > 0) plan_config.topology.data = hardware_plan.world_size();
+    if (hardware_plan.world_size() > 0) {
+      const int tensor = plan_config.topology.tensor;
+      MEMFIT_CHECK(hardware_plan.world_size() % tensor == 0, "plan",
+                   "--tensor-parallel {} does not divide --world-size {}", tensor, hardware_plan.world_size());
+      plan_config.topology.data = hardware_plan.world_size() / tensor;
+    }
     return plan_command(plan_config, as_json);
   } catch (const std::exception& e) {  // memfit::Error ("[piece] message") and the rest
     std::cout.flush();

@@ -206,6 +206,10 @@ void RunOptions::add_zero_plus_plus_options(CLI::App& app) {
                [](RunConfig& c, int64_t v) {
                  c.policy.zero_hpz_partition_size = int(require_in("--zero-hpz-partition-size", v, input_range::ranks_per_node));
                });
+  add<int64_t>(app, "--tensor-parallel",
+               "tensor parallelism (Megatron-LM): each group of T adjacent ranks splits every block's heads, MLP and "
+               "vocabulary; data parallelism (and ZeRO) runs over world / T groups",
+               [](RunConfig& c, int64_t v) { c.topology.tensor = int(require_in("--tensor-parallel", v, input_range::ranks_per_node)); });
   add<int64_t>(app, "--ranks-per-node", "consecutive ranks per node, for the intra/inter-node split of the bytes sent "
                "(default: the ranks sharing a node when running, the world for a plan)",
                [](RunConfig& c, int64_t v) { c.ranks_per_node = int(require_in("--ranks-per-node", v, input_range::ranks_per_node)); });

@@ -52,10 +52,38 @@ void Autodiff::backward(int begin, int end) {
     const Op fwd = p_.op(i);  // copy: emitting ops may reallocate the op vector
     if (fwd.phase != Phase::forward) continue;
     b_.set_layer(fwd.layer);
+    sum_grads_over_tensor_group(fwd);
     backward_of(fwd);
   }
   b_.set_layer(-1);
   b_.set_phase(saved);
+}
+
+// The producer's backward comes after every consumer's (this walk is in reverse), so the
+// gradients of its outputs are complete here: each rank's partial sum becomes the group's sum.
+void Autodiff::sum_grads_over_tensor_group(const Op& fwd) {
+  const TensorParallel& tp = b_.tensor_parallel();
+  for (TensorId y : fwd.outputs) {
+    if (y == kNoTensor || !p_.tensor(y).grad_summed_over_tensor_group) continue;
+    const TensorId dy = grad(y);
+    if (dy == kNoTensor) continue;
+    MEMFIT_ASSERT(tp.on(), "{} is summed over a tensor group of one rank", p_.tensor(y).name);
+    const double bytes = ring_bytes(double(p_.tensor(dy).bytes()), tp.parts, 2.0);
+    b_.emit({OpKind::all_reduce, fwd.name + ".bwd_tensor_all_reduce", {}, {dy},
+             CollectiveAttrs{CommGroup::tensor, tp.parts, false}, 0, {WriteMode::update}, {}, {}, bytes});
+  }
+}
+
+// Passes dy on to x as its gradient: x takes dy's buffer when it has no gradient yet (see
+// add_backward), else dy is added to it.
+void Autodiff::pass_through(const std::string& name, TensorId x, TensorId dy) {
+  if (!p_.tensor(x).requires_grad) return;
+  if (grad(x) == kNoTensor && p_.tensor(x).category != Category::parameters) {
+    grads_[x] = dy;
+    return;
+  }
+  auto [dx, mode] = contribute(x);
+  b_.emit({OpKind::accumulate, name, {dy}, {dx}, NoAttrs{}, double(p_.tensor(dy).numel()), {mode}});
 }
 
 void Autodiff::backward_of(const Op& fwd) {
@@ -69,6 +97,18 @@ void Autodiff::backward_of(const Op& fwd) {
     case OpKind::quant_linear: return quant_linear_backward(fwd, dy);
     case OpKind::add: return add_backward(fwd, dy);
     case OpKind::add_columns: return add_backward(fwd, dy);
+    case OpKind::all_reduce:  // tensor parallelism's forward sum: the identity backward (Megatron's g)
+      MEMFIT_ASSERT(fwd.inputs.size() == 1, "forward all_reduce {} is not out of place", fwd.name);
+      return pass_through(bname, fwd.inputs[0], dy);
+    case OpKind::add_bias: {
+      const TensorId bias = fwd.inputs[1];
+      if (needs(bias)) {
+        auto [db, mode] = contribute(bias);
+        const Shape& s = p_.tensor(dy).shape;
+        b_.emit({OpKind::bias_grad, fwd.name + ".bwd_bias", {dy}, {db}, NoAttrs{}, double(s.numel()), {mode}});
+      }
+      return pass_through(bname, fwd.inputs[0], dy);
+    }
     case OpKind::dropout_forward: {
       // The same keep mask, drawn again from the same key: nothing is saved for the backward.
       const TensorId x = fwd.inputs[0];
@@ -90,7 +130,7 @@ void Autodiff::backward_of(const Op& fwd) {
         outs.pop_back();
         modes.pop_back();
       }
-      b_.emit({OpKind::embedding_backward, bname, {dy, tokens}, outs, NoAttrs{}, double(p_.tensor(dy).numel()), modes});
+      b_.emit({OpKind::embedding_backward, bname, {dy, tokens}, outs, fwd.attrs, double(p_.tensor(dy).numel()), modes});
       return;
     }
     case OpKind::rmsnorm_forward: {

@@ -32,6 +32,8 @@ class Autodiff {
 
  private:
   void backward_of(const Op& fwd);
+  void sum_grads_over_tensor_group(const Op& fwd);
+  void pass_through(const std::string& name, TensorId x, TensorId dy);
   void matmul_backward(const Op& fwd, TensorId dy);
   void quant_linear_backward(const Op& fwd, TensorId dy);
   void add_backward(const Op& fwd, TensorId dy);

@@ -4,9 +4,15 @@
 
 namespace memfit {
 
-TensorId GraphBuilder::parameter(std::string name, Shape shape, ParamInit init, float init_std, bool decay) {
+TensorId GraphBuilder::parameter(std::string name, Shape shape, ParamInit init, float init_std, bool decay,
+                                 TensorSplit split) {
   TensorDesc d;
   d.name = name;
+  if (split.split()) {
+    MEMFIT_ASSERT(split.global == shape, "parameter {}: split of {} for shape {}", name, split.global.to_string(),
+                  shape.to_string());
+    shape = local_shape(split);
+  }
   d.shape = std::move(shape);
   d.category = Category::parameters;
   d.lifetime = Lifetime::persistent;
@@ -20,6 +26,7 @@ TensorId GraphBuilder::parameter(std::string name, Shape shape, ParamInit init, 
   e.init = init;
   e.init_std = init_std;
   e.decay = decay;
+  e.split = std::move(split);
   p_.params().push_back(std::move(e));
   return id;
 }
@@ -59,6 +66,7 @@ int GraphBuilder::emit(OpSpec spec) {
   op.inplace = std::move(spec.inplace);
   op.attrs = std::move(spec.attrs);
   op.flops = spec.flops;
+  op.comm_bytes = spec.comm_bytes;
   return p_.add_op(std::move(op));
 }
 
@@ -74,8 +82,13 @@ TensorId GraphBuilder::embedding(const std::string& name, TensorId tokens, Tenso
   const Shape ts = p_.tensor(tokens).shape;  // copies: adding tensors may reallocate the table
   const int64_t C = p_.tensor(wte).shape[1];
   const TensorId x = activation_like(name, Shape{ts[0], ts[1], C}, {wte, wpe});
-  emit({OpKind::embedding_forward, name, {tokens, wte, wpe}, {x}, NoAttrs{}, double(ts.numel() * C)});
-  return x;
+  if (!tp_.on()) {
+    emit({OpKind::embedding_forward, name, {tokens, wte, wpe}, {x}, NoAttrs{}, double(ts.numel() * C)});
+    return x;
+  }
+  const EmbeddingAttrs a{.vocab_begin = int64_t(tp_.index) * p_.tensor(wte).shape[0], .add_positions = tp_.index == 0};
+  emit({OpKind::embedding_forward, name + ".slice", {tokens, wte, wpe}, {x}, a, double(ts.numel() * C)});
+  return tensor_all_reduce(name + ".all_reduce", x);
 }
 
 GraphBuilder::NormOut GraphBuilder::layernorm(const std::string& name, TensorId x, TensorId w, TensorId b, float eps) {
@@ -106,6 +119,52 @@ TensorId GraphBuilder::linear(const std::string& name, TensorId x, TensorId w, T
   if (b != kNoTensor) inputs.push_back(b);
   emit({OpKind::matmul, name, std::move(inputs), {y}, a, 2.0 * double(a.m) * double(a.n) * double(a.k)});
   return y;
+}
+
+TensorId GraphBuilder::row_parallel_linear(const std::string& name, TensorId x, TensorId w, TensorId b) {
+  if (!tp_.on()) return linear(name, x, w, b);
+  const TensorId partial = linear(name + ".partial", x, w, kNoTensor);
+  const TensorId y = tensor_all_reduce(name + ".all_reduce", partial);
+  return b == kNoTensor ? y : add_bias(name + ".bias", y, b);
+}
+
+void GraphBuilder::sum_grad_over_tensor_group(TensorId x) {
+  if (tp_.on()) p_.tensor(x).grad_summed_over_tensor_group = true;
+}
+
+TensorId GraphBuilder::tensor_all_reduce(const std::string& name, TensorId x) {
+  const TensorId y = activation_like(name + ".y", p_.tensor(x).shape, {x});
+  const double bytes = ring_bytes(double(p_.tensor(x).bytes()), tp_.parts, 2.0);
+  emit({OpKind::all_reduce, name, {x}, {y}, CollectiveAttrs{CommGroup::tensor, tp_.parts, false}, 0, {}, {},
+        {{0, 0}}, bytes});
+  return y;
+}
+
+TensorId GraphBuilder::add_bias(const std::string& name, TensorId x, TensorId b) {
+  const TensorId y = activation_like(name + ".y", p_.tensor(x).shape, {x, b});
+  emit({OpKind::add_bias, name, {x, b}, {y}, NoAttrs{}, double(p_.tensor(x).numel()), {}, {}, {{0, 0}}});
+  return y;
+}
+
+GraphBuilder::ParallelLosses GraphBuilder::vocab_parallel_losses(const std::string& prefix, TensorId hidden,
+                                                                 TensorId w, TensorId targets, const ClassifierAttrs& c) {
+  MEMFIT_ASSERT(tp_.on() && c.parts == tp_.parts, "{}: a vocabulary-parallel classifier of {} parts on {} ranks", prefix,
+                c.parts, tp_.parts);
+  const int64_t N = c.rows, V = p_.tensor(w).shape[0], C = p_.tensor(w).shape[1];
+  const TensorId stats = transient(prefix + "stats", Shape{N, 3}, Category::activations);
+  const TensorId gathered = transient(prefix + "stats_gathered", Shape{tp_.parts, N, 3}, Category::activations);
+  const TensorId chunk = transient(prefix + "logits_chunk", Shape{c.chunk_rows, V}, Category::temporaries);
+  ParallelLosses out;
+  out.losses = transient(prefix + "losses", Shape{N}, Category::activations);
+  out.lse = transient(prefix + "lse", Shape{N}, Category::activations);
+  emit({OpKind::classifier_partial, prefix + "partial", {hidden, w, targets}, {stats}, c,
+        2.0 * double(N) * double(V) * double(C) + 3.0 * double(N) * double(V), {}, {chunk}});
+  emit({OpKind::all_gather, prefix + "all_gather_stats", {stats}, {gathered},
+        CollectiveAttrs{CommGroup::tensor, tp_.parts, false}, 0, {}, {}, {},
+        ring_bytes(double(p_.tensor(gathered).bytes()), tp_.parts, 1.0)});
+  emit({OpKind::classifier_combine, prefix + "combine", {gathered}, {out.losses, out.lse}, c,
+        4.0 * double(N) * double(tp_.parts)});
+  return out;
 }
 
 TensorId GraphBuilder::gelu(const std::string& name, TensorId x) {

@@ -9,6 +9,7 @@
 
 #include "graph/policy.hpp"
 #include "graph/program.hpp"
+#include "graph/tensor_parallel.hpp"
 
 namespace memfit {
 
@@ -24,9 +25,14 @@ class GraphBuilder {
   // Off while emitting forward passes that are never differentiated (validation).
   void set_grad_enabled(bool on) { grad_enabled_ = on; }
   bool grad_enabled() const { return grad_enabled_; }
+  // The tensor-parallel slice the builders emit (graph/tensor_parallel.hpp); one rank by default.
+  void set_tensor_parallel(TensorParallel tp) { tp_ = tp; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
 
-  // A persistent, trainable parameter (registered in program().params()).
-  TensorId parameter(std::string name, Shape shape, ParamInit init, float init_std, bool decay);
+  // A persistent, trainable parameter (registered in program().params()). `shape` is the
+  // one-rank shape; with a split, this rank's tensor has the split's local shape.
+  TensorId parameter(std::string name, Shape shape, ParamInit init, float init_std, bool decay,
+                     TensorSplit split = {});
   TensorId persistent(std::string name, Shape shape, Category category, DType dtype = DType::f32);
   TensorId transient(std::string name, Shape shape, Category category, DType dtype = DType::f32);
 
@@ -40,10 +46,13 @@ class GraphBuilder {
     std::vector<WriteMode> modes = {};
     std::vector<TensorId> workspace = {};
     std::vector<std::pair<int, int>> inplace = {};
+    double comm_bytes = 0;  // collectives: bytes sent per rank
   };
   int emit(OpSpec spec);  // returns the op index
 
   // --- forward ops (activations are transient fp32 of category activations) ---
+  // Under tensor parallelism wte is this rank's vocabulary slice: each rank looks up the tokens
+  // in its slice (rank 0 adds the positions) and the tensor group's all_reduce sums them.
   TensorId embedding(const std::string& name, TensorId tokens, TensorId wte, TensorId wpe);
   struct NormOut {
     TensorId y, mean, rstd;
@@ -51,6 +60,24 @@ class GraphBuilder {
   NormOut layernorm(const std::string& name, TensorId x, TensorId w, TensorId b, float eps);
   // y (N, out) = x (N, in) @ w^T + b, with w stored [out, in] (nn.Linear layout).
   TensorId linear(const std::string& name, TensorId x, TensorId w, TensorId b);
+  // Tensor parallelism: a row-parallel product (w holds a slice of the input columns): the
+  // partial products are summed over the tensor group, then the bias is added once; `linear`
+  // on one rank.
+  TensorId row_parallel_linear(const std::string& name, TensorId x, TensorId w, TensorId b);
+  // Marks x, the replicated input of column-parallel products, so that autodiff sums its
+  // gradient over the tensor group (nothing on one rank).
+  void sum_grad_over_tensor_group(TensorId x);
+  // y = the sum over the tensor group of x (a new tensor; the gradient passes through).
+  TensorId tensor_all_reduce(const std::string& name, TensorId x);
+  TensorId add_bias(const std::string& name, TensorId x, TensorId b);
+  // The vocabulary-parallel cross-entropy's forward (graph/training_program.cpp): each rank's
+  // row statistics over its vocabulary slice w, gathered over the tensor group and combined
+  // into the per-row losses (N) and log-sum-exp (N), both fp32. `c` is the classifier's.
+  struct ParallelLosses {
+    TensorId losses = kNoTensor, lse = kNoTensor;
+  };
+  ParallelLosses vocab_parallel_losses(const std::string& prefix, TensorId hidden, TensorId w, TensorId targets,
+                                       const ClassifierAttrs& c);
   TensorId gelu(const std::string& name, TensorId x);
   TensorId add(const std::string& name, TensorId a, TensorId b);
   // The plain form keeps probs (B, NH, T, T) for backward; flash keeps lse (B, NH, T) fp32.
@@ -74,6 +101,7 @@ class GraphBuilder {
   int layer_ = -1;
   Phase phase_ = Phase::forward;
   bool grad_enabled_ = true;
+  TensorParallel tp_;
 };
 
 }  // namespace memfit

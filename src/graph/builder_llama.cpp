@@ -14,8 +14,13 @@ TensorId GraphBuilder::token_embedding(const std::string& name, TensorId tokens,
   const Shape ts = p_.tensor(tokens).shape;  // copies: adding tensors may reallocate the table
   const int64_t C = p_.tensor(wte).shape[1];
   const TensorId x = activation_like(name, Shape{ts[0], ts[1], C}, {wte});
-  emit({OpKind::embedding_forward, name, {tokens, wte}, {x}, NoAttrs{}, double(ts.numel() * C)});
-  return x;
+  if (!tp_.on()) {
+    emit({OpKind::embedding_forward, name, {tokens, wte}, {x}, NoAttrs{}, double(ts.numel() * C)});
+    return x;
+  }
+  const EmbeddingAttrs a{.vocab_begin = int64_t(tp_.index) * p_.tensor(wte).shape[0], .add_positions = false};
+  emit({OpKind::embedding_forward, name + ".slice", {tokens, wte}, {x}, a, double(ts.numel() * C)});
+  return tensor_all_reduce(name + ".all_reduce", x);
 }
 
 GraphBuilder::NormOut GraphBuilder::rmsnorm(const std::string& name, TensorId x, TensorId w, float eps) {

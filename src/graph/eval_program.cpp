@@ -27,10 +27,17 @@ void emit_eval_section(GraphBuilder& b, const ModelSpec& spec, const ModelParams
   c.rows = N;
   c.vocab = spec.vocab_size;
   c.chunk_rows = classifier_chunk_rows(spec, policy);
-  const TensorId losses = b.transient("eval.losses", Shape{N}, Category::activations);
-  const TensorId chunk = b.transient("eval.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
-  b.emit({OpKind::classifier_eval, "eval.classifier", {hidden, params.classifier_weight, targets}, {losses}, c,
-          2.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd), {}, {chunk}});
+  TensorId losses = kNoTensor;
+  if (b.tensor_parallel().on()) {
+    c.vocab_begin = int64_t(b.tensor_parallel().index) * p.tensor(params.classifier_weight).shape[0];
+    c.parts = b.tensor_parallel().parts;
+    losses = b.vocab_parallel_losses("eval.classifier.", hidden, params.classifier_weight, targets, c).losses;
+  } else {
+    losses = b.transient("eval.losses", Shape{N}, Category::activations);
+    const TensorId chunk = b.transient("eval.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
+    b.emit({OpKind::classifier_eval, "eval.classifier", {hidden, params.classifier_weight, targets}, {losses}, c,
+            2.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd), {}, {chunk}});
+  }
   b.emit({OpKind::loss_mean, "eval.loss", {losses}, {eval_loss}, ScaleAttrs{1.0f / float(N)}, double(N)});
   b.set_grad_enabled(true);
   p.end_section();

@@ -11,9 +11,14 @@ Gpt2Params declare_gpt2_parameters(GraphBuilder& b, const ModelSpec& s) {
   const int64_t C = s.n_embd, F = s.n_inner;
   // GPT-2 initialisation: normal(0, 0.02), residual projections scaled by 1/sqrt(2 * layers).
   const float std0 = 0.02f, std_resid = 0.02f / std::sqrt(2.0f * float(s.n_layer));
+  const TensorParallel& tp = b.tensor_parallel();
+  check_tensor_parallel(s, tp);
   Gpt2Params p;
   b.set_layer(-1);
-  p.wte = b.parameter("wte.weight", Shape{s.padded_vocab, C}, ParamInit::normal, std0, true);
+  // The vocabulary is split over the tensor group (wte is also the classifier); positions and
+  // norms are replicated.
+  p.wte = b.parameter("wte.weight", Shape{s.padded_vocab, C}, ParamInit::normal, std0, true,
+                      tp.rows(Shape{s.padded_vocab, C}));
   p.wpe = b.parameter("wpe.weight", Shape{s.max_seq, C}, ParamInit::normal, std0, true);
   for (int64_t l = 0; l < s.n_layer; ++l) {
     b.set_layer(int(l));
@@ -21,15 +26,20 @@ Gpt2Params declare_gpt2_parameters(GraphBuilder& b, const ModelSpec& s) {
     Gpt2Block k;
     k.ln1_w = b.parameter(h + "ln_1.weight", Shape{C}, ParamInit::ones, 0, false);
     k.ln1_b = b.parameter(h + "ln_1.bias", Shape{C}, ParamInit::zeros, 0, false);
-    k.attn_w = b.parameter(h + "attn.c_attn.weight", Shape{3 * C, C}, ParamInit::normal, std0, true);
-    k.attn_b = b.parameter(h + "attn.c_attn.bias", Shape{3 * C}, ParamInit::zeros, 0, false);
-    k.proj_w = b.parameter(h + "attn.c_proj.weight", Shape{C, C}, ParamInit::normal, std_resid, true);
+    // Column-parallel: each of q, k and v split by heads.
+    k.attn_w = b.parameter(h + "attn.c_attn.weight", Shape{3 * C, C}, ParamInit::normal, std0, true,
+                           tp.rows(Shape{3 * C, C}, {C, C, C}));
+    k.attn_b = b.parameter(h + "attn.c_attn.bias", Shape{3 * C}, ParamInit::zeros, 0, false,
+                           tp.rows(Shape{3 * C}, {C, C, C}));
+    k.proj_w = b.parameter(h + "attn.c_proj.weight", Shape{C, C}, ParamInit::normal, std_resid, true,
+                           tp.columns(Shape{C, C}));
     k.proj_b = b.parameter(h + "attn.c_proj.bias", Shape{C}, ParamInit::zeros, 0, false);
     k.ln2_w = b.parameter(h + "ln_2.weight", Shape{C}, ParamInit::ones, 0, false);
     k.ln2_b = b.parameter(h + "ln_2.bias", Shape{C}, ParamInit::zeros, 0, false);
-    k.fc_w = b.parameter(h + "mlp.c_fc.weight", Shape{F, C}, ParamInit::normal, std0, true);
-    k.fc_b = b.parameter(h + "mlp.c_fc.bias", Shape{F}, ParamInit::zeros, 0, false);
-    k.fcproj_w = b.parameter(h + "mlp.c_proj.weight", Shape{C, F}, ParamInit::normal, std_resid, true);
+    k.fc_w = b.parameter(h + "mlp.c_fc.weight", Shape{F, C}, ParamInit::normal, std0, true, tp.rows(Shape{F, C}));
+    k.fc_b = b.parameter(h + "mlp.c_fc.bias", Shape{F}, ParamInit::zeros, 0, false, tp.rows(Shape{F}));
+    k.fcproj_w = b.parameter(h + "mlp.c_proj.weight", Shape{C, F}, ParamInit::normal, std_resid, true,
+                             tp.columns(Shape{C, F}));
     k.fcproj_b = b.parameter(h + "mlp.c_proj.bias", Shape{C}, ParamInit::zeros, 0, false);
     p.blocks.push_back(k);
   }
@@ -52,9 +62,24 @@ AttentionAttrs attention_attrs(const ModelSpec& s, const Shape& tokens) {
   return attn;
 }
 
+AttentionAttrs attention_attrs(const ModelSpec& s, const Shape& tokens, const TensorParallel& tp) {
+  AttentionAttrs attn = attention_attrs(s, tokens);
+  attn.heads /= tp.parts;  // checked divisible by check_tensor_parallel
+  attn.kv_heads /= tp.parts;
+  return attn;
+}
+
+void check_tensor_parallel(const ModelSpec& s, const TensorParallel& tp) {
+  if (!tp.on()) return;
+  check_divisible(s.n_head, tp.parts, "the attention heads of model '" + s.name + "'");
+  check_divisible(s.n_kv_head, tp.parts, "the key/value heads of model '" + s.name + "' (each rank needs whole groups)");
+  check_divisible(s.n_inner, tp.parts, "the MLP width of model '" + s.name + "'");
+  check_divisible(s.padded_vocab, tp.parts, "the padded vocabulary of model '" + s.name + "'");
+}
+
 TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& s, const Gpt2Params& p, TensorId tokens,
                       const std::string& prefix, AttentionKind attention) {
-  const AttentionAttrs attn = attention_attrs(s, b.program().tensor(tokens).shape);
+  const AttentionAttrs attn = attention_attrs(s, b.program().tensor(tokens).shape, b.tensor_parallel());
 
   b.set_phase(Phase::forward);
   b.set_layer(-1);
@@ -64,18 +89,22 @@ TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& s, const Gpt2Params& p, 
     const Gpt2Block& k = p.blocks[size_t(l)];
     const std::string h = prefix + "h." + std::to_string(l) + ".";
     const auto ln1 = b.layernorm(h + "ln_1", x, k.ln1_w, k.ln1_b, s.norm_eps);
+    b.sum_grad_over_tensor_group(ln1.y);
     const TensorId qkv = b.linear(h + "attn.c_attn", ln1.y, k.attn_w, k.attn_b);
     const auto att = b.attention(h + "attn.core", qkv, attn, attention);
-    const TensorId proj = b.linear(h + "attn.c_proj", att.y, k.proj_w, k.proj_b);
+    const TensorId proj = b.row_parallel_linear(h + "attn.c_proj", att.y, k.proj_w, k.proj_b);
     const TensorId res = b.add(h + "residual_attn", x, proj);
     const auto ln2 = b.layernorm(h + "ln_2", res, k.ln2_w, k.ln2_b, s.norm_eps);
+    b.sum_grad_over_tensor_group(ln2.y);
     const TensorId fc = b.linear(h + "mlp.c_fc", ln2.y, k.fc_w, k.fc_b);
     const TensorId act = b.gelu(h + "mlp.gelu", fc);
-    const TensorId fcproj = b.linear(h + "mlp.c_proj", act, k.fcproj_w, k.fcproj_b);
+    const TensorId fcproj = b.row_parallel_linear(h + "mlp.c_proj", act, k.fcproj_w, k.fcproj_b);
     x = b.add(h + "residual_mlp", res, fcproj);
   }
   b.set_layer(-1);
-  return b.layernorm(prefix + "ln_f", x, p.lnf_w, p.lnf_b, s.norm_eps).y;
+  const TensorId hidden = b.layernorm(prefix + "ln_f", x, p.lnf_w, p.lnf_b, s.norm_eps).y;
+  b.sum_grad_over_tensor_group(hidden);  // read by the vocabulary-parallel classifier
+  return hidden;
 }
 
 }  // namespace memfit

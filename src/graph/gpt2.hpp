@@ -14,6 +14,11 @@ namespace memfit {
 // The attention core's attributes for a model and a (B, T) token tensor: heads, key/value
 // heads, head size and the 1/sqrt(head size) scale. Shared by every architecture's forward.
 AttentionAttrs attention_attrs(const ModelSpec& spec, const Shape& tokens);
+// One rank's heads under tensor parallelism (heads and key/value heads divided by the degree).
+AttentionAttrs attention_attrs(const ModelSpec& spec, const Shape& tokens, const TensorParallel& tp);
+// Refuses, in one line, a model whose heads, key/value heads, MLP width or padded vocabulary
+// the tensor-parallel degree does not divide.
+void check_tensor_parallel(const ModelSpec& spec, const TensorParallel& tp);
 
 struct Gpt2Block {
   TensorId ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;

@@ -322,6 +322,11 @@ inline constexpr uint64_t comm_wire_bytes(int64_t n, int64_t block) { return uin
 inline constexpr uint64_t qgz_wire_bytes(int64_t n, int64_t block, int bits) {
   return (bits == 4 ? uint64_t(n + 1) / 2 : uint64_t(n)) + 4 * uint64_t((n + block - 1) / block);
 }
+// Bytes a ring collective sends per rank: all_reduce passes = 2, reduce_scatter and
+// all_gather 1 (bytes: the full tensor).
+inline double ring_bytes(double bytes, int ranks, double passes) {
+  return passes * bytes * double(ranks - 1) / double(ranks);
+}
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
                              ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs, ColumnsAttrs,
                              DropoutAttrs, QuantLinearAttrs, CachedAttentionAttrs, CommQuantAttrs, EmbeddingAttrs>;

@@ -60,7 +60,9 @@ bool matches(const std::string& pattern, const Op& op) {
 // Kinds whose kernels take tensors of any float dtype as they are (their arithmetic is fp32
 // either way): they never need an island.
 bool dtype_agnostic(OpKind kind) {
-  return kind == OpKind::cast || kind == OpKind::check_finite || kind == OpKind::load_input;
+  // Collectives: the communicator moves and sums 16-bit elements itself (tensor parallelism's
+  // forward and backward sums run before this pass).
+  return kind == OpKind::cast || kind == OpKind::check_finite || kind == OpKind::load_input || is_collective_kind(kind);
 }
 
 class IslandBuilder {

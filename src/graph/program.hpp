@@ -11,6 +11,7 @@
 
 #include "graph/op.hpp"
 #include "graph/tensor.hpp"
+#include "graph/tensor_parallel.hpp"
 
 namespace memfit {
 
@@ -73,6 +74,9 @@ struct ParamEntry {
   // ZeRO stage 3: this rank's piece of the parameter itself (the persistent copy; `value` is
   // then a view into a transient gather buffer, valid only inside the step).
   TensorId value_shard = kNoTensor;
+  // Tensor parallelism (graph/tensor_parallel.hpp): which elements of the one-rank parameter
+  // this rank's value (and its master, gradient and optimizer state) holds; none: all of them.
+  TensorSplit split;
   bool whole_state() const { return shard_numel < 0; }
   bool frozen() const { return !trainable; }
   // Stored as a single value tensor (what initialisation, loading and saving handle today).

@@ -58,6 +58,10 @@ struct TensorDesc {
   // A view aliases bytes [view_offset, view_offset + bytes) of view_of (a root tensor).
   TensorId view_of = kNoTensor;
   uint64_t view_offset = 0;
+  // Tensor parallelism: an input replicated over the tensor group and read by column-parallel
+  // products, whose gradient each rank holds only a partial sum of; autodiff sums it over the
+  // group before the backward of the op that wrote it (graph/tensor_parallel.hpp).
+  bool grad_summed_over_tensor_group = false;
 
   int64_t numel() const { return shape.numel(); }
   uint64_t bytes() const { return dtype_bytes(dtype, shape.numel()); }

@@ -63,6 +63,20 @@ void check_quantized_gradients(const Policy& p, const Topology& topo) {
                "zero_quantized_gradients with offloaded optimizer state or parameters is not supported yet");
 }
 
+Program build_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
+                      const OpCapabilities& backend, const ForwardRewrites& extra_rewrites, bool split_layers);
+
+// What tensor parallelism does not combine with yet, refused before anything is built.
+void check_tensor_parallel_policy(const Policy& p) {
+  auto refuse = [](std::string_view what) {
+    throw Error("policy", fmt::format("{} with tensor parallelism is not supported by this build yet", what));
+  };
+  if (p.sample_prompt > 0) refuse("sampling during training");
+  if (p.offload_optimizer != Tier::device || p.offload_params != Tier::device) refuse("offload");
+  if (p.zero_quantized_gradients || p.zero_hpz_partition_size > 1) refuse("ZeRO++ qgZ or hpZ");
+  if (p.update_in_backward) refuse("updating in the backward pass");
+}
+
 void check_supported(const ModelSpec& spec, const Policy& p, const Topology& topo) {
   auto unsupported = [](std::string_view what) {
     throw Error("policy", fmt::format("{} is not supported by this build yet", what));
@@ -91,6 +105,50 @@ void check_supported(const ModelSpec& spec, const Policy& p, const Topology& top
   if (const std::string why = offload_refusal(p); !why.empty()) throw Error("policy", why);
 }
 
+// The classifier, fused: logits chunk by chunk, the loss of each row and its gradient in one
+// op. Under tensor parallelism each rank holds a slice of the vocabulary (Megatron's
+// vocabulary-parallel cross-entropy, no rank holding all the logits): the slices' row
+// statistics (max, sum of exponentials, target logit) are gathered over the tensor group and
+// combined into each row's loss and log-sum-exp, from which each rank's backward computes
+// its slice's gradient. Returns the per-row losses.
+TensorId emit_classifier(GraphBuilder& b, Autodiff& ad, const ModelSpec& spec, const Policy& policy, TensorId weight,
+                         TensorId hidden, TensorId targets) {
+  Program& p = b.program();
+  const int64_t N = policy.batch * policy.seq, k = policy.grad_accum;
+  const TensorParallel& tp = b.tensor_parallel();
+  const int64_t V = p.tensor(weight).shape[0], C = spec.n_embd;
+  ClassifierAttrs c;
+  c.rows = N;
+  c.vocab = spec.vocab_size;
+  c.chunk_rows = classifier_chunk_rows(spec, policy);
+  c.grad_scale = 1.0f / float(N * k);
+  c.vocab_begin = int64_t(tp.index) * V;
+  c.parts = tp.parts;
+  // Frozen parameters: no gradient flows where nothing trainable waits for it, and the
+  // kernel skips the products of absent outputs.
+  auto contribute_if_needed = [&](TensorId x) {
+    return p.tensor(x).requires_grad ? ad.contribute(x) : std::pair{kNoTensor, WriteMode::overwrite};
+  };
+  const double products = double(N) * double(V) * double(C);
+  if (!tp.on()) {
+    const TensorId losses = b.transient("losses", Shape{N}, Category::activations);
+    const TensorId chunk = b.transient("classifier.logits_chunk", Shape{c.chunk_rows, V}, Category::temporaries);
+    auto [dhidden, mode_hidden] = contribute_if_needed(hidden);
+    auto [dw, mode_w] = contribute_if_needed(weight);
+    b.emit({OpKind::classifier, "classifier", {hidden, weight, targets}, {losses, dhidden, dw}, c,
+            6.0 * products + 5.0 * double(N) * double(spec.vocab_size), {WriteMode::overwrite, mode_hidden, mode_w},
+            {chunk}});
+    return losses;
+  }
+  const auto [tp_losses, lse] = b.vocab_parallel_losses("classifier.", hidden, weight, targets, c);
+  auto [dhidden, mode_hidden] = contribute_if_needed(hidden);
+  auto [dw, mode_w] = contribute_if_needed(weight);
+  const TensorId back_chunk = b.transient("classifier.bwd.logits_chunk", Shape{c.chunk_rows, V}, Category::temporaries);
+  b.emit({OpKind::classifier_parallel_backward, "classifier.bwd", {hidden, weight, targets, lse}, {dhidden, dw}, c,
+          6.0 * products + 4.0 * double(N) * double(V), {mode_hidden, mode_w}, {back_chunk}});
+  return tp_losses;
+}
+
 }  // namespace
 
 int64_t classifier_chunk_rows(const ModelSpec& spec, const Policy& policy) {
@@ -107,17 +165,27 @@ int64_t classifier_chunk_rows(const ModelSpec& spec, const Policy& policy) {
 
 Program build_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
                                const OpCapabilities& backend, const ForwardRewrites& extra_rewrites) {
-  MEMFIT_CHECK(topology.tensor == 1, "policy",
-               "tensor parallelism (tensor-parallel degree {}) is not supported by this build yet", topology.tensor);
-  return build_unsplit_training_program(spec, policy, topology, backend, extra_rewrites);
+  return build_program(spec, policy, topology, backend, extra_rewrites, /*split_layers=*/true);
 }
 
 Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
                                        const OpCapabilities& backend, const ForwardRewrites& extra_rewrites) {
+  return build_program(spec, policy, topology, backend, extra_rewrites, /*split_layers=*/false);
+}
+
+namespace {
+
+Program build_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
+                      const OpCapabilities& backend, const ForwardRewrites& extra_rewrites, bool split_layers) {
   spec.validate();
   check_supported(spec, policy, topology);
+  const TensorParallel tp{split_layers ? topology.tensor : 1, split_layers ? topology.tensor_rank() : 0};
+  if (tp.on()) check_tensor_parallel_policy(policy);
   ForwardRewrites rewrites = forward_rewrites_for(policy);
   rewrites.insert(rewrites.end(), extra_rewrites.begin(), extra_rewrites.end());
+  MEMFIT_CHECK(!tp.on() || rewrites.empty(), "policy",
+               "forward rewrites (--freeze, LoRA, a quantised base) with tensor parallelism are not supported by this "
+               "build yet");
   if (!extra_rewrites.empty() && (policy.zero_stage > 0 || topology.world() > 1))
     throw Error("policy", "forward rewrites with data parallelism (ZeRO or more than one rank) are not supported by this build yet");
   const std::vector<BlockRecompute> recompute = resolve_recompute(policy.recompute, spec.n_layer);
@@ -125,6 +193,7 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
 
   Program p;
   GraphBuilder b(p);
+  b.set_tensor_parallel(tp);
   const ModelParams params = declare_model_parameters(b, spec);
   declare_forward_rewrites(b, rewrites);
   declare_master_weights(b, policy);
@@ -151,24 +220,7 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
 
     Autodiff ad(b, k > 1);
     b.set_phase(Phase::backward);
-    ClassifierAttrs c;
-    c.rows = N;
-    c.vocab = spec.vocab_size;
-    c.chunk_rows = classifier_chunk_rows(spec, policy);
-    c.grad_scale = 1.0f / float(N * k);
-    const TensorId losses = b.transient("losses", Shape{N}, Category::activations);
-    const TensorId chunk = b.transient("classifier.logits_chunk", Shape{c.chunk_rows, spec.padded_vocab}, Category::temporaries);
-    // Frozen parameters: no gradient flows where nothing trainable waits for it, and the
-    // kernel skips the products of absent outputs.
-    auto contribute_if_needed = [&](TensorId x) {
-      return p.tensor(x).requires_grad ? ad.contribute(x) : std::pair{kNoTensor, WriteMode::overwrite};
-    };
-    auto [dhidden, mode_hidden] = contribute_if_needed(hidden);
-    auto [dwte, mode_wte] = contribute_if_needed(params.classifier_weight);
-    const double flops = 6.0 * double(N) * double(spec.padded_vocab) * double(spec.n_embd) +
-                         5.0 * double(N) * double(spec.vocab_size);
-    b.emit({OpKind::classifier, "classifier", {hidden, params.classifier_weight, targets}, {losses, dhidden, dwte}, c, flops,
-            {WriteMode::overwrite, mode_hidden, mode_wte}, {chunk}});
+    const TensorId losses = emit_classifier(b, ad, spec, policy, params.classifier_weight, hidden, targets);
     b.emit({OpKind::loss_mean, "loss", {losses}, {loss}, ScaleAttrs{1.0f / float(N * k)}, double(N),
             {k > 1 ? WriteMode::accumulate_after_first_micro : WriteMode::overwrite}});
     ad.backward(fwd_begin, fwd_end);
@@ -206,5 +258,7 @@ Program build_unsplit_training_program(const ModelSpec& spec, const Policy& poli
   p.validate();
   return p;
 }
+
+}  // namespace
 
 }  // namespace memfit

@@ -24,8 +24,6 @@ namespace memfit {
 
 namespace {
 
-double ring_bytes(double bytes, int world, double passes) { return passes * bytes * double(world - 1) / double(world); }
-
 struct ZeroPass {
   Program& p;
   const Policy& policy;
@@ -323,7 +321,7 @@ struct ZeroPass {
       const SectionKind sk = p.sections()[size_t(s)].kind;
       if (stage == 3) retarget_parameters(op, sk);
       // Each data-parallel rank sees 1/world of the global batch: scales divide by the data degree.
-      if (op.kind == OpKind::classifier) {
+      if (op.kind == OpKind::classifier || op.kind == OpKind::classifier_parallel_backward) {
         auto& c = std::get<ClassifierAttrs>(op.attrs);
         c.grad_scale = 1.0f / float(c.rows * int64_t(k) * world);
       }
@@ -338,7 +336,7 @@ struct ZeroPass {
       if (sk == SectionKind::optimizer && stage >= 1) {
         replaced = true;
         if (op.kind == OpKind::grad_norm) {
-          emit_sharded_norm(op, push, s);
+          emit_sharded_norm(op, push, s, norm_inputs(shard_pieces_by_param()), norm_group());
         } else if (op.kind == OpKind::adamw || op.kind == OpKind::adamw8bit) {
           if (auto u = shard_update(op)) push(std::move(*u), s);
         } else if (op.kind == OpKind::cast && param_of_target.count(op.inputs[0])) {
@@ -351,6 +349,14 @@ struct ZeroPass {
         } else {
           replaced = false;
         }
+      }
+      if (sk == SectionKind::optimizer && stage == 0 && topo.tensor > 1 && op.kind == OpKind::grad_norm) {
+        // Whole gradients, equal on the data ranks: the norm sums over the tensor group only.
+        std::vector<std::pair<size_t, TensorId>> grads;
+        for (size_t pi = 0; pi < p.params().size(); ++pi)
+          if (p.params()[pi].grad != kNoTensor) grads.push_back({pi, p.params()[pi].grad});
+        emit_sharded_norm(op, push, s, norm_inputs(grads), CollectiveAttrs{CommGroup::tensor, topo.tensor, false});
+        replaced = true;
       }
       if (!replaced) {
         if (stage >= 2 && s == micro_index) {
@@ -528,9 +534,31 @@ struct ZeroPass {
          s);
   }
 
+  std::vector<std::pair<size_t, TensorId>> shard_pieces_by_param() const {
+    std::vector<std::pair<size_t, TensorId>> out;
+    for (size_t pi = 0; pi < grad_piece.size(); ++pi)
+      if (grad_piece[pi] != kNoTensor) out.push_back({pi, grad_piece[pi]});
+    MEMFIT_CHECK(!out.empty(), "policy", "rank {} of {} holds no gradient elements: too many ranks for this model", rank,
+                 world);
+    return out;
+  }
+
+  // Under tensor parallelism a parameter that is not split is replicated over the tensor
+  // group, with the same gradient on every member: only member 0 counts it in the norm.
+  std::vector<TensorId> norm_inputs(const std::vector<std::pair<size_t, TensorId>>& grads) const {
+    std::vector<TensorId> out;
+    for (const auto& [pi, g] : grads)
+      if (topo.tensor == 1 || topo.tensor_rank() == 0 || p.params()[pi].split.split()) out.push_back(g);
+    return out;
+  }
+
+  // The sum of squares of sharded gradients: over the data group, and the tensor group too.
+  CollectiveAttrs norm_group() const {
+    return topo.tensor > 1 ? CollectiveAttrs{CommGroup::world, everywhere, false} : CollectiveAttrs{CommGroup::data, world, false};
+  }
+
   template <class Push>
-  void emit_sharded_norm(const Op& op, Push& push, int s) {
-    const std::vector<TensorId> grads = shard_pieces();
+  void emit_sharded_norm(const Op& op, Push& push, int s, const std::vector<TensorId>& grads, CollectiveAttrs group) {
     GradNormAttrs a = std::get<GradNormAttrs>(op.attrs);
     int64_t elements = 0;
     for (TensorId id : grads) elements += p.tensor(id).numel();
@@ -551,7 +579,10 @@ struct ZeroPass {
     part.attrs = a;
     part.flops = 2.0 * double(elements);
     push(std::move(part), s);
-    push(collective(OpKind::all_reduce, "zero.all_reduce.grad_norm", {}, {squares}, Phase::communication, -1), s);
+    Op sum = collective(OpKind::all_reduce, "zero.all_reduce.grad_norm", {}, {squares}, Phase::communication, -1);
+    sum.attrs = group;
+    sum.comm_bytes = ring_bytes(double(p.tensor(squares).bytes()), group.size, 2.0);
+    push(std::move(sum), s);
     Op root = op;
     root.name = "grad_norm";
     root.inputs = {squares};

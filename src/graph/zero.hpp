@@ -130,8 +130,9 @@ enum class CommPurpose : uint8_t {
   grad_reduce_scatter,    // stages 1-3
   grad_all_reduce,        // stage 0
   scalars,                // loss, overflow flag, gradient norm
+  tensor_parallel,        // the tensor group's activation sums and classifier statistics
 };
-inline constexpr int kNumCommPurposes = 6;
+inline constexpr int kNumCommPurposes = 7;
 std::string_view comm_purpose_name(CommPurpose c);  // "param_gather_forward", ...
 
 struct CommVolume {

@@ -2,7 +2,7 @@
 // ring volume (Op::comm_bytes) by what it moves, and whether this rank's ring neighbour is on
 // its node. The purpose is read from the names the ZeRO pass gives its collectives
 // ("zero.all_gather.<bucket>.forward", "zero.reduce_scatter.<bucket>", ...), which only that
-// pass makes; a collective of no known purpose counts under `scalars` only when it moves a few
+// pass makes, and from the tensor group for tensor parallelism's; a collective of no known purpose counts under `scalars` only when it moves a few
 // bytes, else the accounting would be wrong without anyone seeing it, so it throws.
 #include <string_view>
 
@@ -31,6 +31,7 @@ CommPurpose purpose_of(const Op& op) {
       if (name.substr(16) == scalar) return CommPurpose::scalars;
     return CommPurpose::grad_all_reduce;
   }
+  if (std::get<CollectiveAttrs>(op.attrs).group == CommGroup::tensor) return CommPurpose::tensor_parallel;
   MEMFIT_CHECK(op.comm_bytes <= 64, "policy", "collective '{}' ({} bytes per rank) has no known purpose", op.name,
                op.comm_bytes);
   return CommPurpose::scalars;
@@ -72,6 +73,7 @@ std::string_view comm_purpose_name(CommPurpose c) {
     case CommPurpose::grad_reduce_scatter: return "grad_reduce_scatter";
     case CommPurpose::grad_all_reduce: return "grad_all_reduce";
     case CommPurpose::scalars: return "scalars";
+    case CommPurpose::tensor_parallel: return "tensor_parallel";
   }
   return "?";
 }

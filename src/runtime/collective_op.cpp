@@ -150,7 +150,11 @@ std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, c
   switch (op.kind) {
     case OpKind::all_reduce:
     case OpKind::broadcast: {
-      MEMFIT_CHECK(op.inputs.empty() && op.outputs.size() == 1, "runtime", "op '{}' needs one output", op.name);
+      // all_reduce may also be out of place (tensor parallelism's forward sums): the input is
+      // copied into the output, which is then reduced in place.
+      const bool copy_in = op.kind == OpKind::all_reduce && op.inputs.size() == 1;
+      MEMFIT_CHECK((op.inputs.empty() || copy_in) && op.outputs.size() == 1, "runtime", "op '{}' needs one output",
+                   op.name);
       const TensorDesc& t = p.tensor(op.outputs[0]);
       void* data = b.outputs[0];
       const int64_t n = t.numel();
@@ -158,6 +162,20 @@ std::unique_ptr<PreparedOp> prepare_collective(const Program& p, const Op& op, c
       if (op.kind == OpKind::broadcast)
         return remember(make_run(c, label, [=] { return c->start_broadcast(data, n, dt, 0); }, [] {}, async));
       const ReduceOp rop = attrs->max ? ReduceOp::max : ReduceOp::sum;
+      if (copy_in) {
+        const TensorDesc& x = p.tensor(op.inputs[0]);
+        MEMFIT_CHECK(x.dtype == dt && x.numel() == n, "runtime", "op '{}': '{}' and '{}' differ in shape or dtype",
+                     op.name, x.name, t.name);
+        const void* in = b.inputs[0];
+        const uint64_t bytes = t.bytes();
+        return remember(make_run(
+            c, label,
+            [=] {
+              if (in != data) std::memcpy(data, in, bytes);
+              return c->start_all_reduce(data, n, dt, rop);
+            },
+            [] {}, async));
+      }
       return remember(make_run(c, label, [=] { return c->start_all_reduce(data, n, dt, rop); }, [] {}, async));
     }
     case OpKind::reduce_scatter:

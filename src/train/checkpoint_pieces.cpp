@@ -28,14 +28,30 @@ struct PieceSink {
   int rank;
   std::vector<LocalPiece> out;
 
-  // Global elements [first, first + count) of tensor `id`, held from element `skip` of `holder`.
-  void add(const ParamEntry& e, std::string role, TensorId id, const Shape& global, TensorId holder, int64_t first,
+  // Tensor parallelism: this rank's index in its tensor group and the group's size (read from
+  // the split parameters, which carry them; 1 when nothing is split).
+  int tp_index = 0, tp_parts = 1;
+
+  // Elements [first, first + count) of tensor `id` (in the rank's whole parameter, before any
+  // tensor-parallel split), held from element `skip` of `holder`. A split parameter's elements
+  // map onto the one-rank tensor run by run (graph/tensor_parallel.hpp).
+  void add(const ParamEntry& e, std::string role, TensorId id, const Shape& shape, TensorId holder, int64_t first,
            int64_t count, bool described, int64_t skip = 0) {
     if (count <= 0) return;
+    // A parameter replicated over the tensor group is described by its member 0.
+    described = described && (e.split.split() || tp_index == 0);
+    if (!e.split.split()) return add_run(e, role, id, shape, holder, first, count, described, skip);
+    MEMFIT_ASSERT(shape == p.tensor(e.value).shape, "{} of {} is not shaped as its parameter", role, e.name);
+    for (const SliceRun& r : slice_runs(e.split, shape, first, count))
+      add_run(e, role, id, e.split.global, holder, r.global, r.count, described, skip + (r.local - first));
+  }
+
+  void add_run(const ParamEntry& e, const std::string& role, TensorId id, const Shape& global, TensorId holder,
+               int64_t first, int64_t count, bool described, int64_t skip) {
     const int64_t param_index = &e - p.params().data();
     const TensorDesc& t = p.tensor(holder);
     LocalPiece piece;
-    piece.tensor = SavedTensor{p.tensor(id).name, e.name, std::move(role), t.dtype, global, {}};
+    piece.tensor = SavedTensor{p.tensor(id).name, e.name, role, t.dtype, global, {}};
     piece.root = p.root_of(holder);
     piece.at = (t.is_view() ? element_offset(t) : 0) + skip;
     piece.first = first;
@@ -46,9 +62,9 @@ struct PieceSink {
   }
 
   // A tensor every rank holds whole (stage 0, frozen values below stage 3, quantised storage):
-  // rank 0's copy is the one described.
+  // rank 0's copy is the one described (under tensor parallelism, data rank 0's of each slice).
   void whole(const ParamEntry& e, std::string role, TensorId id) {
-    add(e, std::move(role), id, p.tensor(id).shape, id, 0, p.tensor(id).numel(), rank == 0);
+    add(e, std::move(role), id, p.tensor(id).shape, id, 0, p.tensor(id).numel(), rank / tp_parts == 0);
   }
 
   void value(const ParamEntry& e) {
@@ -68,6 +84,9 @@ struct PieceSink {
     if (e.value == kNoTensor) return;  // stored only quantised: frozen, nothing to update
     const Shape& shape = p.tensor(e.value).shape;
     const bool q8 = e.state.size() == 4;
+    MEMFIT_CHECK(!q8 || !e.split.split(), "checkpoint",
+                 "8-bit optimizer state of the tensor-parallel slice of '{}': its blocks are not the one-rank tensor's, "
+                 "so it cannot be described globally (checkpoint tensor-parallel runs with --optimizer adamw)", e.name);
     auto sharded = [&](const std::string& role, TensorId id, bool blocks) {
       if (e.whole_state()) return whole(e, role, id);
       if (!blocks) return add(e, role, id, shape, id, e.shard_offset, e.shard_numel, true);
@@ -92,6 +111,8 @@ struct PieceSink {
 
 std::vector<LocalPiece> local_pieces(const Program& p, int rank) {
   PieceSink sink{p, rank, {}};
+  for (const ParamEntry& e : p.params())
+    if (e.split.split()) sink.tp_index = e.split.index, sink.tp_parts = e.split.parts;
   for (const ParamEntry& e : p.params()) {
     for (const StoredTensor& s : e.storage)
       if (s.role != ParamRole::value) sink.whole(e, std::string(param_role_name(s.role)), s.id);

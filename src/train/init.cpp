@@ -60,10 +60,13 @@ void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, T
       continue;
     }
     require_float_values(e);
-    const int64_t n = p.tensor(e.value).numel();
+    const Shape& local = p.tensor(e.value).shape;
+    const int64_t n = local.numel();
     for (int64_t first = 0; first < n; first += int64_t(x.size())) {
       const std::span<float> chunk = x.first(size_t(std::min<int64_t>(int64_t(x.size()), n - first)));
-      draw_values(e, base, first, chunk);
+      // A tensor-parallel slice draws the one-rank tensor's values at the elements it holds.
+      for (const SliceRun& r : slice_runs(e.split, local, first, int64_t(chunk.size())))
+        draw_values(e, base, r.global, chunk.subspan(size_t(r.local - first), size_t(r.count)));
       store_parameter_range(ex, e, first, chunk, staging);
     }
   }
@@ -80,7 +83,15 @@ void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec, TensorStaging& 
   const TensorId wte = p.find_tensor("wte.weight");
   if (wte == kNoTensor || spec.padded_vocab == spec.vocab_size) return;
   // All-zero bits are +0 in fp32, bf16 and fp16 alike; the master (if any) is zeroed too.
-  const int64_t first = spec.vocab_size * spec.n_embd, count = (spec.padded_vocab - spec.vocab_size) * spec.n_embd;
+  // Under tensor parallelism this rank's rows are a slice of the vocabulary.
+  const ParamEntry* entry = nullptr;
+  for (const ParamEntry& e : p.params())
+    if (e.value == wte) entry = &e;
+  const int64_t rows = p.tensor(wte).shape[0];
+  const int64_t begin = entry && entry->split.split() ? int64_t(entry->split.index) * rows : 0;
+  const int64_t pad_first = std::clamp(spec.vocab_size - begin, int64_t(0), rows);
+  if (pad_first == rows) return;
+  const int64_t first = pad_first * spec.n_embd, count = (rows - pad_first) * spec.n_embd;
   const DType dt = p.tensor(wte).dtype;
   const std::span<std::byte> raw = staging.raw();
   for (const ParamEntry& e : p.params()) {
