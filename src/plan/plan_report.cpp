@@ -2,6 +2,7 @@
 
 #include "core/bytes.hpp"
 #include "core/error.hpp"
+#include "plan/saved_activations.hpp"
 
 namespace memfit {
 
@@ -86,6 +87,7 @@ nlohmann::json memory_json(const Program& p, const MemoryPlan& plan, const std::
   const auto [state_bytes, state_per_param] = optimizer_state(p);
   out["optimizer_state_bytes"] = state_bytes;
   out["optimizer_state_bytes_per_parameter"] = state_per_param;
+  out["saved_activations_by_layer"] = saved_activations_by_layer(p, plan);
   if (measured) {
     out["measured_peak_bytes"] = nlohmann::json::object();
     for (Tier tier : kAllTiers) out["measured_peak_bytes"][std::string(tier_name(tier))] = (*measured)[size_t(tier)];

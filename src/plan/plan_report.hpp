@@ -25,6 +25,7 @@ std::string format_memory_table(const Program& program, const MemoryPlan& plan);
 //   peak), planned_free_at_peak_bytes, peak_op {index, name, kind, phase, layer},
 //   max_live_bytes, packing_ratio, tiers.<tier>.{...same per tier...},
 //   optimizer_state_bytes and optimizer_state_bytes_per_parameter (of trainable parameters),
+//   saved_activations_by_layer (plan/saved_activations.hpp),
 //   and measured_peak_bytes.{device,host,disk} when `measured` is given.
 nlohmann::json memory_json(const Program& program, const MemoryPlan& plan,
                            const std::optional<TierBytes>& measured = std::nullopt);
