@@ -6,14 +6,21 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <memory>
 #include <sstream>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
 #include "dist/communicator.hpp"
 #include "support/alloc_counter.hpp"
+#include "train/checkpoint_tamper.hpp"
 #include "train/run_hooks.hpp"
 #include "train/trainer.hpp"
 
@@ -54,6 +61,35 @@ inline WorldRun run_on_world(const RunConfig& c) {
 // The bytes one rank sends per step for `purpose` (zero.hpp: comm_purpose_name).
 inline double bytes_sent_for(const WorldRun& r, const char* purpose) {
   return r.report["distributed"]["communication"]["by_purpose"][purpose].get<double>();
+}
+
+// A directory name under the temporary directory that every rank agrees on (rank 0's pid).
+inline std::string unique_dir(const std::string& what) {
+  int32_t id = int32_t(getpid());
+  world().broadcast(&id, 1, DType::i32, 0);
+  return fmt::format("{}/memfit-{}-{}", std::filesystem::temp_directory_path().string(), what, id);
+}
+
+// Runs work(comm) on the first `ranks` ranks; the others sleep meanwhile instead of spinning
+// in an MPI wait (CTest runs 4 ranks on 2 cores). Collective over the world; `dir` (existing)
+// holds the marker files that wake the sleepers.
+template <typename F>
+void on_first_ranks(int ranks, const std::string& dir, F work) {
+  static int phase = 0;
+  const std::string marker = fmt::format("{}/phase-{}.done", dir, phase++);
+  std::unique_ptr<Communicator> c = world().split(world().rank() < ranks ? 0 : 1, world().rank());
+  if (world().rank() < ranks) {
+    try {
+      work(*c);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+    c->barrier();
+    if (world().rank() == 0) write_bytes(marker, "");
+  } else {
+    while (!std::filesystem::exists(marker)) usleep(5000);
+  }
+  world().barrier();
 }
 
 inline int run_mpi_tests(int argc, char** argv) {

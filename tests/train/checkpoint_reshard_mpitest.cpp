@@ -52,6 +52,9 @@ namespace {
 namespace fs = std::filesystem;
 
 Communicator& world() { return test::world(); }
+using test::on_first_ranks;
+
+std::string unique_dir(const std::string& what) { return test::unique_dir("reshard-" + what); }
 
 struct Layout {
   int ranks, stage;
@@ -105,33 +108,6 @@ void expect_planned_equals_measured(const nlohmann::json& report) {
   for (const auto& [tier, planned] : mem["planned_peak_bytes"].items())
     EXPECT_EQ(planned, mem["measured_peak_bytes"][tier]) << tier;
   EXPECT_TRUE(mem["all_ranks_equal"].get<bool>());
-}
-
-std::string unique_dir(const std::string& what) {
-  int32_t id = int32_t(getpid());
-  world().broadcast(&id, 1, DType::i32, 0);
-  return fmt::format("{}/memfit-reshard-{}-{}", fs::temp_directory_path().string(), what, id);
-}
-
-// Runs work(comm) on the first `ranks` ranks; the others sleep meanwhile instead of spinning
-// in an MPI wait (CTest runs 4 ranks on 2 cores). Collective over the world.
-template <typename F>
-void on_first_ranks(int ranks, const std::string& dir, F work) {
-  static int phase = 0;
-  const std::string marker = fmt::format("{}/phase-{}.done", dir, phase++);
-  std::unique_ptr<Communicator> c = world().split(world().rank() < ranks ? 0 : 1, world().rank());
-  if (world().rank() < ranks) {
-    try {
-      work(*c);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << e.what();
-    }
-    c->barrier();
-    if (world().rank() == 0) test::write_bytes(marker, "");
-  } else {
-    while (!fs::exists(marker)) usleep(5000);
-  }
-  world().barrier();
 }
 
 // Saves at step 2 on `from`, resumes on `to` to step 4. Collective over the world.
