@@ -97,7 +97,13 @@ void check_grad_codec(const Program& p, const Op& op) {
                a.ranks, part);
 }
 
+// The table's rows need not cover every token id: a sliced table (EmbeddingAttrs) holds one
+// rank's part of the vocabulary, and the kernels check each token against the rows they have.
 void check_embedding(const Program& p, const Op& op) {
+  MEMFIT_CHECK(std::holds_alternative<NoAttrs>(op.attrs) || std::holds_alternative<EmbeddingAttrs>(op.attrs),
+               "kernels", "op '{}' ({}) takes NoAttrs or EmbeddingAttrs", op.name, op_kind_name(op.kind));
+  MEMFIT_CHECK(embedding_slice(op).vocab_begin >= 0, "kernels", "op '{}': vocabulary slice begins at {}", op.name,
+               embedding_slice(op).vocab_begin);
   if (op.kind == OpKind::embedding_forward) {
     const bool has_wpe = op.inputs.size() == 3;  // rotary models have no position table
     check_arity(op, has_wpe ? 3 : 2, 1);
@@ -475,6 +481,12 @@ size_t update_op_tensors(const Op& op, const AdamWAttrs& a, size_t roles) {
                op_kind_name(op.kind), op.outputs.size(), roles);
   check_arity(op, n + (a.max_grad_norm > 0 ? 1 : 0), roles * n);
   return n;
+}
+
+EmbeddingSlice embedding_slice(const Op& op) {
+  if (std::holds_alternative<NoAttrs>(op.attrs)) return {};
+  const EmbeddingAttrs& a = attrs_of<EmbeddingAttrs>(op);
+  return EmbeddingSlice{a.vocab_begin, a.add_positions, true};
 }
 
 bool writes_nothing(const Op& op) {

@@ -15,15 +15,20 @@
 
 namespace memfit::ref {
 
-// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows; wpe may be nullptr (rotary models).
+// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows; wpe may be nullptr (rotary models,
+// or another tensor-parallel rank adds it). A vocabulary slice (vocab_rows >= 0): wte's row r is
+// token vocab_begin + r, and a token outside the slice gets a zero table row.
 template <class F>
 void embedding_forward(const int32_t* tokens, const F* wte, const F* wpe, F* x, int64_t N, int64_t seq, int64_t C,
-                       bool acc);
+                       bool acc, int64_t vocab_begin = 0, int64_t vocab_rows = -1);
 // dwte[tok] += dx rows; dwpe[t] += sum over the batch. Overwrite mode zeroes the whole
-// tables (all Vp rows of dwte, all Tmax rows of dwpe) before scattering.
+// tables (all Vp rows of dwte, all Tmax rows of dwpe) before scattering. `sliced`: dwte's row r
+// is token vocab_begin + r, and tokens outside [vocab_begin, vocab_begin + vocab_rows) are
+// skipped (without it they are an error).
 template <class F>
 void embedding_backward(const F* dx, const int32_t* tokens, F* dwte, F* dwpe, int64_t N, int64_t seq, int64_t C,
-                        int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe);
+                        int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe, int64_t vocab_begin = 0,
+                        bool sliced = false);
 
 template <class F>
 void layernorm_forward(const F* x, const F* w, const F* b, F* y, F* mean, F* rstd, int64_t N, int64_t C, double eps);

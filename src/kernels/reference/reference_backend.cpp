@@ -50,8 +50,12 @@ Prepared prepare_dense(const Program& p, const Op& op, const OpBinding& b) {
     case OpKind::embedding_forward: {
       const TensorDesc& tok = p.tensor(op.inputs[0]);
       const int64_t N = tok.numel(), T = tok.shape.last(), C = p.tensor(op.inputs[1]).shape.last();
-      return make_op([=, wpe = op.inputs.size() == 3 ? in(b, 2) : nullptr](const StepContext& ctx) {
-        ref::embedding_forward(in_i(b, 0), in(b, 1), wpe, out(b, 0), N, T, C, accumulates(m0, ctx));
+      const EmbeddingSlice slice = embedding_slice(op);
+      const int64_t rows = slice.sliced ? p.tensor(op.inputs[1]).shape.rows() : -1;
+      const bool add_wpe = op.inputs.size() == 3 && slice.add_positions;
+      return make_op([=, wpe = add_wpe ? in(b, 2) : nullptr](const StepContext& ctx) {
+        ref::embedding_forward(in_i(b, 0), in(b, 1), wpe, out(b, 0), N, T, C, accumulates(m0, ctx), slice.vocab_begin,
+                               rows);
       });
     }
     case OpKind::embedding_backward: {
@@ -61,9 +65,10 @@ Prepared prepare_dense(const Program& p, const Op& op, const OpBinding& b) {
       const int64_t Vp = op.outputs[0] != kNoTensor ? p.tensor(op.outputs[0]).shape.rows() : 0;
       const int64_t Tmax = has_wpe ? p.tensor(op.outputs[1]).shape.rows() : 0;
       const WriteMode m1 = has_wpe ? op.modes[1] : WriteMode::overwrite;
+      const EmbeddingSlice slice = embedding_slice(op);
       return make_op([=, dwpe = has_wpe ? out(b, 1) : nullptr](const StepContext& ctx) {
         ref::embedding_backward(in(b, 0), in_i(b, 1), out(b, 0), dwpe, N, T, C, Vp, Tmax, accumulates(m0, ctx),
-                                accumulates(m1, ctx));
+                                accumulates(m1, ctx), slice.vocab_begin, slice.sliced);
       });
     }
     case OpKind::matmul: {
