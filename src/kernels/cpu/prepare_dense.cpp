@@ -1,5 +1,5 @@
 // CPU prepare functions of the dense and elementwise kinds: embedding, matmul (oneDNN),
-// bias_grad, gelu, swiglu, add / accumulate / cast, and fill. The op contract has been checked
+// bias_grad, gelu, swiglu, add / add_bias / accumulate / cast, and fill. The op contract has been checked
 // (kernels/op_contract.hpp); what remains is picking a kernel instantiation from the dtypes.
 #include <cstring>
 
@@ -106,7 +106,7 @@ Prepared prepare_gelu(const Program& p, const Op& op, const OpBinding& b) {
   return out;
 }
 
-// add: all tensors of one type. accumulate and cast: y (+)= x between any two float types.
+// add and add_bias: all tensors of one type. accumulate and cast: y (+)= x between any two float types.
 Prepared prepare_columns(const Program& p, const Op& op, const OpBinding& b) {
   const ColumnsAttrs a = attrs_of<ColumnsAttrs>(op);
   Prepared out;
@@ -142,6 +142,17 @@ Prepared prepare_elementwise(const Program& p, const Op& op, const OpBinding& b)
   const int64_t n = p.tensor(op.outputs[0]).numel();
   const DType ty = dtype_of(p, op.outputs[0]);
   Prepared out;
+  if (op.kind == OpKind::add_bias) {
+    const int64_t cols = p.tensor(op.inputs[1]).numel(), rows = n / cols;
+    dispatch_t(op, ty, [&](auto t) {
+      using T = decltype(t);
+      out = make_op([=, x = in_t<T>(b, 0), bias = in_t<T>(b, 1), y = out_t<T>(b, 0),
+                     mode = op.modes[0]](const StepContext& ctx) {
+        add_bias_forward(x, bias, y, rows, cols, accumulates(mode, ctx));
+      });
+    });
+    return out;
+  }
   if (op.kind == OpKind::add) {
     dispatch_t(op, ty, [&](auto t) {
       using T = decltype(t);

@@ -96,6 +96,27 @@ template <class F>
 void classifier(const F* x, const F* wte, const int32_t* targets, F* losses, F* dx, F* dwte, int64_t N, int64_t C,
                 int64_t V, int64_t Vp, double dscale, bool acc_dx, bool acc_dwte);
 
+// --- tensor parallelism ---
+// y[r] = x[r] + bias for each of the rows (y += that when acc); y may be x.
+template <class F>
+void add_bias(const F* x, const F* bias, F* y, int64_t rows, int64_t cols, bool acc);
+// The vocabulary-parallel classifier over one slice w (Vs, C) whose row j is global column
+// vocab_begin + j (real when < V). classifier_partial: per row {max logit m over the slice's
+// real columns (-inf when none), sum of exp(logit - m) over them, the target's logit when the
+// slice holds it (else 0)} into stats (N, 3).
+template <class F>
+void classifier_partial(const F* x, const F* w, const int32_t* targets, F* stats, int64_t N, int64_t C, int64_t V,
+                        int64_t Vs, int64_t vocab_begin);
+// stats (P, N, 3) of P slices -> lse = log of the summed exponentials, loss = lse - target logit.
+template <class F>
+void classifier_combine(const F* stats, F* losses, F* lse, int64_t P, int64_t N);
+// g = (exp(logit - lse) - [column is the target]) * dscale on the real columns, 0 on padding;
+// dx = g w and dw = g^T x (either may be nullptr).
+template <class F>
+void classifier_parallel_backward(const F* x, const F* w, const int32_t* targets, const F* lse, F* dx, F* dw,
+                                  int64_t N, int64_t C, int64_t V, int64_t Vs, int64_t vocab_begin, double dscale,
+                                  bool acc_dx, bool acc_dw);
+
 // Round to nearest even of a real number into bf16 / fp16 bit patterns (NaN as the canonical
 // quiet NaN). bf16 follows memfit's convention of flushing fp32 subnormals to zero.
 uint16_t round_to_bf16_bits(double x);
