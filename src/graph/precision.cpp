@@ -39,7 +39,14 @@ void mark_fp32_slots(const Op& op, std::vector<char>& fp32) {
       if (op.outputs.size() > 1) mark(op.outputs[1]);
       break;
     case OpKind::classifier:
-    case OpKind::classifier_eval: mark(op.outputs[0]); break;
+    case OpKind::classifier_eval:
+    case OpKind::classifier_partial: mark(op.outputs[0]); break;  // losses; the partial's stats
+    case OpKind::classifier_combine:
+      mark(op.inputs[0]);
+      for (TensorId id : op.outputs) mark(id);  // losses and lse
+      break;
+    case OpKind::classifier_parallel_backward: mark(op.inputs[3]); break;  // lse
+
     case OpKind::loss_mean:
       mark(op.inputs[0]);
       mark(op.outputs[0]);

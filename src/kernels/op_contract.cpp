@@ -28,7 +28,9 @@ void check_slot_dtypes(const Program& p, const Op& op) {
       case OpKind::embedding_at: return i == 0;
       case OpKind::embedding_backward: return i == 1;
       case OpKind::classifier:
-      case OpKind::classifier_eval: return i == 2;
+      case OpKind::classifier_eval:
+      case OpKind::classifier_partial:
+      case OpKind::classifier_parallel_backward: return i == 2;
       default: return false;
     }
   };
@@ -97,7 +99,13 @@ void check_grad_codec(const Program& p, const Op& op) {
                a.ranks, part);
 }
 
+// The table's rows need not cover every token id: a sliced table (EmbeddingAttrs) holds one
+// rank's part of the vocabulary, and the kernels check each token against the rows they have.
 void check_embedding(const Program& p, const Op& op) {
+  MEMFIT_CHECK(std::holds_alternative<NoAttrs>(op.attrs) || std::holds_alternative<EmbeddingAttrs>(op.attrs),
+               "kernels", "op '{}' ({}) takes NoAttrs or EmbeddingAttrs", op.name, op_kind_name(op.kind));
+  MEMFIT_CHECK(embedding_slice(op).vocab_begin >= 0, "kernels", "op '{}': vocabulary slice begins at {}", op.name,
+               embedding_slice(op).vocab_begin);
   if (op.kind == OpKind::embedding_forward) {
     const bool has_wpe = op.inputs.size() == 3;  // rotary models have no position table
     check_arity(op, has_wpe ? 3 : 2, 1);
@@ -389,6 +397,60 @@ void check_classifier(const Program& p, const Op& op) {
                p.tensor(op.workspace[0]).numel(), chunk_numel);
 }
 
+// The vocabulary-parallel classifier (graph/op.hpp): x and w (Vs, C) share a dtype, as do dx and
+// x; dw has its own (the gradient dtype); stats, lse and losses are fp32. A slice may begin past
+// the real vocabulary (all its columns padding).
+void check_classifier_parallel(const Program& p, const Op& op) {
+  const ClassifierAttrs& a = attrs_of<ClassifierAttrs>(op);
+  if (op.kind == OpKind::classifier_combine) {
+    check_arity(op, 1, 2);
+    MEMFIT_CHECK(a.parts >= 1 && a.rows > 0, "kernels", "op '{}': {} parts of {} rows", op.name, a.parts, a.rows);
+    check_numel(p, op, op.inputs[0], int64_t(a.parts) * a.rows * 3, "stats");
+    check_numel(p, op, op.outputs[0], a.rows, "losses");
+    check_numel(p, op, op.outputs[1], a.rows, "lse");
+    for (TensorId id : {op.inputs[0], op.outputs[0], op.outputs[1]}) require_dtype(p, op, id, DType::f32);
+    require_overwrite(op, 0);
+    require_overwrite(op, 1);
+    return;
+  }
+  const bool partial = op.kind == OpKind::classifier_partial;
+  check_arity(op, partial ? 3 : 4, partial ? 1 : 2, 1);
+  const TensorDesc& w = p.tensor(op.inputs[1]);
+  const int64_t C = w.shape.last(), Vs = w.shape.rows();
+  MEMFIT_CHECK(a.rows > 0 && a.vocab > 0 && a.chunk_rows > 0 && a.vocab_begin >= 0, "kernels",
+               "op '{}': rows={} vocab={} chunk_rows={} vocab_begin={}", op.name, a.rows, a.vocab, a.chunk_rows,
+               a.vocab_begin);
+  require_dtype(p, op, op.inputs[0], w.dtype);
+  check_numel(p, op, op.inputs[0], a.rows * C, "x");
+  check_numel(p, op, op.inputs[2], a.rows, "targets");
+  if (partial) {
+    check_numel(p, op, op.outputs[0], a.rows * 3, "stats");
+    require_dtype(p, op, op.outputs[0], DType::f32);
+    require_overwrite(op, 0);
+  } else {
+    check_numel(p, op, op.inputs[3], a.rows, "lse");
+    require_dtype(p, op, op.inputs[3], DType::f32);
+    check_numel(p, op, op.outputs[0], a.rows * C, "dx");
+    require_dtype(p, op, op.outputs[0], w.dtype);
+    check_numel(p, op, op.outputs[1], Vs * C, "dw");
+  }
+  require_dtype(p, op, op.workspace[0], DType::f32);
+  const int64_t chunk_numel = std::min(a.chunk_rows, a.rows) * Vs;
+  MEMFIT_CHECK(p.tensor(op.workspace[0]).numel() >= chunk_numel, "kernels",
+               "op '{}': the logits chunk '{}' has {} elements, fewer than {}", op.name, p.tensor(op.workspace[0]).name,
+               p.tensor(op.workspace[0]).numel(), chunk_numel);
+}
+
+// add_bias: y (M, N) = x + b per row; one dtype throughout.
+void check_add_bias(const Program& p, const Op& op) {
+  check_arity(op, 2, 1);
+  const int64_t n = p.tensor(op.inputs[1]).numel(), numel = p.tensor(op.inputs[0]).numel();
+  MEMFIT_CHECK(n > 0 && numel % n == 0, "kernels", "op '{}': x of {} elements is not rows of the bias's {}", op.name,
+               numel, n);
+  check_numel(p, op, op.outputs[0], numel, "y");
+  for (TensorId id : {op.inputs[1], op.outputs[0]}) require_dtype(p, op, id, p.tensor(op.inputs[0]).dtype);
+}
+
 // adamw: outputs [targets, m, v] fp32 (16-bit parameters are updated through their fp32
 // masters); adamw8bit: [targets, m codes, v codes, m absmax, v absmax].
 void check_update(const Program& p, const Op& op) {
@@ -477,6 +539,12 @@ size_t update_op_tensors(const Op& op, const AdamWAttrs& a, size_t roles) {
   return n;
 }
 
+EmbeddingSlice embedding_slice(const Op& op) {
+  if (std::holds_alternative<NoAttrs>(op.attrs)) return {};
+  const EmbeddingAttrs& a = attrs_of<EmbeddingAttrs>(op);
+  return EmbeddingSlice{a.vocab_begin, a.add_positions, true};
+}
+
 bool writes_nothing(const Op& op) {
   return op.kind != OpKind::fill &&
          std::none_of(op.outputs.begin(), op.outputs.end(), [](TensorId id) { return id != kNoTensor; });
@@ -525,6 +593,10 @@ void check_op_contract(const Program& program, const Op& op) {
     case OpKind::flash_attention_backward: return check_attention(program, op);
     case OpKind::classifier:
     case OpKind::classifier_eval: return check_classifier(program, op);
+    case OpKind::classifier_partial:
+    case OpKind::classifier_combine:
+    case OpKind::classifier_parallel_backward: return check_classifier_parallel(program, op);
+    case OpKind::add_bias: return check_add_bias(program, op);
     case OpKind::adamw:
     case OpKind::adamw8bit: return check_update(program, op);
     case OpKind::grad_norm:

@@ -55,6 +55,16 @@ const A& attrs_of(const Op& op) {
   return *a;
 }
 
+// embedding_forward / embedding_backward carry NoAttrs (one rank: every token must index the
+// table) or EmbeddingAttrs (a tensor-parallel rank's slice of the vocabulary: the table's row r is
+// token vocab_begin + r, and tokens outside the slice belong to another rank and are skipped).
+struct EmbeddingSlice {
+  int64_t vocab_begin = 0;
+  bool add_positions = true;  // forward: add wpe (when the op has it)
+  bool sliced = false;        // EmbeddingAttrs: tokens outside the table's rows are skipped, not an error
+};
+EmbeddingSlice embedding_slice(const Op& op);
+
 // The update ops' inputs are [grads (n), (norm)], the norm there when clipping is on; their
 // outputs are `roles` groups of n. Returns n.
 size_t update_op_tensors(const Op& op, const AdamWAttrs& a, size_t roles);

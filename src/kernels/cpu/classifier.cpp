@@ -1,9 +1,10 @@
 // Fused classifier (see classifier.hpp). Per chunk of R rows: one GEMM makes the logits, a
 // row pass turns them in place into dlogits while computing each loss, then two GEMMs
-// consume dlogits. The subtle points: the padded columns j >= V get no probability and
-// exactly zero gradient (so the padding rows of dwte receive exactly nothing), and the
-// write mode of dwte applies to the first chunk only, since every later chunk adds to what
-// the earlier ones wrote. Probabilities below 2^-64 are flushed to zero (softmax_exp): as
+// consume dlogits. The vocabulary-parallel ops (classifier_parallel.hpp) run the same chunks
+// with another row pass (ClassifierPass). The subtle points: the padded columns j >= V get no
+// probability and exactly zero gradient (so the padding rows of dwte receive exactly
+// nothing), and the write mode of dwte applies to the first chunk only, since every later
+// chunk adds to what the earlier ones wrote. Probabilities below 2^-64 are flushed to zero (softmax_exp): as
 // subnormal GEMM operands they made the dwte product ~70x slower. In fp32, dx = dlogits wte
 // (neither transposed) runs memfit's sgemm: ~300 GFLOP/s here, where oneDNN ran this
 // layout at ~225 and the transposed form dx^T = wte^T dlogits^T (then transposed into
@@ -92,10 +93,14 @@ void for_each_product(const ClassifierShape& s, const ClassifierOutputs& o, Visi
 
 ClassifierKernel::ClassifierKernel(const DnnlEnv& env, const ClassifierShape& shape, const ClassifierOutputs& outputs)
     : shape_(shape), outputs_(outputs) {
+  // A vocabulary slice may hold no real column at all (the last ranks of a padded vocabulary).
+  const bool fused = outputs.pass == ClassifierPass::fused;
   MEMFIT_CHECK(shape.rows > 0 && shape.channels > 0 && shape.chunk_rows > 0 && shape.vocab > 0 &&
-                   shape.vocab <= shape.padded_vocab,
-               "kernels", "classifier with rows={} channels={} chunk_rows={} vocab={} padded_vocab={}", shape.rows,
-               shape.channels, shape.chunk_rows, shape.vocab, shape.padded_vocab);
+                   shape.padded_vocab > 0 && shape.vocab_begin >= 0 &&
+                   (!fused || (shape.vocab_begin == 0 && shape.vocab <= shape.padded_vocab)),
+               "kernels", "classifier with rows={} channels={} chunk_rows={} vocab={} padded_vocab={} vocab_begin={}",
+               shape.rows, shape.channels, shape.chunk_rows, shape.vocab, shape.padded_vocab, shape.vocab_begin);
+  MEMFIT_CHECK(fused || !outputs.losses, "kernels", "the vocabulary-parallel classifier passes write no losses");
   MEMFIT_CHECK(shape.dtype == DType::f32 || (shape.bf16() && shape.grad_dtype != DType::f16), "kernels",
                "no CPU classifier over {} activations with {} gradients", dtype_name(shape.dtype),
                dtype_name(shape.grad_dtype));
@@ -123,9 +128,14 @@ uint64_t ClassifierKernel::scratch_bytes(const DnnlEnv& env, const ClassifierSha
 }
 
 void ClassifierKernel::bind(const void* x, const void* wte, const int32_t* targets, float* losses, void* dx,
-                            void* dwte, float* logits, void* scratch) {
+                            void* dwte, float* logits, void* scratch, float* stats, const float* lse) {
   MEMFIT_ASSERT(bool(dx) == outputs_.dx && bool(dwte) == outputs_.dwte && bool(losses) == outputs_.losses,
                 "classifier bound with other outputs than it was prepared for");
+  MEMFIT_ASSERT(bool(stats) == (outputs_.pass == ClassifierPass::partial_stats) &&
+                    bool(lse) == (outputs_.pass == ClassifierPass::backward_from_lse),
+                "classifier bound without the stats or lse of its pass");
+  stats_ = stats;
+  lse_ = lse;
   const int64_t C = shape_.channels, w = shape_.bf16() ? 2 : 4;
   const int64_t chunks = full_chunks_ + (tail_rows_ > 0 ? 1 : 0);
   dx_ = dx;
@@ -151,47 +161,69 @@ void ClassifierKernel::bind(const void* x, const void* wte, const int32_t* targe
 
 void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) const {
   constexpr int64_t kSumBlock = 1024;
-  const int64_t V = shape_.vocab, Vp = shape_.padded_vocab;
+  // V: the chunk's real columns (all of the fused op's vocabulary, or a slice's part of it);
+  // targets are global columns, this chunk's column j is global column begin + j.
+  const int64_t V = shape_.real_columns(), Vp = shape_.padded_vocab, begin = shape_.vocab_begin;
+  const int64_t vocab = shape_.vocab;
   const bool grad = outputs_.dx || outputs_.dwte, bf16 = shape_.bf16();
+  const ClassifierPass pass = outputs_.pass;
   float* losses = losses_;
+  float* stats = stats_;
+  const float* lse = lse_;
   const int32_t* targets = targets_;
   float* logits = logits_;
   auto rows = [=](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i) {
-      const int64_t target = targets[row0 + i];
-      MEMFIT_ASSERT(target >= 0 && target < V, "target {} at row {} outside [0, {})", target, row0 + i, V);
+      const int64_t global_target = targets[row0 + i];
+      MEMFIT_ASSERT(global_target >= 0 && global_target < vocab, "target {} at row {} outside [0, {})", global_target,
+                    row0 + i, vocab);
+      // The target's column in this chunk, or -1 when another rank's slice holds it.
+      const int64_t local = global_target - begin, target = local >= 0 && local < V ? local : -1;
       float* l = logits + i * Vp;
-      float mx = -std::numeric_limits<float>::infinity();
+      // f: what the exponentials left in l[0, V) are multiplied by to become d(logits).
+      float f = dscale;
+      if (pass == ClassifierPass::backward_from_lse) {
+        // The softmax's denominator is the whole vocabulary's, combined over the tensor group.
+        const float row_lse = lse[row0 + i];
+#pragma omp simd
+        for (int64_t j = 0; j < V; ++j) l[j] = softmax_exp(l[j] - row_lse);
+      } else {
+        float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < V; ++j) mx = l[j] > mx ? l[j] : mx;  // not std::max: see vec_math.hpp
-      const float target_logit = l[target];
-      // The sum of up to ~1e5 exponentials: float lanes within blocks of kSumBlock columns,
-      // the block sums in double. (A double reduction over the whole row halves the vector
-      // width and made this pass 4x slower: 41 against 10 ms per 512 x 50304 chunk.) The
-      // exponentials themselves are stored in place when a gradient follows.
-      double sum = 0;
-      for (int64_t j0 = 0; j0 < V; j0 += kSumBlock) {
-        const int64_t j1 = std::min(V, j0 + kSumBlock);
-        float block = 0;
-        if (grad) {
+        for (int64_t j = 0; j < V; ++j) mx = l[j] > mx ? l[j] : mx;  // not std::max: see vec_math.hpp
+        const float target_logit = target >= 0 ? l[target] : 0.0f;
+        // The sum of up to ~1e5 exponentials: float lanes within blocks of kSumBlock columns,
+        // the block sums in double. (A double reduction over the whole row halves the vector
+        // width and made this pass 4x slower: 41 against 10 ms per 512 x 50304 chunk.) The
+        // exponentials themselves are stored in place when a gradient follows.
+        double sum = 0;
+        for (int64_t j0 = 0; j0 < V; j0 += kSumBlock) {
+          const int64_t j1 = std::min(V, j0 + kSumBlock);
+          float block = 0;
+          if (grad) {
 #pragma omp simd reduction(+ : block)
-          for (int64_t j = j0; j < j1; ++j) {
-            l[j] = softmax_exp(l[j] - mx);
-            block += l[j];
+            for (int64_t j = j0; j < j1; ++j) {
+              l[j] = softmax_exp(l[j] - mx);
+              block += l[j];
+            }
+          } else {
+#pragma omp simd reduction(+ : block)
+            for (int64_t j = j0; j < j1; ++j) block += softmax_exp(l[j] - mx);
           }
-        } else {
-#pragma omp simd reduction(+ : block)
-          for (int64_t j = j0; j < j1; ++j) block += softmax_exp(l[j] - mx);
+          sum += double(block);
         }
-        sum += double(block);
+        if (stats) {  // a slice without real columns: mx = -inf, sum = 0, target logit 0
+          float* st = stats + (row0 + i) * 3;
+          st[0] = mx, st[1] = float(sum), st[2] = target_logit;
+        }
+        if (losses) losses[row0 + i] = float(std::log(sum) + double(mx) - double(target_logit));
+        if (!grad) continue;
+        f = float(double(dscale) / sum);
       }
-      if (losses) losses[row0 + i] = float(std::log(sum) + double(mx) - double(target_logit));
-      if (!grad) continue;
-      const float f = float(double(dscale) / sum);
       if (!bf16) {
 #pragma omp simd
         for (int64_t j = 0; j < V; ++j) l[j] *= f;
-        l[target] -= dscale;
+        if (target >= 0) l[target] -= dscale;
         std::fill(l + V, l + Vp, 0.0f);
         continue;
       }
@@ -206,7 +238,7 @@ void ClassifierKernel::rows_pass(int64_t row0, int64_t count, float dscale) cons
 #pragma omp simd
         for (int64_t j = 0; j < real; ++j) tmp[j] = l[c0 + j] * f;
         for (int64_t j = real; j < n; ++j) tmp[j] = 0.0f;
-        if (target >= c0 && target < c0 + n) tmp[target - c0] -= dscale;
+        if (target >= 0 && target >= c0 && target < c0 + n) tmp[target - c0] -= dscale;
 #pragma omp simd
         for (int64_t j = 0; j < n; ++j) out[c0 + j] = narrow<bf16_t>(tmp[j]);
       }

@@ -32,7 +32,8 @@ OpCapabilities make_cpu_capabilities() {
   c.allow({OpKind::embedding_forward, OpKind::embedding_backward, OpKind::layernorm_forward,
            OpKind::layernorm_backward, OpKind::rmsnorm_forward, OpKind::rmsnorm_backward, OpKind::rope_forward,
            OpKind::rope_backward, OpKind::swiglu_forward, OpKind::swiglu_backward, OpKind::bias_grad,
-           OpKind::gelu_forward, OpKind::gelu_backward, OpKind::add, OpKind::add_columns, OpKind::slice_columns,
+           OpKind::gelu_forward, OpKind::gelu_backward, OpKind::add, OpKind::add_bias, OpKind::add_columns,
+           OpKind::slice_columns,
            OpKind::dropout_forward, OpKind::dropout_backward, OpKind::accumulate, OpKind::loss_mean,
            OpKind::cast, OpKind::check_finite, OpKind::flash_attention_forward, OpKind::flash_attention_backward,
            OpKind::grad_norm, OpKind::adamw, OpKind::adamw8bit, OpKind::load_input},
@@ -43,7 +44,8 @@ OpCapabilities make_cpu_capabilities() {
   c.allow({OpKind::embedding_at, OpKind::cached_attention}, {DType::f32, DType::bf16, DType::f16});
   // Products: oneDNN 2.6 offers bf16 matmuls on CPUs (AMX / AVX512-BF16), no f16 ones.
   c.allow({OpKind::matmul, OpKind::attention_forward, OpKind::attention_backward, OpKind::classifier,
-           OpKind::classifier_eval, OpKind::quant_linear, OpKind::quant_linear_backward},
+           OpKind::classifier_eval, OpKind::classifier_partial, OpKind::classifier_parallel_backward,
+           OpKind::quant_linear, OpKind::quant_linear_backward},
           {DType::bf16});
   return c;
 }
@@ -67,7 +69,9 @@ class CpuBackend final : public Backend {
         case OpKind::flash_attention_forward:
         case OpKind::flash_attention_backward: return attention_scratch_bytes(env_, program, op);
         case OpKind::classifier:
-        case OpKind::classifier_eval: return classifier_scratch_bytes(env_, program, op);
+        case OpKind::classifier_eval:
+        case OpKind::classifier_partial:
+        case OpKind::classifier_parallel_backward: return classifier_scratch_bytes(env_, program, op);
         case OpKind::cached_attention: return cached_attention_scratch_bytes(op);
         default: return 0;
       }
@@ -98,6 +102,7 @@ class CpuBackend final : public Backend {
       case OpKind::gelu_forward:
       case OpKind::gelu_backward:
       case OpKind::add:
+      case OpKind::add_bias:
       case OpKind::add_columns:
       case OpKind::slice_columns:
       case OpKind::dropout_forward:
@@ -115,7 +120,10 @@ class CpuBackend final : public Backend {
       case OpKind::flash_attention_forward:
       case OpKind::flash_attention_backward: return prepare_flash_attention(program, op, binding);
       case OpKind::classifier:
-      case OpKind::classifier_eval: return prepare_classifier(env_, program, op, binding);
+      case OpKind::classifier_eval:
+      case OpKind::classifier_partial:
+      case OpKind::classifier_combine:
+      case OpKind::classifier_parallel_backward: return prepare_classifier(env_, program, op, binding);
       case OpKind::loss_mean: return prepare_loss_mean(program, op, binding);
       case OpKind::adamw: return prepare_adamw(program, op, binding);
       case OpKind::adamw8bit: return prepare_adamw8bit(program, op, binding);

@@ -1,5 +1,5 @@
 // CPU prepare functions of the dense and elementwise kinds: embedding, matmul (oneDNN),
-// bias_grad, gelu, swiglu, add / accumulate / cast, and fill. The op contract has been checked
+// bias_grad, gelu, swiglu, add / add_bias / accumulate / cast, and fill. The op contract has been checked
 // (kernels/op_contract.hpp); what remains is picking a kernel instantiation from the dtypes.
 #include <cstring>
 
@@ -32,12 +32,14 @@ Prepared prepare_embedding_forward(const Program& p, const Op& op, const OpBindi
   const TensorDesc& tokens = p.tensor(op.inputs[0]);
   const TensorDesc& wte = p.tensor(op.inputs[1]);
   const int64_t N = tokens.numel(), seq = tokens.shape.last(), C = wte.shape.last(), Vp = wte.shape.rows();
+  const EmbeddingSlice slice = embedding_slice(op);
+  const bool add_wpe = has_wpe && slice.add_positions;
   Prepared out;
   dispatch_t(op, wte.dtype, [&](auto t) {
     using T = decltype(t);
-    out = make_op([=, tok = in_i(b, 0), wte = in_t<T>(b, 1), wpe = has_wpe ? in_t<T>(b, 2) : nullptr,
+    out = make_op([=, tok = in_i(b, 0), wte = in_t<T>(b, 1), wpe = add_wpe ? in_t<T>(b, 2) : nullptr,
                    x = out_t<T>(b, 0), mode = op.modes[0]](const StepContext& ctx) {
-      embedding_forward(tok, wte, wpe, x, N, seq, C, Vp, accumulates(mode, ctx));
+      embedding_forward(tok, wte, wpe, x, N, seq, C, Vp, accumulates(mode, ctx), slice.vocab_begin, slice.sliced);
     });
   });
   return out;
@@ -52,6 +54,7 @@ Prepared prepare_embedding_backward(const Program& p, const Op& op, const OpBind
   const int64_t Vp = op.outputs[0] != kNoTensor ? p.tensor(op.outputs[0]).shape.rows() : 0;
   const int64_t Tmax = dwpe_id != kNoTensor ? p.tensor(dwpe_id).shape.rows() : 0;
   const DType g = op.outputs[0] != kNoTensor ? dtype_of(p, op.outputs[0]) : dtype_of(p, dwpe_id);
+  const EmbeddingSlice slice = embedding_slice(op);
   Prepared out;
   dispatch_tg(op, dtype_of(p, op.inputs[0]), g, [&](auto t, auto gt) {
     using T = decltype(t);
@@ -59,7 +62,8 @@ Prepared prepare_embedding_backward(const Program& p, const Op& op, const OpBind
     out = make_op([=, dx = in_t<T>(b, 0), tok = in_i(b, 1), dwte = out_t<G>(b, 0),
                    dwpe = has_wpe ? out_t<G>(b, 1) : nullptr, m0 = op.modes[0],
                    m1 = has_wpe ? op.modes[1] : WriteMode::overwrite](const StepContext& ctx) {
-      embedding_backward(dx, tok, dwte, dwpe, N, seq, C, Vp, Tmax, accumulates(m0, ctx), accumulates(m1, ctx));
+      embedding_backward(dx, tok, dwte, dwpe, N, seq, C, Vp, Tmax, accumulates(m0, ctx), accumulates(m1, ctx),
+                         slice.vocab_begin, slice.sliced);
     });
   });
   return out;
@@ -102,7 +106,7 @@ Prepared prepare_gelu(const Program& p, const Op& op, const OpBinding& b) {
   return out;
 }
 
-// add: all tensors of one type. accumulate and cast: y (+)= x between any two float types.
+// add and add_bias: all tensors of one type. accumulate and cast: y (+)= x between any two float types.
 Prepared prepare_columns(const Program& p, const Op& op, const OpBinding& b) {
   const ColumnsAttrs a = attrs_of<ColumnsAttrs>(op);
   Prepared out;
@@ -138,6 +142,17 @@ Prepared prepare_elementwise(const Program& p, const Op& op, const OpBinding& b)
   const int64_t n = p.tensor(op.outputs[0]).numel();
   const DType ty = dtype_of(p, op.outputs[0]);
   Prepared out;
+  if (op.kind == OpKind::add_bias) {
+    const int64_t cols = p.tensor(op.inputs[1]).numel(), rows = n / cols;
+    dispatch_t(op, ty, [&](auto t) {
+      using T = decltype(t);
+      out = make_op([=, x = in_t<T>(b, 0), bias = in_t<T>(b, 1), y = out_t<T>(b, 0),
+                     mode = op.modes[0]](const StepContext& ctx) {
+        add_bias_forward(x, bias, y, rows, cols, accumulates(mode, ctx));
+      });
+    });
+    return out;
+  }
   if (op.kind == OpKind::add) {
     dispatch_t(op, ty, [&](auto t) {
       using T = decltype(t);

@@ -15,15 +15,20 @@
 
 namespace memfit::ref {
 
-// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows; wpe may be nullptr (rotary models).
+// x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows; wpe may be nullptr (rotary models,
+// or another tensor-parallel rank adds it). A vocabulary slice (vocab_rows >= 0): wte's row r is
+// token vocab_begin + r, and a token outside the slice gets a zero table row.
 template <class F>
 void embedding_forward(const int32_t* tokens, const F* wte, const F* wpe, F* x, int64_t N, int64_t seq, int64_t C,
-                       bool acc);
+                       bool acc, int64_t vocab_begin = 0, int64_t vocab_rows = -1);
 // dwte[tok] += dx rows; dwpe[t] += sum over the batch. Overwrite mode zeroes the whole
-// tables (all Vp rows of dwte, all Tmax rows of dwpe) before scattering.
+// tables (all Vp rows of dwte, all Tmax rows of dwpe) before scattering. `sliced`: dwte's row r
+// is token vocab_begin + r, and tokens outside [vocab_begin, vocab_begin + vocab_rows) are
+// skipped (without it they are an error).
 template <class F>
 void embedding_backward(const F* dx, const int32_t* tokens, F* dwte, F* dwpe, int64_t N, int64_t seq, int64_t C,
-                        int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe);
+                        int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe, int64_t vocab_begin = 0,
+                        bool sliced = false);
 
 template <class F>
 void layernorm_forward(const F* x, const F* w, const F* b, F* y, F* mean, F* rstd, int64_t N, int64_t C, double eps);
@@ -90,6 +95,27 @@ void flash_attention_backward(const F* dy, const F* qkv, const F* y, const F* ls
 template <class F>
 void classifier(const F* x, const F* wte, const int32_t* targets, F* losses, F* dx, F* dwte, int64_t N, int64_t C,
                 int64_t V, int64_t Vp, double dscale, bool acc_dx, bool acc_dwte);
+
+// --- tensor parallelism ---
+// y[r] = x[r] + bias for each of the rows (y += that when acc); y may be x.
+template <class F>
+void add_bias(const F* x, const F* bias, F* y, int64_t rows, int64_t cols, bool acc);
+// The vocabulary-parallel classifier over one slice w (Vs, C) whose row j is global column
+// vocab_begin + j (real when < V). classifier_partial: per row {max logit m over the slice's
+// real columns (-inf when none), sum of exp(logit - m) over them, the target's logit when the
+// slice holds it (else 0)} into stats (N, 3).
+template <class F>
+void classifier_partial(const F* x, const F* w, const int32_t* targets, F* stats, int64_t N, int64_t C, int64_t V,
+                        int64_t Vs, int64_t vocab_begin);
+// stats (P, N, 3) of P slices -> lse = log of the summed exponentials, loss = lse - target logit.
+template <class F>
+void classifier_combine(const F* stats, F* losses, F* lse, int64_t P, int64_t N);
+// g = (exp(logit - lse) - [column is the target]) * dscale on the real columns, 0 on padding;
+// dx = g w and dw = g^T x (either may be nullptr).
+template <class F>
+void classifier_parallel_backward(const F* x, const F* w, const int32_t* targets, const F* lse, F* dx, F* dw,
+                                  int64_t N, int64_t C, int64_t V, int64_t Vs, int64_t vocab_begin, double dscale,
+                                  bool acc_dx, bool acc_dw);
 
 // Round to nearest even of a real number into bf16 / fp16 bit patterns (NaN as the canonical
 // quiet NaN). bf16 follows memfit's convention of flushing fp32 subnormals to zero.

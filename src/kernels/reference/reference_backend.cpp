@@ -50,8 +50,12 @@ Prepared prepare_dense(const Program& p, const Op& op, const OpBinding& b) {
     case OpKind::embedding_forward: {
       const TensorDesc& tok = p.tensor(op.inputs[0]);
       const int64_t N = tok.numel(), T = tok.shape.last(), C = p.tensor(op.inputs[1]).shape.last();
-      return make_op([=, wpe = op.inputs.size() == 3 ? in(b, 2) : nullptr](const StepContext& ctx) {
-        ref::embedding_forward(in_i(b, 0), in(b, 1), wpe, out(b, 0), N, T, C, accumulates(m0, ctx));
+      const EmbeddingSlice slice = embedding_slice(op);
+      const int64_t rows = slice.sliced ? p.tensor(op.inputs[1]).shape.rows() : -1;
+      const bool add_wpe = op.inputs.size() == 3 && slice.add_positions;
+      return make_op([=, wpe = add_wpe ? in(b, 2) : nullptr](const StepContext& ctx) {
+        ref::embedding_forward(in_i(b, 0), in(b, 1), wpe, out(b, 0), N, T, C, accumulates(m0, ctx), slice.vocab_begin,
+                               rows);
       });
     }
     case OpKind::embedding_backward: {
@@ -61,9 +65,10 @@ Prepared prepare_dense(const Program& p, const Op& op, const OpBinding& b) {
       const int64_t Vp = op.outputs[0] != kNoTensor ? p.tensor(op.outputs[0]).shape.rows() : 0;
       const int64_t Tmax = has_wpe ? p.tensor(op.outputs[1]).shape.rows() : 0;
       const WriteMode m1 = has_wpe ? op.modes[1] : WriteMode::overwrite;
+      const EmbeddingSlice slice = embedding_slice(op);
       return make_op([=, dwpe = has_wpe ? out(b, 1) : nullptr](const StepContext& ctx) {
         ref::embedding_backward(in(b, 0), in_i(b, 1), out(b, 0), dwpe, N, T, C, Vp, Tmax, accumulates(m0, ctx),
-                                accumulates(m1, ctx));
+                                accumulates(m1, ctx), slice.vocab_begin, slice.sliced);
       });
     }
     case OpKind::matmul: {
@@ -95,6 +100,12 @@ Prepared prepare_dense(const Program& p, const Op& op, const OpBinding& b) {
     case OpKind::add:
       return make_op(
           [=](const StepContext& ctx) { ref::add(in(b, 0), in(b, 1), out(b, 0), n0, accumulates(m0, ctx)); });
+    case OpKind::add_bias: {
+      const int64_t cols = p.tensor(op.inputs[1]).numel();
+      return make_op([=](const StepContext& ctx) {
+        ref::add_bias(in(b, 0), in(b, 1), out(b, 0), n0 / cols, cols, accumulates(m0, ctx));
+      });
+    }
     case OpKind::add_columns: {
       const ColumnsAttrs a = attrs_of<ColumnsAttrs>(op);
       return make_op([=](const StepContext& ctx) {
@@ -205,8 +216,22 @@ Prepared prepare_loss(const Program& p, const Op& op, const OpBinding& b) {
         [=](const StepContext& ctx) { ref::loss_mean(in(b, 0), out(b, 0), n, scale, accumulates(m0, ctx)); });
   }
   const ClassifierAttrs a = attrs_of<ClassifierAttrs>(op);
+  if (op.kind == OpKind::classifier_combine)
+    return make_op([=](const StepContext&) { ref::classifier_combine(in(b, 0), out(b, 0), out(b, 1), a.parts, a.rows); });
   const TensorDesc& wte = p.tensor(op.inputs[1]);
   const int64_t C = wte.shape.last(), Vp = wte.shape.rows();
+  if (op.kind == OpKind::classifier_partial)
+    return make_op([=](const StepContext&) {
+      ref::classifier_partial(in(b, 0), in(b, 1), in_i(b, 2), out(b, 0), a.rows, C, a.vocab, Vp, a.vocab_begin);
+    });
+  if (op.kind == OpKind::classifier_parallel_backward) {
+    const WriteMode m0 = op.modes[0], m1 = op.modes[1];
+    return make_op([=](const StepContext& ctx) {
+      ref::classifier_parallel_backward(in(b, 0), in(b, 1), in_i(b, 2), in(b, 3), out(b, 0), out(b, 1), a.rows, C,
+                                        a.vocab, Vp, a.vocab_begin, double(a.grad_scale) * double(ctx.loss_scale),
+                                        accumulates(m0, ctx), accumulates(m1, ctx));
+    });
+  }
   const bool train = op.kind == OpKind::classifier;
   const WriteMode m1 = train ? op.modes[1] : WriteMode::overwrite, m2 = train ? op.modes[2] : WriteMode::overwrite;
   return make_op([=, dx = train ? out(b, 1) : nullptr, dwte = train ? out(b, 2) : nullptr](const StepContext& ctx) {
@@ -297,6 +322,9 @@ class ReferenceBackend final : public Backend {
       case OpKind::flash_attention_backward: return prepare_attention(op, binding);
       case OpKind::classifier:
       case OpKind::classifier_eval:
+      case OpKind::classifier_partial:
+      case OpKind::classifier_combine:
+      case OpKind::classifier_parallel_backward:
       case OpKind::loss_mean: return prepare_loss(program, op, binding);
       case OpKind::adamw:
       case OpKind::adamw8bit:

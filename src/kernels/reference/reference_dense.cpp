@@ -25,24 +25,28 @@ constexpr double kGeluA = 0.044715;
 
 template <class F>
 void embedding_forward(const int32_t* tokens, const F* wte, const F* wpe, F* x, int64_t N, int64_t seq, int64_t C,
-                       bool acc) {
+                       bool acc, int64_t vocab_begin, int64_t vocab_rows) {
   for (int64_t n = 0; n < N; ++n) {
-    const int64_t t = n % seq;
+    const int64_t t = n % seq, row = int64_t(tokens[n]) - vocab_begin;
+    MEMFIT_ASSERT(tokens[n] >= 0, "token {} is negative", tokens[n]);
+    const bool held = vocab_rows < 0 || (row >= 0 && row < vocab_rows);
     for (int64_t c = 0; c < C; ++c)
-      store(&x[n * C + c], double(wte[int64_t(tokens[n]) * C + c]) + (wpe ? double(wpe[t * C + c]) : 0.0), acc);
+      store(&x[n * C + c], (held ? double(wte[row * C + c]) : 0.0) + (wpe ? double(wpe[t * C + c]) : 0.0), acc);
   }
 }
 
 template <class F>
 void embedding_backward(const F* dx, const int32_t* tokens, F* dwte, F* dwpe, int64_t N, int64_t seq, int64_t C,
-                        int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe) {
+                        int64_t vocab_rows, int64_t max_seq, bool acc_wte, bool acc_wpe, int64_t vocab_begin,
+                        bool sliced) {
   if (dwte) {
     if (!acc_wte)
       for (int64_t i = 0; i < vocab_rows * C; ++i) dwte[i] = F(0);
     for (int64_t n = 0; n < N; ++n) {
-      const int64_t tok = tokens[n];
-      MEMFIT_ASSERT(tok >= 0 && tok < vocab_rows, "token {} outside [0, {})", tok, vocab_rows);
-      for (int64_t c = 0; c < C; ++c) dwte[tok * C + c] += dx[n * C + c];
+      const int64_t tok = tokens[n], row = tok - vocab_begin;
+      MEMFIT_ASSERT(tok >= 0 && (sliced || row < vocab_rows), "token {} outside [0, {})", tok, vocab_rows);
+      if (row < 0 || row >= vocab_rows) continue;  // another rank's slice holds it
+      for (int64_t c = 0; c < C; ++c) dwte[row * C + c] += dx[n * C + c];
     }
   }
   if (dwpe) {
@@ -192,9 +196,10 @@ void adamw(F* param, const F* grad, F* m, F* v, int64_t n, double lr, double bet
 }
 
 #define MEMFIT_REF_INSTANTIATE(F)                                                                                   \
-  template void embedding_forward<F>(const int32_t*, const F*, const F*, F*, int64_t, int64_t, int64_t, bool);      \
+  template void embedding_forward<F>(const int32_t*, const F*, const F*, F*, int64_t, int64_t, int64_t, bool,       \
+                                     int64_t, int64_t);                                                             \
   template void embedding_backward<F>(const F*, const int32_t*, F*, F*, int64_t, int64_t, int64_t, int64_t, int64_t, \
-                                      bool, bool);                                                                  \
+                                      bool, bool, int64_t, bool);                                                   \
   template void layernorm_forward<F>(const F*, const F*, const F*, F*, F*, F*, int64_t, int64_t, double);           \
   template void layernorm_backward<F>(const F*, const F*, const F*, const F*, const F*, F*, F*, F*, int64_t, int64_t, \
                                       bool, bool, bool);                                                            \
