@@ -147,6 +147,25 @@ int build_case(OpKind kind, ProgramFixture& f) {
       return f.op(kind, in, {t.floats("losses", {N}), t.floats("dx", {N, C}), t.floats("dwte", {Vp, C})}, a,
                   {ow, ow, acc}, {chunk});
     }
+    case OpKind::classifier_partial:
+    case OpKind::classifier_parallel_backward: {
+      // The second of two slices of 8 columns: global columns 8..15, of which 8..10 are real.
+      ClassifierAttrs a;
+      a.rows = N, a.vocab = V, a.chunk_rows = 4, a.grad_scale = 1.0f / float(N), a.vocab_begin = 8;
+      std::vector<TensorId> in = {t.floats("x", {N, C}), t.floats("w", {8, C}), t.ints("targets", {N}, int32_t(V))};
+      const TensorId chunk = t.floats("logits", {4, 8});
+      if (kind == OpKind::classifier_partial) return f.op(kind, in, {t.floats("stats", {N, 3})}, a, {ow}, {chunk});
+      in.push_back(t.floats("lse", {N}, 2, 4));
+      return f.op(kind, in, {t.floats("dx", {N, C}), t.floats("dw", {8, C})}, a, {acc, ow}, {chunk});
+    }
+    case OpKind::classifier_combine: {
+      ClassifierAttrs a;
+      a.rows = N, a.parts = 2;
+      const TensorId stats = t.floats("stats", {2, N, 3}, 0.5, 3);  // m, s > 0 and t of two slices
+      return f.op(kind, {stats}, {t.floats("losses", {N}), t.floats("lse", {N})}, a, {ow, ow});
+    }
+    case OpKind::add_bias:
+      return f.op(kind, {t.floats("x", {N, C}), t.floats("b", {C})}, {t.floats("y", {N, C})}, NoAttrs{}, {acc});
     case OpKind::loss_mean:
       return f.op(kind, {t.floats("losses", {N}, 0, 3)}, {t.floats("loss", {1})}, ScaleAttrs{0.25f}, {acc});
     case OpKind::add:
