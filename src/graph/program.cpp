@@ -185,7 +185,9 @@ TensorId ParamEntry::stored(ParamRole role) const {
 }
 
 int64_t Program::param_numel(const ParamEntry& e) const {
-  // Quantised codes keep the parameter's logical shape (nf4 and int8 alike).
+  // Quantised codes keep the parameter's logical shape (nf4 and int8 alike); a tensor-parallel
+  // slice counts as the whole parameter it is a slice of.
+  if (e.split.split()) return e.split.global.numel();
   const TensorId id = e.value != kNoTensor ? e.value : e.stored(ParamRole::codes);
   return id == kNoTensor ? 0 : tensor(id).numel();
 }

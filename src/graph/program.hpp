@@ -115,7 +115,9 @@ class Program {
 
   std::vector<ParamEntry>& params() { return params_; }
   const std::vector<ParamEntry>& params() const { return params_; }
-  int64_t parameter_count() const;  // elements of all parameters (trainable and frozen)
+  // Elements of all parameters (trainable and frozen), of the whole model: a tensor-parallel
+  // rank counts each split parameter whole.
+  int64_t parameter_count() const;
   int64_t trainable_parameter_count() const;
   int64_t param_numel(const ParamEntry& e) const;  // elements of the parameter, however stored
 

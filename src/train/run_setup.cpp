@@ -41,7 +41,9 @@ void settle_ranks(RunState& s, const RunConfig& config, std::ostream& rank_log, 
   s.comm = comm;
   const int W = comm->size(), rank = comm->rank(), tensor = config.topology.tensor;
   s.world = W, s.rank = rank;
-  MEMFIT_CHECK(config.topology.world() == 1 || config.topology.world() == W, "train",
+  // A data degree above 1 comes from a plan's --world-size; the tensor degree alone leaves the
+  // data degree to the launch.
+  MEMFIT_CHECK(config.topology.data == 1 || config.topology.world() == W, "train",
                "--world-size {} but the run was launched with {} ranks", config.topology.world(), W);
   MEMFIT_CHECK(tensor >= 1 && W % tensor == 0, "train", "a tensor-parallel degree of {} does not divide {} ranks",
                tensor, W);

@@ -2,7 +2,7 @@
 // tensor 2 x data 2). Oracle: the one-rank run of the same global batch, computed in process.
 //
 // 1. Gradients. After two accumulated micro-steps (persistent gradients, ZeRO stage 0: every
-//    gradient whole on its rank), each rank's gradient of every parameter equals the one-rank
+//    gradient whole on its rank) and the data group's sums that open the optimizer section, each rank's gradient of every parameter equals the one-rank
 //    gradient at the elements its slice holds (graph/tensor_parallel.hpp slice_runs), to 1e-5
 //    of the tensor's largest gradient; the loss to 1e-6. The tensor group sums partial
 //    products (row-parallel outputs, the replicated inputs' gradients) in another order than
@@ -84,6 +84,13 @@ struct Stepper {
       ex->run_section(SectionKind::micro, ctx);
     }
     if (program().find_section(SectionKind::sync)) ex->run_section(SectionKind::sync, ctx);
+    // With accumulation, ZeRO stage 0 sums the gradients over the data group at the start of
+    // the optimizer section: run those collectives, stop before the update.
+    const Section* opt = program().find_section(SectionKind::optimizer);
+    int end = opt->begin;
+    while (end < opt->end && (is_collective_kind(program().op(end).kind) || program().op(end).kind == OpKind::wait))
+      ++end;
+    ex->run_ops(opt->begin, end, ctx);
   }
 };
 
