@@ -96,9 +96,13 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
                              run.policy.grad_accum, precision_name(run.policy.precision), p.ops().size());
     std::cout << describe_recompute_choice(run, run_budget(config));
     if (config.topology.world() > 1 || run.policy.zero_stage > 0)
-      std::cout << fmt::format("data parallel: rank 0 of {}, ZeRO stage {}, {} sent per rank per step\n",
-                               config.topology.world(), run.policy.zero_stage,
-                               format_bytes(uint64_t(communication_bytes_per_step(p))));
+      std::cout << fmt::format("{}: rank 0 of {}{}, ZeRO stage {}, {} sent per rank per step\n",
+                               config.topology.tensor > 1 ? "tensor x data parallel" : "data parallel",
+                               config.topology.world(),
+                               config.topology.tensor > 1 ? fmt::format(" (tensor {} x data {})", config.topology.tensor,
+                                                                         config.topology.data)
+                                                          : std::string(),
+                               run.policy.zero_stage, format_bytes(uint64_t(communication_bytes_per_step(p))));
     if (config.topology.world() > 1) std::cout << describe_communication(p, config.topology, plan_ranks_per_node(config));
     std::cout << describe_hpz(hpz_summary(p, run.compiled.plan), hpz_partition(run.policy, config.topology));
     if (const FrozenSummary f = summarize_frozen(p, run.policy); f.params > 0) {

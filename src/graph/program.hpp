@@ -118,7 +118,7 @@ class Program {
   // Elements of all parameters (trainable and frozen), of the whole model: a tensor-parallel
   // rank counts each split parameter whole.
   int64_t parameter_count() const;
-  int64_t trainable_parameter_count() const;
+  int64_t trainable_parameter_count() const;  // elements this rank holds (a tensor-parallel slice as sliced)
   int64_t param_numel(const ParamEntry& e) const;  // elements of the parameter, however stored
 
   // Structural checks: parameter storage records consistent, tensor ids in range, one write

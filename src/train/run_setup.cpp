@@ -204,6 +204,10 @@ std::unique_ptr<RunState> setup_run(const RunConfig& config, std::ostream& rank_
                      precision_name(pol.precision), optimizer_name(pol.optimizer), c.lr, s.schedule.to_json().dump());
   log << fmt::format("data: {}: {} tokens ({} training, {} validation)\n", s.data->description(), n,
                      n - s.val_tokens, s.val_tokens);
+  if (c.topology.tensor > 1)
+    log << fmt::format("tensor parallel: {} ranks per model replica x {} data-parallel replicas (ZeRO stage {} over "
+                       "the data group); this rank holds {} of the model's parameters\n",
+                       c.topology.tensor, c.topology.data, pol.zero_stage, prog.trainable_parameter_count());
   if (!c.config_note.empty()) log << fmt::format("config: {}\n", c.config_note);
   if (!c.deepspeed_note.empty()) log << fmt::format("config: {}\n", c.deepspeed_note);
   s.budget = run_budget(c);
