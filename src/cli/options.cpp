@@ -331,10 +331,13 @@ RunConfig RunOptions::resolve() const {
   c.topology.data = launched_world_size();
   if (!config_file_.empty()) apply_config_file(config_file_, c);
   for (const auto& apply : given_) apply(c);
-  // Tensor parallelism takes its degree out of the launched world: data = world / tensor.
-  MEMFIT_CHECK(c.topology.data % c.topology.tensor == 0, "train", "--tensor-parallel {} does not divide the {} ranks launched",
-               c.topology.tensor, c.topology.data);
-  c.topology.data /= c.topology.tensor;
+  // Tensor parallelism takes its degree out of the launched world: data = world / tensor (a
+  // plan's --world-size does the same in cli/main.cpp).
+  if (c.topology.data > 1) {
+    MEMFIT_CHECK(c.topology.data % c.topology.tensor == 0, "train",
+                 "--tensor-parallel {} does not divide the {} ranks launched", c.topology.tensor, c.topology.data);
+    c.topology.data /= c.topology.tensor;
+  }
   resolve_batch_keys(c, c.topology.data, c.config_note);
   // Every command plans the adapter's LoRA (rank, alpha, targets, bias) as a run would: `plan
   // --load-adapter DIR` must size the run that `train --load-adapter DIR` executes.
