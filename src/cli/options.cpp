@@ -210,6 +210,10 @@ void RunOptions::add_zero_plus_plus_options(CLI::App& app) {
                "tensor parallelism (Megatron-LM): each group of T adjacent ranks splits every block's heads, MLP and "
                "vocabulary; data parallelism (and ZeRO) runs over world / T groups",
                [](RunConfig& c, int64_t v) { c.topology.tensor = int(require_in("--tensor-parallel", v, input_range::ranks_per_node)); });
+  add_flag(app, "--sequence-parallel",
+           "with --tensor-parallel: the norms and residual stream hold 1/T of the rows on each tensor rank (gathered "
+           "before each block's products, reduce-scattered after them)",
+           [](RunConfig& c, bool v) { c.policy.sequence_parallel = v; });
   add<int64_t>(app, "--ranks-per-node", "consecutive ranks per node, for the intra/inter-node split of the bytes sent "
                "(default: the ranks sharing a node when running, the world for a plan)",
                [](RunConfig& c, int64_t v) { c.ranks_per_node = int(require_in("--ranks-per-node", v, input_range::ranks_per_node)); });

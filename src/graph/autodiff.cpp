@@ -23,6 +23,19 @@ std::pair<TensorId, WriteMode> Autodiff::contribute(TensorId x) {
   const TensorDesc& t = p_.tensor(x);
   MEMFIT_ASSERT(t.requires_grad, "gradient contributed to {}, which does not require one", t.name);
   const bool is_param = t.category == Category::parameters;
+  if (is_param && t.grad_summed_over_tensor_group) {
+    // Sequence parallelism: this rank's rows give a partial gradient, collected in a transient
+    // of the micro-step and summed over the tensor group at the end of the backward.
+    auto it = partial_grads_.find(x);
+    if (it != partial_grads_.end()) return {it->second, WriteMode::accumulate};
+    const int saved_layer = b_.layer();
+    b_.set_layer(t.layer);
+    const TensorId g = b_.transient("d." + t.name + ".rows", t.shape, Category::gradients);
+    b_.set_layer(saved_layer);
+    partial_grads_.emplace(x, g);
+    partial_order_.push_back(x);
+    return {g, WriteMode::overwrite};
+  }
   auto it = grads_.find(x);
   if (it != grads_.end()) {
     // A persistent parameter gradient registered up front: its first write in a micro-step
@@ -55,8 +68,29 @@ void Autodiff::backward(int begin, int end) {
     sum_grads_over_tensor_group(fwd);
     backward_of(fwd);
   }
+  sum_partial_param_grads();
   b_.set_layer(-1);
   b_.set_phase(saved);
+}
+
+// Each partial gradient once summed over the tensor group, then added to the parameter's
+// gradient as any contribution is (a persistent one accumulates over micro-steps after it).
+void Autodiff::sum_partial_param_grads() {
+  const TensorParallel& tp = b_.tensor_parallel();
+  for (TensorId x : partial_order_) {
+    const TensorId g = partial_grads_.at(x);
+    const TensorDesc& t = p_.tensor(x);
+    b_.set_layer(t.layer);
+    b_.emit({OpKind::all_reduce, "d." + t.name + ".tensor_all_reduce", {}, {g},
+             CollectiveAttrs{CommGroup::tensor, tp.parts, false}, 0, {WriteMode::update}, {}, {},
+             ring_bytes(double(p_.tensor(g).bytes()), tp.parts, 2.0)});
+    p_.tensor(x).grad_summed_over_tensor_group = false;  // contribute() now reaches the parameter's own gradient
+    auto [dx, mode] = contribute(x);
+    p_.tensor(x).grad_summed_over_tensor_group = true;
+    b_.emit({OpKind::accumulate, "d." + t.name + ".add_rows", {g}, {dx}, NoAttrs{}, double(t.numel()), {mode}});
+  }
+  partial_order_.clear();
+  partial_grads_.clear();
 }
 
 // The producer's backward comes after every consumer's (this walk is in reverse), so the
@@ -86,6 +120,24 @@ void Autodiff::pass_through(const std::string& name, TensorId x, TensorId dy) {
   b_.emit({OpKind::accumulate, name, {dy}, {dx}, NoAttrs{}, double(p_.tensor(dy).numel()), {mode}});
 }
 
+void Autodiff::collective_backward(const Op& fwd, TensorId dy) {
+  const TensorId x = fwd.inputs[0];
+  if (!p_.tensor(x).requires_grad) return;
+  const auto& a = std::get<CollectiveAttrs>(fwd.attrs);
+  auto [dx, mode] = contribute(x);
+  // A collective overwrites its output: a gradient that accumulates takes it through a temporary.
+  const TensorId into = mode == WriteMode::overwrite
+                            ? dx
+                            : b_.transient(fwd.name + ".bwd.partial", p_.tensor(x).shape, Category::temporaries);
+  const bool gather = fwd.kind == OpKind::reduce_scatter;  // the backward of a scatter gathers
+  const TensorId full = gather ? into : dy;
+  const double bytes = ring_bytes(double(p_.tensor(full).bytes()), a.size, 1.0);
+  b_.emit({gather ? OpKind::all_gather : OpKind::reduce_scatter, fwd.name + ".bwd", {dy}, {into}, a, 0,
+           {WriteMode::overwrite}, {}, {}, bytes});
+  if (into != dx)
+    b_.emit({OpKind::accumulate, fwd.name + ".bwd_add", {into}, {dx}, NoAttrs{}, double(p_.tensor(dx).numel()), {mode}});
+}
+
 void Autodiff::backward_of(const Op& fwd) {
   auto needs = [&](TensorId t) { return t != kNoTensor && p_.tensor(t).requires_grad; };
   // Ops whose outputs received no gradient contribute nothing.
@@ -100,6 +152,9 @@ void Autodiff::backward_of(const Op& fwd) {
     case OpKind::all_reduce:  // tensor parallelism's forward sum: the identity backward (Megatron's g)
       MEMFIT_ASSERT(fwd.inputs.size() == 1, "forward all_reduce {} is not out of place", fwd.name);
       return pass_through(bname, fwd.inputs[0], dy);
+    case OpKind::all_gather:      // sequence parallelism: the gradient of gathered rows is scattered
+    case OpKind::reduce_scatter:  // back (summed), and that of scattered sums is gathered
+      return collective_backward(fwd, dy);
     case OpKind::add_bias: {
       const TensorId bias = fwd.inputs[1];
       if (needs(bias)) {

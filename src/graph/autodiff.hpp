@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "graph/builder.hpp"
 
@@ -34,6 +35,8 @@ class Autodiff {
   void backward_of(const Op& fwd);
   void sum_grads_over_tensor_group(const Op& fwd);
   void pass_through(const std::string& name, TensorId x, TensorId dy);
+  void collective_backward(const Op& fwd, TensorId dy);
+  void sum_partial_param_grads();
   void matmul_backward(const Op& fwd, TensorId dy);
   void quant_linear_backward(const Op& fwd, TensorId dy);
   void add_backward(const Op& fwd, TensorId dy);
@@ -44,6 +47,9 @@ class Autodiff {
   std::unordered_map<TensorId, TensorId> grads_;
   std::unordered_set<TensorId> written_;  // persistent parameter gradients written this micro-step
   std::unordered_map<TensorId, size_t> param_index_;  // parameter tensor -> index in Program::params()
+  // Sequence parallelism: parameters' partial gradients of this micro-step (graph/tensor_parallel.hpp).
+  std::unordered_map<TensorId, TensorId> partial_grads_;
+  std::vector<TensorId> partial_order_;
 };
 
 }  // namespace memfit

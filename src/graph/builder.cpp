@@ -88,7 +88,7 @@ TensorId GraphBuilder::embedding(const std::string& name, TensorId tokens, Tenso
   }
   const EmbeddingAttrs a{.vocab_begin = int64_t(tp_.index) * p_.tensor(wte).shape[0], .add_positions = tp_.index == 0};
   emit({OpKind::embedding_forward, name + ".slice", {tokens, wte, wpe}, {x}, a, double(ts.numel() * C)});
-  return tensor_all_reduce(name + ".all_reduce", x);
+  return tp_.sequence_on() ? scatter_rows(name + ".reduce_scatter", x) : tensor_all_reduce(name + ".all_reduce", x);
 }
 
 GraphBuilder::NormOut GraphBuilder::layernorm(const std::string& name, TensorId x, TensorId w, TensorId b, float eps) {
@@ -124,12 +124,38 @@ TensorId GraphBuilder::linear(const std::string& name, TensorId x, TensorId w, T
 TensorId GraphBuilder::row_parallel_linear(const std::string& name, TensorId x, TensorId w, TensorId b) {
   if (!tp_.on()) return linear(name, x, w, b);
   const TensorId partial = linear(name + ".partial", x, w, kNoTensor);
-  const TensorId y = tensor_all_reduce(name + ".all_reduce", partial);
+  const TensorId y = tp_.sequence_on() ? scatter_rows(name + ".reduce_scatter", partial)
+                                       : tensor_all_reduce(name + ".all_reduce", partial);
   return b == kNoTensor ? y : add_bias(name + ".bias", y, b);
 }
 
 void GraphBuilder::sum_grad_over_tensor_group(TensorId x) {
   if (tp_.on()) p_.tensor(x).grad_summed_over_tensor_group = true;
+}
+
+TensorId GraphBuilder::column_parallel_input(const std::string& name, TensorId x, const Shape& full) {
+  if (tp_.sequence_on()) return gather_rows(name + ".all_gather", x, full);
+  sum_grad_over_tensor_group(x);
+  return x;
+}
+
+TensorId GraphBuilder::scatter_rows(const std::string& name, TensorId full) {
+  const Shape s = p_.tensor(full).shape;
+  const int64_t C = s.last(), rows = s.numel() / C;
+  MEMFIT_CHECK(rows % tp_.parts == 0, "policy",
+               "sequence parallelism splits the {} rows (batch x sequence) over {} tensor ranks: they do not divide",
+               rows, tp_.parts);
+  const TensorId y = activation_like(name + ".y", Shape{rows / tp_.parts, C}, {full});
+  emit({OpKind::reduce_scatter, name, {full}, {y}, CollectiveAttrs{CommGroup::tensor, tp_.parts, false}, 0, {}, {}, {},
+        ring_bytes(double(p_.tensor(full).bytes()), tp_.parts, 1.0)});
+  return y;
+}
+
+TensorId GraphBuilder::gather_rows(const std::string& name, TensorId shard, const Shape& full) {
+  const TensorId y = activation_like(name + ".y", full, {shard});
+  emit({OpKind::all_gather, name, {shard}, {y}, CollectiveAttrs{CommGroup::tensor, tp_.parts, false}, 0, {}, {}, {},
+        ring_bytes(double(p_.tensor(y).bytes()), tp_.parts, 1.0)});
+  return y;
 }
 
 TensorId GraphBuilder::tensor_all_reduce(const std::string& name, TensorId x) {

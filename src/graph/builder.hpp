@@ -67,6 +67,13 @@ class GraphBuilder {
   // Marks x, the replicated input of column-parallel products, so that autodiff sums its
   // gradient over the tensor group (nothing on one rank).
   void sum_grad_over_tensor_group(TensorId x);
+  // The input of column-parallel products from x: x itself, its gradient summed over the tensor
+  // group; under sequence parallelism the full rows (shape `full`) gathered from x's row shard.
+  TensorId column_parallel_input(const std::string& name, TensorId x, const Shape& full);
+  // Sequence parallelism: this rank's rows of the group's sum of `full` (reduce_scatter), and
+  // the full tensor gathered from each rank's rows (all_gather).
+  TensorId scatter_rows(const std::string& name, TensorId full);
+  TensorId gather_rows(const std::string& name, TensorId shard, const Shape& full);
   // y = the sum over the tensor group of x (a new tensor; the gradient passes through).
   TensorId tensor_all_reduce(const std::string& name, TensorId x);
   TensorId add_bias(const std::string& name, TensorId x, TensorId b);

@@ -20,7 +20,7 @@ TensorId GraphBuilder::token_embedding(const std::string& name, TensorId tokens,
   }
   const EmbeddingAttrs a{.vocab_begin = int64_t(tp_.index) * p_.tensor(wte).shape[0], .add_positions = false};
   emit({OpKind::embedding_forward, name + ".slice", {tokens, wte}, {x}, a, double(ts.numel() * C)});
-  return tensor_all_reduce(name + ".all_reduce", x);
+  return tp_.sequence_on() ? scatter_rows(name + ".reduce_scatter", x) : tensor_all_reduce(name + ".all_reduce", x);
 }
 
 GraphBuilder::NormOut GraphBuilder::rmsnorm(const std::string& name, TensorId x, TensorId w, float eps) {

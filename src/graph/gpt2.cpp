@@ -46,6 +46,10 @@ Gpt2Params declare_gpt2_parameters(GraphBuilder& b, const ModelSpec& s) {
   b.set_layer(-1);
   p.lnf_w = b.parameter("ln_f.weight", Shape{C}, ParamInit::ones, 0, false);
   p.lnf_b = b.parameter("ln_f.bias", Shape{C}, ParamInit::zeros, 0, false);
+  // Sequence parallelism: the norms and the row-parallel biases read row shards (the position
+  // table reads the gathered gradient of all rows).
+  for (const ParamEntry& e : b.program().params())
+    if (tp.sequence_on() && !e.split.split() && e.value != p.wpe) b.sum_grad_over_tensor_group(e.value);
   return p;
 }
 
@@ -80,6 +84,7 @@ void check_tensor_parallel(const ModelSpec& s, const TensorParallel& tp) {
 TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& s, const Gpt2Params& p, TensorId tokens,
                       const std::string& prefix, AttentionKind attention) {
   const AttentionAttrs attn = attention_attrs(s, b.program().tensor(tokens).shape, b.tensor_parallel());
+  const Shape full{attn.batch, attn.seq, s.n_embd};  // the residual stream's rows, all of them
 
   b.set_phase(Phase::forward);
   b.set_layer(-1);
@@ -89,22 +94,19 @@ TensorId gpt2_forward(GraphBuilder& b, const ModelSpec& s, const Gpt2Params& p, 
     const Gpt2Block& k = p.blocks[size_t(l)];
     const std::string h = prefix + "h." + std::to_string(l) + ".";
     const auto ln1 = b.layernorm(h + "ln_1", x, k.ln1_w, k.ln1_b, s.norm_eps);
-    b.sum_grad_over_tensor_group(ln1.y);
-    const TensorId qkv = b.linear(h + "attn.c_attn", ln1.y, k.attn_w, k.attn_b);
+    const TensorId qkv = b.linear(h + "attn.c_attn", b.column_parallel_input(h + "ln_1", ln1.y, full), k.attn_w, k.attn_b);
     const auto att = b.attention(h + "attn.core", qkv, attn, attention);
     const TensorId proj = b.row_parallel_linear(h + "attn.c_proj", att.y, k.proj_w, k.proj_b);
     const TensorId res = b.add(h + "residual_attn", x, proj);
     const auto ln2 = b.layernorm(h + "ln_2", res, k.ln2_w, k.ln2_b, s.norm_eps);
-    b.sum_grad_over_tensor_group(ln2.y);
-    const TensorId fc = b.linear(h + "mlp.c_fc", ln2.y, k.fc_w, k.fc_b);
+    const TensorId fc = b.linear(h + "mlp.c_fc", b.column_parallel_input(h + "ln_2", ln2.y, full), k.fc_w, k.fc_b);
     const TensorId act = b.gelu(h + "mlp.gelu", fc);
     const TensorId fcproj = b.row_parallel_linear(h + "mlp.c_proj", act, k.fcproj_w, k.fcproj_b);
     x = b.add(h + "residual_mlp", res, fcproj);
   }
   b.set_layer(-1);
   const TensorId hidden = b.layernorm(prefix + "ln_f", x, p.lnf_w, p.lnf_b, s.norm_eps).y;
-  b.sum_grad_over_tensor_group(hidden);  // read by the vocabulary-parallel classifier
-  return hidden;
+  return b.column_parallel_input(prefix + "ln_f", hidden, full);  // read by the vocabulary-parallel classifier
 }
 
 }  // namespace memfit

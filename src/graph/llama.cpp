@@ -41,12 +41,16 @@ LlamaParams declare_llama_parameters(GraphBuilder& b, const ModelSpec& s) {
   p.lm_head = s.tied_embeddings ? p.embed
                                 : b.parameter("lm_head.weight", Shape{s.padded_vocab, C}, ParamInit::normal, std0, true,
                                             tp.rows(Shape{s.padded_vocab, C}));
+  // Sequence parallelism: the norms read row shards.
+  for (const ParamEntry& e : b.program().params())
+    if (tp.sequence_on() && !e.split.split()) b.sum_grad_over_tensor_group(e.value);
   return p;
 }
 
 TensorId llama_forward(GraphBuilder& b, const ModelSpec& s, const LlamaParams& p, TensorId tokens,
                        const std::string& prefix, AttentionKind attention) {
   const AttentionAttrs attn = attention_attrs(s, b.program().tensor(tokens).shape, b.tensor_parallel());
+  const Shape full{attn.batch, attn.seq, s.n_embd};  // the residual stream's rows, all of them
 
   b.set_phase(Phase::forward);
   b.set_layer(-1);
@@ -56,24 +60,23 @@ TensorId llama_forward(GraphBuilder& b, const ModelSpec& s, const LlamaParams& p
     const LlamaBlock& k = p.blocks[size_t(l)];
     const std::string h = prefix + "layers." + std::to_string(l) + ".";
     const auto n1 = b.rmsnorm(h + "input_layernorm", x, k.in_norm, s.norm_eps);
-    b.sum_grad_over_tensor_group(n1.y);
-    const TensorId qkv = b.linear(h + "self_attn.qkv_proj", n1.y, k.qkv_w, k.qkv_b);
+    const TensorId qkv =
+        b.linear(h + "self_attn.qkv_proj", b.column_parallel_input(h + "input_layernorm", n1.y, full), k.qkv_w, k.qkv_b);
     const TensorId rotated = b.rope(h + "self_attn.rope", qkv, attn);
     const auto att = b.attention(h + "self_attn.core", rotated, attn, attention);
     const TensorId o = b.row_parallel_linear(h + "self_attn.o_proj", att.y, k.o_w, kNoTensor);
     const TensorId res = b.add(h + "residual_attn", x, o);
     const auto n2 = b.rmsnorm(h + "post_attention_layernorm", res, k.post_norm, s.norm_eps);
-    b.sum_grad_over_tensor_group(n2.y);
-    const TensorId gate = b.linear(h + "mlp.gate_proj", n2.y, k.gate_w, kNoTensor);
-    const TensorId up = b.linear(h + "mlp.up_proj", n2.y, k.up_w, kNoTensor);
+    const TensorId mlp_in = b.column_parallel_input(h + "post_attention_layernorm", n2.y, full);
+    const TensorId gate = b.linear(h + "mlp.gate_proj", mlp_in, k.gate_w, kNoTensor);
+    const TensorId up = b.linear(h + "mlp.up_proj", mlp_in, k.up_w, kNoTensor);
     const TensorId act = b.swiglu(h + "mlp.act", gate, up);
     const TensorId down = b.row_parallel_linear(h + "mlp.down_proj", act, k.down_w, kNoTensor);
     x = b.add(h + "residual_mlp", res, down);
   }
   b.set_layer(-1);
   const TensorId hidden = b.rmsnorm(prefix + "norm", x, p.norm, s.norm_eps).y;
-  b.sum_grad_over_tensor_group(hidden);  // read by the vocabulary-parallel classifier
-  return hidden;
+  return b.column_parallel_input(prefix + "norm", hidden, full);  // read by the vocabulary-parallel classifier
 }
 
 }  // namespace memfit

@@ -108,6 +108,9 @@ struct Policy {
   // ZeRO++ qwZ (DeepSpeed's zero_quantized_weights, stage 3): parameter shards all-gathered as
   // blockwise int8 with fp32 scales, decoded on arrival (graph/zero.hpp).
   bool zero_quantized_weights = false;
+  // Tensor parallelism's sequence parallelism (Korthikanti et al. 2022): the norms and residual
+  // stream hold 1/T of the rows on each tensor rank (graph/tensor_parallel.hpp).
+  bool sequence_parallel = false;
   bool overlap_comm = true;  // collectives run asynchronously, overlapping compute (graph/schedule_async.hpp)
   Tier offload_optimizer = Tier::device;
   Tier offload_params = Tier::device;

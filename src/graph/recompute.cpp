@@ -134,6 +134,9 @@ class Recomputer {
       case OpKind::swiglu_forward: return !b.mlp_activation;
       case OpKind::layernorm_forward:
       case OpKind::rmsnorm_forward: return !(b.norms && out == 0);  // y; mean and rstd are N floats
+      // Sequence parallelism's gathered rows (the only gathers inside a forward block): the
+      // backward gathers them again from the kept row shard, as Megatron-LM does.
+      case OpKind::all_gather: return false;
       default: return true;
     }
   }

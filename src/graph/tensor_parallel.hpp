@@ -50,10 +50,22 @@ std::vector<SliceRun> slice_runs(const TensorSplit& split, const Shape& local);
 Shape local_shape(const TensorSplit& split);
 
 // The tensor-parallel degree and this rank's index in its group, as a builder emits for.
+//
+// Sequence parallelism (`sequence`): between the blocks' products the residual stream, the
+// norms and their outputs hold rows [index, index + 1) * N / parts of the N = batch x sequence
+// rows (rows of the flattened batch, so any batch size splits). A column-parallel product's
+// input is all_gathered from them (backward: reduce_scatter) and a row-parallel product's
+// partial sums are reduce_scattered into them (backward: all_gather), replacing Megatron's f
+// and g. The replicated parameters that read row shards (norm weights, row-parallel biases)
+// then have partial gradients, summed over the group once per micro-step; the gathered inputs
+// are not kept for the backward but gathered again (graph/recompute.cpp), so the block keeps
+// only row shards, as the paper's sbh/t (34 + 5as/h) counts.
 struct TensorParallel {
   int parts = 1;
   int index = 0;
+  bool sequence = false;
   bool on() const { return parts > 1; }
+  bool sequence_on() const { return on() && sequence; }
   // A weight split over its output rows (segments as TensorSplit::segments) or input columns.
   TensorSplit rows(Shape global, std::vector<int64_t> segments = {}) const;
   TensorSplit columns(Shape global) const;

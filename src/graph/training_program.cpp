@@ -179,7 +179,10 @@ Program build_program(const ModelSpec& spec, const Policy& policy, const Topolog
                       const OpCapabilities& backend, const ForwardRewrites& extra_rewrites, bool split_layers) {
   spec.validate();
   check_supported(spec, policy, topology);
-  const TensorParallel tp{split_layers ? topology.tensor : 1, split_layers ? topology.tensor_rank() : 0};
+  const TensorParallel tp{split_layers ? topology.tensor : 1, split_layers ? topology.tensor_rank() : 0,
+                          policy.sequence_parallel};
+  MEMFIT_CHECK(!policy.sequence_parallel || topology.tensor > 1, "policy",
+               "sequence parallelism splits the rows over the tensor group: it needs a tensor-parallel degree above 1");
   if (tp.on()) check_tensor_parallel_policy(policy);
   ForwardRewrites rewrites = forward_rewrites_for(policy);
   rewrites.insert(rewrites.end(), extra_rewrites.begin(), extra_rewrites.end());
@@ -241,7 +244,8 @@ Program build_program(const ModelSpec& spec, const Policy& policy, const Topolog
   if (policy.with_eval) emit_eval_section(b, spec, params, policy, rewrites);
   if (policy.sample_prompt > 0)
     emit_generate_section(b, spec, params, policy, GenerateShape{policy.sample_prompt, policy.sample_capacity});
-  if (policy.recompute.mode != RecomputeMode::none) p = apply_recompute(p, recompute);
+  // Sequence parallelism gathers a block's rows again for its backward (graph/recompute.cpp).
+  if (policy.recompute.mode != RecomputeMode::none || tp.sequence_on()) p = apply_recompute(p, recompute);
   // After recompute: recomputed ops get the same dtypes and fp32 islands as the forward ops
   // they replay (so they compute the same bits), and their replays indices are remapped.
   apply_precision(p, policy, backend);

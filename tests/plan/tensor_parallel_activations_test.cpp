@@ -64,6 +64,29 @@ TEST(TensorParallelActivations, Gpt3BlockIsKorthikantiWithoutDropoutMasksPlusNor
   }
 }
 
+// With sequence parallelism the replicated part is split too: sbh/t (34 + 5as/h) in the paper
+// (eq. 4), the same masks left out and the norms' statistics (now of N/t rows) added.
+TEST(TensorParallelActivations, Gpt3BlockWithSequenceParallelismIsKorthikantiEquationFour) {
+  ModelSpec spec = model_preset("gpt2");
+  spec.n_layer = 1;
+  spec.n_head = spec.n_kv_head = 96;
+  spec.n_embd = 12288;
+  spec.n_inner = 4 * 12288;
+  spec.max_seq = 2048;
+  const double s = 2048, b = 1, h = 12288, a = 96;
+  Policy policy = korthikanti_policy(2048);
+  policy.sequence_parallel = true;
+  for (int t : {2, 8}) {
+    SCOPED_TRACE(t);
+    const double korthikanti = s * b * h / t * (34 + 5 * a * s / h);
+    const double expected = korthikanti - 2 * s * b * h / t - 3 * a * s * s * b / t + 16 * s * b / t;
+    const uint64_t planned = planned_layer_bytes(spec, policy, t);
+    EXPECT_EQ(double(planned), expected);
+    std::printf("  GPT-3 175B block, t = %d, sequence parallel: memfit %.1f MiB per layer, Korthikanti %.1f MiB (%.3f)\n",
+                t, double(planned) / (1 << 20), korthikanti / (1 << 20), double(planned) / korthikanti);
+  }
+}
+
 TEST(TensorParallelActivations, Llama70bBlockKeepsItsShapesSlices) {
   ModelSpec spec = model_preset("llama-2-70b");
   spec.n_layer = 1;
