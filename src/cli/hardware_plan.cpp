@@ -212,6 +212,12 @@ Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
 
 }  // namespace
 
+void HardwarePlanOptions::check_tensor_parallel_plan(int tensor) const {
+  MEMFIT_CHECK(tensor == 1 || !(fit_ || compare_ || framework_ != "memfit" || !emit_.empty()), "plan",
+               "--tensor-parallel plans memfit's run of one layout; --fit, --compare, --emit and --framework do not "
+               "search or translate tensor parallelism yet");
+}
+
 int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
   const bool torch = framework_ == "pytorch", ds = framework_ == "deepspeed";
   if ((torch || ds) && !fit_)  // a closed form of the shapes: no hardware, no program
@@ -303,9 +309,9 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
   if ((torch || ds) && !emit_.empty()) emit_deepspeed(policy, config.lr, emit_[1], as_json, j, out);
   if (torch) return print_pytorch_peak(spec, policy, std::nullopt, as_json, j, out);
   if (ds) return print_deepspeed_winner(spec, config, deepspeed_config_, policy, cluster.world_size(), as_json, j, out);
-  const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo);
+  const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo, config.topology.tensor);
   RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
-  plan_every_rank(spec, policy, cluster, eo, e);  // the budget is checked on the largest
+  plan_every_rank(spec, policy, cluster, eo, e, kMaxRanksPlanned, config.topology.tensor);  // budget: the largest
   if (as_json) {
     j["model"] = model_json(spec, s.parameters);
     j["policy"] = policy_json(policy);

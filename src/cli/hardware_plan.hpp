@@ -26,6 +26,9 @@ class HardwarePlanOptions {
   // --world-size when given (0 otherwise), for the real per-rank program.
   int world_size() const { return world_size_; }
   int run(const RunConfig& config, bool as_json, std::ostream& out) const;
+  // Refuses, in one line, what a tensor-parallel plan cannot do yet (--fit, --compare, ...);
+  // called before run().
+  void check_tensor_parallel_plan(int tensor) const;
 
  private:
   CLI::App& app_;

@@ -207,7 +207,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     memfit::RunConfig plan_config = plan_options.resolve();
-    if (hardware_plan.requested(plan_config)) return hardware_plan.run(plan_config, as_json, std::cout);
+    if (hardware_plan.requested(plan_config)) {
+      hardware_plan.check_tensor_parallel_plan(plan_config.topology.tensor);
+      return hardware_plan.run(plan_config, as_json, std::cout);
+    }
     // This machine's backend: one rank of the real (ZeRO-transformed) program, rank 0.
     if (hardware_plan.world_size() > 0) {
       const int tensor = plan_config.topology.tensor;

@@ -68,6 +68,7 @@ Policy planning_policy(const Policy& policy) {
   p.zero_stage = 0;
   p.offload_optimizer = Tier::device;
   p.offload_params = Tier::device;
+  p.sequence_parallel = false;  // the one-rank program has no tensor group to split rows over
   return p;
 }
 
@@ -163,15 +164,18 @@ ProgramSummary plan_summary(const ModelSpec& spec, const Policy& policy, const H
 }
 
 ProgramSummary plan_rank_summary(const ModelSpec& spec, const Policy& policy, int world, const Hardware& hw,
-                                 const EstimateOptions& options, const ProgramSummary& unsharded) {
+                                 const EstimateOptions& options, const ProgramSummary& unsharded, int tensor) {
+  MEMFIT_CHECK(tensor >= 1 && world % tensor == 0, "fit", "--tensor-parallel {} does not divide --world-size {}", tensor,
+               world);
   MEMFIT_CHECK(zero_from_program(policy, world), "fit",
                "the training program cannot express this policy on {} ranks (offload, or frozen parameters or the "
                "update in backward with ZeRO)",
                world);
-  ProgramSummary s = world == 1 && policy.zero_stage == 0
-                         ? unsharded
-                         : summarize_built(build_training_program(spec, policy, Topology{world, 1, 0}, hw.capabilities),
-                                           hw, options);
+  ProgramSummary s =
+      world == 1 && policy.zero_stage == 0
+          ? unsharded
+          : summarize_built(build_training_program(spec, policy, Topology{world / tensor, tensor, 0}, hw.capabilities), hw,
+                            options);
   // The rank's tensors are shards and bucket views; ZeRO divides the unsharded states.
   s.states = unsharded.states;
   s.zero_from_program = true;
@@ -181,10 +185,10 @@ ProgramSummary plan_rank_summary(const ModelSpec& spec, const Policy& policy, in
 }
 
 ProgramSummary plan_run_summary(const ModelSpec& spec, const Policy& policy, int world, const Hardware& hw,
-                                const EstimateOptions& options) {
+                                const EstimateOptions& options, int tensor) {
   ProgramSummary unsharded = plan_summary(spec, policy, hw, options);
-  if (!zero_from_program(policy, world)) return unsharded;
-  return plan_rank_summary(spec, policy, world, hw, options, unsharded);
+  if (!zero_from_program(policy, world) && tensor == 1) return unsharded;
+  return plan_rank_summary(spec, policy, world, hw, options, unsharded, tensor);
 }
 
 namespace {
@@ -356,14 +360,14 @@ RankEstimate estimate_run(const ModelSpec& spec, const Policy& policy, const Clu
 }
 
 void plan_every_rank(const ModelSpec& spec, const Policy& policy, const Cluster& cluster, const EstimateOptions& options,
-                     RankEstimate& e, int max_world) {
+                     RankEstimate& e, int max_world, int tensor) {
   const int W = cluster.world_size();
   if (!e.from_program || W == 1 || W > max_world) return;
   e.ranks_planned = W;
   e.largest_rank = 0;
   e.largest_rank_device_bytes = e.device_bytes;
   for (int rank = 1; rank < W; ++rank) {
-    Program p = build_training_program(spec, policy, Topology{W, 1, rank}, cluster.hw.capabilities);
+    Program p = build_training_program(spec, policy, Topology{W / tensor, tensor, rank}, cluster.hw.capabilities);
     if (options.prepare) options.prepare(p);
     const uint64_t bytes = plan_memory(p, options.alignments).tier(Tier::device).peak_bytes + e.fixed_overhead;
     if (bytes > e.largest_rank_device_bytes) {

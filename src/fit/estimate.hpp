@@ -109,14 +109,15 @@ ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan,
 // The unsharded program's summary (planning_policy).
 ProgramSummary plan_summary(const ModelSpec& spec, const Policy& policy, const Hardware& hw,
                             const EstimateOptions& options);
-// Rank 0's program of `world` data-parallel ranks at the policy's stage (zero_from_program
-// must hold); `unsharded` is plan_summary's, whose model-state elements it keeps.
+// Rank 0's program of `world` ranks, `tensor` of them per model replica (tensor parallelism;
+// the rest data-parallel at the policy's stage; zero_from_program must hold); `unsharded` is
+// plan_summary's, whose model-state elements it keeps.
 ProgramSummary plan_rank_summary(const ModelSpec& spec, const Policy& policy, int world, const Hardware& hw,
-                                 const EstimateOptions& options, const ProgramSummary& unsharded);
+                                 const EstimateOptions& options, const ProgramSummary& unsharded, int tensor = 1);
 // What an estimate of the policy on `world` ranks starts from: the rank program where
-// zero_from_program holds, else the unsharded program.
+// zero_from_program holds (always under tensor parallelism), else the unsharded program.
 ProgramSummary plan_run_summary(const ModelSpec& spec, const Policy& policy, int world, const Hardware& hw,
-                                const EstimateOptions& options);
+                                const EstimateOptions& options, int tensor = 1);
 
 struct RankEstimate {
   // Memory per rank.
@@ -155,7 +156,7 @@ RankEstimate estimate_run(const ModelSpec& spec, const Policy& policy, const Clu
 // largest; does nothing for the labelled model, one rank, or more than `max_world` ranks.
 inline constexpr int kMaxRanksPlanned = 64;
 void plan_every_rank(const ModelSpec& spec, const Policy& policy, const Cluster& cluster, const EstimateOptions& options,
-                     RankEstimate& e, int max_world = kMaxRanksPlanned);
+                     RankEstimate& e, int max_world = kMaxRanksPlanned, int tensor = 1);
 
 // Where the estimate does not fit (on its largest planned rank): the tier and the category
 // holding the most bytes there, and the excess over the capacity. Empty when it fits.

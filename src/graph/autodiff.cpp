@@ -174,20 +174,7 @@ void Autodiff::backward_of(const Op& fwd) {
       b_.emit({OpKind::dropout_backward, bname, {dy}, {dx}, fwd.attrs, fwd.flops, {mode}, {}, inplace});
       return;
     }
-    case OpKind::embedding_forward: {
-      const TensorId tokens = fwd.inputs[0], wte = fwd.inputs[1];
-      const TensorId wpe = fwd.inputs.size() > 2 ? fwd.inputs[2] : kNoTensor;  // llama: no position table
-      std::vector<TensorId> outs{kNoTensor, kNoTensor};
-      std::vector<WriteMode> modes{WriteMode::overwrite, WriteMode::overwrite};
-      if (needs(wte)) std::tie(outs[0], modes[0]) = contribute(wte);
-      if (needs(wpe)) std::tie(outs[1], modes[1]) = contribute(wpe);
-      if (wpe == kNoTensor) {
-        outs.pop_back();
-        modes.pop_back();
-      }
-      b_.emit({OpKind::embedding_backward, bname, {dy, tokens}, outs, fwd.attrs, double(p_.tensor(dy).numel()), modes});
-      return;
-    }
+    case OpKind::embedding_forward: return embedding_backward(fwd, dy);
     case OpKind::rmsnorm_forward: {
       const TensorId x = fwd.inputs[0], w = fwd.inputs[1], rstd = fwd.outputs[1];
       std::vector<TensorId> outs{kNoTensor, kNoTensor};
@@ -267,6 +254,24 @@ void Autodiff::backward_of(const Op& fwd) {
     default:
       MEMFIT_CHECK(false, "graph", "no backward rule for forward op '{}' of kind {}", fwd.name, op_kind_name(fwd.kind));
   }
+}
+
+// The token embedding: dwte (rows of this rank's vocabulary slice under tensor parallelism)
+// and, for GPT-2, dwpe, both from dy.
+void Autodiff::embedding_backward(const Op& fwd, TensorId dy) {
+  auto needs = [&](TensorId t) { return t != kNoTensor && p_.tensor(t).requires_grad; };
+  const std::string bname = fwd.name + ".bwd";
+  const TensorId tokens = fwd.inputs[0], wte = fwd.inputs[1];
+  const TensorId wpe = fwd.inputs.size() > 2 ? fwd.inputs[2] : kNoTensor;  // llama: no position table
+  std::vector<TensorId> outs{kNoTensor, kNoTensor};
+  std::vector<WriteMode> modes{WriteMode::overwrite, WriteMode::overwrite};
+  if (needs(wte)) std::tie(outs[0], modes[0]) = contribute(wte);
+  if (needs(wpe)) std::tie(outs[1], modes[1]) = contribute(wpe);
+  if (wpe == kNoTensor) {
+    outs.pop_back();
+    modes.pop_back();
+  }
+  b_.emit({OpKind::embedding_backward, bname, {dy, tokens}, outs, fwd.attrs, double(p_.tensor(dy).numel()), modes});
 }
 
 void Autodiff::matmul_backward(const Op& fwd, TensorId dy) {

@@ -36,6 +36,7 @@ class Autodiff {
   void sum_grads_over_tensor_group(const Op& fwd);
   void pass_through(const std::string& name, TensorId x, TensorId dy);
   void collective_backward(const Op& fwd, TensorId dy);
+  void embedding_backward(const Op& fwd, TensorId dy);
   void sum_partial_param_grads();
   void matmul_backward(const Op& fwd, TensorId dy);
   void quant_linear_backward(const Op& fwd, TensorId dy);

@@ -71,6 +71,13 @@ struct TensorParallel {
   TensorSplit columns(Shape global) const;
 };
 
+// Whether tensor rank `tensor_rank` counts a parameter's gradient in the global norm: a split
+// parameter's slice always; a parameter replicated over the tensor group (the same gradient
+// on every member) only on member 0, so that it counts once.
+inline bool counts_in_global_norm(const TensorSplit& split, int tensor_rank) {
+  return split.split() || tensor_rank == 0;
+}
+
 // "<what> (<n>) is not divisible by the tensor-parallel degree <t>": the one-line refusal of a
 // split that does not divide.
 void check_divisible(int64_t n, int parts, const std::string& what);

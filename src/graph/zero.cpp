@@ -336,7 +336,7 @@ struct ZeroPass {
       if (sk == SectionKind::optimizer && stage >= 1) {
         replaced = true;
         if (op.kind == OpKind::grad_norm) {
-          emit_sharded_norm(op, push, s, norm_inputs(shard_pieces_by_param()), norm_group());
+          emit_sharded_norm(op, push, s, norm_inputs(shard_pieces_by_param()), sharded_norm_group());
         } else if (op.kind == OpKind::adamw || op.kind == OpKind::adamw8bit) {
           if (auto u = shard_update(op)) push(std::move(*u), s);
         } else if (op.kind == OpKind::cast && param_of_target.count(op.inputs[0])) {
@@ -350,14 +350,8 @@ struct ZeroPass {
           replaced = false;
         }
       }
-      if (sk == SectionKind::optimizer && stage == 0 && topo.tensor > 1 && op.kind == OpKind::grad_norm) {
-        // Whole gradients, equal on the data ranks: the norm sums over the tensor group only.
-        std::vector<std::pair<size_t, TensorId>> grads;
-        for (size_t pi = 0; pi < p.params().size(); ++pi)
-          if (p.params()[pi].grad != kNoTensor) grads.push_back({pi, p.params()[pi].grad});
-        emit_sharded_norm(op, push, s, norm_inputs(grads), CollectiveAttrs{CommGroup::tensor, topo.tensor, false});
-        replaced = true;
-      }
+      if (sk == SectionKind::optimizer && stage == 0 && topo.tensor > 1 && op.kind == OpKind::grad_norm)
+        emit_tensor_parallel_norm(op, push, s), replaced = true;
       if (!replaced) {
         if (stage >= 2 && s == micro_index) {
           for (size_t j = 0; j < op.outputs.size(); ++j)
@@ -401,10 +395,7 @@ struct ZeroPass {
 
   std::vector<TensorId> shard_pieces() const {
     std::vector<TensorId> out;
-    for (TensorId id : grad_piece)
-      if (id != kNoTensor) out.push_back(id);
-    MEMFIT_CHECK(!out.empty(), "policy", "rank {} of {} holds no gradient elements: too many ranks for this model", rank,
-                 world);
+    for (const auto& piece : shard_pieces_by_param()) out.push_back(piece.second);
     return out;
   }
 
@@ -543,54 +534,31 @@ struct ZeroPass {
     return out;
   }
 
-  // Under tensor parallelism a parameter that is not split is replicated over the tensor
-  // group, with the same gradient on every member: only member 0 counts it in the norm.
   std::vector<TensorId> norm_inputs(const std::vector<std::pair<size_t, TensorId>>& grads) const {
     std::vector<TensorId> out;
     for (const auto& [pi, g] : grads)
-      if (topo.tensor == 1 || topo.tensor_rank() == 0 || p.params()[pi].split.split()) out.push_back(g);
+      if (counts_in_global_norm(p.params()[pi].split, topo.tensor_rank())) out.push_back(g);
     return out;
   }
 
-  // The sum of squares of sharded gradients: over the data group, and the tensor group too.
-  CollectiveAttrs norm_group() const {
+  // Sharded gradients: the sum of squares runs over the data group (and the tensor group).
+  CollectiveAttrs sharded_norm_group() const {
     return topo.tensor > 1 ? CollectiveAttrs{CommGroup::world, everywhere, false} : CollectiveAttrs{CommGroup::data, world, false};
+  }
+
+  // Stage 0 under tensor parallelism: whole gradients, equal on the data ranks, so the norm's
+  // sum of squares runs over the tensor group only.
+  template <class Push>
+  void emit_tensor_parallel_norm(const Op& op, Push& push, int s) {
+    std::vector<std::pair<size_t, TensorId>> grads;
+    for (size_t pi = 0; pi < p.params().size(); ++pi)
+      if (p.params()[pi].grad != kNoTensor) grads.push_back({pi, p.params()[pi].grad});
+    emit_sharded_norm(op, push, s, norm_inputs(grads), CollectiveAttrs{CommGroup::tensor, topo.tensor, false});
   }
 
   template <class Push>
   void emit_sharded_norm(const Op& op, Push& push, int s, const std::vector<TensorId>& grads, CollectiveAttrs group) {
-    GradNormAttrs a = std::get<GradNormAttrs>(op.attrs);
-    int64_t elements = 0;
-    for (TensorId id : grads) elements += p.tensor(id).numel();
-    const int64_t chunks = std::max<int64_t>(1, (elements + a.chunk - 1) / a.chunk);
-    TensorDesc d;
-    d.name = "grad_norm.sum_of_squares";
-    d.shape = Shape{1};
-    d.category = Category::temporaries;
-    const TensorId squares = p.add_tensor(d);
-    const TensorId partials = op.workspace[0];  // the unsharded op's partials, fewer of them now
-    p.tensor(partials).shape = Shape{chunks};
-    Op part = op;
-    part.name = "grad_norm.shard";
-    part.inputs = grads;
-    part.outputs = {squares};
-    part.workspace = op.workspace;
-    a.form = GradNormAttrs::Form::sum_of_squares;
-    part.attrs = a;
-    part.flops = 2.0 * double(elements);
-    push(std::move(part), s);
-    Op sum = collective(OpKind::all_reduce, "zero.all_reduce.grad_norm", {}, {squares}, Phase::communication, -1);
-    sum.attrs = group;
-    sum.comm_bytes = ring_bytes(double(p.tensor(squares).bytes()), group.size, 2.0);
-    push(std::move(sum), s);
-    Op root = op;
-    root.name = "grad_norm";
-    root.inputs = {squares};
-    root.workspace.clear();  // sqrt_of_input needs none
-    a.form = GradNormAttrs::Form::sqrt_of_input;
-    root.attrs = a;
-    root.flops = 1;
-    push(std::move(root), s);
+    for (Op& o : sharded_norm_ops(p, op, grads, group, "zero.all_reduce.grad_norm")) push(std::move(o), s);
   }
 };
 

@@ -164,4 +164,44 @@ Op codec_op(OpKind kind, std::string name, int layer, TensorId in, TensorId out,
   return op;
 }
 
+std::vector<Op> sharded_norm_ops(Program& p, const Op& norm, const std::vector<TensorId>& grads, CollectiveAttrs group,
+                                 const std::string& sum_name) {
+  GradNormAttrs a = std::get<GradNormAttrs>(norm.attrs);
+  int64_t elements = 0;
+  for (TensorId id : grads) elements += p.tensor(id).numel();
+  const int64_t chunks = std::max<int64_t>(1, (elements + a.chunk - 1) / a.chunk);
+  TensorDesc d;
+  d.name = "grad_norm.sum_of_squares";
+  d.shape = Shape{1};
+  d.category = Category::temporaries;
+  const TensorId squares = p.add_tensor(d);
+  const TensorId partials = norm.workspace[0];  // the unsharded op's partials, fewer of them now
+  p.tensor(partials).shape = Shape{chunks};
+  std::vector<Op> ops(3, norm);
+  Op& part = ops[0];
+  part.name = "grad_norm.shard";
+  part.inputs = grads;
+  part.outputs = {squares};
+  a.form = GradNormAttrs::Form::sum_of_squares;
+  part.attrs = a;
+  part.flops = 2.0 * double(elements);
+  Op& sum = ops[1];
+  sum = Op{};
+  sum.kind = OpKind::all_reduce;
+  sum.phase = Phase::communication;
+  sum.name = sum_name;
+  sum.outputs = {squares};
+  sum.modes = {WriteMode::overwrite};
+  sum.attrs = group;
+  sum.comm_bytes = ring_bytes(double(p.tensor(squares).bytes()), group.size, 2.0);
+  Op& root = ops[2];
+  root.name = "grad_norm";
+  root.inputs = {squares};
+  root.workspace.clear();  // sqrt_of_input needs none
+  a.form = GradNormAttrs::Form::sqrt_of_input;
+  root.attrs = a;
+  root.flops = 1;
+  return ops;
+}
+
 }  // namespace memfit

@@ -31,6 +31,11 @@ TensorId add_comm_buffer(Program& p, std::string name, int64_t elements, DType d
 
 // A ZeRO++ coder op (comm_quantize / comm_dequantize, grad_quantize / grad_dequantize_sum):
 // one input, one output it overwrites, in the communication phase.
+// The global gradient norm over gradient pieces (ZeRO's shards, or tensor parallelism's
+// slices): the pieces' sum of squares (the unsharded norm op's workspace, resized), its
+// all_reduce over `group` (named `sum_name`), and the square root.
+std::vector<Op> sharded_norm_ops(Program& p, const Op& norm, const std::vector<TensorId>& grads, CollectiveAttrs group,
+                                 const std::string& sum_name);
 Op codec_op(OpKind kind, std::string name, int layer, TensorId in, TensorId out, CommQuantAttrs a, double flops);
 
 }  // namespace memfit

@@ -46,6 +46,10 @@ void check_numel(const Program& program, const Op& op, TensorId id, int64_t nume
 void require_dtype(const Program& program, const Op& op, TensorId id, DType want);
 // Output j is written in overwrite mode (saved statistics, probabilities).
 void require_overwrite(const Op& op, size_t j);
+// The classifier kinds' checks (kernels/op_contract_classifier.cpp): classifier and
+// classifier_eval; classifier_partial, classifier_combine and classifier_parallel_backward.
+void check_classifier(const Program& p, const Op& op);
+void check_classifier_parallel(const Program& p, const Op& op);
 inline DType dtype_of(const Program& p, TensorId id) { return id == kNoTensor ? DType::f32 : p.tensor(id).dtype; }
 
 template <class A>

@@ -412,13 +412,6 @@ TEST(ZeroProgram, CollectivesNameTheDataGroupInATensorParallelTopology) {
           }
         }
       }
-  // Tensor parallelism itself is a later issue: the builder refuses a tensor degree above 1.
-  try {
-    (void)build_training_program(spec, policy(1), Topology{.data = 2, .tensor = 2, .rank = 0}, cpu_capabilities());
-    ADD_FAILURE() << "a tensor-parallel degree of 2 was built";
-  } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "[policy] tensor parallelism (tensor-parallel degree 2) is not supported by this build yet");
-  }
 }
 
 TEST(ZeroProgram, PlanWorldSizeFromTheCommandLine) {
