@@ -8,29 +8,18 @@
 namespace memfit {
 
 void check_divisible(int64_t n, int parts, const std::string& what) {
-  MEMFIT_CHECK(parts >= 1 && n % parts == 0, "policy", "{} ({}) is not divisible by the tensor-parallel degree {}",
-               what, n, parts);
+  MEMFIT_CHECK(parts >= 1 && n % parts == 0, "policy",
+               "a tensor-parallel degree of {} needs {} divisible by it (got {})", parts, what, n);
 }
 
 TensorSplit TensorParallel::rows(Shape global, std::vector<int64_t> segments) const {
-  TensorSplit s;
-  if (!on()) return s;
-  s.axis = TensorSplit::Axis::rows;
-  s.parts = parts;
-  s.index = index;
-  s.global = std::move(global);
-  s.segments = std::move(segments);
-  return s;
+  if (!on()) return {};
+  return TensorSplit{TensorSplit::Axis::rows, parts, index, std::move(global), std::move(segments)};
 }
 
 TensorSplit TensorParallel::columns(Shape global) const {
-  TensorSplit s;
-  if (!on()) return s;
-  s.axis = TensorSplit::Axis::columns;
-  s.parts = parts;
-  s.index = index;
-  s.global = std::move(global);
-  return s;
+  if (!on()) return {};
+  return TensorSplit{TensorSplit::Axis::columns, parts, index, std::move(global), {}};
 }
 
 namespace {

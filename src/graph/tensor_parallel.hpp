@@ -78,8 +78,8 @@ inline bool counts_in_global_norm(const TensorSplit& split, int tensor_rank) {
   return split.split() || tensor_rank == 0;
 }
 
-// "<what> (<n>) is not divisible by the tensor-parallel degree <t>": the one-line refusal of a
-// split that does not divide.
+// "a tensor-parallel degree of <t> needs <what> divisible by it (got <n>)": the one-line
+// refusal of a split that does not divide.
 void check_divisible(int64_t n, int parts, const std::string& what);
 
 }  // namespace memfit

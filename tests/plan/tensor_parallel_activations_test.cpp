@@ -36,6 +36,18 @@ Policy korthikanti_policy(int64_t seq) {
   return p;
 }
 
+// One block of GPT-3 175B (h 12288, a 96, 4h MLP, 2048 positions) on GPT-2's vocabulary.
+ModelSpec gpt3_block() {
+  ModelSpec spec = model_preset("gpt2");
+  spec.name = "gpt3-175b-block";
+  spec.n_layer = 1;
+  spec.n_head = spec.n_kv_head = 96;
+  spec.n_embd = 12288;
+  spec.n_inner = 4 * 12288;
+  spec.max_seq = 2048;
+  return spec;
+}
+
 uint64_t planned_layer_bytes(const ModelSpec& spec, const Policy& policy, int tensor) {
   const Program p = build_training_program(spec, policy, Topology{.data = 1, .tensor = tensor, .rank = 0},
                                            cpu_capabilities());
@@ -45,13 +57,7 @@ uint64_t planned_layer_bytes(const ModelSpec& spec, const Policy& policy, int te
 }
 
 TEST(TensorParallelActivations, Gpt3BlockIsKorthikantiWithoutDropoutMasksPlusNormStatistics) {
-  ModelSpec spec = model_preset("gpt2");
-  spec.name = "gpt3-175b-block";
-  spec.n_layer = 1;
-  spec.n_head = spec.n_kv_head = 96;
-  spec.n_embd = 12288;
-  spec.n_inner = 4 * 12288;
-  spec.max_seq = 2048;
+  const ModelSpec spec = gpt3_block();
   const double s = 2048, b = 1, h = 12288, a = 96;
   for (int t : {1, 2, 8}) {
     SCOPED_TRACE(t);
@@ -67,12 +73,7 @@ TEST(TensorParallelActivations, Gpt3BlockIsKorthikantiWithoutDropoutMasksPlusNor
 // With sequence parallelism the replicated part is split too: sbh/t (34 + 5as/h) in the paper
 // (eq. 4), the same masks left out and the norms' statistics (now of N/t rows) added.
 TEST(TensorParallelActivations, Gpt3BlockWithSequenceParallelismIsKorthikantiEquationFour) {
-  ModelSpec spec = model_preset("gpt2");
-  spec.n_layer = 1;
-  spec.n_head = spec.n_kv_head = 96;
-  spec.n_embd = 12288;
-  spec.n_inner = 4 * 12288;
-  spec.max_seq = 2048;
+  const ModelSpec spec = gpt3_block();
   const double s = 2048, b = 1, h = 12288, a = 96;
   Policy policy = korthikanti_policy(2048);
   policy.sequence_parallel = true;

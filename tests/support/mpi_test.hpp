@@ -8,6 +8,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <sstream>
@@ -61,6 +63,41 @@ inline WorldRun run_on_world(const RunConfig& c) {
 // The bytes one rank sends per step for `purpose` (zero.hpp: comm_purpose_name).
 inline double bytes_sent_for(const WorldRun& r, const char* purpose) {
   return r.report["distributed"]["communication"]["by_purpose"][purpose].get<double>();
+}
+
+// The losses of a report's steps from index `from` on.
+inline std::vector<float> losses_from(const nlohmann::json& report, size_t from) {
+  std::vector<float> v;
+  for (size_t i = from; i < report["loss"]["history"].size(); ++i) v.push_back(report["loss"]["history"][i].get<float>());
+  return v;
+}
+
+// A resumed run against the uninterrupted run of the same layout (collective over c): runs
+// `whole`, then `resumed` (the same run with --resume of a checkpoint after step `saved_step`),
+// expects every later loss within `bound` (relative), every planned tier measured on every
+// rank and no allocation in steps 2..; returns both loss lists.
+struct ResumeComparison {
+  std::vector<float> resumed, uninterrupted;
+  double worst = 0;  // the largest relative difference
+};
+inline ResumeComparison resume_against_uninterrupted(const RunConfig& whole, const RunConfig& resumed, size_t saved_step,
+                                                     double bound, Communicator& c) {
+  std::ostringstream log;
+  const nlohmann::json ref = run_training(whole, log, nullptr, &c);
+  StepAllocations count;
+  const nlohmann::json run = run_training(resumed, log, &count, &c);
+  ResumeComparison r{losses_from(run, 0), losses_from(ref, saved_step), 0};
+  EXPECT_EQ(r.resumed.size(), r.uninterrupted.size());
+  for (size_t i = 0; i < std::min(r.resumed.size(), r.uninterrupted.size()); ++i) {
+    const double want = r.uninterrupted[i], got = r.resumed[i];
+    EXPECT_NEAR(got, want, bound * std::abs(want)) << "step " << saved_step + i + 1;
+    r.worst = std::max(r.worst, std::abs(got - want) / std::abs(want));
+  }
+  for (const auto& [tier, planned] : run["memory"]["planned_peak_bytes"].items())
+    EXPECT_EQ(planned, run["memory"]["measured_peak_bytes"][tier]) << tier;
+  EXPECT_TRUE(run["memory"]["all_ranks_equal"].get<bool>());
+  EXPECT_EQ(count.allocations, 0);
+  return r;
 }
 
 // A directory name under the temporary directory that every rank agrees on (rank 0's pid).
