@@ -181,6 +181,7 @@ ProgramSummary plan_rank_summary(const ModelSpec& spec, const Policy& policy, in
   s.zero_from_program = true;
   s.zero_stage = policy.zero_stage;
   s.world = world;
+  s.tensor = tensor;
   return s;
 }
 
@@ -319,7 +320,8 @@ void step_time(const ProgramSummary& s, const Policy& policy, const Cluster& clu
   e.compute_seconds = k * s.micro_seconds + optimizer_seconds;
   e.recompute_seconds = k * s.recompute_seconds;
   e.step_seconds = e.compute_seconds + e.recompute_seconds + e.comm_seconds * (1 - options.comm_overlap) + offload_seconds;
-  const double tokens = double(policy.batch) * double(policy.seq) * k * W;
+  // Each model replica (tensor group) reads its own rows; its ranks share them.
+  const double tokens = double(policy.batch) * double(policy.seq) * k * (W / s.tensor);
   e.tokens_per_second = e.step_seconds > 0 ? tokens / e.step_seconds : 0;
   // Model FLOPs of all ranks (no recomputation) per second over the ranks' peak.
   const double model_flops = (k * s.micro_flops + s.optimizer_flops) * W;

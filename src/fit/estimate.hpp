@@ -82,6 +82,7 @@ struct ProgramSummary {
   // built for, and the bytes its collectives send per rank (ring volumes, Op::comm_bytes).
   bool zero_from_program = false;
   int zero_stage = 0, world = 1;
+  int tensor = 1;  // ranks per model replica (tensor parallelism): world / tensor replicas read tokens
   double micro_comm_bytes = 0, step_comm_bytes = 0;  // per micro-step; once per step (sync, optimizer)
   std::array<uint64_t, kNumTiers> tier_peak{};       // planned arena bytes per tier
   std::array<CategoryBytes, kNumTiers> tier_at_peak{};

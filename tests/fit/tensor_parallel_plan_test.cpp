@@ -1,7 +1,8 @@
 // `memfit plan --hardware PRESET --world-size N --tensor-parallel T` plans one rank's share of a
 // tensor-parallel run. Oracle: GPT-2 124M's parameter elements per rank at T = 4 in closed form
 // (every split matrix and vocabulary a quarter, the positions, norms and row-parallel biases
-// whole), and the same bytes for the gradients and twice for AdamW's two moments (fp32, stage 0).
+// whole), and the same bytes for the gradients and twice for AdamW's two moments (fp32, stage 0);
+// the step's tokens are those of world / T replicas.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -12,7 +13,8 @@ namespace memfit {
 namespace {
 
 TEST(TensorParallelPlan, HardwarePresetPlansTheRankSlice) {
-  const auto r = test::run_memfit("plan --model gpt2 --hardware h100-80gb --world-size 8 --tensor-parallel 4 --json");
+  const auto r = test::run_memfit(
+      "plan --model gpt2 --batch 4 --seq 64 --hardware h100-80gb --world-size 8 --tensor-parallel 4 --json");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   const int64_t C = 768, Vp = 50304, T = 1024, F = 3072, L = 12, t = 4;
@@ -27,6 +29,9 @@ TEST(TensorParallelPlan, HardwarePresetPlansTheRankSlice) {
   EXPECT_EQ(device["gradients"].get<int64_t>(), 4 * elements);
   EXPECT_EQ(device["optimizer_state"].get<int64_t>(), 8 * elements);
   EXPECT_EQ(j["model"]["parameters"].get<int64_t>(), 124475904) << "the model's count, not the rank's";
+  // Throughput counts the tokens of the 2 model replicas (a tensor group's 4 ranks share theirs).
+  const auto& step = j["estimate"]["step"];
+  EXPECT_NEAR(step["tokens_per_second"].get<double>() * step["seconds"].get<double>(), 2.0 * 4 * 64, 1e-6);
 }
 
 TEST(TensorParallelPlan, RefusesWhatItDoesNotSearchYet) {
