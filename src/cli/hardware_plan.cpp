@@ -214,8 +214,8 @@ Cluster make_cluster(const Hardware& hw, int gpn, int nodes, int world) {
 
 void HardwarePlanOptions::check_tensor_parallel_plan(int tensor) const {
   MEMFIT_CHECK(tensor == 1 || !(fit_ || compare_ || framework_ != "memfit" || !emit_.empty()), "plan",
-               "--tensor-parallel plans memfit's run of one layout; --fit, --compare, --emit and --framework do not "
-               "search or translate tensor parallelism yet");
+               "--tensor-parallel plans memfit's run of one layout: --fit searches the degree itself, and --compare, "
+               "--emit and --framework do not translate tensor parallelism yet");
 }
 
 int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
@@ -285,6 +285,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
   MEMFIT_CHECK(policy.recompute.mode != RecomputeMode::automatic, "policy",
                "--recompute auto is not searched on other hardware; use --fit (it searches recomputation too)");
   nlohmann::json j;
+  int tensor = config.topology.tensor;  // --fit picks its own
   const uint64_t budget = config.memory_budget ? config.memory_budget : hw.memory_bytes;
   const uint64_t usable = usable_bytes(budget, headroom);
   if (fit_) {
@@ -294,6 +295,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     fo.max_batch = max_batch_;
     fo.keep = keep_;
     fo.headroom = headroom;
+    fo.search_tensor_parallel = !compare_;  // the comparisons name data-parallel frameworks
     const bool attention_given = app_.get_option("--torch-attention")->count() > 0;
     if (torch || ds) set_framework_fit(torch, config, deepspeed_config_, attention_given ? torch_attention_ : "", fo);
     const FitResult r = fit_search(spec, policy, cluster, eo, fo);
@@ -305,16 +307,19 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     MEMFIT_CHECK(!r.ranked.empty(), "fit", "no configuration of {} fits {} per rank ({:g}% headroom of {}) on {} x {}",
                  spec.name, format_bytes(usable), 100 * headroom, format_bytes(budget), cluster.world_size(), hw.name);
     policy = r.ranked.front().policy;
+    tensor = r.ranked.front().tensor;
   }
   if ((torch || ds) && !emit_.empty()) emit_deepspeed(policy, config.lr, emit_[1], as_json, j, out);
   if (torch) return print_pytorch_peak(spec, policy, std::nullopt, as_json, j, out);
   if (ds) return print_deepspeed_winner(spec, config, deepspeed_config_, policy, cluster.world_size(), as_json, j, out);
-  const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo, config.topology.tensor);
+  const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo, tensor);
   RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
-  plan_every_rank(spec, policy, cluster, eo, e, kMaxRanksPlanned, config.topology.tensor);  // budget: the largest
+  plan_every_rank(spec, policy, cluster, eo, e, kMaxRanksPlanned, tensor);  // budget: the largest
   if (as_json) {
     j["model"] = model_json(spec, s.parameters);
     j["policy"] = policy_json(policy);
+    j["tensor_parallel"] = tensor;
+    j["sequence_parallel"] = policy.sequence_parallel;
     j["estimate"] = estimate_json(e, cluster, eo);
     j["fits"] = check_fit(e, cluster, usable).fits();
     j["budget_bytes"] = budget;
@@ -322,8 +327,9 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     j["usable_bytes"] = usable;
     if (compare_) j["compare"] = comparison_json(spec, s, policy, cluster, e);
   } else {
-    out << fmt::format("memfit plan: model {} ({} parameters), {}, micro-batch {} x {}, accumulation {}, {} ops\n",
-                       spec.name, s.parameters, family_name(policy), policy.batch, policy.seq, policy.grad_accum, s.ops);
+    out << fmt::format("memfit plan: model {} ({} parameters), {}{}, micro-batch {} x {}, accumulation {}, {} ops\n",
+                       spec.name, s.parameters, family_name(policy), tensor_parallel_label(tensor, policy),
+                       policy.batch, policy.seq, policy.grad_accum, s.ops);
     out << format_estimate(e, cluster, eo);
     const Overflow o = check_fit(e, cluster, usable);
     const std::string within = fmt::format("{} usable per rank: {} less {:g}% headroom (--headroom)",

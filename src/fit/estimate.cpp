@@ -121,6 +121,9 @@ ProgramSummary summarize_program(const Program& program, const MemoryPlan& plan,
     // by the roofline; their waits cost no compute.
     if (is_collective_kind(op.kind) || op.kind == OpKind::wait) {
       (in_micro ? s.micro_comm_bytes : s.step_comm_bytes) += op.comm_bytes;
+      // The tensor group is adjacent ranks inside a node: its rings run over the node's links.
+      const auto* group = std::get_if<CollectiveAttrs>(&op.attrs);
+      if (in_micro && group && group->group == CommGroup::tensor) s.micro_tensor_comm_bytes += op.comm_bytes;
       continue;
     }
     const double t = op_seconds(program, op, hw, options.efficiency);
@@ -291,7 +294,8 @@ void step_time(const ProgramSummary& s, const Policy& policy, const Cluster& clu
   // A rank program carries its collectives (and its optimizer already updates only its shard).
   e.comm_bytes = s.zero_from_program ? k * s.micro_comm_bytes + s.step_comm_bytes
                                      : analytic_comm_bytes(stage, W, k, grad_bytes, param_bytes);
-  e.comm_seconds = e.comm_bytes / cluster.collective_bandwidth();
+  const double inside_node = s.zero_from_program ? k * s.micro_tensor_comm_bytes : 0;
+  e.comm_seconds = (e.comm_bytes - inside_node) / cluster.collective_bandwidth() + inside_node / hw.intra_node_bandwidth;
   double optimizer_seconds = stage >= 1 && !s.zero_from_program ? s.optimizer_seconds / W : s.optimizer_seconds;
   double offload_bytes = 0, offload_seconds = 0;
   if (policy.offload_optimizer != Tier::device) {
@@ -356,8 +360,8 @@ RankEstimate estimate_from_summary(const ProgramSummary& s, const Policy& policy
 }
 
 RankEstimate estimate_run(const ModelSpec& spec, const Policy& policy, const Cluster& cluster,
-                          const EstimateOptions& options) {
-  return estimate_from_summary(plan_run_summary(spec, policy, cluster.world_size(), cluster.hw, options), policy,
+                          const EstimateOptions& options, int tensor) {
+  return estimate_from_summary(plan_run_summary(spec, policy, cluster.world_size(), cluster.hw, options, tensor), policy,
                                cluster, options);
 }
 

@@ -84,6 +84,7 @@ struct ProgramSummary {
   int zero_stage = 0, world = 1;
   int tensor = 1;  // ranks per model replica (tensor parallelism): world / tensor replicas read tokens
   double micro_comm_bytes = 0, step_comm_bytes = 0;  // per micro-step; once per step (sync, optimizer)
+  double micro_tensor_comm_bytes = 0;  // of micro_comm_bytes: the tensor group's (inside a node)
   std::array<uint64_t, kNumTiers> tier_peak{};       // planned arena bytes per tier
   std::array<CategoryBytes, kNumTiers> tier_at_peak{};
   CategoryBytes category_peak{};                     // device: most live bytes of each category at any op
@@ -152,7 +153,7 @@ struct RankEstimate {
 RankEstimate estimate_from_summary(const ProgramSummary& summary, const Policy& policy, const Cluster& cluster,
                                    const EstimateOptions& options);
 RankEstimate estimate_run(const ModelSpec& spec, const Policy& policy, const Cluster& cluster,
-                          const EstimateOptions& options);
+                          const EstimateOptions& options, int tensor = 1);
 // Plans ranks 1..W-1 of a rank-program estimate too (one build and plan each) and records the
 // largest; does nothing for the labelled model, one rank, or more than `max_world` ranks.
 inline constexpr int kMaxRanksPlanned = 64;

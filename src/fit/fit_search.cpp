@@ -17,6 +17,9 @@ namespace memfit {
 
 namespace {
 
+// Micro-steps per optimizer step for micro-batch b on a number of data-parallel replicas.
+using Accumulation = std::function<int(int64_t b, int data_ranks)>;
+
 struct StateChoice {
   int zero;
   Tier optimizer, params;
@@ -41,42 +44,44 @@ RecomputePolicy recompute_level(int level, AttentionKind attention) {
   }
 }
 
-// What the planned program depends on; the last two are the ZeRO stage and world size of a
-// rank program (0 and 1: the unsharded program).
-// LoRA's rank and the base's quantisation (proposed when nothing else fits) come last.
-using ProgramKey = std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool, int, int, int64_t, BaseQuant>;
+// What the planned program depends on; then the ZeRO stage and world size of a rank program (0
+// and 1: the unsharded program); LoRA's rank and the base's quantisation (proposed when nothing
+// else fits); last the tensor-parallel degree.
+using ProgramKey =
+    std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool, int, int, int64_t, BaseQuant, int>;
 
 class Planner {
  public:
   Planner(const ModelSpec& spec, const Hardware& hw, const EstimateOptions& o, int world)
       : spec_(spec), hw_(hw), o_(o), world_(world) {}
   // The unsharded program (the FLOPs bound, and the analytic sharding of offload families).
-  const ProgramSummary& summary(const Policy& p, int level) { return lookup(p, level, 0, 1); }
+  const ProgramSummary& summary(const Policy& p, int level) { return lookup(p, level, 0, 1, 1); }
   // What the family's estimate starts from: rank 0's own program of the world at its stage
-  // where the builder expresses the policy, else the unsharded program.
-  const ProgramSummary& for_estimate(const Policy& p, int level) {
-    if (!zero_from_program(p, world_)) return summary(p, level);
-    return lookup(p, level, p.zero_stage, world_);
+  // where the builder expresses the policy (always under tensor parallelism), else the
+  // unsharded program.
+  const ProgramSummary& for_estimate(const Policy& p, int level, int tensor = 1) {
+    if (!zero_from_program(p, world_) && tensor == 1) return summary(p, level);
+    return lookup(p, level, p.zero_stage, world_, tensor);
   }
   int planned() const { return planned_; }
 
  private:
-  const ProgramSummary& lookup(const Policy& p, int level, int stage, int world) {
+  const ProgramSummary& lookup(const Policy& p, int level, int stage, int world, int tensor) {
     const ProgramKey key{p.precision, p.attention, level,      p.optimizer,        p.batch,
-                         p.grad_accum > 1, stage, world, p.lora.rank, p.quantize_base.kind};
+                         p.grad_accum > 1, stage, world, p.lora.rank, p.quantize_base.kind, tensor};
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     Policy q = p;
     q.grad_accum = p.grad_accum > 1 ? 2 : 1;  // memory and per-micro work are the same for every k > 1
     q.zero_stage = stage;
     ProgramSummary s;
-    if (stage == 0 && world == 1) {
+    if (stage == 0 && world == 1 && tensor == 1) {
       s = plan_summary(spec_, q, hw_, o_);
     } else {
       // Only the unsharded model-state elements are taken from it: the same at every micro-batch.
       Policy one = p;
       one.batch = 1;
-      s = plan_rank_summary(spec_, q, world, hw_, o_, summary(one, level));
+      s = plan_rank_summary(spec_, q, world, hw_, o_, summary(one, level), tensor);
     }
     ++planned_;
     return cache_.emplace(key, std::move(s)).first->second;
@@ -199,9 +204,9 @@ class Judge {
 // judge's framework does not cover in `r.skipped`.
 std::optional<FitCandidate> search_family(Planner& planner, const Policy& f, int level, const Cluster& cluster,
                                           const EstimateOptions& eo, const Judge& judge, int64_t max_batch,
-                                          int64_t global_batch, const std::function<int(int64_t)>& accumulation,
-                                          FitResult& r) {
-  const int W = cluster.world_size();
+                                          int64_t global_batch, const Accumulation& accumulation,
+                                          FitResult& r, int tensor = 1) {
+  const int D = cluster.world_size() / tensor;  // data-parallel replicas
   if (const std::string why = judge.refuses(f); !why.empty()) {
     ++r.skipped[why];
     return std::nullopt;
@@ -210,8 +215,8 @@ std::optional<FitCandidate> search_family(Planner& planner, const Policy& f, int
   auto estimate_at = [&](int64_t b) {
     Policy q = f;
     q.batch = b;
-    q.grad_accum = accumulation(b);
-    return std::pair{q, estimate_from_summary(planner.for_estimate(q, level), q, cluster, eo)};
+    q.grad_accum = accumulation(b, D);
+    return std::pair{q, estimate_from_summary(planner.for_estimate(q, level, tensor), q, cluster, eo)};
   };
   auto fits = [&](int64_t b) {
     const auto [q, e] = estimate_at(b);
@@ -219,8 +224,9 @@ std::optional<FitCandidate> search_family(Planner& planner, const Policy& f, int
   };
   const auto [q1, e1] = estimate_at(1);
   const Overflow o1 = judge.check(q1, e1);
+  const std::string tp = tensor_parallel_label(tensor, f);
   if (!o1.fits()) {
-    r.rejected.push_back({family_name(f), o1});
+    r.rejected.push_back({family_name(f) + tp, o1});
     return std::nullopt;
   }
   int64_t b = 1;
@@ -235,29 +241,29 @@ std::optional<FitCandidate> search_family(Planner& planner, const Policy& f, int
   }
   // A global batch is kept exactly: the micro-batch divides each rank's share of it.
   if (global_batch)
-    while ((global_batch / W) % b != 0) --b;
+    while ((global_batch / D) % b != 0) --b;
   auto [q, e] = estimate_at(b);
-  return FitCandidate{q, e, family_name(q), false, 0};
+  return FitCandidate{q, e, family_name(q) + tp, false, 0, tensor};
 }
 
 // The search planned rank 0; the winners are planned on every rank (their pieces of the
 // buckets differ by a few KiB) and step their micro-batch down where another rank does not fit.
 std::vector<FitCandidate> plan_winners_on_every_rank(std::vector<FitCandidate> found, const ModelSpec& spec,
                                                      const Cluster& cluster, const EstimateOptions& eo, const Judge& judge,
-                                                     int64_t global_batch, const std::function<int(int64_t)>& accumulation,
+                                                     int64_t global_batch, const Accumulation& accumulation,
                                                      int& rank_plans) {
-  const int W = cluster.world_size();
   std::vector<FitCandidate> checked;
   for (FitCandidate& f : found) {
-    plan_every_rank(spec, f.policy, cluster, eo, f.estimate);
+    const int D = cluster.world_size() / f.tensor;
+    plan_every_rank(spec, f.policy, cluster, eo, f.estimate, kMaxRanksPlanned, f.tensor);
     while (!judge.check(f.policy, f.estimate).fits() && f.policy.batch > 1) {
       int64_t b = f.policy.batch - 1;
       if (global_batch)
-        while ((global_batch / W) % b != 0) --b;
+        while ((global_batch / D) % b != 0) --b;
       f.policy.batch = b;
-      f.policy.grad_accum = accumulation(b);
-      f.estimate = estimate_run(spec, f.policy, cluster, eo);
-      plan_every_rank(spec, f.policy, cluster, eo, f.estimate);
+      f.policy.grad_accum = accumulation(b, D);
+      f.estimate = estimate_run(spec, f.policy, cluster, eo, f.tensor);
+      plan_every_rank(spec, f.policy, cluster, eo, f.estimate, kMaxRanksPlanned, f.tensor);
     }
     rank_plans += f.estimate.ranks_planned - 1;
     if (!judge.check(f.policy, f.estimate).fits()) continue;
@@ -272,7 +278,7 @@ std::vector<FitCandidate> plan_winners_on_every_rank(std::vector<FitCandidate> f
 // only then, listed after every family that trains the model as asked, and labelled.
 void propose_lora(Planner& planner, const Policy& base, const Cluster& cluster, const EstimateOptions& eo,
                   const Judge& judge, int64_t max_batch, int64_t global_batch,
-                  const std::function<int(int64_t)>& accumulation, FitResult& r, std::vector<FitCandidate>& found) {
+                  const Accumulation& accumulation, FitResult& r, std::vector<FitCandidate>& found) {
   for (bool quantised : {false, true})
     for (int level : {0, 2}) {
       Policy f = base;
@@ -293,7 +299,7 @@ void propose_lora(Planner& planner, const Policy& base, const Cluster& cluster, 
         f.quantize_base.double_quant = true;
       }
       f.batch = 1;
-      f.grad_accum = accumulation(1);
+      f.grad_accum = accumulation(1, cluster.world_size());
       ++r.families;
       if (auto c = search_family(planner, f, level, cluster, eo, judge, max_batch, global_batch, accumulation, r)) {
         c->changes_training = true;
@@ -302,7 +308,53 @@ void propose_lora(Planner& planner, const Policy& base, const Cluster& cluster, 
     }
 }
 
+// Tensor parallelism (Megatron-LM), within a node: every degree T of 2, 4, 8 that divides the
+// node's GPUs, the world and the model (heads, key/value heads, MLP width, vocabulary), with
+// ZeRO 0-3 over the world / T replicas and sequence parallelism, on the device (offload does
+// not combine with it yet).
+// Only for memfit's own runs, and a policy that trains every weight. Not pruned: the FLOPs
+// bound counts one rank's tokens, which T ranks share here.
+void search_tensor_parallel(const ModelSpec& spec, const Policy& base, Planner& planner, const Cluster& cluster,
+                            const EstimateOptions& eo, const Judge& judge, int64_t max_batch, const FitOptions& options,
+                            const Accumulation& accumulation, FitResult& r, std::vector<FitCandidate>& found) {
+  if (!options.search_tensor_parallel || options.framework != FitFramework::memfit || has_lora_or_quantised_base(base) ||
+      !base.freeze.empty())
+    return;
+  const int W = cluster.world_size();
+  for (int t : {2, 4, 8}) {
+    if (cluster.gpus_per_node % t != 0 || W % t != 0 || spec.n_head % t != 0 || spec.n_kv_head % t != 0 ||
+        spec.n_inner % t != 0 || spec.padded_vocab % t != 0)
+      continue;
+    const std::vector<int> stages = W / t == 1 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3};
+    for (Precision prec : {Precision::bf16, Precision::fp32})
+      for (AttentionKind attn : {AttentionKind::flash, AttentionKind::plain})
+        for (int level = 0; level < 3; ++level)
+          for (int stage : stages) {
+            Policy f = base;
+            f.precision = prec;
+            f.grad_dtype = prec == Precision::fp32 ? DType::f32 : DType::bf16;
+            f.fp32_ops.clear();
+            f.attention = attn;
+            f.recompute = recompute_level(level, attn);
+            f.optimizer = OptimizerKind::adamw;
+            f.zero_stage = stage;
+            f.offload_optimizer = f.offload_params = Tier::device;
+            f.sequence_parallel = true;  // never more memory; its gathers repeat in the backward
+            f.batch = 1;
+            f.grad_accum = accumulation(1, W / t);
+            ++r.families;
+            if (auto c = search_family(planner, f, level, cluster, eo, judge, max_batch, options.global_batch,
+                                       accumulation, r, t))
+              found.push_back(std::move(*c));
+          }
+  }
+}
+
 }  // namespace
+
+std::string tensor_parallel_label(int tensor, const Policy& p) {
+  return tensor > 1 ? fmt::format(" tensor={}{}", tensor, p.sequence_parallel ? "+sequence" : "") : "";
+}
 
 std::string family_name(const Policy& p) {
   std::string offload = "none";
@@ -353,7 +405,9 @@ void rank_candidates(std::vector<FitCandidate>& candidates, double tolerance) {
       if (c.changes_training != fastest.changes_training) break;
       // The fastest keeps its place only when it gains the tolerance or more over c.
       if (fastest.estimate.tokens_per_second >= (1.0 + tolerance) * c.estimate.tokens_per_second) break;
-      if (fit_complexity(c.policy) < fit_complexity(rest[pick].policy)) pick = i;
+      // Tensor parallelism first: a near-tie goes to the data-parallel layout.
+      const auto simpler = [](const FitCandidate& x) { return std::pair{x.tensor, fit_complexity(x.policy)}; };
+      if (simpler(c) < simpler(rest[pick])) pick = i;
     }
     ranked.push_back(std::move(rest[pick]));
     rest.erase(rest.begin() + std::ptrdiff_t(pick));
@@ -376,8 +430,8 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
   MEMFIT_CHECK(options.global_batch == 0 || options.global_batch % W == 0, "fit",
                "a global batch of {} sequences does not split evenly over {} ranks", options.global_batch, W);
   const int64_t max_batch = options.global_batch ? std::min(options.max_batch, options.global_batch / W) : options.max_batch;
-  auto accumulation = [&](int64_t b) {
-    return options.global_batch ? int((options.global_batch + b * W - 1) / (b * W)) : base.grad_accum;
+  const Accumulation accumulation = [&](int64_t b, int data_ranks) {
+    return options.global_batch ? int((options.global_batch + b * data_ranks - 1) / (b * data_ranks)) : base.grad_accum;
   };
 
   Planner planner(spec, cluster.hw, eo, W);
@@ -405,7 +459,7 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
           p.recompute = recompute_level(level, attn);
           p.optimizer = opt;
           p.batch = 1;
-          p.grad_accum = accumulation(1);
+          p.grad_accum = accumulation(1, W);
           std::vector<StateChoice> choices;
           // An offloaded optimizer runs on the host's cores as fp32 AdamW (DeepSpeed's CPU
           // Adam); 8-bit state stays on the device.
@@ -439,6 +493,7 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
               found.push_back(std::move(*c));
           }
         }
+  search_tensor_parallel(spec, base, planner, cluster, eo, judge, max_batch, options, accumulation, r, found);
   // Candidates that train what was asked first, then (labelled) those that train LoRA instead.
   rank_candidates(found, options.tie_tolerance);
   if (int(found.size()) > options.keep) found.resize(size_t(options.keep));
@@ -471,8 +526,8 @@ std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
                                 r.families, c.world_size(), c.hw.name, format_bytes(budget), format_bytes(r.usable),
                                 100 * r.headroom, r.programs_planned, r.pruned, r.seconds);
   out += fmt::format("ranked by tokens/s; a near-tie (the faster gains under {:g}%) goes to the simpler configuration "
-                     "(in this order, less of: parameter offload, optimizer offload, 8-bit state, ZeRO stage, "
-                     "recomputation, mixed precision, flash attention)\n",
+                     "(in this order, less of: tensor parallelism, parameter offload, optimizer offload, 8-bit state, "
+                     "ZeRO stage, recomputation, mixed precision, flash attention)\n",
                      100 * r.tie_tolerance);
   const bool torch = r.framework != FitFramework::memfit, ds = r.framework == FitFramework::deepspeed;
   if (torch)
@@ -520,6 +575,7 @@ nlohmann::json fit_json(const FitResult& r, const Cluster& c, uint64_t budget, c
   nlohmann::json ranked = nlohmann::json::array(), rejected = nlohmann::json::array();
   for (const FitCandidate& f : r.ranked)
     ranked.push_back({{"family", f.family},
+                      {"tensor_parallel", f.tensor},
                       {"batch", f.policy.batch},
                       {"seq", f.policy.seq},
                       {"grad_accum", f.policy.grad_accum},

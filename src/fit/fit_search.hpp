@@ -56,6 +56,9 @@ struct FitOptions {
   // whether the optimizer is torch's AdamW; DeepSpeed's defaults unless a config gave them.
   DeepSpeedZero deepspeed_zero;
   bool deepspeed_torch_adam = false;
+  // memfit's own runs: also tensor parallelism within a node (degrees 2, 4, 8 that divide the
+  // node, the world and the model), with ZeRO over the replicas.
+  bool search_tensor_parallel = true;
 };
 
 // The DeepSpeed step a candidate is under FitOptions' DeepSpeed settings; empty with `why`.
@@ -87,6 +90,7 @@ struct FitCandidate {
   // FitFramework::pytorch: the predicted PyTorch peak plus the fixed runtime bytes, what fits was
   // decided on; 0 under memfit.
   uint64_t framework_bytes = 0;
+  int tensor = 1;  // tensor-parallel degree (ranks per model replica; the rest data-parallel)
 };
 
 struct RejectedFamily {
@@ -118,6 +122,8 @@ struct FitResult {
 void rank_candidates(std::vector<FitCandidate>& candidates, double tolerance);
 
 std::string family_name(const Policy& p);
+// " tensor=T" (with "+sequence" under sequence parallelism) for a tensor-parallel degree above 1.
+std::string tensor_parallel_label(int tensor, const Policy& p);
 
 // `base` carries what the search does not choose: sequence length, accumulation, clipping,
 // AdamW hyper-parameters.

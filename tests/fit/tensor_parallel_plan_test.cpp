@@ -5,7 +5,12 @@
 // the step's tokens are those of world / T replicas.
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <string>
+
 #include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
 
 #include "support/run_cli.hpp"
 
@@ -34,10 +39,44 @@ TEST(TensorParallelPlan, HardwarePresetPlansTheRankSlice) {
   EXPECT_NEAR(step["tokens_per_second"].get<double>() * step["seconds"].get<double>(), 2.0 * 4 * 64, 1e-6);
 }
 
+// --fit searches tensor parallelism within a node (here llama-2-7b on 2 nodes of 4 A100-40GB,
+// where tensor 2 and 4 with sequence parallelism rank first). Oracle: each tensor-parallel
+// candidate is what `plan --tensor-parallel T --sequence-parallel` with its settings plans and
+// estimates, byte for byte and token for token.
+TEST(TensorParallelPlan, FitSearchesTheDegreeAndItsCandidatesReplanTheSame) {
+  const std::string cluster = "--model llama-2-7b --seq 2048 --hardware a100-40gb --gpus-per-node 4 --nodes 2";
+  const auto r = test::run_memfit("plan " + cluster + " --fit --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto fit = nlohmann::json::parse(r.out)["fit"];
+  int tensor_parallel = 0;
+  for (const auto& c : fit["ranked"]) {
+    const int t = c["tensor_parallel"].get<int>();
+    if (t == 1) continue;
+    ++tensor_parallel;
+    // "bf16 flash recompute=R adamw zero=S offload=none tensor=T+sequence"
+    std::istringstream words(c["family"].get<std::string>());
+    std::string precision, attention, recompute, optimizer, zero, offload, tensor;
+    words >> precision >> attention >> recompute >> optimizer >> zero >> offload >> tensor;
+    ASSERT_EQ(tensor, "tensor=" + std::to_string(t) + "+sequence") << c["family"];
+    const std::string args = fmt::format(
+        "plan {} --batch {} --grad-accum {} --precision {} --grad-dtype {} --attention {} --recompute {} --optimizer {} "
+        "--zero {} --tensor-parallel {} --sequence-parallel --json",
+        cluster, c["batch"].get<int64_t>(), c["grad_accum"].get<int64_t>(), precision,
+        precision == "bf16" ? "bf16" : "fp32", attention, recompute.substr(10), optimizer, zero.substr(5), t);
+    const auto again = test::run_memfit(args);
+    ASSERT_EQ(again.status, 0) << args << "\n" << again.err;
+    const auto plan = nlohmann::json::parse(again.out);
+    EXPECT_EQ(plan["tensor_parallel"].get<int>(), t);
+    EXPECT_EQ(plan["estimate"]["per_rank"]["device_bytes"], c["estimate"]["per_rank"]["device_bytes"]) << args;
+    EXPECT_EQ(plan["estimate"]["step"]["tokens_per_second"], c["estimate"]["step"]["tokens_per_second"]) << args;
+  }
+  EXPECT_GT(tensor_parallel, 0) << r.out;
+}
+
 TEST(TensorParallelPlan, RefusesWhatItDoesNotSearchYet) {
   auto r = test::run_memfit("plan --model gpt2 --hardware h100-80gb --world-size 8 --tensor-parallel 4 --fit");
   EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("--fit, --compare, --emit and --framework do not search"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--fit searches the degree itself"), std::string::npos) << r.err;
   r = test::run_memfit("plan --model gpt2 --hardware h100-80gb --world-size 8 --tensor-parallel 8");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("a tensor-parallel degree of 8 needs the attention heads of model 'gpt2' divisible by it "
