@@ -51,10 +51,9 @@ void settle_ranks(RunState& s, const RunConfig& config, std::ostream& rank_log, 
   RunConfig& c = s.config;
   if (!c.load_adapter.empty()) apply_adapter_config(c.load_adapter, c.policy.lora);
   c.topology = Topology{.data = W / tensor, .tensor = tensor, .rank = rank};
-  MEMFIT_CHECK(tensor == 1 || (c.save.empty() && c.load.empty()), "train",
-               "--save and --load of HF weights with tensor parallelism are not supported by this build yet: "
-               "checkpoint with --checkpoint-dir (it resumes on any layout) and write HF weights with "
-               "`memfit consolidate`");
+  MEMFIT_CHECK(tensor == 1 || c.save.empty(), "train",
+               "--save of HF weights with tensor parallelism is not supported by this build yet: checkpoint with "
+               "--checkpoint-dir (it resumes on any layout) and write HF weights with `memfit consolidate`");
   comm->set_timeout(c.comm_timeout);
   if (c.ranks_per_node == 0) c.ranks_per_node = comm->ranks_on_node();
   c.topology.ranks_per_node = c.ranks_per_node;  // --ranks-per-node overrides the node (tests force qgZ's hops)

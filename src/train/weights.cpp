@@ -68,6 +68,19 @@ bool is_ignored_buffer(const ModelSpec& spec, const std::string& name) {
 
 namespace {
 
+// Elements [first, first + values.size()) of the one-rank parameter: under tensor parallelism
+// only those this rank's slice holds are stored (graph/tensor_parallel.hpp), so the loader reads
+// HF tensors whole and in their order whatever the layout.
+void store_global_range(Executor& ex, const ParamEntry& e, int64_t first, std::span<const float> values,
+                        TensorStaging& staging) {
+  if (!e.split.split()) return store_parameter_range(ex, e, first, values, staging);
+  const int64_t end = first + int64_t(values.size());
+  for (const SliceRun& r : slice_runs(e.split, ex.program().tensor(e.value).shape)) {
+    const int64_t a = std::max(first, r.global), b = std::min(end, r.global + r.count);
+    if (a < b) store_parameter_range(ex, e, r.local + (a - r.global), values.subspan(size_t(a - first), size_t(b - a)), staging);
+  }
+}
+
 // Reads HF GPT-2 Conv1D weight `name` (file shape [in, out]) into parameter e ([out, in]): whole
 // file rows through staging.values(), each memfit row's slice gathered through staging.gather().
 void load_transposed(const SafetensorsReader& reader, const std::string& name, const Shape& file_shape,
@@ -82,7 +95,7 @@ void load_transposed(const SafetensorsReader& reader, const std::string& name, c
     reader.read_f32_range(name, file_shape, i0 * out, rows.first(size_t(k * out)));
     for (int64_t o = 0; o < out; ++o) {
       for (int64_t j = 0; j < k; ++j) slice[size_t(j)] = rows[size_t(j * out + o)];
-      store_parameter_range(ex, e, o * in + i0, slice.first(size_t(k)), staging);
+      store_global_range(ex, e, o * in + i0, slice.first(size_t(k)), staging);
     }
   }
 }
@@ -94,7 +107,7 @@ void load_in_order(const SafetensorsReader& reader, const std::string& name, con
   for (int64_t done = 0; done < n; done += int64_t(values.size())) {
     const std::span<float> chunk = values.first(size_t(std::min<int64_t>(int64_t(values.size()), n - done)));
     reader.read_f32_range(name, file_shape, done, chunk);
-    store_parameter_range(ex, e, at + done, chunk, staging);
+    store_global_range(ex, e, at + done, chunk, staging);
   }
 }
 
@@ -103,7 +116,7 @@ void store_zeros(Executor& ex, const ParamEntry& e, int64_t first, int64_t end, 
   const std::span<float> zeros = staging.values();
   std::fill(zeros.begin(), zeros.end(), 0.0f);
   for (int64_t at = first; at < end; at += int64_t(zeros.size()))
-    store_parameter_range(ex, e, at, zeros.first(size_t(std::min<int64_t>(int64_t(zeros.size()), end - at))), staging);
+    store_global_range(ex, e, at, zeros.first(size_t(std::min<int64_t>(int64_t(zeros.size()), end - at))), staging);
 }
 
 // Elements [first, first + out.size()) of the transpose ([out, in], memfit's order) of the
@@ -173,22 +186,23 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, 
       continue;
     }
     require_float_values(param);
-    const TensorDesc& t = p.tensor(param.value);
-    const int64_t row_size = t.numel() / t.shape[0];
+    // The one-rank shape: a tensor-parallel slice takes its elements of it (store_global_range).
+    const Shape shape = param.split.split() ? param.split.global : p.tensor(param.value).shape;
+    const int64_t row_size = shape.numel() / shape[0];
     const bool transpose = spec.arch == Arch::gpt2 && is_conv1d_weight(param.name);
     int64_t row = 0;
-    for (const HfPiece& piece : hf_pieces(spec, param.name, t.shape)) {
+    for (const HfPiece& piece : hf_pieces(spec, param.name, shape)) {
       auto it = by_name.find(piece.name);
       MEMFIT_CHECK(it != by_name.end(), "safetensors", "{} has no tensor '{}'", file, piece.name);
       used.insert(piece.name);
       const SafetensorsReader& reader = *it->second->shard;
       const std::string& name = it->second->entry->name;
-      const Shape expected = t.shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
-      if (transpose) load_transposed(reader, name, Shape{t.shape[1], t.shape[0]}, ex, param, staging);
+      const Shape expected = shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
+      if (transpose) load_transposed(reader, name, Shape{shape[1], shape[0]}, ex, param, staging);
       else load_in_order(reader, name, expected, piece.rows * row_size, ex, param, row * row_size, staging);
       row += piece.rows;
     }
-    store_zeros(ex, param, row * row_size, t.numel(), staging);  // padded vocabulary rows are memfit's own: zero
+    store_zeros(ex, param, row * row_size, shape.numel(), staging);  // padded vocabulary rows are memfit's own: zero
   }
   for (const auto& [name, entry] : by_name)
     MEMFIT_CHECK(used.count(name), "safetensors", "{} holds tensor '{}', which model '{}' does not have", file,
