@@ -44,6 +44,19 @@ RecomputePolicy recompute_level(int level, AttentionKind attention) {
   }
 }
 
+// The base policy with a family's key: precision (gradients in the same 16 bits, or fp32),
+// attention, recomputation level and optimizer.
+Policy family_key(const Policy& base, Precision prec, AttentionKind attn, int level, OptimizerKind opt) {
+  Policy p = base;
+  p.precision = prec;
+  p.grad_dtype = prec == Precision::fp32 ? DType::f32 : DType::bf16;
+  p.fp32_ops.clear();
+  p.attention = attn;
+  p.recompute = recompute_level(level, attn);
+  p.optimizer = opt;
+  return p;
+}
+
 // What the planned program depends on; then the ZeRO stage and world size of a rank program (0
 // and 1: the unsharded program); LoRA's rank and the base's quantisation (proposed when nothing
 // else fits); last the tensor-parallel degree.
@@ -330,13 +343,7 @@ void search_tensor_parallel(const ModelSpec& spec, const Policy& base, Planner& 
       for (AttentionKind attn : {AttentionKind::flash, AttentionKind::plain})
         for (int level = 0; level < 3; ++level)
           for (int stage : stages) {
-            Policy f = base;
-            f.precision = prec;
-            f.grad_dtype = prec == Precision::fp32 ? DType::f32 : DType::bf16;
-            f.fp32_ops.clear();
-            f.attention = attn;
-            f.recompute = recompute_level(level, attn);
-            f.optimizer = OptimizerKind::adamw;
+            Policy f = family_key(base, prec, attn, level, OptimizerKind::adamw);
             f.zero_stage = stage;
             f.offload_optimizer = f.offload_params = Tier::device;
             f.sequence_parallel = true;  // never more memory; its gathers repeat in the backward
@@ -451,13 +458,7 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
     for (AttentionKind attn : {AttentionKind::flash, AttentionKind::plain})
       for (int level = 0; level < 3; ++level)
         for (OptimizerKind opt : {OptimizerKind::adamw, OptimizerKind::adamw8bit}) {
-          Policy p = base;
-          p.precision = prec;
-          p.grad_dtype = prec == Precision::fp32 ? DType::f32 : DType::bf16;
-          p.fp32_ops.clear();
-          p.attention = attn;
-          p.recompute = recompute_level(level, attn);
-          p.optimizer = opt;
+          Policy p = family_key(base, prec, attn, level, opt);
           p.batch = 1;
           p.grad_accum = accumulation(1, W);
           std::vector<StateChoice> choices;
