@@ -4,6 +4,7 @@
 #include <iostream>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "core/bytes.hpp"
 #include "core/checked.hpp"
@@ -218,6 +219,35 @@ void HardwarePlanOptions::check_tensor_parallel_plan(int tensor) const {
                "--emit and --framework do not translate tensor parallelism yet");
 }
 
+// --fit: the search, its ranked candidates printed (or put in `j`), and the winner's policy and
+// tensor-parallel degree; throws when nothing fits.
+std::pair<Policy, int> HardwarePlanOptions::fit_winner(const ModelSpec& spec, const RunConfig& config,
+                                                       const Policy& policy, const Cluster& cluster,
+                                                       const EstimateOptions& eo, uint64_t budget, double headroom,
+                                                       bool as_json, nlohmann::json& j, std::ostream& out) const {
+  const bool torch = framework_ == "pytorch", ds = framework_ == "deepspeed";
+  const uint64_t usable = usable_bytes(budget, headroom);
+  const Hardware& hw = cluster.hw;
+  FitOptions fo;
+  fo.budget = budget;
+  fo.global_batch = global_batch_;
+  fo.max_batch = max_batch_;
+  fo.keep = keep_;
+  fo.headroom = headroom;
+  fo.search_tensor_parallel = !compare_;  // the comparisons name data-parallel frameworks
+  const bool attention_given = app_.get_option("--torch-attention")->count() > 0;
+  if (torch || ds) set_framework_fit(torch, config, deepspeed_config_, attention_given ? torch_attention_ : "", fo);
+  const FitResult r = fit_search(spec, policy, cluster, eo, fo);
+  if (as_json) j["fit"] = fit_json(r, cluster, budget, eo);
+  else out << fmt::format("memfit plan --fit: model {} ({} parameters), sequence {}\n", spec.name,
+                          spec.parameter_count(), policy.seq)
+           << format_fit(r, cluster, budget);
+  if (r.ranked.empty() && as_json) out << j.dump(2) << "\n";  // the rejected families, for scripts
+  MEMFIT_CHECK(!r.ranked.empty(), "fit", "no configuration of {} fits {} per rank ({:g}% headroom of {}) on {} x {}",
+               spec.name, format_bytes(usable), 100 * headroom, format_bytes(budget), cluster.world_size(), hw.name);
+  return {r.ranked.front().policy, r.ranked.front().tensor};
+}
+
 int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
   const bool torch = framework_ == "pytorch", ds = framework_ == "deepspeed";
   if ((torch || ds) && !fit_)  // a closed form of the shapes: no hardware, no program
@@ -288,27 +318,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
   int tensor = config.topology.tensor;  // --fit picks its own
   const uint64_t budget = config.memory_budget ? config.memory_budget : hw.memory_bytes;
   const uint64_t usable = usable_bytes(budget, headroom);
-  if (fit_) {
-    FitOptions fo;
-    fo.budget = budget;
-    fo.global_batch = global_batch_;
-    fo.max_batch = max_batch_;
-    fo.keep = keep_;
-    fo.headroom = headroom;
-    fo.search_tensor_parallel = !compare_;  // the comparisons name data-parallel frameworks
-    const bool attention_given = app_.get_option("--torch-attention")->count() > 0;
-    if (torch || ds) set_framework_fit(torch, config, deepspeed_config_, attention_given ? torch_attention_ : "", fo);
-    const FitResult r = fit_search(spec, policy, cluster, eo, fo);
-    if (as_json) j["fit"] = fit_json(r, cluster, budget, eo);
-    else out << fmt::format("memfit plan --fit: model {} ({} parameters), sequence {}\n", spec.name,
-                            spec.parameter_count(), policy.seq)
-             << format_fit(r, cluster, budget);
-    if (r.ranked.empty() && as_json) out << j.dump(2) << "\n";  // the rejected families, for scripts
-    MEMFIT_CHECK(!r.ranked.empty(), "fit", "no configuration of {} fits {} per rank ({:g}% headroom of {}) on {} x {}",
-                 spec.name, format_bytes(usable), 100 * headroom, format_bytes(budget), cluster.world_size(), hw.name);
-    policy = r.ranked.front().policy;
-    tensor = r.ranked.front().tensor;
-  }
+  if (fit_) std::tie(policy, tensor) = fit_winner(spec, config, policy, cluster, eo, budget, headroom, as_json, j, out);
   if ((torch || ds) && !emit_.empty()) emit_deepspeed(policy, config.lr, emit_[1], as_json, j, out);
   if (torch) return print_pytorch_peak(spec, policy, std::nullopt, as_json, j, out);
   if (ds) return print_deepspeed_winner(spec, config, deepspeed_config_, policy, cluster.world_size(), as_json, j, out);

@@ -7,10 +7,15 @@
 
 #include <iosfwd>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include <nlohmann/json.hpp>
+
+#include "fit/estimate.hpp"
+#include "fit/hardware.hpp"
 #include "train/run_config.hpp"
 
 namespace memfit::cli {
@@ -31,6 +36,10 @@ class HardwarePlanOptions {
   void check_tensor_parallel_plan(int tensor) const;
 
  private:
+  std::pair<Policy, int> fit_winner(const ModelSpec& spec, const RunConfig& config, const Policy& policy,
+                                    const Cluster& cluster, const EstimateOptions& eo, uint64_t budget, double headroom,
+                                    bool as_json, nlohmann::json& j, std::ostream& out) const;
+
   CLI::App& app_;
   std::string hardware_ = "cpu", hardware_file_;
   std::vector<std::string> sets_;

@@ -321,12 +321,9 @@ void propose_lora(Planner& planner, const Policy& base, const Cluster& cluster, 
     }
 }
 
-// Tensor parallelism (Megatron-LM), within a node: every degree T of 2, 4, 8 that divides the
-// node's GPUs, the world and the model (heads, key/value heads, MLP width, vocabulary), with
-// ZeRO 0-3 over the world / T replicas and sequence parallelism, on the device (offload does
-// not combine with it yet).
-// Only for memfit's own runs, and a policy that trains every weight. Not pruned: the FLOPs
-// bound counts one rank's tokens, which T ranks share here.
+// Tensor parallelism (Megatron-LM) inside a node: each T of 2, 4, 8 dividing the node, the world
+// and the model, with sequence parallelism and ZeRO 0-3 over the world / T replicas, on the
+// device; memfit's runs of every weight only. Not pruned: the FLOP bound counts one rank's tokens.
 void search_tensor_parallel(const ModelSpec& spec, const Policy& base, Planner& planner, const Cluster& cluster,
                             const EstimateOptions& eo, const Judge& judge, int64_t max_batch, const FitOptions& options,
                             const Accumulation& accumulation, FitResult& r, std::vector<FitCandidate>& found) {
