@@ -36,6 +36,12 @@ std::pair<TensorId, WriteMode> Autodiff::contribute(TensorId x) {
     partial_order_.push_back(x);
     return {g, WriteMode::overwrite};
   }
+  return contribute_whole(x);
+}
+
+std::pair<TensorId, WriteMode> Autodiff::contribute_whole(TensorId x) {
+  const TensorDesc& t = p_.tensor(x);
+  const bool is_param = t.category == Category::parameters;
   auto it = grads_.find(x);
   if (it != grads_.end()) {
     // A persistent parameter gradient registered up front: its first write in a micro-step
@@ -84,9 +90,7 @@ void Autodiff::sum_partial_param_grads() {
     b_.emit({OpKind::all_reduce, "d." + t.name + ".tensor_all_reduce", {}, {g},
              CollectiveAttrs{CommGroup::tensor, tp.parts, false}, 0, {WriteMode::update}, {}, {},
              ring_bytes(double(p_.tensor(g).bytes()), tp.parts, 2.0)});
-    p_.tensor(x).grad_summed_over_tensor_group = false;  // contribute() now reaches the parameter's own gradient
-    auto [dx, mode] = contribute(x);
-    p_.tensor(x).grad_summed_over_tensor_group = true;
+    auto [dx, mode] = contribute_whole(x);
     b_.emit({OpKind::accumulate, "d." + t.name + ".add_rows", {g}, {dx}, NoAttrs{}, double(t.numel()), {mode}});
   }
   partial_order_.clear();

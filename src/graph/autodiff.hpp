@@ -36,6 +36,8 @@ class Autodiff {
   void sum_grads_over_tensor_group(const Op& fwd);
   void pass_through(const std::string& name, TensorId x, TensorId dy);
   void collective_backward(const Op& fwd, TensorId dy);
+  // contribute() without sequence parallelism's per-micro-step partial: the gradient itself.
+  std::pair<TensorId, WriteMode> contribute_whole(TensorId x);
   void embedding_backward(const Op& fwd, TensorId dy);
   void sum_partial_param_grads();
   void matmul_backward(const Op& fwd, TensorId dy);

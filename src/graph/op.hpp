@@ -38,7 +38,8 @@ enum class OpKind : uint16_t {
   // --- forward / backward kernels ---
   embedding_forward,   // in [tokens, wte (Vp,C), wpe (Tmax,C)] out [x (B,T,C)]; llama: in [tokens, wte]
                        //   (rotary positions, no table)
-  embedding_backward,  // in [dx, tokens] out [dwte, dwpe]; llama: out [dwte]
+  embedding_backward,  // in [dx, tokens] out [dwte, dwpe]; llama: out [dwte] (EmbeddingAttrs: dwte has the
+                       //   slice's rows)
   layernorm_forward,   // in [x (N,C), w (C), b (C)] out [y (N,C), mean (N), rstd (N)]
   layernorm_backward,  // in [dy, x, w, mean, rstd] out [dx, dw, db]
   rmsnorm_forward,     // in [x (N,C), w (C)] out [y (N,C), rstd (N)]

@@ -18,8 +18,8 @@
 namespace memfit {
 
 // Throws [policy] for a policy this build cannot express (naming the field), and for shapes
-// the model cannot take (a sequence longer than its context, a zero batch). A tensor-parallel
-// degree above 1 is refused: no builder splits a layer over tensor ranks yet. `backend` is what
+// the model cannot take (a sequence longer than its context, a zero batch). Under a tensor
+// degree above 1 the builders split each layer (graph/tensor_parallel.hpp). `backend` is what
 // the backend that will run the program computes natively (Backend::capabilities(), or a planned
 // device's table): the precision pass makes fp32 islands of the rest.
 // The forward passes go through the forward rewrites the policy asks for (--freeze), then
@@ -28,7 +28,7 @@ Program build_training_program(const ModelSpec& spec, const Policy& policy, cons
                                const OpCapabilities& backend, const ForwardRewrites& extra_rewrites = {});
 // The program a rank of `topology` would run if every tensor rank held the whole model: what
 // the data-parallel passes (ZeRO over the data group) make of a tensor-parallel topology, for
-// tests until layers are split. Nothing runs it.
+// tests of those passes alone. Nothing runs it.
 Program build_unsplit_training_program(const ModelSpec& spec, const Policy& policy, const Topology& topology,
                                        const OpCapabilities& backend, const ForwardRewrites& extra_rewrites = {});
 

@@ -7,8 +7,9 @@
 // which byte of the file. Padding (ZeRO's bucket tails and alignment gaps) is in no shard.
 // A replicated tensor (every rank's copy of a stage-0 tensor, stage 1-2's whole parameter
 // buckets) is described once: stage 1-2 values by the ranks that own each piece, anything
-// else whole by rank 0. A tensor-parallel split would be one more kind of shard (a box of the
-// global shape before the flat range); none exists yet.
+// else whole by rank 0. A tensor-parallel slice is described as runs of the global tensor
+// (graph/tensor_parallel.hpp slice_runs), by data rank 0 of each slice; a parameter replicated
+// over the tensor group by tensor rank 0 only.
 //
 // Invariant (checked by the manifest parser): the shards of a tensor, in order of `first`,
 // cover [0, numel) exactly once, each inside its rank file's bytes.
