@@ -32,6 +32,7 @@
 #include "dist/communicator.hpp"
 #include "kernels/backend.hpp"
 #include "core/bytes.hpp"
+#include "graph/training_program.hpp"
 #include "graph/forward_rewrite.hpp"
 #include "graph/zero.hpp"
 #include "graph/zero_hpz.hpp"
@@ -74,7 +75,8 @@ int plan_command(const memfit::RunConfig& config, bool as_json) {
                              {"choice", blocks_to_string(run.recompute_choice->blocks)},
                              {"recompute_flops", run.recompute_choice->recompute_flops},
                              {"budget_bytes", run_budget(config)},
-                             {"candidates_planned", run.recompute_choice->planned}};
+                             {"candidates_planned", run.recompute_choice->planned},
+                             {"classifier_chunk_rows", classifier_chunk_rows(run.spec, run.policy)}};
     j["tensors"] = p.tensors().size();
     j["distributed"] = {{"world_size", config.topology.world()}, {"rank", 0},
                         {"zero_stage", run.policy.zero_stage},

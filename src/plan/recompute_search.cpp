@@ -122,10 +122,9 @@ RecomputeChoice make_choice(const Evaluator& ev, const std::vector<int>& assignm
   return c;
 }
 
-}  // namespace
-
-RecomputeChoice choose_recompute(const ModelSpec& spec, const Policy& policy, const Topology& topology,
-                                 const OpCapabilities& backend, uint64_t budget, const ProgramPrepare& prepare) {
+// The search over block levels for the policy's own classifier chunk.
+RecomputeChoice choose_levels(const ModelSpec& spec, const Policy& policy, const Topology& topology,
+                              const OpCapabilities& backend, uint64_t budget, const ProgramPrepare& prepare) {
   Evaluator ev(spec, policy, topology, backend, prepare);
   const int L = int(spec.n_layer), K = int(ev.levels().size());
   MEMFIT_ASSERT(K <= int(Counts{}.size()), "{} recompute levels", K);
@@ -193,6 +192,43 @@ RecomputeChoice choose_recompute(const ModelSpec& spec, const Policy& policy, co
     if (r.peak < r_lowest.peak) lowest = expand(c, K), r_lowest = r;
   }
   return make_choice(ev, lowest, r_lowest, budget);
+}
+
+// FLOPs of the classifier's products per micro-step: the logits and their input gradient.
+double classifier_flops(const ModelSpec& spec, const Policy& policy) {
+  return 2.0 * 2.0 * double(policy.batch * policy.seq) * double(spec.n_embd) * double(spec.padded_vocab);
+}
+
+}  // namespace
+
+std::vector<int64_t> smaller_classifier_chunks(const ModelSpec& spec, const Policy& policy) {
+  std::vector<int64_t> out;
+  if (policy.classifier_chunk_rows > 0) return out;
+  constexpr int64_t kFewestRows = 256;
+  for (int64_t rows = classifier_chunk_rows(spec, policy) / 2 / 16 * 16; rows >= kFewestRows; rows = rows / 2 / 16 * 16)
+    out.push_back(rows);
+  return out;
+}
+
+RecomputeChoice choose_recompute(const ModelSpec& spec, const Policy& policy, const Topology& topology,
+                                 const OpCapabilities& backend, uint64_t budget, const ProgramPrepare& prepare) {
+  RecomputeChoice best = choose_levels(spec, policy, topology, backend, budget, prepare);
+  int planned = best.planned;
+  const double worth = 0.1 * classifier_flops(spec, policy);
+  for (int64_t rows : smaller_classifier_chunks(spec, policy)) {
+    if (best.fits && best.recompute_flops <= worth) break;  // nothing left a smaller chunk could repay
+    Policy p = policy;
+    p.classifier_chunk_rows = rows;
+    RecomputeChoice c = choose_levels(spec, p, topology, backend, budget, prepare);
+    planned += c.planned;
+    const bool better = c.fits ? (!best.fits || c.recompute_flops < best.recompute_flops - worth)
+                               : (!best.fits && c.peak_bytes < best.peak_bytes);
+    if (!better) continue;
+    c.classifier_chunk_rows = rows;
+    best = std::move(c);
+  }
+  best.planned = planned;
+  return best;
 }
 
 std::vector<RecomputeCandidate> plan_every_assignment(const ModelSpec& spec, const Policy& policy,

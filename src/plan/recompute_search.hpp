@@ -13,6 +13,13 @@
 // Subtle point: the answer is exact over those candidates as long as keeping more never
 // lowers the peak; tests/plan/recompute_search_test.cpp compares it with an exhaustive search
 // over every assignment (any order of levels) on small models.
+//
+// The classifier's logits chunk is the other memory the search trades for FLOPs when the
+// policy leaves it automatic: a large vocabulary's chunk (up to 128 MiB of fp32 logits) is
+// often the peak's largest temporary, and halving it can spare whole blocks' recomputation
+// (QLoRA on a TinyLlama shape: 139 GFLOP per micro-step at 1024 rows, 1.2 at 512). Smaller
+// chunks run the classifier's products less efficiently, so a smaller chunk is taken only when
+// it saves more recomputed FLOPs than a tenth of the classifier's own, and never below 256 rows.
 #pragma once
 
 #include <cstdint>
@@ -36,12 +43,18 @@ struct RecomputeChoice {
   uint64_t peak_bytes = 0;             // device peak of the chosen program
   double recompute_flops = 0;          // per micro-step
   int planned = 0;                     // candidate programs built and planned
+  int64_t classifier_chunk_rows = 0;   // > 0: the logits chunk the choice needs (the policy's was automatic)
 };
+
+// The smaller logits chunks the search may take for a policy whose chunk is automatic (the
+// automatic one halved while at least 256 rows remain, multiples of 16); empty otherwise.
+std::vector<int64_t> smaller_classifier_chunks(const ModelSpec& spec, const Policy& policy);
 
 // The per-block levels the search chooses from, cheapest first.
 std::vector<BlockRecompute> recompute_levels(AttentionKind attention);
 
-// `policy.recompute` is ignored; everything else of the policy is the run's.
+// `policy.recompute` is ignored; everything else of the policy is the run's (an automatic
+// classifier chunk may come back smaller: classifier_chunk_rows).
 // `backend`: the capabilities candidates are built for (build_training_program).
 RecomputeChoice choose_recompute(const ModelSpec& spec, const Policy& policy, const Topology& topology,
                                  const OpCapabilities& backend, uint64_t budget, const ProgramPrepare& prepare = {});

@@ -32,6 +32,8 @@ PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
     run.recompute_choice = choose_recompute(run.spec, run.policy, topo, backend.capabilities(), run_budget(c),
                                             [&](Program& p) { attach_backend_scratch(p, backend); });
     run.policy.recompute.blocks = run.recompute_choice->blocks;
+    if (run.recompute_choice->classifier_chunk_rows > 0)
+      run.policy.classifier_chunk_rows = run.recompute_choice->classifier_chunk_rows;
   }
   run.compiled = compile_program(build_training_program(run.spec, run.policy, topo, backend.capabilities()), backend);
   check_deepspeed_bounds(c, run.compiled.program);
@@ -41,10 +43,12 @@ PreparedRun prepare_run(const RunConfig& c, const Backend& backend) {
 std::string describe_recompute_choice(const PreparedRun& run, uint64_t budget) {
   if (!run.recompute_choice) return "";
   const RecomputeChoice& r = *run.recompute_choice;
-  return fmt::format("recompute auto: {} ({:.1f} GFLOP recomputed per micro-step; peak {} {} the budget {}; {} "
+  const std::string chunk =
+      r.classifier_chunk_rows > 0 ? fmt::format(", classifier chunk {} rows", r.classifier_chunk_rows) : "";
+  return fmt::format("recompute auto: {}{} ({:.1f} GFLOP recomputed per micro-step; peak {} {} the budget {}; {} "
                      "candidate programs planned)\n",
                      r.fits ? blocks_to_string(r.blocks) : "nothing fits, closest " + blocks_to_string(r.blocks),
-                     r.recompute_flops / 1e9, format_bytes(r.peak_bytes), r.fits ? "within" : "above",
+                     chunk, r.recompute_flops / 1e9, format_bytes(r.peak_bytes), r.fits ? "within" : "above",
                      format_bytes(budget), r.planned);
 }
 

@@ -92,5 +92,69 @@ TEST(RecomputeSearch, NoRecomputationWhenEverythingFitsAndTheMostWhenNothingDoes
   for (const BlockRecompute& b : tight.blocks) EXPECT_TRUE(b.whole);
 }
 
+// A large vocabulary's logits chunk against the blocks' activations: for every budget some
+// chunk fits, the search (levels and chunk) must give what the exhaustive search over each
+// chunk (every assignment planned) gives under the stated rule: a smaller chunk only when it
+// fits where the larger does not, or saves more than a tenth of the classifier's FLOPs.
+TEST(RecomputeSearch, TakesASmallerClassifierChunkOnlyWhenItSparesEnoughRecomputation) {
+  ModelSpec spec = small_gpt2(3);
+  spec.n_embd = 256;
+  spec.n_inner = 1024;
+  spec.vocab_size = spec.padded_vocab = 32000;
+  Policy pol;
+  pol.batch = 4;
+  pol.seq = 256;
+  pol.attention = AttentionKind::flash;
+  const std::vector<int64_t> smaller = smaller_classifier_chunks(spec, pol);
+  ASSERT_EQ(classifier_chunk_rows(spec, pol), 1024);
+  ASSERT_EQ(smaller, (std::vector<int64_t>{512, 256}));
+  std::vector<int64_t> chunks{0};
+  chunks.insert(chunks.end(), smaller.begin(), smaller.end());
+  std::vector<std::vector<RecomputeCandidate>> all;
+  std::set<uint64_t> budgets;
+  for (int64_t rows : chunks) {
+    Policy p = pol;
+    p.classifier_chunk_rows = rows;
+    all.push_back(plan_every_assignment(spec, p, {}, cpu_capabilities()));
+    for (size_t i = 0; i < all.back().size(); i += 5) budgets.insert(all.back()[i].peak_bytes);
+  }
+  const double worth = 0.1 * 4.0 * double(pol.batch * pol.seq) * double(spec.n_embd) * double(spec.padded_vocab);
+  int smaller_taken = 0, checked = 0;
+  for (uint64_t budget : budgets) {
+    RecomputeChoice want = choose_recompute_exhaustive(all[0], budget);
+    for (size_t k = 1; k < chunks.size(); ++k) {
+      if (want.fits && want.recompute_flops <= worth) break;
+      RecomputeChoice c = choose_recompute_exhaustive(all[k], budget);
+      if (c.fits && (!want.fits || c.recompute_flops < want.recompute_flops - worth)) {
+        want = c;
+        want.classifier_chunk_rows = chunks[k];
+      }
+    }
+    if (!want.fits) continue;
+    const RecomputeChoice got = choose_recompute(spec, pol, {}, cpu_capabilities(), budget);
+    const std::string what = fmt::format("budget {}: search {} at chunk {}, exhaustive {} at chunk {}", budget,
+                                         blocks_to_string(got.blocks), got.classifier_chunk_rows,
+                                         blocks_to_string(want.blocks), want.classifier_chunk_rows);
+    ++checked;
+    ASSERT_TRUE(got.fits) << what;
+    EXPECT_EQ(got.classifier_chunk_rows, want.classifier_chunk_rows) << what;
+    EXPECT_NEAR(got.recompute_flops, want.recompute_flops, 1e-9 * want.recompute_flops) << what;
+    EXPECT_LE(got.peak_bytes, budget) << what;
+    smaller_taken += got.classifier_chunk_rows > 0;
+    // The choice is what it claims: its program, with its chunk, planned again has that peak.
+    Policy p = pol;
+    p.recompute.mode = RecomputeMode::automatic;
+    p.recompute.blocks = got.blocks;
+    p.classifier_chunk_rows = got.classifier_chunk_rows;
+    EXPECT_EQ(plan_memory(build_training_program(spec, p, {}, cpu_capabilities())).tier(Tier::device).peak_bytes,
+              got.peak_bytes)
+        << what;
+  }
+  EXPECT_GT(checked, 10);
+  EXPECT_GT(smaller_taken, 0);
+  EXPECT_LT(smaller_taken, checked);
+  std::printf("%d budgets checked, a smaller chunk taken in %d\n", checked, smaller_taken);
+}
+
 }  // namespace
 }  // namespace memfit
