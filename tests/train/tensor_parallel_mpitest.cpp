@@ -1,6 +1,7 @@
 // Tensor parallelism under mpirun (CTest runs this with 2 and 4 ranks: tensor 2 x data 1, and
 // tensor 2 x data 2). Oracle: the one-rank run of the same global batch, computed in process.
 //
+// 0. Initial values: every slice's are the one-rank tensor's, bit for bit.
 // 1. Gradients. After two accumulated micro-steps (persistent gradients, ZeRO stage 0: every
 //    gradient whole on its rank) and the data group's sums that open the optimizer section, each rank's gradient of every parameter equals the one-rank
 //    gradient at the elements its slice holds (graph/tensor_parallel.hpp slice_runs), to 1e-5
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -151,6 +153,43 @@ void expect_gradients_match_one_rank(const std::string& model, bool sequence_par
   if (world().rank() == 0)
     std::printf("  %s%s: loss %.7f (one rank %.7f), largest normalised gradient difference %.3g over %d split tensors\n",
                 model.c_str(), sequence_parallel ? " (sequence parallel)" : "", tp_loss, ref_loss, worst, split);
+}
+
+// 0. Initial values, bit for bit: a slice draws the one-rank tensor's values at its elements.
+// Widths where a row's slice crosses a random stream's end (65536 elements: GPT-2's c_fc rows
+// of 768 split in two, a 256-wide Llama's down_proj rows of 384) and where many rows share one.
+void expect_initial_values_are_the_one_rank_values(ModelSpec spec) {
+  const Topology topo{.data = data_degree(), .tensor = kTensor, .rank = world().rank()};
+  Policy pol = gradient_policy();
+  pol.batch = kRowsPerRank;
+  Stepper ref(spec, pol, Topology{}, nullptr, [](int) { return int64_t(0); });
+  Stepper tp(spec, pol, topo, &world(), [](int) { return int64_t(0); });
+  int64_t runs = 0, compared = 0;
+  for (size_t i = 0; i < ref.program().params().size(); ++i) {
+    const ParamEntry& r = ref.program().params()[i];
+    const ParamEntry& e = tp.program().params()[i];
+    const std::vector<float> want = test::tensor_values<float>(*ref.ex, r.value);
+    const std::vector<float> got = test::tensor_values<float>(*tp.ex, e.value);
+    for (const SliceRun& run : slice_runs(e.split, tp.program().tensor(e.value).shape)) {
+      ++runs;
+      for (int64_t j = 0; j < run.count; ++j, ++compared)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(run.local + j)]), std::bit_cast<uint32_t>(want[size_t(run.global + j)]))
+            << e.name << " element " << run.local + j;
+    }
+  }
+  EXPECT_GT(runs, int64_t(ref.program().params().size()));  // column splits: a run per row
+  EXPECT_GT(compared, 0);
+}
+
+TEST(TensorParallel, InitialValuesAreTheOneRankValuesBitForBit) {
+  ModelSpec gpt2 = model_preset("gpt2-tiny");
+  gpt2.n_embd = 192;
+  gpt2.n_inner = 768;
+  expect_initial_values_are_the_one_rank_values(gpt2);
+  ModelSpec llama = model_preset("llama-tiny");
+  llama.n_embd = 256;
+  llama.n_inner = 384;
+  expect_initial_values_are_the_one_rank_values(llama);
 }
 
 TEST(TensorParallel, Gpt2GradientsAreTheOneRankGradientsSlices) { expect_gradients_match_one_rank("gpt2-tiny"); }
