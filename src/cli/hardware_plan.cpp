@@ -101,13 +101,14 @@ void measure_this_machine(Hardware& hw, const std::set<std::string>& given) {
 }
 
 // The HF + PyTorch step a memfit policy corresponds to (torch_step_for): the attention given, or
-// (a --fit winner) the one its attention maps to. With --json, added to `j` (which may hold the
+// (a --fit winner) the one its attention maps to, on the hardware's device (CUDA on a GPU preset). With --json, added to `j` (which may hold the
 // --fit search) and printed.
-int print_pytorch_peak(const ModelSpec& spec, const Policy& p, std::optional<TorchAttention> attention, bool as_json,
-                       nlohmann::json j, std::ostream& out) {
+int print_pytorch_peak(const ModelSpec& spec, const Policy& p, std::optional<TorchAttention> attention,
+                       const Hardware& hw, bool as_json, nlohmann::json j, std::ostream& out) {
   std::string why;
-  const std::optional<TorchStep> st = torch_step_for(p, 1, attention, why);
+  std::optional<TorchStep> st = torch_step_for(p, 1, attention, why);
   MEMFIT_CHECK(st.has_value(), "framework", "--framework pytorch does not model {}", why);
+  st = on_hardware(*st, hw);
   const TorchPeak peak = predict_pytorch_peak(spec, *st);
   if (!as_json) {
     out << format_pytorch_peak(spec, *st, peak);
@@ -248,14 +249,8 @@ std::pair<Policy, int> HardwarePlanOptions::fit_winner(const ModelSpec& spec, co
   return {r.ranked.front().policy, r.ranked.front().tensor};
 }
 
-int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
-  const bool torch = framework_ == "pytorch", ds = framework_ == "deepspeed";
-  if ((torch || ds) && !fit_)  // a closed form of the shapes: no hardware, no program
-    return torch ? print_pytorch_peak(resolve_model(config.model), config.policy,
-                                      parse_torch_attention(torch_attention_), as_json, {}, out)
-                 : print_deepspeed_peak(config, deepspeed_config_, world_size_, torch_attention_, as_json, out);
+Hardware HardwarePlanOptions::chosen_hardware(std::set<std::string>& given) const {
   Hardware hw = hardware_preset(hardware_);
-  std::set<std::string> given;  // hardware fields the user set
   if (!hardware_file_.empty()) {
     std::ifstream f(hardware_file_);
     MEMFIT_CHECK(f.good(), "hardware", "cannot open hardware file '{}'", hardware_file_);
@@ -282,12 +277,25 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     apply_hardware_json(nlohmann::json{{key, v}}, hw, "--hardware-set");
     given.insert(key);
   }
+  if (!device_memory_.empty()) hw.memory_bytes = parse_memory_bytes(device_memory_, "--device-memory");
+  return hw;
+}
+
+int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
+  const bool torch = framework_ == "pytorch", ds = framework_ == "deepspeed";
+  if (torch && !fit_) {  // a closed form of the shapes, on the hardware's device: no program
+    std::set<std::string> given;
+    return print_pytorch_peak(resolve_model(config.model), config.policy, parse_torch_attention(torch_attention_),
+                              chosen_hardware(given), as_json, {}, out);
+  }
+  if (ds && !fit_) return print_deepspeed_peak(config, deepspeed_config_, world_size_, torch_attention_, as_json, out);
+  std::set<std::string> given;  // hardware fields the user set
+  Hardware hw = chosen_hardware(given);
   auto backend = make_backend(config.backend);
   if (hw.executes_here) {
     measure_this_machine(hw, given);
     hw.capabilities = backend->capabilities();  // this machine plans what its backend runs
   }
-  if (!device_memory_.empty()) hw.memory_bytes = parse_memory_bytes(device_memory_, "--device-memory");
   hw.validate();
   const Cluster cluster = make_cluster(hw, gpus_per_node_, nodes_, world_size_);
   MEMFIT_CHECK(app_.get_option("--efficiency")->count() == 0 || (efficiency_ > 0 && efficiency_ <= 1), "hardware",
@@ -320,7 +328,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
   const uint64_t usable = usable_bytes(budget, headroom);
   if (fit_) std::tie(policy, tensor) = fit_winner(spec, config, policy, cluster, eo, budget, headroom, as_json, j, out);
   if ((torch || ds) && !emit_.empty()) emit_deepspeed(policy, config.lr, emit_[1], as_json, j, out);
-  if (torch) return print_pytorch_peak(spec, policy, std::nullopt, as_json, j, out);
+  if (torch) return print_pytorch_peak(spec, policy, std::nullopt, hw, as_json, j, out);
   if (ds) return print_deepspeed_winner(spec, config, deepspeed_config_, policy, cluster.world_size(), as_json, j, out);
   const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo, tensor);
   RankEstimate e = estimate_from_summary(s, policy, cluster, eo);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,9 @@ class HardwarePlanOptions {
   std::pair<Policy, int> fit_winner(const ModelSpec& spec, const RunConfig& config, const Policy& policy,
                                     const Cluster& cluster, const EstimateOptions& eo, uint64_t budget, double headroom,
                                     bool as_json, nlohmann::json& j, std::ostream& out) const;
+  // The preset with --hardware-file, --hardware-set and --device-memory applied (not measured);
+  // `given` collects the fields the user set.
+  Hardware chosen_hardware(std::set<std::string>& given) const;
 
   CLI::App& app_;
   std::string hardware_ = "cpu", hardware_file_;

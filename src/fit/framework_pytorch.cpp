@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "fit/framework_pytorch_table.hpp"
+#include "fit/hardware.hpp"
 
 namespace memfit {
 
@@ -69,6 +70,12 @@ Monos monomials(const ModelSpec& s, const TorchStep& st) {
   m[tm::CKVD] = C * KV * D, m[tm::KVD] = KV * D, m[tm::C] = C, m[tm::I] = I, m[tm::V] = V, m[tm::T] = T;
   m[tm::D] = D, m[tm::TC] = T * C, m[tm::NH] = N * H, m[tm::BKVTT] = B * KV * T * T, m[tm::HTT] = H * T * T;
   m[tm::B] = B, m[tm::One] = 1;
+  // CUDA's sdpa (the memory-efficient and flash kernels, which handle dropout) keeps the
+  // log-sum-exp of each row, B x H x T floats, where the CPU's math path keeps probabilities:
+  // every T x T product goes; the log-sum-exp is within the table's BHT terms' reach (GPT-2
+  // 12 x 768 at 4 x 512: 0.991 of CUDA's max_memory_allocated).
+  if (st.cuda && st.attention == TorchAttention::sdpa)
+    m[tm::BHTT] = m[tm::BTT] = m[tm::TT] = m[tm::BKVTT] = m[tm::HTT] = 0;
   return m;
 }
 
@@ -173,7 +180,8 @@ TorchPeak predict_pytorch_peak(const ModelSpec& spec, const TorchStep& step) {
   }
   // AdamW(foreach): the gradients plus one parameter-sized temporary of the fused updates.
   const double optimizer = 2 * P + 16;
-  out.peak = uint64_t(fixed + std::max(optimizer, best.total));
+  out.cublas_workspaces = step.cuda ? 2 * step.cublas_workspace_bytes : 0;
+  out.peak = uint64_t(fixed + std::max(optimizer, best.total)) + out.cublas_workspaces;
   if (optimizer >= best.total) {
     out.phase = "optimizer", out.where = "AdamW foreach update";
     out.gradients = uint64_t(P);
@@ -183,16 +191,23 @@ TorchPeak predict_pytorch_peak(const ModelSpec& spec, const TorchStep& step) {
     const double activations = std::max(0.0, best.total - best.parameter_shaped);
     out.saved_activations = uint64_t(std::min(activations, std::max(0.0, saved.total - saved.parameter_shaped)));
   }
-  const uint64_t counted = uint64_t(fixed) + out.gradients + out.saved_activations;
+  const uint64_t counted = uint64_t(fixed) + out.gradients + out.saved_activations + out.cublas_workspaces;
   out.transient = out.peak > counted ? out.peak - counted : 0;
   return out;
 }
 
+TorchStep on_hardware(TorchStep step, const Hardware& hw) {
+  step.cuda = !hw.executes_here;
+  step.cublas_workspace_bytes = step.cuda ? hw.gemm_workspace_bytes : 0;
+  return step;
+}
+
 std::string format_pytorch_peak(const ModelSpec& spec, const TorchStep& step, const TorchPeak& p) {
   std::string s = fmt::format(
-      "PyTorch + HF transformers (predicted): model {} ({} parameters), batch {} x {}, attention {}, {}, {}\n",
-      spec.name, torch_parameters(spec).elements, step.batch, step.seq, torch_attention_name(step.attention),
-      step.autocast_bf16 ? "bf16 autocast" : "fp32", step.checkpointing ? "gradient checkpointing" : "no checkpointing");
+      "PyTorch + HF transformers{} (predicted): model {} ({} parameters), batch {} x {}, attention {}, {}, {}\n",
+      step.cuda ? " on CUDA" : "", spec.name, torch_parameters(spec).elements, step.batch, step.seq,
+      torch_attention_name(step.attention), step.autocast_bf16 ? "bf16 autocast" : "fp32",
+      step.checkpointing ? "gradient checkpointing" : "no checkpointing");
   auto row = [&](std::string_view name, uint64_t bytes) {
     s += fmt::format("  {:<20} {:>14} B  {:>10.1f} MiB\n", name, bytes, double(bytes) / (1 << 20));
   };
@@ -202,8 +217,16 @@ std::string format_pytorch_peak(const ModelSpec& spec, const TorchStep& step, co
   row("gradients", p.gradients);
   row("saved activations", p.saved_activations);
   row("transient", p.transient);
+  if (step.cuda) row("cuBLAS workspaces", p.cublas_workspaces);
   row("peak", p.peak);
-  s += fmt::format("  peak in the {} ({}); torch CPU tensor bytes of a steady-state step (step 2+, AdamW foreach)\n",
+  if (!step.cuda) {
+    s += fmt::format("  peak in the {} ({}); torch CPU tensor bytes of a steady-state step (step 2+, AdamW foreach)\n",
+                     p.phase, p.where);
+    return s;
+  }
+  s += fmt::format("  peak in the {} ({}); torch.cuda.max_memory_allocated of a steady-state step (step 2+, AdamW "
+                   "foreach); max_memory_reserved is not predicted: the caching allocator reserved 2.6-35% above "
+                   "allocated in the traced runs (docs/benchmarks.md); the CUDA context is not counted\n",
                    p.phase, p.where);
   return s;
 }
@@ -214,7 +237,9 @@ nlohmann::json pytorch_peak_json(const TorchStep& step, const TorchPeak& p) {
           {"attention", torch_attention_name(step.attention)},
           {"checkpointing", step.checkpointing},
           {"autocast", step.autocast_bf16 ? "bf16" : "none"},
+          {"device", step.cuda ? "cuda" : "cpu"},
           {"peak_bytes", p.peak},
+          {"measure", step.cuda ? "torch.cuda.max_memory_allocated" : "torch CPU tensor bytes (profiler)"},
           {"phase", p.phase},
           {"where", p.where},
           {"breakdown",
@@ -223,7 +248,8 @@ nlohmann::json pytorch_peak_json(const TorchStep& step, const TorchPeak& p) {
             {"inputs", p.inputs},
             {"gradients", p.gradients},
             {"saved_activations", p.saved_activations},
-            {"transient", p.transient}}}};
+            {"transient", p.transient},
+            {"cublas_workspaces", p.cublas_workspaces}}}};
 }
 
 }  // namespace memfit

@@ -13,6 +13,9 @@
 // (framework_pytorch_table.hpp), plus AdamW's peak. They are derived from the allocation sequence
 // of HF's modeling code under torch's profiler (tools/derive_pytorch_memory_model.py) and checked
 // against measured steps (tests/fixtures/pytorch_memory, tools/make_pytorch_memory_fixtures.py).
+// On a GPU preset the prediction is torch.cuda.max_memory_allocated (TorchStep::cuda), checked
+// against the CUDA runs of tests/fixtures/cuda_allocator; the caching allocator's reserve above
+// it (fit/caching_allocator.hpp) needs the allocation order, which the table does not keep.
 // Coverage: GPT-2 (HF defaults: dropout 0.1, gelu_new) and Llama (no dropout, SiLU, RoPE, GQA,
 // tied or untied embeddings), attention eager or sdpa, fp32 or bf16 autocast, gradient
 // checkpointing or not, the torch and transformers versions the fixtures name.
@@ -39,6 +42,12 @@ struct TorchStep {
   TorchAttention attention = TorchAttention::sdpa;  // transformers' default
   bool checkpointing = false;  // model.gradient_checkpointing_enable(use_reentrant=False)
   bool autocast_bf16 = false;  // forward and loss under torch.autocast('cpu', bfloat16)
+  // On a CUDA GPU (the hardware presets), what torch.cuda.max_memory_allocated counts: the same
+  // tensors but for CUDA's kernels (sdpa's fused kernels keep no T x T tensor, where the CPU's
+  // keep the probabilities), and one cuBLAS workspace per thread that runs products, taken
+  // through the caching allocator and kept: the forward's and autograd's, of this many bytes.
+  bool cuda = false;
+  uint64_t cublas_workspace_bytes = 0;
 };
 
 // Bytes live at the predicted peak, by what holds them.
@@ -49,6 +58,7 @@ struct TorchPeak {
   uint64_t gradients = 0;        // parameter-shaped tensors: gradients, autocast's bf16 weight copies
   uint64_t saved_activations = 0;  // what the forward left for the backward, still live
   uint64_t transient = 0;          // the rest: logits gradients, recomputed blocks, foreach temporaries
+  uint64_t cublas_workspaces = 0;  // CUDA: the two threads' cuBLAS workspaces
   uint64_t peak = 0;
   std::string phase;  // where the peak falls: forward, backward or optimizer
   std::string where;  // which allocation of that phase (for the tests and the curious)
@@ -69,6 +79,11 @@ TorchParameters torch_parameters(const ModelSpec& spec);
 // parameters, the update in backward.
 std::optional<TorchStep> torch_step_for(const Policy& p, int world, std::optional<TorchAttention> attention,
                                         std::string& why);
+
+// The step on a GPU preset's CUDA device (cuBLAS workspace from the preset), unchanged for the
+// machine memfit runs on (the CPU, as the fixtures measured it).
+struct Hardware;
+TorchStep on_hardware(TorchStep step, const Hardware& hw);
 
 // Throws [framework] for shapes the prediction does not cover.
 TorchPeak predict_pytorch_peak(const ModelSpec& spec, const TorchStep& step);

@@ -12,6 +12,7 @@ namespace memfit {
 namespace {
 
 constexpr double GB = 1e9, TF = 1e12;
+constexpr uint64_t kCublasWorkspaceHopper = 4096 * 8 * KiB, kCublasWorkspacePreHopper = 4096 * KiB * 2 + 16 * KiB * 8;
 
 // A data-center GPU in an 8-GPU node: NVLink inside, one NIC per GPU between nodes.
 Hardware gpu(std::string name, uint64_t mem, double bf16, double fp32, double bw, double nvlink, double nic,
@@ -31,7 +32,9 @@ Hardware gpu(std::string name, uint64_t mem, double bf16, double fp32, double bw
   h.disk_bytes = uint64_t(8e12);
   // A CUDA context with PyTorch's kernels loaded takes ~0.5-1 GiB before the first tensor.
   h.framework_bytes = 1 * GiB;
-  h.gemm_workspace_bytes = 32 * MiB;      // cuBLAS on Hopper (4 MiB x 8); smaller elsewhere
+  // PyTorch's cuBLAS workspace per handle (CublasHandlePool.cpp, parseChosenWorkspaceSize):
+  // 4096 KiB x 8 on compute capability 9.x, 10.x and 12.x, else :4096:2:16:8.
+  h.gemm_workspace_bytes = kCublasWorkspacePreHopper;
   h.collective_buffer_bytes = 512 * MiB;  // NCCL channels' buffers and its own workspace
   // Tensor cores multiply fp16 and bf16 natively: no fp32 islands for products under fp16.
   h.capabilities = tensor_core_gpu_capabilities(h.name);
@@ -48,25 +51,27 @@ Hardware hardware_preset(std::string_view name) {
   // Datasheet numbers, dense. Capacities as nvidia-smi reports them.
   if (name == "a100-40gb") return gpu("a100-40gb", 40 * GiB, 312 * TF, 19.5 * TF, 1555 * GB, 300 * GB, 25 * GB, 25 * GB, 1024 * GiB);
   if (name == "a100-80gb") return gpu("a100-80gb", 80 * GiB, 312 * TF, 19.5 * TF, 2039 * GB, 300 * GB, 25 * GB, 25 * GB, 2048 * GiB);
-  if (name == "h100-80gb") return gpu("h100-80gb", 81559 * MiB, 989 * TF, 67 * TF, 3350 * GB, 450 * GB, 50 * GB, 50 * GB, 2048 * GiB);
-  if (name == "h200-141gb") return gpu("h200-141gb", 143771 * MiB, 989 * TF, 67 * TF, 4800 * GB, 450 * GB, 50 * GB, 50 * GB, 2048 * GiB);
+  if (name == "h100-80gb" || name == "h200-141gb") {
+    Hardware h = name == "h100-80gb"
+                     ? gpu("h100-80gb", 81559 * MiB, 989 * TF, 67 * TF, 3350 * GB, 450 * GB, 50 * GB, 50 * GB, 2048 * GiB)
+                     : gpu("h200-141gb", 143771 * MiB, 989 * TF, 67 * TF, 4800 * GB, 450 * GB, 50 * GB, 50 * GB, 2048 * GiB);
+    h.gemm_workspace_bytes = kCublasWorkspaceHopper;
+    return h;
+  }
   if (name == "rtx4090-24gb") {
     // Workstation card: no NVLink (PCIe between cards), Ethernet between machines.
     Hardware h = gpu("rtx4090-24gb", 24564 * MiB, 165 * TF, 82.6 * TF, 1008 * GB, 25 * GB, 12.5 * GB, 25 * GB, 128 * GiB);
-    h.gemm_workspace_bytes = 8 * MiB;
     h.host_memory_bandwidth = 60 * GB;
     return h;
   }
   if (name == "l4-24gb") {
     Hardware h = gpu("l4-24gb", 23034 * MiB, 121 * TF, 30.3 * TF, 300 * GB, 25 * GB, 12.5 * GB, 25 * GB, 192 * GiB);
-    h.gemm_workspace_bytes = 8 * MiB;
     return h;
   }
   if (name == "a6000-48gb") {
     // RTX A6000, the QLoRA paper's 48 GB GPU: 154.8 TFLOP/s dense bf16 (309.7 is with
     // sparsity), 38.7 TFLOP/s fp32, 768 GB/s GDDR6; NVLink bridges pairs only, so PCIe 4.0.
     Hardware h = gpu("a6000-48gb", 49140 * MiB, 154.8 * TF, 38.7 * TF, 768 * GB, 25 * GB, 12.5 * GB, 25 * GB, 256 * GiB);
-    h.gemm_workspace_bytes = 8 * MiB;
     h.host_memory_bandwidth = 100 * GB;
     return h;
   }
