@@ -157,7 +157,7 @@ class Judge {
   uint64_t bytes(const Policy& q, const RankEstimate& e) const {
     if (o_.framework == FitFramework::memfit) return e.device_bytes_of_largest_rank();
     if (o_.framework == FitFramework::deepspeed) return ds_peak(q).peak + cluster_.fixed_overhead_bytes();
-    return torch_peak(q).peak + torch_runtime_bytes();
+    return torch_peak(q).peak + torch_runtime_bytes(cluster_);
   }
   uint64_t framework_bytes(const Policy& q, const RankEstimate& e) const {
     return o_.framework == FitFramework::memfit ? 0 : bytes(q, e);
@@ -180,7 +180,7 @@ class Judge {
     }
     const TorchPeak t = torch_peak(q);
     Overflow o;
-    const uint64_t need = t.peak + torch_runtime_bytes();
+    const uint64_t need = t.peak + torch_runtime_bytes(cluster_);
     if (need <= budget_) return o;
     o.excess = need - budget_;
     const std::pair<uint64_t, Category> parts[] = {{t.parameters, Category::parameters},
@@ -204,11 +204,6 @@ class Judge {
     const std::optional<TorchStep> st = torch_step_for(q, cluster_.world_size(), std::nullopt, why);
     MEMFIT_ASSERT(st.has_value(), "a refused family was searched: {}", why);
     return predict_pytorch_peak(spec_, on_hardware(*st, cluster_.hw));
-  }
-  // What a PyTorch run holds beside its tensors: the runtime's fixed bytes, less the cuBLAS
-  // workspace when the CUDA prediction already counts both threads' workspaces.
-  uint64_t torch_runtime_bytes() const {
-    return cluster_.fixed_overhead_bytes() - (cluster_.hw.executes_here ? 0 : cluster_.hw.gemm_workspace_bytes);
   }
 
   const ModelSpec& spec_;

@@ -202,6 +202,10 @@ TorchStep on_hardware(TorchStep step, const Hardware& hw) {
   return step;
 }
 
+uint64_t torch_runtime_bytes(const Cluster& cluster) {
+  return cluster.fixed_overhead_bytes() - (cluster.hw.executes_here ? 0 : cluster.hw.gemm_workspace_bytes);
+}
+
 std::string format_pytorch_peak(const ModelSpec& spec, const TorchStep& step, const TorchPeak& p) {
   std::string s = fmt::format(
       "PyTorch + HF transformers{} (predicted): model {} ({} parameters), batch {} x {}, attention {}, {}, {}\n",

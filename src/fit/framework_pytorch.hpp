@@ -83,7 +83,11 @@ std::optional<TorchStep> torch_step_for(const Policy& p, int world, std::optiona
 // The step on a GPU preset's CUDA device (cuBLAS workspace from the preset), unchanged for the
 // machine memfit runs on (the CPU, as the fixtures measured it).
 struct Hardware;
+struct Cluster;
 TorchStep on_hardware(TorchStep step, const Hardware& hw);
+// What a PyTorch run on the cluster holds beside its tensors: the runtime's fixed bytes, less
+// the cuBLAS workspace when the CUDA prediction already counts both threads' workspaces.
+uint64_t torch_runtime_bytes(const Cluster& cluster);
 
 // Throws [framework] for shapes the prediction does not cover.
 TorchPeak predict_pytorch_peak(const ModelSpec& spec, const TorchStep& step);
