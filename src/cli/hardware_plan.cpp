@@ -154,12 +154,14 @@ int print_deepspeed_step(const ModelSpec& spec, const DeepSpeedStep& st, bool as
 // Without --fit: the step memfit's flags give (on --world-size ranks), then the DeepSpeed
 // config's keys over it.
 int print_deepspeed_peak(const RunConfig& config, const std::string& ds_file, int world, const std::string& attention,
-                         bool as_json, std::ostream& out) {
+                         const Hardware& hw, bool as_json, std::ostream& out) {
   std::string why;
   const std::optional<DeepSpeedStep> st =
       deepspeed_step_for(config.policy, std::max(world, 1), parse_torch_attention(attention), why);
   MEMFIT_CHECK(st.has_value(), "framework", "--framework deepspeed does not model {}", why);
-  return print_deepspeed_step(resolve_model(config.model), deepspeed_settings(config, ds_file, *st), as_json, {}, out);
+  DeepSpeedStep d = deepspeed_settings(config, ds_file, *st);
+  d.torch = on_hardware(d.torch, hw);
+  return print_deepspeed_step(resolve_model(config.model), d, as_json, {}, out);
 }
 
 // --fit --framework pytorch|deepspeed (only candidates of `attention` when given); for DeepSpeed
@@ -175,12 +177,14 @@ void set_framework_fit(bool torch, const RunConfig& config, const std::string& d
 
 // The --fit winner, as the search judged it.
 int print_deepspeed_winner(const ModelSpec& spec, const RunConfig& config, const std::string& ds_file,
-                           const Policy& winner, int world, bool as_json, nlohmann::json j, std::ostream& out) {
+                           const Policy& winner, const Hardware& hw, int world, bool as_json, nlohmann::json j,
+                           std::ostream& out) {
   FitOptions fo;
   set_framework_fit(false, config, ds_file, "", fo);
   std::string why;
-  const std::optional<DeepSpeedStep> st = fit_deepspeed_step(winner, world, fo, why);
+  std::optional<DeepSpeedStep> st = fit_deepspeed_step(winner, world, fo, why);
   MEMFIT_CHECK(st.has_value(), "framework", "--framework deepspeed does not model {}", why);
+  st->torch = on_hardware(st->torch, hw);
   return print_deepspeed_step(spec, *st, as_json, std::move(j), out);
 }
 
@@ -288,7 +292,11 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
     return print_pytorch_peak(resolve_model(config.model), config.policy, parse_torch_attention(torch_attention_),
                               chosen_hardware(given), as_json, {}, out);
   }
-  if (ds && !fit_) return print_deepspeed_peak(config, deepspeed_config_, world_size_, torch_attention_, as_json, out);
+  if (ds && !fit_) {
+    std::set<std::string> given;
+    return print_deepspeed_peak(config, deepspeed_config_, world_size_, torch_attention_, chosen_hardware(given),
+                                as_json, out);
+  }
   std::set<std::string> given;  // hardware fields the user set
   Hardware hw = chosen_hardware(given);
   auto backend = make_backend(config.backend);
@@ -329,7 +337,7 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
   if (fit_) std::tie(policy, tensor) = fit_winner(spec, config, policy, cluster, eo, budget, headroom, as_json, j, out);
   if ((torch || ds) && !emit_.empty()) emit_deepspeed(policy, config.lr, emit_[1], as_json, j, out);
   if (torch) return print_pytorch_peak(spec, policy, std::nullopt, hw, as_json, j, out);
-  if (ds) return print_deepspeed_winner(spec, config, deepspeed_config_, policy, cluster.world_size(), as_json, j, out);
+  if (ds) return print_deepspeed_winner(spec, config, deepspeed_config_, policy, hw, cluster.world_size(), as_json, j, out);
   const ProgramSummary s = plan_run_summary(spec, policy, cluster.world_size(), hw, eo, tensor);
   RankEstimate e = estimate_from_summary(s, policy, cluster, eo);
   plan_every_rank(spec, policy, cluster, eo, e, kMaxRanksPlanned, tensor);  // budget: the largest

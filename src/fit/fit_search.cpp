@@ -156,7 +156,7 @@ class Judge {
   }
   uint64_t bytes(const Policy& q, const RankEstimate& e) const {
     if (o_.framework == FitFramework::memfit) return e.device_bytes_of_largest_rank();
-    if (o_.framework == FitFramework::deepspeed) return ds_peak(q).peak + cluster_.fixed_overhead_bytes();
+    if (o_.framework == FitFramework::deepspeed) return ds_peak(q).peak + torch_runtime_bytes(cluster_);
     return torch_peak(q).peak + torch_runtime_bytes(cluster_);
   }
   uint64_t framework_bytes(const Policy& q, const RankEstimate& e) const {
@@ -167,7 +167,7 @@ class Judge {
     if (o_.framework == FitFramework::deepspeed) {
       const DeepSpeedPeak d = ds_peak(q);
       Overflow o;
-      const uint64_t need = d.peak + cluster_.fixed_overhead_bytes();
+      const uint64_t need = d.peak + torch_runtime_bytes(cluster_);
       if (need <= budget_) return o;
       o.excess = need - budget_;
       const std::pair<uint64_t, Category> parts[] = {{d.parameters, Category::parameters},
@@ -195,8 +195,9 @@ class Judge {
  private:
   DeepSpeedPeak ds_peak(const Policy& q) const {
     std::string why;
-    const std::optional<DeepSpeedStep> st = fit_deepspeed_step(q, cluster_.world_size(), o_, why);
+    std::optional<DeepSpeedStep> st = fit_deepspeed_step(q, cluster_.world_size(), o_, why);
     MEMFIT_ASSERT(st.has_value(), "a refused family was searched: {}", why);
+    st->torch = on_hardware(st->torch, cluster_.hw);
     return predict_deepspeed_peak(spec_, *st);
   }
   TorchPeak torch_peak(const Policy& q) const {

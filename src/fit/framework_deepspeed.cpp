@@ -133,11 +133,13 @@ std::vector<int64_t> parameter_tensors(const ModelSpec& s) {
 // HF's activations at their largest, without PyTorch's parameter-shaped tensors (its gradients
 // and autocast's weight copies), which are DeepSpeed's here: the token ids plus the largest
 // forward or backward entry. A half-precision model is predicted by the bf16 autocast step: HF
-// upcasts the logits to fp32 for the loss either way.
+// upcasts the logits to fp32 for the loss either way. On a CUDA device (TorchStep::cuda) the
+// activations are CUDA's and the two threads' cuBLAS workspaces are counted with them.
 uint64_t activations(const ModelSpec& spec, const DeepSpeedStep& st) {
   TorchStep t = st.torch;
   t.autocast_bf16 = st.precision != DsPrecision::fp32;
-  return uint64_t(8 * double(t.batch) * double(t.seq)) + pytorch_activation_peak(spec, t);
+  const uint64_t workspaces = t.cuda ? 2 * t.cublas_workspace_bytes : 0;
+  return uint64_t(8 * double(t.batch) * double(t.seq)) + pytorch_activation_peak(spec, t) + workspaces;
 }
 
 struct DsPhase {
@@ -255,9 +257,10 @@ std::string format_deepspeed_peak(const ModelSpec& spec, const DeepSpeedStep& st
   row("optimizer state", p.optimizer_state);
   row("gradients", p.gradients);
   row("buckets", p.buckets);
-  row("activations", p.activations);
+  row(st.torch.cuda ? "activations, cuBLAS" : "activations", p.activations);
   row("peak", p.peak);
-  s += fmt::format("  peak in the {}; torch tensor bytes of a steady-state step, {}\n", p.where,
+  s += fmt::format("  peak in the {}; {} of a steady-state step, {}\n", p.where,
+                   st.torch.cuda ? "torch.cuda.max_memory_allocated" : "torch tensor bytes",
                    st.torch_adam ? "torch AdamW (foreach)" : "FusedAdam");
   return s;
 }

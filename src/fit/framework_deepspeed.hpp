@@ -62,7 +62,7 @@ struct DeepSpeedPeak {
   uint64_t optimizer_state = 0;  // AdamW's moments (and step counters) of this rank's partition
   uint64_t gradients = 0;        // gradient partition and whole gradients live at the peak
   uint64_t buckets = 0;          // reduce buckets (and stage 3's gathered parameters)
-  uint64_t activations = 0;      // HF's saved and transient tensors, token ids (framework_pytorch)
+  uint64_t activations = 0;      // HF's saved and transient tensors, token ids (framework_pytorch); CUDA: + cuBLAS workspaces
   uint64_t peak = 0;
   std::string phase, where;
 };

@@ -215,10 +215,13 @@ TEST(FrameworkDeepspeed, FitJudgesByTheDeepspeedPeak) {
   ASSERT_FALSE(r.ranked.empty());
   auto bytes = [&](const Policy& p) {
     std::string why;
-    const std::optional<DeepSpeedStep> st = fit_deepspeed_step(p, 2, o, why);
+    std::optional<DeepSpeedStep> st = fit_deepspeed_step(p, 2, o, why);
     EXPECT_TRUE(st.has_value()) << why;
     EXPECT_EQ(st->zero.reduce_bucket_size, 200'000'000);
-    return predict_deepspeed_peak(spec, *st).peak + c.fixed_overhead_bytes();
+    // On the GPU preset: CUDA's activations with both threads' cuBLAS workspaces, and the
+    // runtime's other fixed bytes.
+    st->torch.cuda = true, st->torch.cublas_workspace_bytes = c.hw.gemm_workspace_bytes;
+    return predict_deepspeed_peak(spec, *st).peak + c.fixed_overhead_bytes() - c.hw.gemm_workspace_bytes;
   };
   for (const FitCandidate& f : r.ranked) {
     EXPECT_EQ(f.framework_bytes, bytes(f.policy)) << f.family;
