@@ -108,6 +108,7 @@ struct ZeroPass {
     // Stage 3: a bucket's backward (or eval) gather buffer exists only where that pass reads
     // one of its values (a frozen bucket may be read by the forward only).
     const bool has_eval = p.find_section(SectionKind::eval) != nullptr;
+    const std::vector<int> fwd_first = stage == 3 ? first_uses(p.ops(), 0) : std::vector<int>();
     const std::vector<int> bwd_first = stage == 3 ? first_uses(p.ops(), 1) : std::vector<int>();
     const std::vector<int> eval_first = stage == 3 && has_eval ? first_uses(p.ops(), 2) : std::vector<int>();
     for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
@@ -117,11 +118,17 @@ struct ZeroPass {
       if (stage == 3) {
         param_root.push_back(add_root("zero.params." + b.tag + ".shard", L.shard(b), pdt, Category::parameters,
                                       Lifetime::persistent, b.layer));
-        gather_fwd.push_back(add_root("zero.gather." + b.tag + ".forward", b.elements, pdt, Category::communication,
-                                      Lifetime::transient, b.layer));
-        gather_bwd.push_back(bwd_first[bi] < 0 ? kNoTensor
-                                               : add_root("zero.gather." + b.tag + ".backward", b.elements, pdt,
-                                                          Category::communication, Lifetime::transient, b.layer));
+        // A bucket the forward never reads (the trainable rest of the outer parameters when the
+        // embedding is frozen: lm_head, read by the classifier inside the backward) is gathered
+        // by the backward alone, into the buffer its values live in.
+        const bool backward_only = fwd_first[bi] < 0 && bwd_first[bi] >= 0 && hpz <= 1;
+        gather_fwd.push_back(add_root("zero.gather." + b.tag + (backward_only ? ".backward" : ".forward"), b.elements,
+                                      pdt, Category::communication, Lifetime::transient, b.layer));
+        gather_bwd.push_back(backward_only ? gather_fwd.back()
+                             : bwd_first[bi] < 0
+                                 ? kNoTensor
+                                 : add_root("zero.gather." + b.tag + ".backward", b.elements, pdt,
+                                            Category::communication, Lifetime::transient, b.layer));
         if (hpz > 1)
           hpz_of.push_back(gather_bwd.back() == kNoTensor ? HpzCopy{} : hpz_copy(p, L, bi, gather_fwd.back(), hpz));
         if (has_eval)
@@ -171,7 +178,7 @@ struct ZeroPass {
       return;
     }
     const TensorDesc v = p.tensor(e.value);
-    if (gather_bwd[bi] != kNoTensor)
+    if (gather_bwd[bi] != kNoTensor && gather_bwd[bi] != gather_fwd[bi])
       bwd_view[e.value] = p.add_view(gather_bwd[bi], v.name + ".backward", v.shape, v.dtype,
                                      dtype_bytes(v.dtype, b.offsets[j]));
     if (!gather_eval.empty() && gather_eval[bi] != kNoTensor)

@@ -182,6 +182,13 @@ TEST(FreezeZero, LlamaEveryStageMatchesOneRankAndKeepsFrozenBits) {
   expect_every_stage_matches_one_rank(kLlama, Policy{}, 1e-5);
 }
 
+// Every outer parameter the forward reads frozen: the trainable outer bucket is lm_head alone,
+// read by the classifier inside the backward, so at stage 3 only the backward gathers it (its
+// forward gather buffer was planned and never written: "never used by any op").
+TEST(FreezeZero, ABucketOnlyTheBackwardReadsIsGatheredThere) {
+  expect_every_stage_matches_one_rank(Model{"llama-tiny", {"embed_tokens.weight", "norm.weight"}}, Policy{}, 1e-5);
+}
+
 // bf16 parameters with fp32 masters (none for the frozen ones) and 16-bit gradients.
 TEST(FreezeZero, Bf16EveryStageMatchesOneRank) {
   Policy p;

@@ -287,6 +287,20 @@ TEST(TensorParallel, SequenceParallelEveryZeroStageMatchesOneRank) {
   expect_trajectories_match_one_rank("llama-tiny", p, {0, 3}, 1e-5);
 }
 
+// --freeze under tensor parallelism: frozen slices, row-parallel weights, replicated norms and
+// the (tied) embedding keep no gradient, master or state; what trains matches one rank.
+TEST(TensorParallel, FrozenParametersMatchOneRank) {
+  Policy p;
+  p.freeze = {"h.0.*", "wte.weight", "h.1.attn.c_proj.weight", "h.1.ln_2.*"};
+  expect_trajectories_match_one_rank("gpt2-tiny", p, {0, 3}, 1e-5);
+  p.sequence_parallel = true;
+  expect_trajectories_match_one_rank("gpt2-tiny", p, {2}, 1e-5);
+  Policy q;
+  q.attention = AttentionKind::flash;
+  q.freeze = {"layers.0.*", "embed_tokens.weight", "layers.1.mlp.down_proj.weight", "norm.weight"};
+  expect_trajectories_match_one_rank("llama-tiny", q, {0, 3}, 1e-5);
+}
+
 // Recomputation replays the forward's tensor-group sums; bf16 rounds each rank's partial sums.
 TEST(TensorParallel, Bf16WithRecomputationMatchesOneRank) {
   Policy p;
