@@ -188,7 +188,7 @@ Program build_program(const ModelSpec& spec, const Policy& policy, const Topolog
   rewrites.insert(rewrites.end(), extra_rewrites.begin(), extra_rewrites.end());
   MEMFIT_CHECK(!tp.on() || rewrites.empty() || (!policy.lora.enabled() && !policy.quantize_base.enabled() &&
                                                   extra_rewrites.empty()),
-               "policy", "LoRA or a quantised base with tensor parallelism are not supported by this build yet");
+               "policy", "LoRA or a quantised base with tensor parallelism is not supported by this build yet");
   if (!extra_rewrites.empty() && (policy.zero_stage > 0 || topology.world() > 1))
     throw Error("policy", "forward rewrites with data parallelism (ZeRO or more than one rank) are not supported by this build yet");
   const std::vector<BlockRecompute> recompute = resolve_recompute(policy.recompute, spec.n_layer);
