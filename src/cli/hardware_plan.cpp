@@ -101,8 +101,8 @@ void measure_this_machine(Hardware& hw, const std::set<std::string>& given) {
 }
 
 // The HF + PyTorch step a memfit policy corresponds to (torch_step_for): the attention given, or
-// (a --fit winner) the one its attention maps to, on the hardware's device (CUDA on a GPU preset). With --json, added to `j` (which may hold the
-// --fit search) and printed.
+// (a --fit winner) the one its attention maps to, on the hardware's device (CUDA on a GPU
+// preset). With --json, added to `j` (which may hold the --fit search) and printed.
 int print_pytorch_peak(const ModelSpec& spec, const Policy& p, std::optional<TorchAttention> attention,
                        const Hardware& hw, bool as_json, nlohmann::json j, std::ostream& out) {
   std::string why;
@@ -287,18 +287,15 @@ Hardware HardwarePlanOptions::chosen_hardware(std::set<std::string>& given) cons
 
 int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream& out) const {
   const bool torch = framework_ == "pytorch", ds = framework_ == "deepspeed";
-  if (torch && !fit_) {  // a closed form of the shapes, on the hardware's device: no program
-    std::set<std::string> given;
-    return print_pytorch_peak(resolve_model(config.model), config.policy, parse_torch_attention(torch_attention_),
-                              chosen_hardware(given), as_json, {}, out);
-  }
-  if (ds && !fit_) {
-    std::set<std::string> given;
-    return print_deepspeed_peak(config, deepspeed_config_, world_size_, torch_attention_, chosen_hardware(given),
-                                as_json, out);
-  }
   std::set<std::string> given;  // hardware fields the user set
   Hardware hw = chosen_hardware(given);
+  // Without --fit the frameworks' peaks are closed forms of the shapes, on the hardware's
+  // device: no program, nothing measured.
+  if (torch && !fit_)
+    return print_pytorch_peak(resolve_model(config.model), config.policy, parse_torch_attention(torch_attention_), hw,
+                              as_json, {}, out);
+  if (ds && !fit_)
+    return print_deepspeed_peak(config, deepspeed_config_, world_size_, torch_attention_, hw, as_json, out);
   auto backend = make_backend(config.backend);
   if (hw.executes_here) {
     measure_this_machine(hw, given);

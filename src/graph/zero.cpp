@@ -124,11 +124,11 @@ struct ZeroPass {
         const bool backward_only = fwd_first[bi] < 0 && bwd_first[bi] >= 0 && hpz <= 1;
         gather_fwd.push_back(add_root("zero.gather." + b.tag + (backward_only ? ".backward" : ".forward"), b.elements,
                                       pdt, Category::communication, Lifetime::transient, b.layer));
-        gather_bwd.push_back(backward_only ? gather_fwd.back()
-                             : bwd_first[bi] < 0
-                                 ? kNoTensor
-                                 : add_root("zero.gather." + b.tag + ".backward", b.elements, pdt,
-                                            Category::communication, Lifetime::transient, b.layer));
+        TensorId bwd = backward_only ? gather_fwd.back() : kNoTensor;
+        if (!backward_only && bwd_first[bi] >= 0)
+          bwd = add_root("zero.gather." + b.tag + ".backward", b.elements, pdt, Category::communication,
+                         Lifetime::transient, b.layer);
+        gather_bwd.push_back(bwd);
         if (hpz > 1)
           hpz_of.push_back(gather_bwd.back() == kNoTensor ? HpzCopy{} : hpz_copy(p, L, bi, gather_fwd.back(), hpz));
         if (has_eval)
@@ -565,7 +565,7 @@ struct ZeroPass {
 
   template <class Push>
   void emit_sharded_norm(const Op& op, Push& push, int s, const std::vector<TensorId>& grads, CollectiveAttrs group) {
-    for (Op& o : sharded_norm_ops(p, op, grads, group, "zero.all_reduce.grad_norm")) push(std::move(o), s);
+    for (Op& o : sharded_norm_ops(p, op, grads, group)) push(std::move(o), s);
   }
 };
 

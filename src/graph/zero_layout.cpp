@@ -164,8 +164,7 @@ Op codec_op(OpKind kind, std::string name, int layer, TensorId in, TensorId out,
   return op;
 }
 
-std::vector<Op> sharded_norm_ops(Program& p, const Op& norm, const std::vector<TensorId>& grads, CollectiveAttrs group,
-                                 const std::string& sum_name) {
+std::vector<Op> sharded_norm_ops(Program& p, const Op& norm, const std::vector<TensorId>& grads, CollectiveAttrs group) {
   GradNormAttrs a = std::get<GradNormAttrs>(norm.attrs);
   int64_t elements = 0;
   for (TensorId id : grads) elements += p.tensor(id).numel();
@@ -189,7 +188,7 @@ std::vector<Op> sharded_norm_ops(Program& p, const Op& norm, const std::vector<T
   sum = Op{};
   sum.kind = OpKind::all_reduce;
   sum.phase = Phase::communication;
-  sum.name = sum_name;
+  sum.name = "zero.all_reduce.grad_norm";
   sum.outputs = {squares};
   sum.modes = {WriteMode::overwrite};
   sum.attrs = group;

@@ -29,13 +29,13 @@ std::vector<std::pair<int64_t, int64_t>> bucket_value_ranges(const Program& p, c
 // A transient communication buffer of `elements` (ZeRO++'s wires, partial sums, secondaries).
 TensorId add_comm_buffer(Program& p, std::string name, int64_t elements, DType dtype, int layer);
 
-// A ZeRO++ coder op (comm_quantize / comm_dequantize, grad_quantize / grad_dequantize_sum):
-// one input, one output it overwrites, in the communication phase.
 // The global gradient norm over gradient pieces (ZeRO's shards, or tensor parallelism's
 // slices): the pieces' sum of squares (the unsharded norm op's workspace, resized), its
-// all_reduce over `group` (named `sum_name`), and the square root.
-std::vector<Op> sharded_norm_ops(Program& p, const Op& norm, const std::vector<TensorId>& grads, CollectiveAttrs group,
-                                 const std::string& sum_name);
+// all_reduce over `group` ("zero.all_reduce.grad_norm"), and the square root.
+std::vector<Op> sharded_norm_ops(Program& p, const Op& norm, const std::vector<TensorId>& grads, CollectiveAttrs group);
+
+// A ZeRO++ coder op (comm_quantize / comm_dequantize, grad_quantize / grad_dequantize_sum):
+// one input, one output it overwrites, in the communication phase.
 Op codec_op(OpKind kind, std::string name, int layer, TensorId in, TensorId out, CommQuantAttrs a, double flops);
 
 }  // namespace memfit

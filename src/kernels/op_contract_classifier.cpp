@@ -6,6 +6,19 @@
 
 namespace memfit {
 
+namespace {
+
+// The fp32 logits chunk (workspace 0) holds a chunk of rows over the weight's `vocab_rows`.
+void check_logits_chunk(const Program& p, const Op& op, const ClassifierAttrs& a, int64_t vocab_rows) {
+  require_dtype(p, op, op.workspace[0], DType::f32);
+  const int64_t chunk_numel = std::min(a.chunk_rows, a.rows) * vocab_rows;
+  MEMFIT_CHECK(p.tensor(op.workspace[0]).numel() >= chunk_numel, "kernels",
+               "op '{}': the logits chunk '{}' has {} elements, fewer than {}", op.name, p.tensor(op.workspace[0]).name,
+               p.tensor(op.workspace[0]).numel(), chunk_numel);
+}
+
+}  // namespace
+
 void check_classifier(const Program& p, const Op& op) {
   const bool train = op.kind == OpKind::classifier;
   check_arity(op, 3, train ? 3 : 1, 1);
@@ -23,11 +36,7 @@ void check_classifier(const Program& p, const Op& op) {
     check_numel(p, op, op.outputs[2], Vp * C, "dwte");
   }
   require_overwrite(op, 0);
-  require_dtype(p, op, op.workspace[0], DType::f32);
-  const int64_t chunk_numel = std::min(a.chunk_rows, a.rows) * Vp;
-  MEMFIT_CHECK(p.tensor(op.workspace[0]).numel() >= chunk_numel, "kernels",
-               "op '{}': the logits chunk '{}' has {} elements, fewer than {}", op.name, p.tensor(op.workspace[0]).name,
-               p.tensor(op.workspace[0]).numel(), chunk_numel);
+  check_logits_chunk(p, op, a, Vp);
 }
 
 // The vocabulary-parallel classifier (graph/op.hpp): x and w (Vs, C) share a dtype, as do dx and
@@ -67,11 +76,7 @@ void check_classifier_parallel(const Program& p, const Op& op) {
     require_dtype(p, op, op.outputs[0], w.dtype);
     check_numel(p, op, op.outputs[1], Vs * C, "dw");
   }
-  require_dtype(p, op, op.workspace[0], DType::f32);
-  const int64_t chunk_numel = std::min(a.chunk_rows, a.rows) * Vs;
-  MEMFIT_CHECK(p.tensor(op.workspace[0]).numel() >= chunk_numel, "kernels",
-               "op '{}': the logits chunk '{}' has {} elements, fewer than {}", op.name, p.tensor(op.workspace[0]).name,
-               p.tensor(op.workspace[0]).numel(), chunk_numel);
+  check_logits_chunk(p, op, a, Vs);
 }
 
 }  // namespace memfit

@@ -19,23 +19,29 @@ namespace {
 constexpr int64_t kStream = 1 << 16;
 static_assert(TensorStaging::kElements % kStream == 0, "a staging chunk holds whole random streams");
 
+// Stream c of a parameter whose seed is `base`, and its next value (normal(0, init_std), or
+// U(-init_std, init_std) for ParamInit::uniform).
+Rng stream_rng(uint64_t base, int64_t c) { return Rng(base + uint64_t(c) * 0x9E3779B97F4A7C15ull); }
+float next_value(Rng& rng, const ParamEntry& e) {
+  return float(e.init == ParamInit::uniform ? (2.0 * rng.uniform() - 1.0) * double(e.init_std)
+                                            : rng.normal() * double(e.init_std));
+}
+
 // Draws elements [first, first + x.size()) of parameter e into x.
 void draw_values(const ParamEntry& e, uint64_t base, int64_t first, std::span<float> x) {
   if (e.init == ParamInit::zeros || e.init == ParamInit::ones) {
     std::fill(x.begin(), x.end(), e.init == ParamInit::ones ? 1.0f : 0.0f);
     return;
   }
-  const bool uniform = e.init == ParamInit::uniform;  // U(-init_std, init_std)
   const int64_t end = first + int64_t(x.size());
 #pragma omp parallel for schedule(static)
   for (int64_t c = first / kStream; c < (end + kStream - 1) / kStream; ++c) {
-    Rng rng(base + uint64_t(c) * 0x9E3779B97F4A7C15ull);
+    Rng rng = stream_rng(base, c);
     const int64_t stop = std::min(end, (c + 1) * kStream);
     for (int64_t i = c * kStream; i < stop; ++i) {
       // A range may start inside a stream (a quantised weight's pieces start anywhere): the
       // stream's earlier values are drawn and dropped, so every element keeps its value.
-      const float v =
-          float(uniform ? (2.0 * rng.uniform() - 1.0) * double(e.init_std) : rng.normal() * double(e.init_std));
+      const float v = next_value(rng, e);
       if (i >= first) x[size_t(i - first)] = v;
     }
   }
@@ -57,7 +63,6 @@ void draw_slice(const ParamEntry& e, uint64_t base, const std::vector<SliceRun>&
     for (int64_t c = runs[k].global / kStream; c <= (runs[k].global + runs[k].count - 1) / kStream; ++c)
       runs_of_stream[c].push_back(k);
   const std::vector<std::pair<int64_t, std::vector<size_t>>> streams(runs_of_stream.begin(), runs_of_stream.end());
-  const bool uniform = e.init == ParamInit::uniform;
 #pragma omp parallel
   {
     std::vector<float> values(static_cast<size_t>(kStream));
@@ -67,10 +72,8 @@ void draw_slice(const ParamEntry& e, uint64_t base, const std::vector<SliceRun>&
       const int64_t begin = c * kStream;
       int64_t stop = begin;
       for (size_t k : ks) stop = std::max(stop, std::min(begin + kStream, runs[k].global + runs[k].count));
-      Rng rng(base + uint64_t(c) * 0x9E3779B97F4A7C15ull);
-      for (int64_t i = 0; i < stop - begin; ++i)
-        values[size_t(i)] =
-            float(uniform ? (2.0 * rng.uniform() - 1.0) * double(e.init_std) : rng.normal() * double(e.init_std));
+      Rng rng = stream_rng(base, c);
+      for (int64_t i = 0; i < stop - begin; ++i) values[size_t(i)] = next_value(rng, e);
       for (size_t k : ks) {
         const SliceRun& r = runs[k];
         const int64_t a = std::max(begin, r.global), b = std::min(stop, r.global + r.count);

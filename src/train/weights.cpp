@@ -68,23 +68,37 @@ bool is_ignored_buffer(const ModelSpec& spec, const std::string& name) {
 
 namespace {
 
-// Elements [first, first + values.size()) of the one-rank parameter: under tensor parallelism
-// only those this rank's slice holds are stored (graph/tensor_parallel.hpp), so the loader reads
-// HF tensors whole and in their order whatever the layout.
-void store_global_range(Executor& ex, const ParamEntry& e, int64_t first, std::span<const float> values,
-                        TensorStaging& staging) {
-  if (!e.split.split()) return store_parameter_range(ex, e, first, values, staging);
-  const int64_t end = first + int64_t(values.size());
-  for (const SliceRun& r : slice_runs(e.split, ex.program().tensor(e.value).shape)) {
-    const int64_t a = std::max(first, r.global), b = std::min(end, r.global + r.count);
-    if (a < b) store_parameter_range(ex, e, r.local + (a - r.global), values.subspan(size_t(a - first), size_t(b - a)), staging);
+// Stores elements [first, first + values.size()) of the one-rank parameter: under tensor
+// parallelism only those this rank's slice holds (graph/tensor_parallel.hpp), so the loader
+// reads HF tensors whole and in their order whatever the layout. The slice's runs, ascending in
+// the global tensor, are listed once per parameter.
+class GlobalStore {
+ public:
+  GlobalStore(Executor& ex, const ParamEntry& e) : ex_(ex), e_(e) {
+    if (e.split.split()) runs_ = slice_runs(e.split, ex.program().tensor(e.value).shape);
   }
-}
+  void operator()(int64_t first, std::span<const float> values, TensorStaging& staging) const {
+    if (!e_.split.split()) return store_parameter_range(ex_, e_, first, values, staging);
+    const int64_t end = first + int64_t(values.size());
+    auto r = std::partition_point(runs_.begin(), runs_.end(),
+                                  [&](const SliceRun& run) { return run.global + run.count <= first; });
+    for (; r != runs_.end() && r->global < end; ++r) {
+      const int64_t a = std::max(first, r->global), b = std::min(end, r->global + r->count);
+      store_parameter_range(ex_, e_, r->local + (a - r->global), values.subspan(size_t(a - first), size_t(b - a)),
+                            staging);
+    }
+  }
+
+ private:
+  Executor& ex_;
+  const ParamEntry& e_;
+  std::vector<SliceRun> runs_;
+};
 
 // Reads HF GPT-2 Conv1D weight `name` (file shape [in, out]) into parameter e ([out, in]): whole
 // file rows through staging.values(), each memfit row's slice gathered through staging.gather().
 void load_transposed(const SafetensorsReader& reader, const std::string& name, const Shape& file_shape,
-                     Executor& ex, const ParamEntry& e, TensorStaging& staging) {
+                     const GlobalStore& store, TensorStaging& staging) {
   const int64_t in = file_shape[0], out = file_shape[1];
   const std::span<float> rows = staging.values(), slice = staging.gather();
   const int64_t per_chunk = int64_t(rows.size()) / out;
@@ -95,28 +109,28 @@ void load_transposed(const SafetensorsReader& reader, const std::string& name, c
     reader.read_f32_range(name, file_shape, i0 * out, rows.first(size_t(k * out)));
     for (int64_t o = 0; o < out; ++o) {
       for (int64_t j = 0; j < k; ++j) slice[size_t(j)] = rows[size_t(j * out + o)];
-      store_global_range(ex, e, o * in + i0, slice.first(size_t(k)), staging);
+      store(o * in + i0, slice.first(size_t(k)), staging);
     }
   }
 }
 
-// Elements [first, first + n) of a file tensor in file order into parameter e from `at` on.
+// Elements [first, first + n) of a file tensor in file order into the parameter from element `at` on.
 void load_in_order(const SafetensorsReader& reader, const std::string& name, const Shape& file_shape, int64_t n,
-                   Executor& ex, const ParamEntry& e, int64_t at, TensorStaging& staging) {
+                   const GlobalStore& store, int64_t at, TensorStaging& staging) {
   const std::span<float> values = staging.values();
   for (int64_t done = 0; done < n; done += int64_t(values.size())) {
     const std::span<float> chunk = values.first(size_t(std::min<int64_t>(int64_t(values.size()), n - done)));
     reader.read_f32_range(name, file_shape, done, chunk);
-    store_global_range(ex, e, at + done, chunk, staging);
+    store(at + done, chunk, staging);
   }
 }
 
 // Parameter elements [first, end) set to zero.
-void store_zeros(Executor& ex, const ParamEntry& e, int64_t first, int64_t end, TensorStaging& staging) {
+void store_zeros(const GlobalStore& store, int64_t first, int64_t end, TensorStaging& staging) {
   const std::span<float> zeros = staging.values();
   std::fill(zeros.begin(), zeros.end(), 0.0f);
   for (int64_t at = first; at < end; at += int64_t(zeros.size()))
-    store_global_range(ex, e, at, zeros.first(size_t(std::min<int64_t>(int64_t(zeros.size()), end - at))), staging);
+    store(at, zeros.first(size_t(std::min<int64_t>(int64_t(zeros.size()), end - at))), staging);
 }
 
 // Elements [first, first + out.size()) of the transpose ([out, in], memfit's order) of the
@@ -186,10 +200,11 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, 
       continue;
     }
     require_float_values(param);
-    // The one-rank shape: a tensor-parallel slice takes its elements of it (store_global_range).
+    // The one-rank shape: a tensor-parallel slice takes its elements of it (GlobalStore).
     const Shape shape = param.split.split() ? param.split.global : p.tensor(param.value).shape;
     const int64_t row_size = shape.numel() / shape[0];
     const bool transpose = spec.arch == Arch::gpt2 && is_conv1d_weight(param.name);
+    const GlobalStore store(ex, param);
     int64_t row = 0;
     for (const HfPiece& piece : hf_pieces(spec, param.name, shape)) {
       auto it = by_name.find(piece.name);
@@ -198,11 +213,11 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, 
       const SafetensorsReader& reader = *it->second->shard;
       const std::string& name = it->second->entry->name;
       const Shape expected = shape.rank() == 1 ? Shape{piece.rows} : Shape{piece.rows, row_size};
-      if (transpose) load_transposed(reader, name, Shape{shape[1], shape[0]}, ex, param, staging);
-      else load_in_order(reader, name, expected, piece.rows * row_size, ex, param, row * row_size, staging);
+      if (transpose) load_transposed(reader, name, Shape{shape[1], shape[0]}, store, staging);
+      else load_in_order(reader, name, expected, piece.rows * row_size, store, row * row_size, staging);
       row += piece.rows;
     }
-    store_zeros(ex, param, row * row_size, shape.numel(), staging);  // padded vocabulary rows are memfit's own: zero
+    store_zeros(store, row * row_size, shape.numel(), staging);  // padded vocabulary rows are memfit's own: zero
   }
   for (const auto& [name, entry] : by_name)
     MEMFIT_CHECK(used.count(name), "safetensors", "{} holds tensor '{}', which model '{}' does not have", file,
