@@ -16,6 +16,7 @@
 #include "kernels/cpu/flash_attention.hpp"
 
 #include "core/half.hpp"
+#include "kernels/cpu/flash_tiles.hpp"
 
 #include <omp.h>
 
@@ -32,24 +33,10 @@
 namespace memfit {
 namespace {
 
-constexpr int64_t kB = kFlashBlock;
-
-int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-
-// Carves one thread's scratch into fp32 arrays, each 64-byte aligned.
-class Carver {
- public:
-  explicit Carver(float* base) : p_(base) {}
-  float* take(int64_t n) {
-    float* out = p_;
-    p_ += round_up(n, 16);
-    return out;
-  }
-  int64_t used(const float* base) const { return p_ - base; }
-
- private:
-  float* p_;
-};
+using flash::Carver;
+using flash::Geometry;
+using flash::kB;
+using flash::round_up;
 
 // Per-thread scratch in floats: what forward_task / backward_task carve (they assert it).
 int64_t forward_floats(int64_t HS) {
@@ -111,18 +98,6 @@ void transpose_into(const T* src, int64_t ld_src, int64_t rows, int64_t cols, fl
     }
   }
 }
-
-// C: the channels of y and dy. W: the row of qkv and dqkv, (NH + 2KV) HS; the columns of the
-// heads within it come from the shape (AttentionShape::q_col, k_col, v_col).
-struct Geometry {
-  AttentionShape shape;
-  int64_t B, T, NH, KV, G, HS, C, W, blocks;
-  float scale;
-  explicit Geometry(const AttentionShape& s)
-      : shape(s), B(s.batch), T(s.seq), NH(s.heads), KV(s.kv()), G(s.group()), HS(s.head_dim), C(s.channels()),
-        W(s.qkv_channels()), blocks((s.seq + kB - 1) / kB), scale(s.scale) {}
-  int64_t size(int64_t block) const { return std::min(kB, T - block * kB); }
-};
 
 // One query block of one head. The scores are computed transposed, s^T = K_j Q_i^T (keys in
 // rows, queries in columns), so that Q_i is transposed once per task rather than every K_j
@@ -295,24 +270,48 @@ void backward_task(const Geometry& g, const T* dy, const T* qkv, const T* y, con
   }
 }
 
+// With AVX512-BF16 the bf16 tasks carve their own layout: a slice holds either (the plan does
+// not know the storage type here).
+int64_t forward_slice_floats(int64_t HS) {
+#if defined(__AVX512BF16__)
+  return std::max(forward_floats(HS), flash::bf16_forward_floats(HS));
+#else
+  return forward_floats(HS);
+#endif
+}
+int64_t backward_slice_floats(int64_t T, int64_t HS, int64_t G) {
+#if defined(__AVX512BF16__)
+  return std::max(backward_floats(T, HS, G), flash::bf16_backward_floats(T, HS, G));
+#else
+  return backward_floats(T, HS, G);
+#endif
+}
+
 }  // namespace
 
 uint64_t flash_forward_scratch_bytes(const AttentionShape& shape, int threads) {
-  return uint64_t(forward_floats(shape.head_dim)) * sizeof(float) * uint64_t(threads);
+  return uint64_t(forward_slice_floats(shape.head_dim)) * sizeof(float) * uint64_t(threads);
 }
 
 uint64_t flash_backward_scratch_bytes(const AttentionShape& shape, int threads) {
-  return uint64_t(backward_floats(shape.seq, shape.head_dim, shape.group())) * sizeof(float) * uint64_t(threads);
+  return uint64_t(backward_slice_floats(shape.seq, shape.head_dim, shape.group())) * sizeof(float) * uint64_t(threads);
 }
 
 template <class T>
 void flash_attention_forward(const AttentionShape& shape, const T* qkv, T* y, float* lse, void* scratch, int threads) {
   const Geometry g(shape);
-  const int64_t floats = forward_floats(shape.head_dim);
+  const int64_t floats = forward_slice_floats(shape.head_dim);
   parallel_for(g.B * g.NH * g.blocks, 1, [&](int64_t first, int64_t last) {
     float* ws = thread_slice(scratch, floats, threads);
-    for (int64_t task = first; task < last; ++task)
+    for (int64_t task = first; task < last; ++task) {
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        flash::bf16_forward_task(g, qkv, y, lse, task / g.blocks, task % g.blocks, ws);
+        continue;
+      }
+#endif
       forward_task(g, qkv, y, lse, task / g.blocks, task % g.blocks, ws);
+    }
   });
 }
 
@@ -320,10 +319,18 @@ template <class T>
 void flash_attention_backward(const AttentionShape& shape, const T* dy, const T* qkv, const T* y, const float* lse,
                               T* dqkv, bool accumulate, void* scratch, int threads) {
   const Geometry g(shape);
-  const int64_t floats = backward_floats(shape.seq, shape.head_dim, g.G);
+  const int64_t floats = backward_slice_floats(shape.seq, shape.head_dim, g.G);
   parallel_for(g.B * g.KV, 1, [&](int64_t first, int64_t last) {
     float* ws = thread_slice(scratch, floats, threads);
-    for (int64_t bkv = first; bkv < last; ++bkv) backward_task(g, dy, qkv, y, lse, dqkv, accumulate, bkv, ws);
+    for (int64_t bkv = first; bkv < last; ++bkv) {
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        flash::bf16_backward_task(g, dy, qkv, y, lse, dqkv, accumulate, bkv, ws);
+        continue;
+      }
+#endif
+      backward_task(g, dy, qkv, y, lse, dqkv, accumulate, bkv, ws);
+    }
   });
 }
 

@@ -13,9 +13,13 @@
 // grouping the backward's scratch holds D and a dq accumulator for each of the group's
 // query heads (G x (T + T HS) floats per thread rather than T + T HS).
 //
-// Precision: tiles are computed in fp32 whatever the storage type; the element type of qkv, y,
-// dy and dqkv is a template parameter read and written only through rows_f32(), transpose_into()
-// and store_row(), so a 16-bit variant adds a conversion there (and an instantiation).
+// Precision: the softmax, its statistics and every sum are fp32 whatever the storage type; the
+// element type of qkv, y, dy and dqkv is a template parameter read and written only through
+// rows_f32(), transpose_into() and store_row(), which widen fp16 and bf16 tiles to fp32 for
+// tile_gemm. Built with AVX512-BF16, bf16 storage instead runs flash_attention_bf16.cpp's
+// tasks (same split, same order of every sum): products on bf16 operands with fp32 sums, the
+// probabilities and dS rounded to bf16 as they enter a product. The scratch slice of a thread
+// fits either layout.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,60 @@
+// What the flash attention kernels share (flash_attention.cpp: any storage type, fp32 tiles;
+// flash_attention_bf16.cpp: bf16 storage, bf16 tile operands with fp32 sums): the geometry of
+// a call, the carving of a thread's scratch, and the bf16 tasks' entry points and scratch
+// sizes. Internal to the two files.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/half.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/flash_attention.hpp"
+
+namespace memfit::flash {
+
+inline constexpr int64_t kB = kFlashBlock;
+
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Carves one thread's scratch into arrays of fp32 (or 32-bit words), each 64-byte aligned.
+class Carver {
+ public:
+  explicit Carver(float* base) : p_(base) {}
+  float* take(int64_t n) {
+    float* out = p_;
+    p_ += round_up(n, 16);
+    return out;
+  }
+  uint32_t* take_words(int64_t n) { return reinterpret_cast<uint32_t*>(take(n)); }
+  int64_t used(const float* base) const { return p_ - base; }
+
+ private:
+  float* p_;
+};
+
+// C: the channels of y and dy. W: the row of qkv and dqkv, (NH + 2KV) HS; the columns of the
+// heads within it come from the shape (AttentionShape::q_col, k_col, v_col).
+struct Geometry {
+  AttentionShape shape;
+  int64_t B, T, NH, KV, G, HS, C, W, blocks;
+  float scale;
+  explicit Geometry(const AttentionShape& s)
+      : shape(s), B(s.batch), T(s.seq), NH(s.heads), KV(s.kv()), G(s.group()), HS(s.head_dim), C(s.channels()),
+        W(s.qkv_channels()), blocks((s.seq + kB - 1) / kB), scale(s.scale) {}
+  int64_t size(int64_t block) const { return std::min(kB, T - block * kB); }
+};
+
+#if defined(__AVX512BF16__)
+// Per-thread scratch in floats of the bf16 tasks (they assert it).
+int64_t bf16_forward_floats(int64_t HS);
+int64_t bf16_backward_floats(int64_t T, int64_t HS, int64_t G);
+
+// The tasks of flash_attention.cpp's split (one query block of one head; one kv head with its
+// group of query heads), on bf16 operands.
+void bf16_forward_task(const Geometry& g, const bf16_t* qkv, bf16_t* y, float* lse, int64_t bh, int64_t qi, float* ws);
+void bf16_backward_task(const Geometry& g, const bf16_t* dy, const bf16_t* qkv, const bf16_t* y, const float* lse,
+                        bf16_t* dqkv, bool accumulate, int64_t bkv, float* ws);
+#endif
+
+}  // namespace memfit::flash
