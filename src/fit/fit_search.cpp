@@ -288,38 +288,40 @@ std::vector<FitCandidate> plan_winners_on_every_rank(std::vector<FitCandidate> f
 }
 
 // Nothing that trains every weight fits on the device alone (without offload): LoRA on every
-// linear layer, then also on a 4-bit base, may. They change what trains, so they are searched
-// only then, listed after every family that trains the model as asked, and labelled.
+// linear layer, then also on a 4-bit base, each whole or (several ranks) sharded by ZeRO-3 as
+// FSDP-QLoRA does, may. They change what trains, so they are searched only then, listed after
+// every family that trains the model as asked, and labelled.
 void propose_lora(Planner& planner, const Policy& base, const Cluster& cluster, const EstimateOptions& eo,
                   const Judge& judge, int64_t max_batch, int64_t global_batch,
                   const Accumulation& accumulation, FitResult& r, std::vector<FitCandidate>& found) {
-  for (bool quantised : {false, true})
-    for (int level : {0, 2}) {
-      Policy f = base;
-      f.precision = Precision::bf16;
-      f.grad_dtype = DType::bf16;
-      f.fp32_ops.clear();
-      f.attention = AttentionKind::flash;
-      f.recompute = recompute_level(level, f.attention);
-      f.optimizer = OptimizerKind::adamw;
-      f.zero_stage = 0;
-      f.offload_optimizer = f.offload_params = Tier::device;
-      f.freeze.clear();
-      f.lora = LoraPolicy{};
-      f.lora.rank = kProposedLoraRank;
-      f.lora.targets = {"all-linear"};
-      if (quantised) {
-        f.quantize_base.kind = BaseQuant::nf4;
-        f.quantize_base.double_quant = true;
+  for (int stage : {0, 3})
+    for (bool quantised : {false, true})
+      for (int level : {0, 2}) {
+        if (stage == 3 && cluster.world_size() == 1) continue;
+        Policy f = base;
+        f.precision = Precision::bf16, f.grad_dtype = DType::bf16;
+        f.fp32_ops.clear();
+        f.attention = AttentionKind::flash;
+        f.recompute = recompute_level(level, f.attention);
+        f.optimizer = OptimizerKind::adamw;
+        f.zero_stage = stage;
+        f.offload_optimizer = f.offload_params = Tier::device;
+        f.freeze.clear();
+        f.lora = LoraPolicy{};
+        f.lora.rank = kProposedLoraRank;
+        f.lora.targets = {"all-linear"};
+        if (quantised) {
+          f.quantize_base.kind = BaseQuant::nf4;
+          f.quantize_base.double_quant = true;
+        }
+        f.batch = 1;
+        f.grad_accum = accumulation(1, cluster.world_size());
+        ++r.families;
+        if (auto c = search_family(planner, f, level, cluster, eo, judge, max_batch, global_batch, accumulation, r)) {
+          c->changes_training = true;
+          found.push_back(std::move(*c));
+        }
       }
-      f.batch = 1;
-      f.grad_accum = accumulation(1, cluster.world_size());
-      ++r.families;
-      if (auto c = search_family(planner, f, level, cluster, eo, judge, max_batch, global_batch, accumulation, r)) {
-        c->changes_training = true;
-        found.push_back(std::move(*c));
-      }
-    }
 }
 
 // Tensor parallelism (Megatron-LM) inside a node: each T of 2, 4, 8 dividing the node, the world
@@ -551,11 +553,7 @@ std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
                        f.policy.grad_accum, f.estimate.tokens_per_second, f.estimate.step_seconds, format_bytes(bytes),
                        torch ? (ds ? " in DeepSpeed" : " in PyTorch") : "", budget ? 100.0 * double(bytes) / double(budget) : 0.0,
                        format_bytes(budget), torch ? "memfit's plan: " + f.estimate.peak_op_name : f.estimate.peak_op_name);
-    if (f.changes_training)
-      out += fmt::format("        changes what trains: only LoRA adapters (rank {}) on the frozen base{}; nothing that "
-                         "trains every weight fits without offload (--lora-rank {} --lora-targets all-linear{})\n",
-                         f.policy.lora.rank, f.policy.quantize_base.enabled() ? ", stored in 4-bit NF4" : "",
-                         f.policy.lora.rank, f.policy.quantize_base.enabled() ? " --quantize-base nf4 --double-quant" : "");
+    if (f.changes_training) out += lora_proposal_note(f.policy);
   }
   if (!r.rejected.empty()) {
     out += fmt::format("rejected families (do not fit at micro-batch 1; {} in all, closest first):\n", r.rejected.size());

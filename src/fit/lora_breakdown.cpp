@@ -51,4 +51,12 @@ LoraBreakdown lora_breakdown(const Program& p, const Policy& policy) {
   return l;
 }
 
+std::string lora_proposal_note(const Policy& p) {
+  const bool q = p.quantize_base.enabled();
+  return fmt::format("        changes what trains: only LoRA adapters (rank {}) on the frozen base{}; nothing that "
+                     "trains every weight fits without offload (--lora-rank {} --lora-targets all-linear{}{})\n",
+                     p.lora.rank, q ? ", stored in 4-bit NF4" : "", p.lora.rank,
+                     q ? " --quantize-base nf4 --double-quant" : "", p.zero_stage == 3 ? " --zero 3" : "");
+}
+
 }  // namespace memfit

@@ -13,4 +13,8 @@ inline bool has_lora_or_quantised_base(const Policy& p) { return p.lora.enabled(
 
 LoraBreakdown lora_breakdown(const Program& p, const Policy& policy);
 
+// The line under a --fit proposal of LoRA (fit_search.cpp's propose_lora): what it changes
+// and the flags that run it.
+std::string lora_proposal_note(const Policy& p);
+
 }  // namespace memfit

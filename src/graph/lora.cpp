@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/dropout_mask.hpp"
 #include "graph/quantize_base.hpp"
+#include "graph/tensor_parallel.hpp"
 
 namespace memfit {
 
@@ -69,14 +70,33 @@ void LoraRewrite::declare(GraphBuilder& b) {
     const bool keep = (bias && lora_.bias == LoraBias::all) || trainable_biases.count(e.name) > 0;
     if (e.trainable && !keep) freeze_parameter(p, e);
   }
+  const TensorParallel& tp = b.tensor_parallel();
   for (const LinearModule& m : targets) {
     // Copies: declaring parameters grows the parameter and tensor tables.
     const TensorId w = find_param(p, m.weight)->value;
+    const TensorSplit ws = find_param(p, m.weight)->split;
+    const TensorSplit::Axis axis = ws.axis;
     b.set_layer(p.tensor(w).layer);
     Branch br{m};
-    const float bound = float(1.0 / std::sqrt(double(m.cols)));
-    br.a = b.parameter(lora_a_name(m.name), Shape{lora_.rank, m.cols}, ParamInit::uniform, bound, true);
-    br.b = b.parameter(lora_b_name(m.name), Shape{m.rows, lora_.rank}, ParamInit::zeros, 0.0f, true);
+    // Tensor parallelism (Megatron's LoRA): a column-parallel weight (its output rows split)
+    // gets a replicated A and B split as its rows; a row-parallel one (input columns split) A
+    // split as its columns and a replicated B. The module's sizes are this rank's; the
+    // parameters are declared with the one-rank shapes, so initialisation draws the one-rank
+    // values (A's bound from the whole fan-in) and checkpoints describe global tensors.
+    const bool column = axis == TensorSplit::Axis::rows, row = axis == TensorSplit::Axis::columns;
+    const int64_t in = row ? m.cols * tp.parts : m.cols, out = column ? m.rows * tp.parts : m.rows;
+    const Shape a_shape{lora_.rank, in}, b_shape{out, lora_.rank};
+    const float bound = float(1.0 / std::sqrt(double(in)));
+    br.a = b.parameter(lora_a_name(m.name), a_shape, ParamInit::uniform, bound, true,
+                       row ? tp.columns(a_shape) : TensorSplit{});
+    br.b = b.parameter(lora_b_name(m.name), b_shape, ParamInit::zeros, 0.0f, true,
+                       // B's rows split as W's: a whole fused weight (GPT-2's c_attn) by its q, k, v segments
+                       column ? tp.rows(b_shape, m.whole() ? ws.segments : std::vector<int64_t>{}) : TensorSplit{});
+    // The replicated factor's gradient is a partial sum on each rank: column-parallel, A's
+    // (each rank back-propagates its output rows through its slice of B); row-parallel, B's
+    // (each rank's x A holds its input columns' share).
+    if (column) b.sum_grad_over_tensor_group(br.a);
+    if (row) b.sum_grad_over_tensor_group(br.b);
     branches_[w].push_back(br);
   }
 }

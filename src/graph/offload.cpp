@@ -19,9 +19,6 @@ std::string offload_refusal(const Policy& p) {
     if (p.update_in_backward)
       return fmt::format("parameter offload ({}) with the update in the backward pass is not supported: drop "
                          "--optimizer-in-backward", flag);
-    if (p.quantize_base.enabled())
-      return fmt::format("parameter offload ({}) with a quantised base is not supported (ZeRO-3 does not shard "
-                         "quantised weights): drop --quantize-base", flag);
   }
   if (p.offload_optimizer == Tier::device) return "";
   if (p.update_in_backward) return "optimizer offload with the update in the backward pass is not supported";

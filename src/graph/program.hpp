@@ -74,6 +74,14 @@ struct ParamEntry {
   // ZeRO stage 3: this rank's piece of the parameter itself (the persistent copy; `value` is
   // then a view into a transient gather buffer, valid only inside the step).
   TensorId value_shard = kNoTensor;
+  // ZeRO stage 3 with a parameter stored as several tensors (quantised codes and scales): per
+  // entry of `storage`, this rank's piece of that tensor's bytes, [first, first + bytes), as a
+  // view into its persistent shard (view kNoTensor where it holds none). Empty otherwise.
+  struct StoragePiece {
+    TensorId view = kNoTensor;
+    int64_t first = 0, bytes = 0;
+  };
+  std::vector<StoragePiece> storage_shard;
   // Tensor parallelism (graph/tensor_parallel.hpp): which elements of the one-rank parameter
   // this rank's value (and its master, gradient and optimizer state) holds; none: all of them.
   TensorSplit split;

@@ -76,14 +76,16 @@ struct ZeroPass {
     return op;
   }
 
-  void make_view(TensorId id, TensorId root, int64_t element_offset) {
+  // Tensor id becomes the view at byte `at` of a bucket root (a bucket of bytes, ZeroBucket::bytes,
+  // holds tensors of any dtype).
+  void make_view(TensorId id, TensorId root, uint64_t at) {
     TensorDesc& t = p.tensor(id);
     MEMFIT_ASSERT(!t.is_view(), "tensor {} is already a view", t.name);
     const TensorDesc& r = p.tensor(root);
-    MEMFIT_ASSERT(t.dtype == r.dtype, "tensor {} ({}) in bucket {} ({})", t.name, dtype_name(t.dtype), r.name,
-                  dtype_name(r.dtype));
+    MEMFIT_ASSERT(t.dtype == r.dtype || r.dtype == DType::u8, "tensor {} ({}) in bucket {} ({})", t.name,
+                  dtype_name(t.dtype), r.name, dtype_name(r.dtype));
     t.view_of = root;
-    t.view_offset = dtype_bytes(t.dtype, element_offset);
+    t.view_offset = at;
     t.lifetime = r.lifetime;
   }
 
@@ -114,7 +116,7 @@ struct ZeroPass {
     for (size_t bi = 0; bi < L.buckets.size(); ++bi) {
       const ZeroBucket& b = L.buckets[bi];
       const ParamEntry& first = p.params()[size_t(b.params[0])];
-      const DType pdt = p.tensor(first.value).dtype;
+      const DType pdt = b.bytes ? DType::u8 : p.tensor(first.value).dtype;
       if (stage == 3) {
         param_root.push_back(add_root("zero.params." + b.tag + ".shard", L.shard(b), pdt, Category::parameters,
                                       Lifetime::persistent, b.layer));
@@ -160,7 +162,7 @@ struct ZeroPass {
         const int pi = b.params[j];
         const ParamEntry& e = p.params()[size_t(pi)];
         home_value(bi, j);
-        make_view(e.grad, grad_root.back(), b.offsets[j]);
+        make_view(e.grad, grad_root.back(), dtype_bytes(gdt, b.offsets[j]));
         param_of_grad[e.grad] = pi;
       }
     }
@@ -173,18 +175,21 @@ struct ZeroPass {
     const int pi = b.params[j];
     const ParamEntry& e = p.params()[size_t(pi)];
     bucket_of[size_t(pi)] = int(bi);
-    if (stage != 3) {
-      make_view(e.value, param_root[bi], b.offsets[j]);
-      return;
-    }
-    const TensorDesc v = p.tensor(e.value);
+    const uint64_t at = b.bytes ? 0 : dtype_bytes(p.tensor(e.value).dtype, b.offsets[j]);
+    if (stage != 3) return make_view(e.value, param_root[bi], at);
+    if (!b.bytes) return home_stored(bi, e.value, at);
+    const std::vector<int64_t> parts = stored_part_offsets(p, e, b.offsets[j]);  // a quantised base's
+    for (size_t k = 0; k < e.storage.size(); ++k) home_stored(bi, e.storage[k].id, uint64_t(parts[k]));
+  }
+
+  // Stage 3: tensor id at byte `at` of bucket bi's gather buffers.
+  void home_stored(size_t bi, TensorId id, uint64_t at) {
+    const TensorDesc v = p.tensor(id);
     if (gather_bwd[bi] != kNoTensor && gather_bwd[bi] != gather_fwd[bi])
-      bwd_view[e.value] = p.add_view(gather_bwd[bi], v.name + ".backward", v.shape, v.dtype,
-                                     dtype_bytes(v.dtype, b.offsets[j]));
+      bwd_view[id] = p.add_view(gather_bwd[bi], v.name + ".backward", v.shape, v.dtype, at);
     if (!gather_eval.empty() && gather_eval[bi] != kNoTensor)
-      eval_view[e.value] = p.add_view(gather_eval[bi], v.name + ".eval", v.shape, v.dtype,
-                                      dtype_bytes(v.dtype, b.offsets[j]));
-    make_view(e.value, gather_fwd[bi], b.offsets[j]);
+      eval_view[id] = p.add_view(gather_eval[bi], v.name + ".eval", v.shape, v.dtype, at);
+    make_view(id, gather_fwd[bi], at);
   }
 
   // Stage >= 1: masters and state shrink to this rank's piece; pieces of values and grads.
@@ -194,6 +199,10 @@ struct ZeroPass {
       for (size_t j = 0; j < b.params.size(); ++j) {
         const int pi = b.params[j];
         ParamEntry& e = p.params()[size_t(pi)];
+        if (b.bytes) {
+          shard_stored_tensors(p, L, bi, param_root[bi], e, b.offsets[j]);
+          continue;
+        }
         const int64_t numel = p.tensor(e.value).numel();
         const auto [first, count] = L.piece(b, b.offsets[j], numel);
         piece_first[size_t(pi)] = first;
@@ -428,11 +437,11 @@ struct ZeroPass {
     const std::string name = fmt::format("zero.all_gather.{}.{}", L.buckets[bi].tag, names[pass]);
     if (pass == 1 && hpz > 1)  // hpZ: unquantised, from the secondary, inside the hpZ group
       return push(hpz_gather(p, name, hpz_of[bi].secondary, buf, hpz, L.buckets[bi].layer), s);
-    if (!qwz) {
+    if (qwz) qwz_of.resize(3 * nb);
+    if (!qwz || L.buckets[bi].bytes) {  // qwZ codes floats; a quantised base's bytes go as they are
       push(collective(OpKind::all_gather, name, {param_root[bi]}, {buf}, Phase::communication, L.buckets[bi].layer), s);
       return;
     }
-    qwz_of.resize(3 * nb);
     qwz_of[g] = qwz_gather(p, L, bi, param_root[bi], buf, name);
     push(qwz_of[g].quantize, s);
     push(collective(OpKind::all_gather, name, {qwz_of[g].mine}, {qwz_of[g].wire}, Phase::communication,
@@ -444,7 +453,7 @@ struct ZeroPass {
   template <class Push>
   void emit_arrivals(const std::vector<size_t>& arrivals, Push& push, int s) {
     for (size_t g : arrivals) {
-      if (qwz && qwz_of[g].wire != kNoTensor) push(qwz_of[g].dequantize, s);
+      if (qwz && g < qwz_of.size() && qwz_of[g].wire != kNoTensor) push(qwz_of[g].dequantize, s);
       if (g < hpz_of.size() && hpz_of[g].secondary != kNoTensor) push(hpz_of[g].copy, s);
     }
   }

@@ -54,7 +54,10 @@
 // buckets, untouched by any collective. At stage 3 they are sharded like the rest, in buckets
 // of their own ("h<layer>.frozen": values only, so a trainable bucket's value and gradient
 // offsets stay equal), all-gathered before each pass that reads them (a bucket no backward
-// op reads gets no backward buffer), never reduce-scattered.
+// op reads gets no backward buffer), never reduce-scattered. A quantised base (QLoRA) is
+// sharded the same way, as FSDP-QLoRA does: each block's codes and scales go into a bucket of
+// bytes ("h<layer>.quant"), gathered as bytes (unquantised by qwZ, which codes floats), and
+// each rank keeps its bytes of the one-rank storage (ParamEntry::storage_shard).
 //
 // Shard layout (the subtle point): each parameter starts at a multiple of `align` elements in
 // its bucket, and each bucket is padded to a multiple of data degree * align, so every shard
@@ -76,11 +79,16 @@
 namespace memfit {
 
 inline constexpr int64_t kQwzBlock = 256;  // elements per int8 block of qwZ's wire
+inline constexpr int64_t kStoredPartAlign = 64;  // bytes: each stored tensor of a bytes bucket starts at a cache line
 
 struct ZeroBucket {
   std::string tag;               // "outer" or "h<layer>", then ".frozen" for a frozen bucket
   int layer = -1;
   bool frozen = false;           // values only: no gradient, master or optimizer state (stage 3)
+  // Stage 3, a frozen bucket of parameters stored as several tensors (a quantised base's codes
+  // and scales): its elements are bytes (u8), each stored tensor a view at a multiple of
+  // kStoredPartAlign bytes, `offsets` the first one's. Only gathered, never updated.
+  bool bytes = false;
   std::vector<int> params;       // indices into Program::params(), in declaration order
   std::vector<int64_t> offsets;  // element offset of each parameter in the bucket
   int64_t used = 0;              // elements of parameters

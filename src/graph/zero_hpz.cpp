@@ -30,8 +30,11 @@ HpzCopy hpz_copy(Program& p, const ZeroLayout& L, size_t bi, TensorId gathered, 
   const ZeroBucket& b = L.buckets[bi];
   MEMFIT_ASSERT(n > 1 && L.world_size % n == 0 && b.elements % n == 0, "hpZ partition {} of bucket {} ({} elements, {} ranks)",
                 n, b.tag, b.elements, L.world_size);
-  const int64_t piece = b.elements / n;
-  const DType dt = p.tensor(gathered).dtype;
+  // A bytes bucket (a quantised base) is copied and gathered as fp32 words: the float copy and
+  // the collective move bits unchanged, and its pieces are whole cache lines.
+  const bool bytes = p.tensor(gathered).dtype == DType::u8;
+  const int64_t piece = b.elements / n / (bytes ? 4 : 1);
+  const DType dt = bytes ? DType::f32 : p.tensor(gathered).dtype;
   HpzCopy h;
   // Communication, not parameters: a transient buffer that only feeds the backward's gather
   // (parameters are the persistent model state that checkpoints, estimates and offload count).
@@ -51,7 +54,10 @@ HpzCopy hpz_copy(Program& p, const ZeroLayout& L, size_t bi, TensorId gathered, 
   return h;
 }
 
-Op hpz_gather(const Program& p, const std::string& name, TensorId secondary, TensorId gathered, int n, int layer) {
+Op hpz_gather(Program& p, const std::string& name, TensorId secondary, TensorId gathered, int n, int layer) {
+  if (p.tensor(gathered).dtype == DType::u8)  // a bytes bucket, as fp32 words (see hpz_copy)
+    gathered = p.add_view(gathered, p.tensor(gathered).name + ".words", Shape{p.tensor(gathered).numel() / 4},
+                          DType::f32, 0);
   Op op;
   op.kind = OpKind::all_gather;
   op.phase = Phase::communication;

@@ -27,6 +27,6 @@ struct HpzCopy {
 HpzCopy hpz_copy(Program& p, const ZeroLayout& L, size_t bi, TensorId gathered, int n);
 
 // The backward's gather `name` of a bucket: the n secondaries over the hpZ group into `gathered`.
-Op hpz_gather(const Program& p, const std::string& name, TensorId secondary, TensorId gathered, int n, int layer);
+Op hpz_gather(Program& p, const std::string& name, TensorId secondary, TensorId gathered, int n, int layer);
 
 }  // namespace memfit

@@ -3,6 +3,7 @@
 // the layout can be read (and tested) on its own.
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "graph/optimizer.hpp"
@@ -47,30 +48,68 @@ ZeroLayout zero_layout(const Program& p, const Policy& policy, const Topology& t
   // Frozen parameters get buckets of their own (their values are laid out without gradients,
   // so a trainable bucket's value and gradient offsets stay equal), and only at stage 3: below
   // it every rank keeps them whole, outside the buckets, and no collective touches them.
-  std::map<std::pair<int, bool>, size_t> bucket_of_layer;
+  // Parameters stored as several tensors (a quantised base) go into buckets of bytes.
+  std::map<std::tuple<int, bool, bool>, size_t> bucket_of_layer;
   for (size_t i = 0; i < p.params().size(); ++i) {
     const ParamEntry& e = p.params()[i];
     if (e.frozen() && policy.zero_stage < 3) continue;
-    MEMFIT_CHECK(e.trainable || (e.value != kNoTensor && e.plain_storage()), "policy",
-                 "ZeRO-3 with parameter '{}' stored as {} tensors (not one value) is not supported yet", e.name,
-                 e.storage.size());
-    const int layer = p.tensor(e.value).layer;
-    auto [it, fresh] = bucket_of_layer.emplace(std::pair{layer, e.frozen()}, L.buckets.size());
+    const bool bytes = !e.plain_storage();
+    MEMFIT_ASSERT(!bytes || e.frozen(), "trainable parameter '{}' stored as {} tensors", e.name, e.storage.size());
+    const int layer = p.tensor(e.storage[0].id).layer;
+    auto [it, fresh] = bucket_of_layer.emplace(std::tuple{layer, e.frozen(), bytes}, L.buckets.size());
     if (fresh) {
       ZeroBucket b;
       b.layer = layer;
       b.frozen = e.frozen();
-      b.tag = (layer < 0 ? std::string("outer") : fmt::format("h{}", layer)) + (e.frozen() ? ".frozen" : "");
+      b.bytes = bytes;
+      b.tag = (layer < 0 ? std::string("outer") : fmt::format("h{}", layer)) +
+              (bytes ? ".quant" : e.frozen() ? ".frozen" : "");
       L.buckets.push_back(std::move(b));
     }
     ZeroBucket& b = L.buckets[it->second];
     b.params.push_back(int(i));
     b.offsets.push_back(b.used);
-    b.used += (p.tensor(e.value).numel() + L.align - 1) / L.align * L.align;
+    b.used += bytes ? stored_parts_span(p, e) : (p.tensor(e.value).numel() + L.align - 1) / L.align * L.align;
   }
-  const int64_t unit = L.align * L.world_size;
-  for (ZeroBucket& b : L.buckets) b.elements = (b.used + unit - 1) / unit * unit;
+  for (ZeroBucket& b : L.buckets) {
+    // A bytes bucket's shards are whole cache lines (its parts are aligned to them).
+    const int64_t unit = (b.bytes ? std::max(L.align, kStoredPartAlign) : L.align) * L.world_size;
+    b.elements = (b.used + unit - 1) / unit * unit;
+  }
   return L;
+}
+
+void shard_stored_tensors(Program& p, const ZeroLayout& L, size_t bi, TensorId shard_root, ParamEntry& e,
+                          int64_t first) {
+  const ZeroBucket& b = L.buckets[bi];
+  const std::vector<int64_t> at = stored_part_offsets(p, e, first);
+  e.storage_shard.assign(e.storage.size(), {});
+  for (size_t k = 0; k < e.storage.size(); ++k) {
+    const TensorDesc t = p.tensor(e.storage[k].id);  // a copy: add_view grows the tensor table
+    const auto [from, count] = L.piece(b, at[k], int64_t(t.bytes()));
+    if (count == 0) continue;
+    const int64_t bits = dtype_bits(t.dtype);
+    MEMFIT_ASSERT(from * 8 % bits == 0 && count * 8 % bits == 0, "{}: bytes [{}, +{}) split an element", t.name, from,
+                  count);
+    e.storage_shard[k] = {p.add_view(shard_root, t.name + ".shard", Shape{count * 8 / bits}, t.dtype,
+                                     uint64_t(at[k] + from - int64_t(L.rank) * L.shard(b))),
+                          from, count};
+  }
+}
+
+std::vector<int64_t> stored_part_offsets(const Program& p, const ParamEntry& e, int64_t first) {
+  std::vector<int64_t> out;
+  for (const StoredTensor& s : e.storage) {
+    out.push_back(first);
+    first += (int64_t(p.tensor(s.id).bytes()) + kStoredPartAlign - 1) / kStoredPartAlign * kStoredPartAlign;
+  }
+  return out;
+}
+
+int64_t stored_parts_span(const Program& p, const ParamEntry& e) {
+  const std::vector<int64_t> at = stored_part_offsets(p, e, 0);
+  const int64_t last = int64_t(p.tensor(e.storage.back().id).bytes());
+  return at.back() + (last + kStoredPartAlign - 1) / kStoredPartAlign * kStoredPartAlign;
 }
 
 FrozenSummary frozen_savings_per_rank(const FrozenSummary& whole, const Policy& policy, const Topology& topo) {
@@ -93,9 +132,10 @@ double communication_bytes_per_step(const Program& p) {
 }
 
 std::vector<int> bucket_first_uses(const Program& p, const ZeroLayout& L, const std::vector<Op>& ops, size_t pass) {
-  std::map<TensorId, size_t> bucket_of_value;
+  std::map<TensorId, size_t> bucket_of_value;  // every stored tensor (a value, or quantised codes and scales)
   for (size_t bi = 0; bi < L.buckets.size(); ++bi)
-    for (int pi : L.buckets[bi].params) bucket_of_value[p.params()[size_t(pi)].value] = bi;
+    for (int pi : L.buckets[bi].params)
+      for (const StoredTensor& s : p.params()[size_t(pi)].storage) bucket_of_value[s.id] = bi;
   std::vector<int> first(L.buckets.size(), -1);
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];

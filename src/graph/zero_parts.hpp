@@ -16,6 +16,17 @@ namespace memfit {
 // that pass reads none.
 std::vector<int> bucket_first_uses(const Program& p, const ZeroLayout& L, const std::vector<Op>& ops, size_t pass);
 
+// Byte offsets in a bytes bucket (ZeroBucket::bytes) of each of e's stored tensors, in the order
+// of e.storage, the first at `first`; and the bytes they take there, with alignment.
+std::vector<int64_t> stored_part_offsets(const Program& p, const ParamEntry& e, int64_t first);
+int64_t stored_parts_span(const Program& p, const ParamEntry& e);
+// Stage 3, bytes bucket bi (first byte of e's parts at `first`): this rank's bytes of each of e's
+// stored tensors, as views of its shard `shard_root` in the tensor's dtype, into
+// e.storage_shard. Parts and shards start at multiples of kStoredPartAlign bytes, so no element
+// (a 4-bit code pair, an fp32 scale) straddles two ranks.
+void shard_stored_tensors(Program& p, const ZeroLayout& L, size_t bi, TensorId shard_root, ParamEntry& e,
+                          int64_t first);
+
 // The fill that zeroes bucket b's unused tail in its gradient bucket `grad_root` (after its last
 // parameter), so reductions never read stale bytes; nullopt when the parameters fill the bucket.
 std::optional<Op> bucket_padding_fill(Program& p, const ZeroBucket& b, TensorId grad_root);

@@ -114,8 +114,20 @@ std::vector<LocalPiece> local_pieces(const Program& p, int rank) {
   for (const ParamEntry& e : p.params())
     if (e.split.split()) sink.tp_index = e.split.index, sink.tp_parts = e.split.parts;
   for (const ParamEntry& e : p.params()) {
-    for (const StoredTensor& s : e.storage)
-      if (s.role != ParamRole::value) sink.whole(e, std::string(param_role_name(s.role)), s.id);
+    for (size_t k = 0; k < e.storage.size(); ++k) {
+      const StoredTensor& s = e.storage[k];
+      if (s.role == ParamRole::value) continue;
+      const std::string role(param_role_name(s.role));
+      if (e.storage_shard.empty()) {
+        sink.whole(e, role, s.id);
+        continue;
+      }
+      // ZeRO-3: this rank's bytes of the stored tensor, in its elements (none straddles ranks).
+      const ParamEntry::StoragePiece& piece = e.storage_shard[k];
+      const int64_t bits = dtype_bits(p.tensor(s.id).dtype);
+      if (piece.view != kNoTensor)
+        sink.add(e, role, s.id, p.tensor(s.id).shape, piece.view, piece.first * 8 / bits, piece.bytes * 8 / bits, true);
+    }
     if (e.value != kNoTensor) sink.value(e);
     sink.optimizer_tensors(e);
   }

@@ -172,6 +172,7 @@ void zero_parameter_padding(Executor& ex, TensorStaging& staging) {
   for (const ParamEntry& e : p.params()) {
     std::vector<TensorId> ids{e.value, e.value_shard};
     for (const StoredTensor& st : e.storage) ids.push_back(st.id);
+    for (const ParamEntry::StoragePiece& piece : e.storage_shard) ids.push_back(piece.view);
     for (TensorId id : ids) {
       if (id == kNoTensor) continue;
       const TensorDesc& t = p.tensor(id);

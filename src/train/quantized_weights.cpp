@@ -27,6 +27,22 @@ void quantize_chunk(std::span<const T> in, const QuantSpec& spec, std::span<uint
   else quantize_4bit<T>(in, spec, codes, absmax);
 }
 
+// Bytes [at, at + data.size()) of e's stored tensor `id`: into the tensor, or at ZeRO stage 3
+// (ParamEntry::storage_shard) the part of them that this rank's shard holds.
+void write_stored(Executor& ex, const ParamEntry& e, TensorId id, uint64_t at, std::span<const std::byte> data) {
+  if (e.storage_shard.empty()) return ex.write(id, at, data);
+  for (size_t k = 0; k < e.storage.size(); ++k) {
+    if (e.storage[k].id != id) continue;
+    const ParamEntry::StoragePiece& piece = e.storage_shard[k];
+    const int64_t a = std::max(int64_t(at), piece.first);
+    const int64_t b = std::min(int64_t(at + data.size()), piece.first + piece.bytes);
+    if (piece.view != kNoTensor && a < b)
+      ex.write(piece.view, uint64_t(a - piece.first), data.subspan(size_t(a - int64_t(at)), size_t(b - a)));
+    return;
+  }
+  MEMFIT_ASSERT(false, "tensor {} is not stored by parameter {}", id, e.name);
+}
+
 }  // namespace
 
 void store_quantized_parameter(Executor& ex, const ParamEntry& e, const SegmentValues& values, TensorStaging& staging) {
@@ -69,17 +85,17 @@ void store_quantized_parameter(Executor& ex, const ParamEntry& e, const SegmentV
       } else {
         quantize_chunk<float>(in, spec, codes, chunk_absmax);
       }
-      ex.write(qp.codes, at.codes + uint64_t(four_bit ? first / 2 : first), std::as_bytes(codes));
+      write_stored(ex, e, qp.codes, at.codes + uint64_t(four_bit ? first / 2 : first), std::as_bytes(codes));
       if (!spec.double_quant)
-        ex.write(qp.scales, at.scales + uint64_t(block0) * sizeof(float), std::as_bytes(chunk_absmax));
+        write_stored(ex, e, qp.scales, at.scales + uint64_t(block0) * sizeof(float), std::as_bytes(chunk_absmax));
     }
     if (spec.double_quant) {
       absmax_codes.resize(size_t(blocks));
       absmax2.resize(size_t(q.absmax2 / sizeof(float)));
       const float offset = double_quantize_absmax(absmax, absmax_codes, absmax2);
-      ex.write(qp.scales, at.scales, std::as_bytes(std::span<const uint8_t>(absmax_codes)));
-      ex.write(qp.scales2, at.scales2, std::as_bytes(std::span<const float>(absmax2)));
-      ex.write(qp.offset, uint64_t(s) * sizeof(float), std::as_bytes(std::span<const float>(&offset, 1)));
+      write_stored(ex, e, qp.scales, at.scales, std::as_bytes(std::span<const uint8_t>(absmax_codes)));
+      write_stored(ex, e, qp.scales2, at.scales2, std::as_bytes(std::span<const float>(absmax2)));
+      write_stored(ex, e, qp.offset, uint64_t(s) * sizeof(float), std::as_bytes(std::span<const float>(&offset, 1)));
     }
     at.codes += q.codes, at.scales += q.absmax, at.scales2 += q.absmax2;
   }

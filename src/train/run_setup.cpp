@@ -51,6 +51,9 @@ void settle_ranks(RunState& s, const RunConfig& config, std::ostream& rank_log, 
   RunConfig& c = s.config;
   if (!c.load_adapter.empty()) apply_adapter_config(c.load_adapter, c.policy.lora);
   c.topology = Topology{.data = W / tensor, .tensor = tensor, .rank = rank};
+  MEMFIT_CHECK(tensor == 1 || c.load_adapter.empty(), "train",
+               "--load-adapter with tensor parallelism is not supported by this build yet: resume a checkpoint of the "
+               "LoRA run instead (--resume)");
   MEMFIT_CHECK(tensor == 1 || c.save.empty(), "train",
                "--save of HF weights with tensor parallelism is not supported by this build yet: checkpoint with "
                "--checkpoint-dir (it resumes on any layout) and write HF weights with `memfit consolidate`");

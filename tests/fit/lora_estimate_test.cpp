@@ -196,7 +196,9 @@ TEST(LoraEstimate, FitProposesLoraLastAndOnlyWhenNothingElseFitsOnTheDevice) {
   EXPECT_NE(r.ranked.front().policy.offload_params, Tier::device);  // the base fits only offloaded
   bool seen = false;
   for (const FitCandidate& f : r.ranked) {
-    if (seen) EXPECT_TRUE(f.changes_training) << f.family;  // nothing unlabelled after a LoRA one
+    if (seen) {
+      EXPECT_TRUE(f.changes_training) << f.family;  // nothing unlabelled after a LoRA one
+    }
     seen = seen || f.changes_training;
     EXPECT_EQ(f.changes_training, f.policy.lora.enabled()) << f.family;
   }
@@ -206,6 +208,37 @@ TEST(LoraEstimate, FitProposesLoraLastAndOnlyWhenNothingElseFitsOnTheDevice) {
   const FitResult small = fit_search(model_preset("gpt2-tiny"), p, c, {}, fo);
   ASSERT_FALSE(small.ranked.empty());
   for (const FitCandidate& f : small.ranked) EXPECT_FALSE(f.changes_training) << f.family;
+}
+
+// FSDP-QLoRA's headline: a 70B model fine-tuned on two 24 GB cards. Nothing that trains every
+// weight fits there without offload, and neither does a 4-bit base held whole (35 GB); sharded
+// by ZeRO-3 over the two ranks it does, so --fit proposes it, with the flags that run it, and
+// the proposal plans to what it claimed.
+TEST(LoraEstimate, FitProposesAQuantisedBaseShardedByZero3AcrossRanks) {
+  Policy p;
+  p.seq = 512;
+  FitOptions fo;
+  fo.keep = 20;
+  Cluster c = one("rtx4090-24gb");
+  c.gpus_per_node = 2;
+  const FitResult r = fit_search(model_preset("llama-2-70b"), p, c, with_quant(), fo);
+  const FitCandidate* sharded = nullptr;
+  for (const FitCandidate& f : r.ranked) {
+    if (!f.changes_training) {
+      EXPECT_NE(f.policy.offload_params, Tier::device) << f.family;
+      continue;
+    }
+    EXPECT_EQ(f.policy.offload_params, Tier::device) << f.family;
+    EXPECT_TRUE(f.policy.quantize_base.enabled()) << f.family << ": a 70B base in bf16 cannot fit on two 24 GB cards";
+    EXPECT_EQ(f.policy.zero_stage, 3) << f.family << ": a whole 4-bit 70B base is 35 GB";
+    if (!sharded) sharded = &f;
+  }
+  ASSERT_NE(sharded, nullptr);
+  const RankEstimate again = estimate_run(model_preset("llama-2-70b"), sharded->policy, c, with_quant());
+  EXPECT_EQ(again.device_bytes, sharded->estimate.device_bytes);
+  EXPECT_TRUE(check_fit(again, c, c.hw.memory_bytes).fits());
+  const std::string text = format_fit(r, c, c.hw.memory_bytes);
+  EXPECT_NE(text.find("--quantize-base nf4 --double-quant --zero 3)"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -295,6 +295,13 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
   refused({"train", "--lora-rank", "4", "--lora-dropout", "1"}, "--lora-dropout must be");
   refused({"train", "--lora-rank", "4", "--lora-bias", "some"}, "unknown LoRA bias 'some'");
   refused({"train", "--quantize-base", "nf4"}, "add LoRA (--lora-rank) or --freeze");
+  refused({"train", "--lora-rank", "4", "--double-quant"}, "--double-quant quantises the absmax of a 4-bit base: add "
+                                                           "--quantize-base nf4 or fp4");
+  refused({"plan", "--lora-rank", "4", "--double-quant"}, "add --quantize-base nf4 or fp4");
+  refused({"plan", "--world-size", "2", "--tensor-parallel", "2", "--lora-rank", "4", "--lora-dropout", "0.1"},
+          "--lora-dropout with tensor parallelism is not supported");
+  refused({"plan", "--world-size", "2", "--tensor-parallel", "2", "--lora-rank", "4", "--quantize-base", "nf4"},
+          "a quantised base with tensor parallelism is not supported");
   refused({"train", "--lora-rank", "4", "--quantize-base", "nf4", "--quant-block", "48"},
           "block size 48 is not one bitsandbytes supports");
 }

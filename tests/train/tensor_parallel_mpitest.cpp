@@ -135,7 +135,9 @@ void expect_gradients_match_one_rank(const std::string& model, bool sequence_par
     const Shape& local = tp.program().tensor(e.value).shape;
     ASSERT_EQ(int64_t(got.size()), local.numel()) << e.name;
     split += e.split.split();
-    if (e.split.split()) ASSERT_EQ(e.split.global, ref.program().tensor(r.value).shape) << e.name;
+    if (e.split.split()) {
+      ASSERT_EQ(e.split.global, ref.program().tensor(r.value).shape) << e.name;
+    }
     double scale = 0, diff = 0;
     for (float w : want) scale = std::max(scale, double(std::fabs(w)));
     int64_t covered = 0;
@@ -299,6 +301,23 @@ TEST(TensorParallel, FrozenParametersMatchOneRank) {
   q.attention = AttentionKind::flash;
   q.freeze = {"layers.0.*", "embed_tokens.weight", "layers.1.mlp.down_proj.weight", "norm.weight"};
   expect_trajectories_match_one_rank("llama-tiny", q, {0, 3}, 1e-5);
+}
+
+// LoRA on every linear layer under tensor parallelism (graph/lora.cpp): a column-parallel
+// weight's A replicated and B split as its rows (GPT-2's fused c_attn by its q, k, v segments),
+// a row-parallel weight's A split as its columns and B replicated, the replicated factor's
+// partial gradients summed over the tensor group. The base is frozen; losses and gradient
+// norms (which count the adapters) match one rank's.
+TEST(TensorParallel, LoraMatchesOneRank) {
+  Policy p;
+  p.lora.rank = 4;
+  p.lora.targets = {"all-linear"};
+  expect_trajectories_match_one_rank("gpt2-tiny", p, {0, 3}, 1e-5);
+  Policy q = p;
+  q.attention = AttentionKind::flash;
+  expect_trajectories_match_one_rank("llama-tiny", q, {0, 3}, 1e-5);
+  p.sequence_parallel = true;
+  expect_trajectories_match_one_rank("gpt2-tiny", p, {2}, 1e-5);
 }
 
 // Recomputation replays the forward's tensor-group sums; bf16 rounds each rank's partial sums.
