@@ -33,6 +33,7 @@ std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Comm
   std::map<TensorId, std::vector<size_t>> buckets;  // bucket root -> parameter indices
   for (size_t i = 0; i < p.params().size(); ++i) {
     const ParamEntry& e = p.params()[i];
+    if (e.value == kNoTensor) continue;  // stored only quantised, not as values: a QLoRA run saves its adapter
     if (e.whole_state() && e.value_shard == kNoTensor) {
       out[i].resize(size_t(p.tensor(e.value).numel()));
       load_parameter_range(ex, e, 0, out[i], staging);
