@@ -33,6 +33,22 @@ inline Communicator& world() {
   return *c;
 }
 
+// Power-of-two worlds sum every element as the same pairwise tree over rank order, whichever
+// collective and block carries it (dist/mpi_ring.hpp), so ZeRO's stages agree bit for bit there.
+inline bool pairwise_sums() { return (world().size() & (world().size() - 1)) == 0; }
+
+// Each loss of `got` within `tolerance` of `want`'s, relative; returns the largest relative
+// difference.
+inline double expect_losses_near(const std::vector<float>& got, const std::vector<float>& want, double tolerance) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    worst = std::max(worst, std::abs(double(got[i]) - double(want[i])) / double(want[i]));
+    EXPECT_NEAR(got[i], want[i], tolerance * want[i]) << "step " << i + 1;
+  }
+  return worst;
+}
+
 class StepAllocations final : public RunHooks {
  public:
   void before_step(int64_t step) override {

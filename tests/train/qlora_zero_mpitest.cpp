@@ -31,6 +31,7 @@
 #include "io/safetensors.hpp"
 #include "runtime/executor.hpp"
 #include "support/alloc_counter.hpp"
+#include "support/mpi_test.hpp"
 #include "support/paths.hpp"
 #include "support/tensor_values.hpp"
 #include "train/trainer.hpp"
@@ -40,12 +41,8 @@ namespace {
 
 constexpr int64_t kSteps = 6, kRowsPerRank = 2;
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = make_mpi_communicator();
-  return *c;
-}
-
-bool pairwise_sums() { return (comm().size() & (comm().size() - 1)) == 0; }
+Communicator& comm() { return test::world(); }
+using test::pairwise_sums;
 
 struct Case {
   std::string model;  // a preset, or an HF config.json
@@ -176,12 +173,7 @@ void expect_every_stage_matches_one_rank(const Case& k) {
     EXPECT_TRUE(report["memory"]["all_ranks_equal"].get<bool>());
     EXPECT_EQ(report["memory"]["planned_peak_bytes"]["device"], report["memory"]["measured_peak_bytes"]["device"]);
     const Trajectory t = trajectory_of(report);
-    ASSERT_EQ(t.loss.size(), ref.loss.size());
-    double worst = 0;
-    for (size_t i = 0; i < t.loss.size(); ++i) {
-      worst = std::max(worst, std::abs(double(t.loss[i]) - double(ref.loss[i])) / double(ref.loss[i]));
-      EXPECT_NEAR(t.loss[i], ref.loss[i], tolerance * ref.loss[i]) << "step " << i + 1;
-    }
+    const double worst = test::expect_losses_near(t.loss, ref.loss, tolerance);
     EXPECT_NEAR(t.validation, ref.validation, tolerance * ref.validation);
     if (stage == 0) {
       stage0 = t;
@@ -246,8 +238,7 @@ TEST(QloraZero, Stage3OffloadHpzAndQwzKeepTheQuantisedBytes) {
     EXPECT_EQ(report["memory"]["planned_peak_bytes"], report["memory"]["measured_peak_bytes"]);
     expect_pieces_of_the_whole(watch0, watch);
     const Trajectory t = trajectory_of(report);
-    ASSERT_EQ(t.loss.size(), ref.loss.size());
-    for (size_t i = 0; i < t.loss.size(); ++i) EXPECT_NEAR(t.loss[i], ref.loss[i], 2e-3 * ref.loss[i]) << "step " << i + 1;
+    test::expect_losses_near(t.loss, ref.loss, 2e-3);
     if (v.exact && pairwise_sums()) {
       EXPECT_EQ(t.loss, stage0.loss) << "power-of-two world: the same sums as stage 0";
     }
@@ -353,11 +344,4 @@ TEST(QloraZero, LoadedHfWeightsEveryStageMatchesOneRank) {
 }  // namespace
 }  // namespace memfit
 
-int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
-  if (memfit::comm().rank() != 0) {  // one report, from rank 0; every rank's failures still fail the run
-    auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return memfit::test::run_mpi_tests(argc, argv); }

@@ -97,9 +97,10 @@ void expect_close(int stage, int bits, double tolerance, int accum = 1, Precisio
   // Two hops with 4 ranks: rank 0's only bytes leaving its node are the second hop's, a third
   // of the gradient bytes (the first hop sends wire(2S), the second wire(S)); one hop over 4
   // would send two of its three parts across. Its rings (gathers, the loss) stay on its node.
-  if (comm().size() == 4 && comm().rank() == 0)
+  if (comm().size() == 4 && comm().rank() == 0) {
     EXPECT_NEAR(qgz.report["distributed"]["communication"]["inter_node_bytes"].get<double>(), grad_bytes(qgz) / 3,
                 1e-6 * grad_bytes(qgz));
+  }
   if (comm().rank() == 0)
     std::printf("  stage %d int%d accumulation %d %s: largest relative loss difference %.3g (last step %.3g); "
                 "gradient bytes %.0f -> %.0f per rank per step; device peak %.0f -> %.0f bytes\n",

@@ -256,18 +256,9 @@ void backward_task(const Geometry& g, const T* dy, const T* qkv, const T* y, con
         tile_gemm(bc, HS, br, ds, 1, kB, q.p, q.ld, dk, HS, !first);
       }
     }
-    T* dkb = dqkv + (b * T_ + k0) * ld + g.shape.k_col(j);
-    T* dvb = dqkv + (b * T_ + k0) * ld + g.shape.v_col(j);
-    for (int64_t r = 0; r < bc; ++r) {
-      store_row(dkb + r * ld, dk + r * HS, HS, 1.0f, accumulate);
-      store_row(dvb + r * ld, dv + r * HS, HS, 1.0f, accumulate);
-    }
+    store_kv_grads(g, dqkv, b, j, k0, bc, dk, dv, accumulate, store_row<T>);
   }
-  for (int64_t i = 0; i < G; ++i) {
-    T* dqb = dqkv + b * T_ * ld + g.shape.q_col(j * G + i);
-    const float* dq = dq_all + i * dq_stride;
-    for (int64_t t = 0; t < T_; ++t) store_row(dqb + t * ld, dq + t * HS, HS, 1.0f, accumulate);
-  }
+  store_q_grads(g, dqkv, b, j, dq_all, dq_stride, accumulate, store_row<T>);
 }
 
 // With AVX512-BF16 the bf16 tasks carve their own layout: a slice holds either (the plan does

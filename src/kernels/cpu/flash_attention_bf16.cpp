@@ -365,18 +365,9 @@ void bf16_backward_task(const Geometry& g, const bf16_t* dy, const bf16_t* qkv, 
         tile_dot_bf16(bc, HS, pairs(br), pk, 1, kB, qv, HS, dk, HS, 1.0f, !first, diag ? k_from_row : none);
       }
     }
-    bf16_t* dkb = dqkv + (b * T_ + k0) * ld + g.shape.k_col(j);
-    bf16_t* dvb = dqkv + (b * T_ + k0) * ld + g.shape.v_col(j);
-    for (int64_t r = 0; r < bc; ++r) {
-      store_row(dkb + r * ld, dk + r * HS, HS, 1.0f, accumulate);
-      store_row(dvb + r * ld, dv + r * HS, HS, 1.0f, accumulate);
-    }
+    store_kv_grads(g, dqkv, b, j, k0, bc, dk, dv, accumulate, store_row);
   }
-  for (int64_t i = 0; i < G; ++i) {
-    bf16_t* dqb = dqkv + b * T_ * ld + g.shape.q_col(j * G + i);
-    const float* dq = dq_all + i * dq_stride;
-    for (int64_t t = 0; t < T_; ++t) store_row(dqb + t * ld, dq + t * HS, HS, 1.0f, accumulate);
-  }
+  store_q_grads(g, dqkv, b, j, dq_all, dq_stride, accumulate, store_row);
 }
 
 }  // namespace memfit::flash

@@ -45,6 +45,29 @@ struct Geometry {
   int64_t size(int64_t block) const { return std::min(kB, T - block * kB); }
 };
 
+// The backward's stores, with the storage type's row store (`store(dst, src, n, scale,
+// accumulate)`): key block k0's dk and dv (bc rows) of kv head j of batch b, and each query head
+// of its group's dq (rows of dq_stride floats apart in dq_all).
+template <class T, class Store>
+void store_kv_grads(const Geometry& g, T* dqkv, int64_t b, int64_t j, int64_t k0, int64_t bc, const float* dk,
+                    const float* dv, bool accumulate, Store store) {
+  T* dkb = dqkv + (b * g.T + k0) * g.W + g.shape.k_col(j);
+  T* dvb = dqkv + (b * g.T + k0) * g.W + g.shape.v_col(j);
+  for (int64_t r = 0; r < bc; ++r) {
+    store(dkb + r * g.W, dk + r * g.HS, g.HS, 1.0f, accumulate);
+    store(dvb + r * g.W, dv + r * g.HS, g.HS, 1.0f, accumulate);
+  }
+}
+template <class T, class Store>
+void store_q_grads(const Geometry& g, T* dqkv, int64_t b, int64_t j, const float* dq_all, int64_t dq_stride,
+                   bool accumulate, Store store) {
+  for (int64_t i = 0; i < g.G; ++i) {
+    T* dqb = dqkv + b * g.T * g.W + g.shape.q_col(j * g.G + i);
+    const float* dq = dq_all + i * dq_stride;
+    for (int64_t t = 0; t < g.T; ++t) store(dqb + t * g.W, dq + t * g.HS, g.HS, 1.0f, accumulate);
+  }
+}
+
 #if defined(__AVX512BF16__)
 // Per-thread scratch in floats of the bf16 tasks (they assert it).
 int64_t bf16_forward_floats(int64_t HS);

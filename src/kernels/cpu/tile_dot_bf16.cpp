@@ -5,6 +5,7 @@
 #include "kernels/cpu/avx512_quiet.hpp"
 
 #include "kernels/cpu/tile_dot_bf16.hpp"
+#include "kernels/cpu/tile_blocks.hpp"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -55,25 +56,8 @@ void block(int64_t p0, int64_t p1, const uint32_t* a, int64_t a_rs, int64_t a_cs
 using BlockFn = void (*)(int64_t, int64_t, const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t, float*, int64_t,
                          float, bool, __mmask16);
 
-template <int MR>
-BlockFn block_for(int nv) {
-  switch (nv) {
-    case 1: return block<MR, 1>;
-    case 2: return block<MR, 2>;
-    case 3: return block<MR, 3>;
-    default: return block<MR, 4>;
-  }
-}
-
 BlockFn block_for(int rows, int nv) {
-  switch (rows) {
-    case 1: return block_for<1>(nv);
-    case 2: return block_for<2>(nv);
-    case 3: return block_for<3>(nv);
-    case 4: return block_for<4>(nv);
-    case 5: return block_for<5>(nv);
-    default: return block_for<6>(nv);
-  }
+  return pick_block(rows, nv, []<int MR, int NV>() -> BlockFn { return &block<MR, NV>; });
 }
 
 __mmask16 lanes_mask(int64_t lanes) { return __mmask16((1u << lanes) - 1u); }

@@ -3,6 +3,7 @@
 // kRows * NV fused multiply-adds, all accumulators staying in registers until the block is
 // stored once (measured: ~175 GFLOP/s on one core for 64 x 64 x 64 tiles in L1).
 #include "kernels/cpu/tile_gemm.hpp"
+#include "kernels/cpu/tile_blocks.hpp"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -54,25 +55,8 @@ void block(int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b
 using BlockFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, bool,
                          __mmask16);
 
-template <int MR>
-BlockFn block_for(int nv) {
-  switch (nv) {
-    case 1: return block<MR, 1>;
-    case 2: return block<MR, 2>;
-    case 3: return block<MR, 3>;
-    default: return block<MR, 4>;
-  }
-}
-
 BlockFn block_for(int rows, int nv) {
-  switch (rows) {
-    case 1: return block_for<1>(nv);
-    case 2: return block_for<2>(nv);
-    case 3: return block_for<3>(nv);
-    case 4: return block_for<4>(nv);
-    case 5: return block_for<5>(nv);
-    default: return block_for<6>(nv);
-  }
+  return pick_block(rows, nv, []<int MR, int NV>() -> BlockFn { return &block<MR, NV>; });
 }
 
 #endif
