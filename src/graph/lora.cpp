@@ -73,9 +73,9 @@ void LoraRewrite::declare(GraphBuilder& b) {
   const TensorParallel& tp = b.tensor_parallel();
   for (const LinearModule& m : targets) {
     // Copies: declaring parameters grows the parameter and tensor tables.
-    const TensorId w = find_param(p, m.weight)->value;
-    const TensorSplit ws = find_param(p, m.weight)->split;
-    const TensorSplit::Axis axis = ws.axis;
+    const ParamEntry* base = find_param(p, m.weight);
+    const TensorId w = base->value;
+    const TensorSplit ws = base->split;
     b.set_layer(p.tensor(w).layer);
     Branch br{m};
     // Tensor parallelism (Megatron's LoRA): a column-parallel weight (its output rows split)
@@ -83,7 +83,7 @@ void LoraRewrite::declare(GraphBuilder& b) {
     // split as its columns and a replicated B. The module's sizes are this rank's; the
     // parameters are declared with the one-rank shapes, so initialisation draws the one-rank
     // values (A's bound from the whole fan-in) and checkpoints describe global tensors.
-    const bool column = axis == TensorSplit::Axis::rows, row = axis == TensorSplit::Axis::columns;
+    const bool column = ws.axis == TensorSplit::Axis::rows, row = ws.axis == TensorSplit::Axis::columns;
     const int64_t in = row ? m.cols * tp.parts : m.cols, out = column ? m.rows * tp.parts : m.rows;
     const Shape a_shape{lora_.rank, in}, b_shape{out, lora_.rank};
     const float bound = float(1.0 / std::sqrt(double(in)));

@@ -453,7 +453,7 @@ struct ZeroPass {
   template <class Push>
   void emit_arrivals(const std::vector<size_t>& arrivals, Push& push, int s) {
     for (size_t g : arrivals) {
-      if (qwz && g < qwz_of.size() && qwz_of[g].wire != kNoTensor) push(qwz_of[g].dequantize, s);
+      if (qwz && qwz_of[g].wire != kNoTensor) push(qwz_of[g].dequantize, s);
       if (g < hpz_of.size() && hpz_of[g].secondary != kNoTensor) push(hpz_of[g].copy, s);
     }
   }

@@ -88,6 +88,31 @@ inline std::vector<float> losses_from(const nlohmann::json& report, size_t from)
   return v;
 }
 
+// A run's training losses and its last validation loss.
+struct LossCurve {
+  std::vector<float> loss;
+  float validation = 0;
+};
+inline LossCurve loss_curve(const nlohmann::json& report) {
+  return {losses_from(report, 0), report["validation"]["last"].get<float>()};
+}
+
+// The world-size-1 run of c (its steps and a validation), computed by rank 0 and shared with
+// every rank: the oracle of the data-parallel runs of the same global batch.
+inline LossCurve one_rank_curve(const RunConfig& c) {
+  std::vector<float> buf(size_t(c.steps) + 1, 0.0f);
+  if (world().rank() == 0) {
+    auto single = make_single_process_communicator();
+    std::ostringstream log;
+    const LossCurve t = loss_curve(run_training(c, log, nullptr, single.get()));
+    EXPECT_EQ(t.loss.size(), size_t(c.steps));
+    std::copy_n(t.loss.begin(), std::min(t.loss.size(), size_t(c.steps)), buf.begin());
+    buf.back() = t.validation;
+  }
+  world().broadcast(buf.data(), int64_t(buf.size()), DType::f32, 0);
+  return {std::vector<float>(buf.begin(), buf.end() - 1), buf.back()};
+}
+
 // A resumed run against the uninterrupted run of the same layout (collective over c): runs
 // `whole`, then `resumed` (the same run with --resume of a checkpoint after step `saved_step`),
 // expects every later loss within `bound` (relative), every planned tier measured on every

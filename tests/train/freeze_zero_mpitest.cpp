@@ -34,6 +34,7 @@
 #include "runtime/executor.hpp"
 #include "support/tensor_values.hpp"
 #include "support/alloc_counter.hpp"
+#include "support/mpi_test.hpp"
 #include "train/trainer.hpp"
 
 namespace memfit {
@@ -41,14 +42,8 @@ namespace {
 
 constexpr int64_t kSteps = 12, kRowsPerRank = 2;
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = make_mpi_communicator();
-  return *c;
-}
-
-// Power-of-two worlds sum every element as the same pairwise tree over rank order, whichever
-// collective and block carries it (dist/mpi_ring.hpp), so the stages' sums agree bit for bit.
-bool pairwise_sums() { return (comm().size() & (comm().size() - 1)) == 0; }
+Communicator& comm() { return test::world(); }
+using test::pairwise_sums;
 
 struct Model {
   std::string name;
@@ -115,31 +110,11 @@ class FrozenWatch final : public RunHooks {
   std::map<std::string, std::vector<std::byte>> before_;
 };
 
-struct Trajectory {
-  std::vector<float> loss;
-  float validation = 0;
-};
-
-Trajectory trajectory_of(const nlohmann::json& report) {
-  Trajectory t;
-  for (const auto& x : report["loss"]["history"]) t.loss.push_back(x.get<float>());
-  t.validation = report["validation"]["last"].get<float>();
-  return t;
-}
+using Trajectory = test::LossCurve;
+using test::loss_curve;
 
 // The world-size-1 freeze run on rank 0, shared with every rank.
-Trajectory reference(const Model& m, const Policy& policy) {
-  std::vector<float> buf(kSteps + 1, 0.0f);
-  if (comm().rank() == 0) {
-    auto single = make_single_process_communicator();
-    std::ostringstream log;
-    const Trajectory t = trajectory_of(run_training(config(m, policy, 1), log, nullptr, single.get()));
-    std::copy(t.loss.begin(), t.loss.end(), buf.begin());
-    buf[kSteps] = t.validation;
-  }
-  comm().broadcast(buf.data(), int64_t(buf.size()), DType::f32, 0);
-  return Trajectory{std::vector<float>(buf.begin(), buf.begin() + kSteps), buf[kSteps]};
-}
+Trajectory reference(const Model& m, const Policy& policy) { return test::one_rank_curve(config(m, policy, 1)); }
 
 void expect_every_stage_matches_one_rank(const Model& m, const Policy& base, double tolerance) {
   const Trajectory ref = reference(m, base);
@@ -157,13 +132,8 @@ void expect_every_stage_matches_one_rank(const Model& m, const Policy& base, dou
     EXPECT_EQ(watch.allocations, 0);
     EXPECT_TRUE(report["memory"]["all_ranks_equal"].get<bool>());
     EXPECT_EQ(report["memory"]["planned_peak_bytes"]["device"], report["memory"]["measured_peak_bytes"]["device"]);
-    const Trajectory t = trajectory_of(report);
-    ASSERT_EQ(t.loss.size(), ref.loss.size());
-    double worst = 0;
-    for (size_t i = 0; i < t.loss.size(); ++i) {
-      worst = std::max(worst, std::abs(double(t.loss[i]) - double(ref.loss[i])) / double(ref.loss[i]));
-      EXPECT_NEAR(t.loss[i], ref.loss[i], tolerance * ref.loss[i]) << "step " << i + 1;
-    }
+    const Trajectory t = loss_curve(report);
+    const double worst = test::expect_losses_near(t.loss, ref.loss, tolerance);
     EXPECT_NEAR(t.validation, ref.validation, tolerance * ref.validation);
     if (stage == 0) {
       stage0 = t;
@@ -210,7 +180,7 @@ TEST(FreezeZero, ResumedRunContinuesBitForBit) {
     const std::string dir = fmt::format("/tmp/memfit-freeze-zero-checkpoint-{}-{}-{}", comm().size(), id, stage);
     std::ostringstream log;
     const RunConfig whole = config(kGpt2, p, comm().size());
-    const Trajectory a = trajectory_of(run_training(whole, log, nullptr, &comm()));
+    const Trajectory a = loss_curve(run_training(whole, log, nullptr, &comm()));
     RunConfig first = whole;
     first.steps = kSteps / 2;
     first.checkpoint_dir = dir;
@@ -218,7 +188,7 @@ TEST(FreezeZero, ResumedRunContinuesBitForBit) {
     RunConfig second = whole;
     second.resume = dir;
     FrozenWatch watch;  // the resumed frozen values stay what the checkpoint held
-    const Trajectory b = trajectory_of(run_training(second, log, &watch, &comm()));
+    const Trajectory b = loss_curve(run_training(second, log, &watch, &comm()));
     EXPECT_GT(watch.frozen, 0);
     ASSERT_EQ(b.loss.size(), size_t(kSteps / 2));
     for (size_t i = 0; i < b.loss.size(); ++i) EXPECT_EQ(b.loss[i], a.loss[kSteps / 2 + i]) << "step " << kSteps / 2 + i + 1;
@@ -278,11 +248,4 @@ TEST(FreezeZero, SavedWholeWeightsEqualStageZero) {
 }  // namespace
 }  // namespace memfit
 
-int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
-  if (memfit::comm().rank() != 0) {  // one report, from rank 0; every rank's failures still fail the run
-    auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return memfit::test::run_mpi_tests(argc, argv); }

@@ -113,31 +113,11 @@ class StorageWatch final : public RunHooks {
   int64_t allocations = 0;
 };
 
-struct Trajectory {
-  std::vector<float> loss;
-  float validation = 0;
-};
-
-Trajectory trajectory_of(const nlohmann::json& report) {
-  Trajectory t;
-  for (const auto& x : report["loss"]["history"]) t.loss.push_back(x.get<float>());
-  t.validation = report["validation"]["last"].get<float>();
-  return t;
-}
+using Trajectory = test::LossCurve;
+using test::loss_curve;
 
 // The world-size-1 run on rank 0, shared with every rank.
-Trajectory reference(const Case& k) {
-  std::vector<float> buf(kSteps + 1, 0.0f);
-  if (comm().rank() == 0) {
-    auto single = make_single_process_communicator();
-    std::ostringstream log;
-    const Trajectory t = trajectory_of(run_training(config(k, 0, 1), log, nullptr, single.get()));
-    std::copy(t.loss.begin(), t.loss.end(), buf.begin());
-    buf[kSteps] = t.validation;
-  }
-  comm().broadcast(buf.data(), int64_t(buf.size()), DType::f32, 0);
-  return Trajectory{std::vector<float>(buf.begin(), buf.begin() + kSteps), buf[kSteps]};
-}
+Trajectory reference(const Case& k) { return test::one_rank_curve(config(k, 0, 1)); }
 
 // (a): this rank's pieces against stage 0's whole bytes, and every byte held by one rank.
 void expect_pieces_of_the_whole(const StorageWatch& stage0, const StorageWatch& stage3) {
@@ -172,7 +152,7 @@ void expect_every_stage_matches_one_rank(const Case& k) {
     EXPECT_EQ(watch.allocations, 0);
     EXPECT_TRUE(report["memory"]["all_ranks_equal"].get<bool>());
     EXPECT_EQ(report["memory"]["planned_peak_bytes"]["device"], report["memory"]["measured_peak_bytes"]["device"]);
-    const Trajectory t = trajectory_of(report);
+    const Trajectory t = loss_curve(report);
     const double worst = test::expect_losses_near(t.loss, ref.loss, tolerance);
     EXPECT_NEAR(t.validation, ref.validation, tolerance * ref.validation);
     if (stage == 0) {
@@ -212,7 +192,7 @@ TEST(QloraZero, Stage3OffloadHpzAndQwzKeepTheQuantisedBytes) {
   const Trajectory ref = reference(k);
   StorageWatch watch0;
   std::ostringstream log0;
-  const Trajectory stage0 = trajectory_of(run_training(config(k, 0, comm().size()), log0, &watch0, &comm()));
+  const Trajectory stage0 = loss_curve(run_training(config(k, 0, comm().size()), log0, &watch0, &comm()));
   struct Variant {
     const char* name;
     std::function<void(RunConfig&)> set;
@@ -237,7 +217,7 @@ TEST(QloraZero, Stage3OffloadHpzAndQwzKeepTheQuantisedBytes) {
     EXPECT_TRUE(report["memory"]["all_ranks_equal"].get<bool>());
     EXPECT_EQ(report["memory"]["planned_peak_bytes"], report["memory"]["measured_peak_bytes"]);
     expect_pieces_of_the_whole(watch0, watch);
-    const Trajectory t = trajectory_of(report);
+    const Trajectory t = loss_curve(report);
     test::expect_losses_near(t.loss, ref.loss, 2e-3);
     if (v.exact && pairwise_sums()) {
       EXPECT_EQ(t.loss, stage0.loss) << "power-of-two world: the same sums as stage 0";
@@ -263,7 +243,7 @@ TEST(QloraZero, Stage3CheckpointResumesAndReshardsTheQuantisedBase) {
   run_training(config(k, 0, comm().size()), log, &watch0, &comm());
   StorageWatch watch3;
   const RunConfig whole = config(k, 3, comm().size());
-  const Trajectory a = trajectory_of(run_training(whole, log, &watch3, &comm()));
+  const Trajectory a = loss_curve(run_training(whole, log, &watch3, &comm()));
   RunConfig first = whole;
   first.steps = kSteps / 2;
   first.checkpoint_dir = dir;
@@ -272,7 +252,7 @@ TEST(QloraZero, Stage3CheckpointResumesAndReshardsTheQuantisedBase) {
   second.load.clear();
   second.resume = dir;
   StorageWatch resumed;
-  const Trajectory b = trajectory_of(run_training(second, log, &resumed, &comm()));
+  const Trajectory b = loss_curve(run_training(second, log, &resumed, &comm()));
   ASSERT_EQ(b.loss.size(), size_t(kSteps / 2));
   for (size_t i = 0; i < b.loss.size(); ++i) EXPECT_EQ(b.loss[i], a.loss[kSteps / 2 + i]) << "step " << kSteps / 2 + i + 1;
   EXPECT_EQ(b.validation, a.validation);
@@ -288,7 +268,7 @@ TEST(QloraZero, Stage3CheckpointResumesAndReshardsTheQuantisedBase) {
     one.load.clear();
     one.resume = dir;
     StorageWatch resharded;
-    const Trajectory c = trajectory_of(run_training(one, log, &resharded, single.get()));
+    const Trajectory c = loss_curve(run_training(one, log, &resharded, single.get()));
     EXPECT_TRUE(resharded.whole_after == watch0.whole) << "the resharded quantised base differs from stage 0's";
     ASSERT_EQ(c.loss.size(), size_t(kSteps / 2));
     for (size_t i = 0; i < c.loss.size(); ++i)

@@ -31,6 +31,7 @@
 #include "kernels/cpu/tile_gemm.hpp"
 #include "kernels/cpu/transpose.hpp"
 #include "kernels/cpu/vec_math.hpp"
+#include "kernels/cpu/vec_math_avx512.hpp"
 
 namespace memfit {
 namespace {
@@ -48,35 +49,6 @@ float* thread_slice(void* scratch, const AttentionShape& s, int threads) {
   MEMFIT_ASSERT(t < threads, "attention runs on thread {} but has scratch for {}", t, threads);
   return static_cast<float*>(scratch) + int64_t(t) * slice_floats(s);
 }
-
-#if defined(__AVX512F__)
-// exp_approx and softmax_exp of vec_math.hpp on 16 lanes, the same operations in the same
-// order (so the same bits); GCC's `omp simd` form of these row loops spent most of its time
-// in scalar remainders and in reducing its per-lane arrays, 1.1 ms per 24 heads of T = 256.
-__m512 softmax_exp16(__m512 x) {
-  const __m512 clamped = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-  const __m512 round = _mm512_set1_ps(12582912.0f);
-  const __m512 t = _mm512_add_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)), round);
-  const __m512 n = _mm512_sub_ps(t, round);
-  const __m512i ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(round));
-  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.4286068203094172e-06f),
-                                   _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), clamped));
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(ni, _mm512_set1_epi32(127)), 23));
-  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-44.3614195558365f), _CMP_GE_OQ);
-  return _mm512_maskz_mul_ps(kept, p, scale);
-}
-
-__mmask16 lanes_below(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
-
-#endif
 
 // dst[t * HS + d] = src[t * ld + d]: T rows of HS floats made contiguous. Read in place, the
 // rows of q, k, v (3C floats apart) or dy (C apart) fall on a quarter of the L1 sets when C

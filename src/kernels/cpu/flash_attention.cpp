@@ -37,6 +37,9 @@ using flash::Carver;
 using flash::Geometry;
 using flash::kB;
 using flash::round_up;
+using flash::store_kv_grads;
+using flash::store_q_grads;
+using flash::store_row;
 
 // Per-thread scratch in floats: what forward_task / backward_task carve (they assert it).
 int64_t forward_floats(int64_t HS) {
@@ -68,21 +71,6 @@ RowsF32 rows_f32(const T* src, int64_t ld, int64_t rows, int64_t cols, float* bu
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) buffer[r * cols + c] = widen(src[r * ld + c]);
     return {buffer, cols};
-  }
-}
-
-template <class T>
-void store_row(T* dst, const float* src, int64_t n, float scale, bool accumulate) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (accumulate) {
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) dst[i] += src[i] * scale;
-    } else {
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * scale;
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = narrow<T>(accumulate ? widen(dst[i]) + src[i] * scale : src[i] * scale);
   }
 }
 
@@ -256,9 +244,9 @@ void backward_task(const Geometry& g, const T* dy, const T* qkv, const T* y, con
         tile_gemm(bc, HS, br, ds, 1, kB, q.p, q.ld, dk, HS, !first);
       }
     }
-    store_kv_grads(g, dqkv, b, j, k0, bc, dk, dv, accumulate, store_row<T>);
+    store_kv_grads(g, dqkv, b, j, k0, bc, dk, dv, accumulate);
   }
-  store_q_grads(g, dqkv, b, j, dq_all, dq_stride, accumulate, store_row<T>);
+  store_q_grads(g, dqkv, b, j, dq_all, dq_stride, accumulate);
 }
 
 // With AVX512-BF16 the bf16 tasks carve their own layout: a slice holds either (the plan does

@@ -25,7 +25,7 @@
 
 #include "core/error.hpp"
 #include "kernels/cpu/tile_dot_bf16.hpp"
-#include "kernels/cpu/vec_math.hpp"
+#include "kernels/cpu/vec_math_avx512.hpp"
 
 namespace memfit::flash {
 namespace {
@@ -74,7 +74,7 @@ void transpose_words(const bf16_t* src, int64_t ld, int64_t rows, int64_t cols, 
         u[g][0] = _mm512_unpacklo_epi64(t0, t2), u[g][1] = _mm512_unpackhi_epi64(t0, t2);
         u[g][2] = _mm512_unpacklo_epi64(t1, t3), u[g][3] = _mm512_unpackhi_epi64(t1, t3);
       }
-      const __mmask16 lanes = rows - r0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (rows - r0)) - 1u);
+      const __mmask16 lanes = lanes_below(rows - r0);
       for (int j = 0; j < 4; ++j) {
         // 0x88 takes 128-bit lanes 0 and 2 of each operand, 0xDD lanes 1 and 3.
         const __m512i x0 = _mm512_shuffle_i32x4(u[0][j], u[1][j], 0x88);
@@ -98,7 +98,7 @@ void interleave_rows(const bf16_t* src, int64_t ld, int64_t rows, int64_t cols, 
     const bf16_t *lo = src + r * ld, *hi = src + (r + 1) * ld;
     const bool has_hi = r + 1 < rows;
     for (int64_t c = 0; c < cols; c += 16) {
-      const __mmask16 m = cols - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c)) - 1u);
+      const __mmask16 m = lanes_below(cols - c);
       const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo + c));
       const __m512i b = has_hi ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi + c)) : _mm512_setzero_si512();
       _mm512_mask_storeu_epi32(dst + (r / 2) * ldw + c, m, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
@@ -106,31 +106,7 @@ void interleave_rows(const bf16_t* src, int64_t ld, int64_t rows, int64_t cols, 
   }
 }
 
-void store_row(bf16_t* dst, const float* src, int64_t n, float scale, bool accumulate) {
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = narrow<bf16_t>(accumulate ? widen(dst[i]) + src[i] * scale : src[i] * scale);
-}
-
 int64_t pairs(int64_t n) { return (n + 1) / 2; }
-
-// softmax_exp (vec_math.hpp) on 16 lanes, the same operations in the same order; lanes
-// outside `keep` are 0.
-__m512 softmax_exp16(__m512 x, __mmask16 keep) {
-  keep &= _mm512_cmp_ps_mask(x, _mm512_set1_ps(-44.3614195558365f), _CMP_NLT_US);  // below 2^-64: 0
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
-  const __m512 round = _mm512_set1_ps(12582912.0f);
-  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round);
-  const __m512 n = _mm512_sub_ps(t, round);
-  const __m512i ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(round));
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.4286068203094172e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(ni, _mm512_set1_epi32(127)), 23));
-  return _mm512_maskz_mul_ps(keep, p, scale);
-}
 
 // Two rows' 16-column vectors as words of row pairs (lo in the low halves).
 __m512i pair_words(__m512 lo, __m512 hi) {
@@ -253,8 +229,7 @@ void row_dots(const Geometry& g, const bf16_t* dyb, const bf16_t* yb, float* D) 
 
 // Columns [c0, c0 + 16) of the tile's row r that are visible: c < min(bc, r + offset).
 __mmask16 visible_columns(int64_t r, int64_t c0, int64_t offset, int64_t bc) {
-  const int64_t n = std::min(bc, r + offset) - c0;
-  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
+  return lanes_below(std::min(bc, r + offset) - c0);
 }
 
 // p = softmax_exp(s - lse) over the visible columns of rows [0, br) of the tile (query r sees
@@ -365,9 +340,9 @@ void bf16_backward_task(const Geometry& g, const bf16_t* dy, const bf16_t* qkv, 
         tile_dot_bf16(bc, HS, pairs(br), pk, 1, kB, qv, HS, dk, HS, 1.0f, !first, diag ? k_from_row : none);
       }
     }
-    store_kv_grads(g, dqkv, b, j, k0, bc, dk, dv, accumulate, store_row);
+    store_kv_grads(g, dqkv, b, j, k0, bc, dk, dv, accumulate);
   }
-  store_q_grads(g, dqkv, b, j, dq_all, dq_stride, accumulate, store_row);
+  store_q_grads(g, dqkv, b, j, dq_all, dq_stride, accumulate);
 }
 
 }  // namespace memfit::flash

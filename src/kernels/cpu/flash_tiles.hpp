@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/half.hpp"
 #include "kernels/cpu/attention.hpp"
@@ -45,26 +46,41 @@ struct Geometry {
   int64_t size(int64_t block) const { return std::min(kB, T - block * kB); }
 };
 
-// The backward's stores, with the storage type's row store (`store(dst, src, n, scale,
-// accumulate)`): key block k0's dk and dv (bc rows) of kv head j of batch b, and each query head
-// of its group's dq (rows of dq_stride floats apart in dq_all).
-template <class T, class Store>
+// dst = scale src (or dst += scale src), n values, rounded once to the storage type.
+template <class T>
+void store_row(T* dst, const float* src, int64_t n, float scale, bool accumulate) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (accumulate) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) dst[i] += src[i] * scale;
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * scale;
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = narrow<T>(accumulate ? widen(dst[i]) + src[i] * scale : src[i] * scale);
+  }
+}
+
+// The backward's stores: key block k0's dk and dv (bc rows) of kv head j of batch b, and each
+// query head of its group's dq (rows of dq_stride floats apart in dq_all).
+template <class T>
 void store_kv_grads(const Geometry& g, T* dqkv, int64_t b, int64_t j, int64_t k0, int64_t bc, const float* dk,
-                    const float* dv, bool accumulate, Store store) {
+                    const float* dv, bool accumulate) {
   T* dkb = dqkv + (b * g.T + k0) * g.W + g.shape.k_col(j);
   T* dvb = dqkv + (b * g.T + k0) * g.W + g.shape.v_col(j);
   for (int64_t r = 0; r < bc; ++r) {
-    store(dkb + r * g.W, dk + r * g.HS, g.HS, 1.0f, accumulate);
-    store(dvb + r * g.W, dv + r * g.HS, g.HS, 1.0f, accumulate);
+    store_row(dkb + r * g.W, dk + r * g.HS, g.HS, 1.0f, accumulate);
+    store_row(dvb + r * g.W, dv + r * g.HS, g.HS, 1.0f, accumulate);
   }
 }
-template <class T, class Store>
+template <class T>
 void store_q_grads(const Geometry& g, T* dqkv, int64_t b, int64_t j, const float* dq_all, int64_t dq_stride,
-                   bool accumulate, Store store) {
+                   bool accumulate) {
   for (int64_t i = 0; i < g.G; ++i) {
     T* dqb = dqkv + b * g.T * g.W + g.shape.q_col(j * g.G + i);
     const float* dq = dq_all + i * dq_stride;
-    for (int64_t t = 0; t < g.T; ++t) store(dqb + t * g.W, dq + t * g.HS, g.HS, 1.0f, accumulate);
+    for (int64_t t = 0; t < g.T; ++t) store_row(dqb + t * g.W, dq + t * g.HS, g.HS, 1.0f, accumulate);
   }
 }
 

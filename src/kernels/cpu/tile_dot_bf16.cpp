@@ -10,6 +10,8 @@
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
+#include "kernels/cpu/vec_math_avx512.hpp"
+
 namespace memfit {
 namespace {
 
@@ -60,8 +62,6 @@ BlockFn block_for(int rows, int nv) {
   return pick_block(rows, nv, []<int MR, int NV>() -> BlockFn { return &block<MR, NV>; });
 }
 
-__mmask16 lanes_mask(int64_t lanes) { return __mmask16((1u << lanes) - 1u); }
-
 }  // namespace
 
 void tile_dot_bf16(int64_t M, int64_t N, int64_t KP, const uint32_t* a, int64_t a_rs, int64_t a_cs, const uint32_t* b,
@@ -80,7 +80,7 @@ void tile_dot_bf16(int64_t M, int64_t N, int64_t KP, const uint32_t* a, int64_t 
       }
       if (first >= last) continue;
       const int nv = int((last - first + 15) / 16);
-      const __mmask16 tail = lanes_mask(last - first - 16 * (nv - 1));
+      const __mmask16 tail = lanes_below(last - first - 16 * (nv - 1));
       block_for(rows, nv)(p0, p1, a + m0 * a_rs, a_rs, a_cs, b + n0 + first, ldb, c + m0 * ldc + n0 + first, ldc,
                           alpha, accumulate, tail);
     }
