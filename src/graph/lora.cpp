@@ -114,9 +114,13 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
   const int64_t r = lora_.rank;
   // The base product keeps the op's name, inputs and attributes (so --fp32-ops, recompute
   // selections and a quantising pass still find it).
-  TensorId sum = b.transient(op.name + ".base.y", ys, Category::activations, dt);
-  b.emit({OpKind::matmul, op.name, op.inputs, {sum}, op.attrs, op.flops});
   const std::vector<Branch>& branches = it->second;
+  // A whole weight's one adapter adds its product into y where the base product put it (the
+  // skinny products of kernels/cpu/skinny_bf16.hpp accumulate into a bf16 y at the cost of
+  // the add alone); a fused weight's pieces add into column blocks of y, through add_columns.
+  const bool into_y = branches.size() == 1 && branches[0].module.whole();
+  TensorId sum = into_y ? y : b.transient(op.name + ".base.y", ys, Category::activations, dt);
+  b.emit({OpKind::matmul, op.name, op.inputs, {sum}, op.attrs, op.flops});
   for (size_t i = 0; i < branches.size(); ++i) {
     const Branch& br = branches[i];
     // A piece of a fused weight is named after its HF module: "...qkv_proj.q_proj.lora_A".
@@ -133,12 +137,16 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
     const TensorId xa = b.transient(site + ".lora_A.y", Shape(mid), Category::activations, dt);
     b.emit({OpKind::matmul, site + ".lora_A", {in, br.a}, {xa}, MatmulAttrs{a.m, r, a.k, false, true, 1.0f},
             2.0 * double(a.m) * double(r) * double(a.k)});
+    const MatmulAttrs b_attrs{a.m, br.module.rows, r, false, true, float(lora_.scale())};
+    const double b_flops = 2.0 * double(a.m) * double(br.module.rows) * double(r);
+    if (into_y) {
+      b.emit({OpKind::matmul, site + ".lora_B", {xa, br.b}, {y}, b_attrs, b_flops, {WriteMode::update}});
+      break;
+    }
     std::vector<int64_t> out = ys.dims();
     out.back() = br.module.rows;
     const TensorId d = b.transient(site + ".lora_B.y", Shape(out), Category::activations, dt);
-    b.emit({OpKind::matmul, site + ".lora_B", {xa, br.b}, {d},
-            MatmulAttrs{a.m, br.module.rows, r, false, true, float(lora_.scale())},
-            2.0 * double(a.m) * double(br.module.rows) * double(r)});
+    b.emit({OpKind::matmul, site + ".lora_B", {xa, br.b}, {d}, b_attrs, b_flops});
     const bool last = i + 1 == branches.size();
     const TensorId next = last ? y : b.transient(site + ".lora_sum", ys, Category::activations, dt);
     if (br.module.whole())

@@ -1,6 +1,7 @@
 #include "graph/recompute.hpp"
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 
 #include "core/error.hpp"
@@ -103,8 +104,14 @@ class Recomputer {
     for (int i = micro.begin; i < micro.end; ++i) {
       const Op& op = p_.op(i);
       if (op.phase != Phase::forward) continue;
-      for (TensorId t : op.outputs)
-        if (t != kNoTensor) producer_[size_t(t)] = i;
+      for (size_t j = 0; j < op.outputs.size(); ++j) {
+        const TensorId t = op.outputs[j];
+        if (t == kNoTensor) continue;
+        if (producer_[size_t(t)] >= 0 && op.modes.size() > j && op.modes[j] == WriteMode::update)
+          updates_[t].push_back(i);
+        else
+          producer_[size_t(t)] = i;
+      }
     }
     // The residual stream leaving a block is read by the forward ops of the next block (or
     // by ln_f, outside every block: layer -1).
@@ -159,6 +166,10 @@ class Recomputer {
     for (size_t j = 0; j < r.outputs.size(); ++j) {
       TensorId& out = r.outputs[j];
       if (out == kNoTensor) continue;
+      if (r.modes.size() > j && r.modes[j] == WriteMode::update && replayed_[size_t(out)] != kNoTensor) {
+        out = replayed_[size_t(out)];  // a later writer (LoRA's adapter adding into y) updates the copy
+        continue;
+      }
       if (keep(out) && skippable(r, j)) {
         out = kNoTensor;
         continue;
@@ -169,7 +180,13 @@ class Recomputer {
     }
     for (TensorId& w : r.workspace)
       if (p_.tensor(w).lifetime == Lifetime::transient) w = fresh_copy(w);
+    const std::vector<TensorId> written = p_.op(index).outputs;
     q_.add_op(std::move(r));
+    // The ops that update a re-emitted output in place follow it, in their forward order.
+    for (TensorId t : written)
+      if (t != kNoTensor && producer_[size_t(t)] == index && replayed_[size_t(t)] != kNoTensor)
+        if (const auto u = updates_.find(t); u != updates_.end())
+          for (int later : u->second) replay(later);
   }
 
   // A kept sibling output the kernel can leave out: the plain attention's y when only its
@@ -193,7 +210,8 @@ class Recomputer {
   const Program& p_;
   const std::vector<BlockRecompute>& blocks_;
   Program q_;
-  std::vector<int> producer_;         // forward op of the micro section writing each tensor
+  std::vector<int> producer_;         // forward op of the micro section writing each tensor (first)
+  std::map<TensorId, std::vector<int>> updates_;  // forward ops updating it in place after that, in order
   std::vector<int> boundary_;         // residual stream: layer of the block reading it (-1: none)
   std::vector<TensorId> replayed_;    // non-kept tensor -> its re-emitted copy
 };

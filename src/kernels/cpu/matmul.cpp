@@ -68,6 +68,10 @@ MatmulKernel::MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool ha
                            const MatmulTypes& types) {
   MEMFIT_CHECK(attrs.m > 0 && attrs.n > 0 && attrs.k > 0, "kernels", "matmul with empty shape m={} n={} k={}", attrs.m,
                attrs.n, attrs.k);
+  if (runs_skinny_bf16(attrs, types.a, types.b, types.c, has_bias)) {
+    skinny_ = true, c_bf16_ = types.c == DType::bf16, attrs_ = attrs;
+    return;
+  }
   if (runs_sgemm(attrs, types)) {
     sgemm_ = true;
     sgemm_shape_ = sgemm_shape(attrs);
@@ -82,6 +86,7 @@ MatmulKernel::MatmulKernel(const DnnlEnv& env, const MatmulAttrs& attrs, bool ha
 
 uint64_t MatmulKernel::scratch_bytes(const DnnlEnv& env, const MatmulAttrs& attrs, bool has_bias,
                                      WriteVariants variants, const MatmulTypes& types) {
+  if (runs_skinny_bf16(attrs, types.a, types.b, types.c, has_bias)) return skinny_bf16_scratch_bytes(attrs);
   if (runs_sgemm(attrs, types))
     return sgemm_scratch_bytes(sgemm_shape(attrs), omp_get_max_threads());
   const MatmulAttrs r = as_run(attrs, types);
@@ -94,6 +99,11 @@ uint64_t MatmulKernel::scratch_bytes(const DnnlEnv& env, const MatmulAttrs& attr
 }
 
 void MatmulKernel::bind(const void* a, const void* b, const void* bias, void* c, void* scratch) {
+  if (skinny_) {
+    skinny_a_ = static_cast<const uint16_t*>(a), skinny_b_ = static_cast<const uint16_t*>(b);
+    skinny_c_ = c, scratch_ = scratch;
+    return;
+  }
   if (sgemm_) {
     a_ = static_cast<const float*>(a), b_ = static_cast<const float*>(b), bias_ = static_cast<const float*>(bias);
     c_ = static_cast<float*>(c), scratch_ = scratch;
@@ -110,6 +120,10 @@ void MatmulKernel::bind(const void* a, const void* b, const void* bias, void* c,
 }
 
 void MatmulKernel::run(bool accumulate) const {
+  if (skinny_) {
+    skinny_bf16_matmul(attrs_, skinny_a_, skinny_b_, skinny_c_, c_bf16_, accumulate, scratch_);
+    return;
+  }
   if (sgemm_) {
     sgemm(sgemm_shape_, a_, b_, bias_, c_, accumulate, scratch_, threads_);
     return;

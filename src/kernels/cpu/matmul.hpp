@@ -1,7 +1,8 @@
 // matmul: C[M,N] = alpha * op(A) op(B) (+ bias[N]), or C += ... in accumulate mode.
 //
 // fp32 products with neither operand transposed (the dX = dY W products of a backward) run
-// memfit's sgemm (sgemm.hpp). Everything else runs oneDNN, with the transposes of MatmulAttrs
+// memfit's sgemm (sgemm.hpp); bf16 products with a side of at most 64 (LoRA's adapters) run
+// skinny_bf16.hpp's kernels. Everything else runs oneDNN, with the transposes of MatmulAttrs
 // expressed as strides of the operands; linear layers pass the weight [out, in] with trans_b.
 // Measured on the Sapphire Rapids machine (docs/benchmarks.md; 2 cores, caches flushed, GPT-2
 // 124M shapes), sgemm against oneDNN 2.6 in GFLOP/s: no transpose 302-355 against 230-275
@@ -22,6 +23,7 @@
 #include "graph/op.hpp"
 #include "kernels/cpu/dnnl_matmul.hpp"
 #include "kernels/cpu/sgemm.hpp"
+#include "kernels/cpu/skinny_bf16.hpp"
 
 namespace memfit {
 
@@ -65,6 +67,11 @@ class MatmulKernel {
   void run(bool accumulate) const;
 
  private:
+  // skinny bf16 products (skinny_bf16.hpp): the attributes and the bound addresses.
+  bool skinny_ = false, c_bf16_ = false;
+  MatmulAttrs attrs_;
+  const uint16_t *skinny_a_ = nullptr, *skinny_b_ = nullptr;
+  void* skinny_c_ = nullptr;
   // sgemm products: the shape and the bound addresses.
   bool sgemm_ = false;
   SgemmShape sgemm_shape_;
