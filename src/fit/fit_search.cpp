@@ -123,8 +123,9 @@ std::optional<DeepSpeedStep> fit_deepspeed_step(const Policy& p, int world, cons
 namespace {
 
 // Whether a candidate fits, and the bytes that decided it: memfit's plan of it (the largest
-// rank's, fixed runtime bytes included), or the predicted PyTorch peak of the same step plus the
-// same fixed runtime bytes (the framework's context and workspaces are no tensors either way).
+// rank's, fixed runtime bytes included), or the predicted PyTorch peak of the same step (on CUDA its
+// predicted reserve, torch.cuda.max_memory_reserved) plus the same fixed runtime bytes (the
+// framework's context and workspaces are no tensors either way).
 class Judge {
  public:
   Judge(const ModelSpec& spec, const Cluster& cluster, uint64_t budget, const FitOptions& o)
@@ -157,7 +158,7 @@ class Judge {
   uint64_t bytes(const Policy& q, const RankEstimate& e) const {
     if (o_.framework == FitFramework::memfit) return e.device_bytes_of_largest_rank();
     if (o_.framework == FitFramework::deepspeed) return ds_peak(q).peak + torch_runtime_bytes(cluster_);
-    return torch_peak(q).peak + torch_runtime_bytes(cluster_);
+    return pytorch_device_bytes(torch_peak(q)) + torch_runtime_bytes(cluster_);
   }
   uint64_t framework_bytes(const Policy& q, const RankEstimate& e) const {
     return o_.framework == FitFramework::memfit ? 0 : bytes(q, e);
@@ -180,7 +181,7 @@ class Judge {
     }
     const TorchPeak t = torch_peak(q);
     Overflow o;
-    const uint64_t need = t.peak + torch_runtime_bytes(cluster_);
+    const uint64_t need = pytorch_device_bytes(t) + torch_runtime_bytes(cluster_);  // the reserve on CUDA
     if (need <= budget_) return o;
     o.excess = need - budget_;
     const std::pair<uint64_t, Category> parts[] = {{t.parameters, Category::parameters},
@@ -535,7 +536,8 @@ std::string format_fit(const FitResult& r, const Cluster& c, uint64_t budget) {
     out += fmt::format("fits by the predicted peak of the same step in {} plus the fixed runtime bytes; tokens/s are "
                        "memfit's estimate\n",
                        ds ? "DeepSpeed ZeRO (--framework deepspeed)"
-                          : "HF transformers + PyTorch (--framework pytorch)");
+                          : "HF transformers + PyTorch (--framework pytorch; on an H100 or H200 the caching "
+                            "allocator's predicted reserve, max_memory_reserved)");
   if (!r.skipped.empty()) {
     int n = 0;
     std::string why;

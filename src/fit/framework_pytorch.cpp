@@ -6,8 +6,10 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "fit/framework_pytorch_order.hpp"
 #include "fit/framework_pytorch_table.hpp"
 #include "fit/hardware.hpp"
+#include "fit/pytorch_allocation_order.hpp"
 
 namespace memfit {
 
@@ -93,7 +95,9 @@ Value evaluate(const std::vector<tm::Term>& terms, const Monos& m, int64_t layer
   return v;
 }
 
-tm::Variant variant_of(const ModelSpec& s, const TorchStep& st) {
+}  // namespace
+
+tm::Variant tm::variant_of(const ModelSpec& s, const TorchStep& st) {
   tm::Variant v;
   v.llama = s.arch == Arch::llama;
   v.eager = st.attention == TorchAttention::eager;
@@ -105,6 +109,8 @@ tm::Variant variant_of(const ModelSpec& s, const TorchStep& st) {
   v.tied = v.llama && s.tied_embeddings;
   return v;
 }
+
+namespace {
 
 void check_covered(const ModelSpec& s, const TorchStep& st) {
   MEMFIT_CHECK(st.batch >= 1 && st.seq >= 1, "framework", "batch and sequence must be at least 1 (got {} x {})",
@@ -131,7 +137,7 @@ namespace {
 const std::vector<tm::Entry>& covered_table(const ModelSpec& spec, const TorchStep& step, const tm::Variant*& variant) {
   check_covered(spec, step);
   const std::vector<tm::Entry>& table = spec.arch == Arch::gpt2 ? tm::gpt2_entries() : tm::llama_entries();
-  variant = find_variant(table, variant_of(spec, step));
+  variant = find_variant(table, tm::variant_of(spec, step));
   MEMFIT_CHECK(variant != nullptr, "framework", "no PyTorch memory model for this combination of attention {}, "
                "checkpointing {}, autocast {}", torch_attention_name(step.attention), step.checkpointing,
                step.autocast_bf16);
@@ -193,12 +199,22 @@ TorchPeak predict_pytorch_peak(const ModelSpec& spec, const TorchStep& step) {
   }
   const uint64_t counted = uint64_t(fixed) + out.gradients + out.saved_activations + out.cublas_workspaces;
   out.transient = out.peak > counted ? out.peak - counted : 0;
+  if (step.cuda) {
+    try {
+      const TorchReserve r = predict_pytorch_reserved(spec, step);
+      out.max_memory_reserved = r.max_memory_reserved;
+      out.order_allocated = r.max_memory_allocated;
+    } catch (const Error& e) {
+      out.reserved_why = e.what();
+    }
+  }
   return out;
 }
 
 TorchStep on_hardware(TorchStep step, const Hardware& hw) {
   step.cuda = !hw.executes_here;
   step.cublas_workspace_bytes = step.cuda ? hw.gemm_workspace_bytes : 0;
+  step.hopper = step.cuda && (hw.name == "h100-80gb" || hw.name == "h200-141gb");
   return step;
 }
 
@@ -223,15 +239,22 @@ std::string format_pytorch_peak(const ModelSpec& spec, const TorchStep& step, co
   row("transient", p.transient);
   if (step.cuda) row("cuBLAS workspaces", p.cublas_workspaces);
   row("peak", p.peak);
+  if (step.cuda && p.max_memory_reserved) row("reserved", p.max_memory_reserved);
   if (!step.cuda) {
     s += fmt::format("  peak in the {} ({}); torch CPU tensor bytes of a steady-state step (step 2+, AdamW foreach)\n",
                      p.phase, p.where);
     return s;
   }
   s += fmt::format("  peak in the {} ({}); torch.cuda.max_memory_allocated of a steady-state step (step 2+, AdamW "
-                   "foreach); max_memory_reserved is not predicted: the caching allocator reserved 2.6-35% above "
-                   "allocated in the traced runs (docs/benchmarks.md); the CUDA context is not counted\n",
+                   "foreach)\n",
                    p.phase, p.where);
+  if (p.max_memory_reserved)
+    s += fmt::format("  reserved: torch.cuda.max_memory_reserved of the model's load and two steps, their allocation "
+                     "order replayed through the caching allocator's model ({:.3f}x the peak; the order's own "
+                     "max_memory_allocated {}); the CUDA context is not counted\n",
+                     double(p.max_memory_reserved) / double(p.peak), p.order_allocated);
+  else
+    s += fmt::format("  max_memory_reserved is not predicted: {}; the CUDA context is not counted\n", p.reserved_why);
   return s;
 }
 
@@ -246,6 +269,9 @@ nlohmann::json pytorch_peak_json(const TorchStep& step, const TorchPeak& p) {
           {"measure", step.cuda ? "torch.cuda.max_memory_allocated" : "torch CPU tensor bytes (profiler)"},
           {"phase", p.phase},
           {"where", p.where},
+          {"max_memory_reserved", p.max_memory_reserved ? nlohmann::json(p.max_memory_reserved) : nlohmann::json()},
+          {"max_memory_reserved_why", p.reserved_why},
+          {"order_max_memory_allocated", p.order_allocated ? nlohmann::json(p.order_allocated) : nlohmann::json()},
           {"breakdown",
            {{"parameters", p.parameters},
             {"optimizer_state", p.optimizer_state},

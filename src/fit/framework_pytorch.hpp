@@ -14,13 +14,15 @@
 // of HF's modeling code under torch's profiler (tools/derive_pytorch_memory_model.py) and checked
 // against measured steps (tests/fixtures/pytorch_memory, tools/make_pytorch_memory_fixtures.py).
 // On a GPU preset the prediction is torch.cuda.max_memory_allocated (TorchStep::cuda), checked
-// against the CUDA runs of tests/fixtures/cuda_allocator; the caching allocator's reserve above
-// it (fit/caching_allocator.hpp) needs the allocation order, which the table does not keep.
+// against the CUDA runs of tests/fixtures/cuda_allocator, and torch.cuda.max_memory_reserved:
+// the run's allocation order (fit/pytorch_allocation_order.hpp) replayed through the caching
+// allocator's model (fit/caching_allocator.hpp).
 // Coverage: GPT-2 (HF defaults: dropout 0.1, gelu_new) and Llama (no dropout, SiLU, RoPE, GQA,
 // tied or untied embeddings), attention eager or sdpa, fp32 or bf16 autocast, gradient
 // checkpointing or not, the torch and transformers versions the fixtures name.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -48,6 +50,10 @@ struct TorchStep {
   // through the caching allocator and kept: the forward's and autograd's, of this many bytes.
   bool cuda = false;
   uint64_t cublas_workspace_bytes = 0;
+  // An H100 or H200 (compute capability 9.0, 132 SMs): the device the allocation order's CUDA
+  // rules were found on (cuDNN's attention for bf16, the reductions' configuration), so the one
+  // max_memory_reserved is predicted for (fit/pytorch_allocation_order.hpp).
+  bool hopper = false;
 };
 
 // Bytes live at the predicted peak, by what holds them.
@@ -62,7 +68,20 @@ struct TorchPeak {
   uint64_t peak = 0;
   std::string phase;  // where the peak falls: forward, backward or optimizer
   std::string where;  // which allocation of that phase (for the tests and the curious)
+  // CUDA: torch.cuda.max_memory_reserved of the run (model to the GPU, two steps), the run's
+  // allocation order replayed through the caching allocator's model
+  // (fit/pytorch_allocation_order.hpp), and that sequence's own max_memory_allocated. 0 where the
+  // order is not modelled; reserved_why says why.
+  uint64_t max_memory_reserved = 0;
+  uint64_t order_allocated = 0;
+  std::string reserved_why;
 };
+
+// What a CUDA run needs of the device's memory beside the runtime's fixed bytes: the predicted
+// reserve where there is one, else the tensors' peak.
+inline uint64_t pytorch_device_bytes(const TorchPeak& p) {
+  return p.max_memory_reserved ? std::max(p.max_memory_reserved, p.peak) : p.peak;
+}
 
 // HF's own parameter count (the real vocabulary, no padding) and its number of parameter
 // tensors (AdamW keeps one step tensor per parameter tensor).
