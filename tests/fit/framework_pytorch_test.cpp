@@ -15,6 +15,8 @@
 #include "fit/hardware.hpp"
 #include "support/run_cli.hpp"
 
+#include "support/hf_json_spec.hpp"
+
 namespace memfit {
 namespace {
 
@@ -27,29 +29,7 @@ nlohmann::json fixtures() {
   return configs;
 }
 
-// The spec HF's config describes, built here from the config's own keys (HF's defaults where
-// the fixture leaves a key out) so that the test does not lean on io/hf_config's reading.
-ModelSpec spec_of(const nlohmann::json& c) {
-  ModelSpec s;
-  if (c.at("model_type") == "gpt2") {
-    s.arch = Arch::gpt2;
-    s.n_layer = c.at("n_layer"), s.n_embd = c.at("n_embd"), s.n_head = c.at("n_head");
-    s.n_kv_head = s.n_head;
-    s.n_inner = c.at("n_inner").is_null() ? 4 * s.n_embd : c.at("n_inner").get<int64_t>();
-    s.max_seq = c.at("n_positions");
-    s.tied_embeddings = true;
-  } else {
-    s.arch = Arch::llama;
-    s.n_layer = c.at("num_hidden_layers"), s.n_embd = c.at("hidden_size"), s.n_head = c.at("num_attention_heads");
-    s.n_kv_head = c.at("num_key_value_heads"), s.n_inner = c.at("intermediate_size");
-    s.max_seq = c.at("max_position_embeddings");
-    s.tied_embeddings = c.value("tie_word_embeddings", false);
-  }
-  s.vocab_size = c.at("vocab_size");
-  s.padded_vocab = pad_vocab(s.vocab_size);
-  s.name = c.at("model_type");
-  return s;
-}
+ModelSpec spec_of(const nlohmann::json& c) { return test::spec_of_hf_json(c); }
 
 TorchStep step_of(const nlohmann::json& r) {
   TorchStep st;

@@ -19,6 +19,8 @@
 #include "fit/hardware.hpp"
 #include "fit/pytorch_allocation_order.hpp"
 
+#include "support/hf_json_spec.hpp"
+
 namespace memfit {
 namespace {
 
@@ -30,26 +32,7 @@ nlohmann::json traced_runs() {
   return runs;
 }
 
-// The model a traced run built (record_cuda_allocator_traces.py's configs: HF's defaults otherwise).
-ModelSpec spec_of(const nlohmann::json& m) {
-  ModelSpec s;
-  if (m.at("arch") == "gpt2") {
-    s.arch = Arch::gpt2;
-    s.n_layer = m.at("n_layer"), s.n_embd = m.at("n_embd"), s.n_head = m.at("n_head");
-    s.n_kv_head = s.n_head, s.n_inner = 4 * s.n_embd, s.max_seq = m.at("n_positions");
-    s.tied_embeddings = true;
-  } else {
-    s.arch = Arch::llama;
-    s.n_layer = m.at("num_hidden_layers"), s.n_embd = m.at("hidden_size"), s.n_head = m.at("num_attention_heads");
-    s.n_kv_head = m.at("num_key_value_heads"), s.n_inner = m.at("intermediate_size");
-    s.max_seq = m.at("max_position_embeddings");
-    s.tied_embeddings = false;
-  }
-  s.vocab_size = m.at("vocab_size");
-  s.padded_vocab = pad_vocab(s.vocab_size);
-  s.name = m.at("arch");
-  return s;
-}
+ModelSpec spec_of(const nlohmann::json& c) { return test::spec_of_hf_json(c); }
 
 TorchStep cuda_step_of(const nlohmann::json& r) {
   TorchStep st;
