@@ -4,16 +4,12 @@
 // x A^T, N = 1024 rows by K = 2048 into 16 columns, took 0.65 ms: ~100 GFLOP/s), because its
 // blocking is made for wide operands; here the narrow side sits in registers.
 //
-// C (+)= alpha * op(A) op(B), the MatmulAttrs conventions (A [M,K] or, trans_a, [K,M]; B [K,N]
-// or, trans_b, [N,K]), all row-major and packed. Three shapes of the work:
-//   - !trans_a (the forward and the input gradients), N or K narrow: op(B) is packed into
-//     pair words (VNNI: word (p, n) holds B(2p, n), B(2p+1, n)) in the scratch, A's rows are
-//     read as words in place, and register blocks of rows x 16-column vectors sum the pairs;
-//   - trans_a (a weight gradient, summed over the K = tokens rows), M or N narrow: the narrow
-//     operand is packed into pair words, the wide one is read two rows at a time and
-//     interleaved into pair words in registers; C's narrow side is the block's rows, and when
-//     that is N, C is stored transposed.
-// K must be even (a pair never straddles a row's end); other shapes run oneDNN.
+// C (+)= alpha * A[M,K] op(B), the MatmulAttrs conventions (B [K,N] or, trans_b, [N,K]), all
+// row-major and packed, with N or K narrow (the forward and the input gradients): op(B) is
+// packed into pair words (VNNI: word (p, n) holds B(2p, n), B(2p+1, n)) in the scratch, A's
+// rows are read as words in place, and register blocks of 6 rows x 16-column vectors sum the
+// pairs. K must be even (a pair never straddles a row's end); other shapes, and the weight
+// gradients (trans_a), run oneDNN.
 // C is bf16 (rounded to nearest even once, after the sum and the C it adds to) or fp32.
 // Only built with AVX512-BF16 (__AVX512BF16__); otherwise runs_skinny_bf16 is always false.
 #pragma once
@@ -27,9 +23,8 @@ namespace memfit {
 
 inline constexpr int64_t kSkinnyMax = 64;
 
-// Whether the product runs here: bf16 A and B, no bias, bf16 or fp32 C, K even, the narrow
-// dimension at most kSkinnyMax (N or K without trans_a, M or N with it), and the CPU has
-// AVX512-BF16.
+// Whether the product runs here: bf16 A and B, no bias, bf16 or fp32 C, A not transposed, K
+// even, N or K at most kSkinnyMax, and the CPU has AVX512-BF16.
 bool runs_skinny_bf16(const MatmulAttrs& a, DType ta, DType tb, DType tc, bool has_bias);
 
 // Bytes of scratch the product packs its narrow operand into.
