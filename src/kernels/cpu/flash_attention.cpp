@@ -145,7 +145,8 @@ void forward_task(const Geometry& g, const T* qkv, T* y, float* lse, int64_t bh,
       }
     }
     for (int64_t r = 0; r < br; ++r) {
-      l[r] = l[r] * corr[r] + sum[r];
+      // The first key block sets l: the scratch holds the last op's bytes (0 x NaN is NaN).
+      l[r] = kj == 0 ? sum[r] : l[r] * corr[r] + sum[r];
       if (kj > 0 && corr[r] != 1.0f) {
         float* a = acc + r * HS;
 #pragma omp simd
