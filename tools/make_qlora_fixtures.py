@@ -3,7 +3,7 @@
 run it on the committed llama_tiny_torch base (its model.safetensors, fp32, and batch) with the
 committed PEFT adapter of lora_llama_tiny_torch (neither is copied).
 
-For each compute dtype <d> in bf16, fp32 the base is loaded with
+For each compute dtype <d> in bf16, fp16, fp32 the base is loaded with
   AutoModelForCausalLM.from_pretrained(base, dtype=<d>, quantization_config=BitsAndBytesConfig(
       load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
       bnb_4bit_compute_dtype=<d>))
@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 BASE, ADAPTER, OUT = FIXTURES / "llama_tiny_torch", FIXTURES / "lora_llama_tiny_torch", FIXTURES / "qlora_llama_tiny_torch"
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def qlora_model(dtype):
@@ -99,7 +99,7 @@ def make():
 QLoRA by transformers {transformers.__version__} + bitsandbytes {bitsandbytes.__version__} (CPU path) + PEFT {peft.__version__}
 (PyTorch {torch.__version__}, one thread) on `tests/fixtures/llama_tiny_torch` (model, fp32 file, and batch) with the
 adapter of `tests/fixtures/lora_llama_tiny_torch`, made by `tools/make_qlora_fixtures.py`.
-For compute dtype bf16 and fp32: the base loaded in that dtype with BitsAndBytesConfig(load_in_4bit, nf4, double
+For compute dtype bf16, fp16 and fp32: the base loaded in that dtype with BitsAndBytesConfig(load_in_4bit, nf4, double
 quantisation, block {block}), PEFT's adapter on it; `expected.safetensors` holds `<dtype>.loss` (fp32 cross-entropy of
 the batch) and, for each of the {len(names)} quantised weights, bnb's `codes`, `absmax_codes`, `absmax2`, `offset`.
 Regenerate from the repository root: `/work/venv/bin/python tools/make_qlora_fixtures.py`.

@@ -213,7 +213,10 @@ struct QuantLinearAttrs {
   QuantSpec spec;  // format, block, double quantisation (graph/quant_layout.hpp)
   bool has_bias = false;
   int64_t tile_rows = 1;          // rows of W dequantised at once (the tile is tile_rows x K)
-  DType compute = DType::f32;     // the policy's compute dtype: x, y, dy, dx and the tile
+  DType compute = DType::f32;     // the product's dtype: x, y, dy, dx and the tile
+  // The policy's compute dtype, which the weight was rounded to before quantising (bnb quantises
+  // the model as loaded in it). It stays when an fp16 product becomes an fp32 island.
+  DType weight_dtype = DType::f32;
   std::vector<int64_t> segments;  // rows of each separately quantised piece; they sum to n
 };
 struct NormAttrs {

@@ -72,12 +72,31 @@ bool dtype_agnostic(OpKind kind) {
   return kind == OpKind::cast || kind == OpKind::check_finite || kind == OpKind::load_input || is_collective_kind(kind);
 }
 
+// A quantised product that becomes an island computes in fp32: its tile turns fp32. The weight
+// keeps its dtype (the weight was rounded to it before quantising; the kernel rounds the
+// dequantised tile to it too). A 16-bit input gradient's fp32 dx workspace becomes the island's
+// fp32 dx; it is returned (kNoTensor for other ops).
+TensorId quant_product_in_fp32(Program& p, Op& op) {
+  if (op.kind != OpKind::quant_linear && op.kind != OpKind::quant_linear_backward) return kNoTensor;
+  auto& a = std::get<QuantLinearAttrs>(op.attrs);
+  TensorId dx32 = kNoTensor;
+  if (op.kind == OpKind::quant_linear_backward && a.compute != DType::f32) {
+    MEMFIT_ASSERT(op.workspace.size() >= 2, "op {}: a 16-bit input gradient without its fp32 dx", op.name);
+    dx32 = op.workspace[1];
+    op.workspace.erase(op.workspace.begin() + 1);
+  }
+  a.compute = DType::f32;
+  p.tensor(op.workspace[0]).dtype = DType::f32;
+  return dx32;
+}
+
 class IslandBuilder {
  public:
   IslandBuilder(Program& p) : p_(p) {}
 
-  // Appends `op` (and its casts) to the new op list.
-  void add(Op op, int section, bool island) {
+  // Appends `op` (and its casts) to the new op list; an island's fp32 copy of output 0 is
+  // `wide_out0` where one is given.
+  void add(Op op, int section, bool island, TensorId wide_out0 = kNoTensor) {
     if (!island) return push(std::move(op), section);
     std::map<TensorId, TensorId> wide;  // 16-bit tensor -> its fp32 temporary
     auto widened = [&](TensorId id, const std::string& what) {
@@ -111,7 +130,7 @@ class IslandBuilder {
       if (!is16(y)) continue;
       const WriteMode mode = op.modes[j];
       const bool seen = wide.count(y) > 0;
-      const TensorId w = widened(y, "out" + std::to_string(j));
+      const TensorId w = j == 0 && wide_out0 != kNoTensor && !seen ? (wide[y] = wide_out0) : widened(y, "out" + std::to_string(j));
       if (mode == WriteMode::update && !seen)  // read-modify-write: the fp32 copy starts from y
         push(cast_op(op, op.name + ".cast_state" + std::to_string(j), y, w, WriteMode::overwrite), section);
       op.outputs[j] = w;
@@ -240,7 +259,9 @@ void apply_precision(Program& p, const Policy& policy, const OpCapabilities& bac
         if (id != kNoTensor && dtype_bits(p.tensor(id).dtype) == 16) touches16 = true;
     const bool island = touches16 && !dtype_agnostic(op.kind) && (pinned || !backend.supports(op.kind, cdt));
     // A pinned op keeps its index for Op::replays; its casts come around it.
-    islands.add(op, p.section_of_op(int(i)), island);
+    Op moved = op;
+    const TensorId dx32 = island ? quant_product_in_fp32(p, moved) : kNoTensor;
+    islands.add(std::move(moved), p.section_of_op(int(i)), island, dx32);
     size_t at = islands.ops.size() - 1;
     while (islands.ops[at].name != op.name) --at;
     islands.new_index[i] = int(at);

@@ -76,6 +76,7 @@ class QuantizeBase final : public ForwardRewrite {
     a.has_bias = op.inputs.size() > 2;
     a.tile_rows = quant_tile_rows(*std::max_element(qp.segments.begin(), qp.segments.end()), qp.cols);
     a.compute = compute_;
+    a.weight_dtype = compute_;
     a.segments = qp.segments;
     std::vector<TensorId> inputs{op.inputs[0], qp.codes, qp.scales};
     if (qp.spec.double_quant) inputs.insert(inputs.end(), {qp.scales2, qp.offset});
@@ -118,7 +119,7 @@ QuantizedParam quantized_param_of(const Program& p, const ParamEntry& e) {
   for (const Op& op : p.ops()) {
     if (op.kind != OpKind::quant_linear || op.inputs[1] != codes) continue;
     const auto& a = std::get<QuantLinearAttrs>(op.attrs);
-    qp.spec = a.spec, qp.compute = a.compute;
+    qp.spec = a.spec, qp.weight_dtype = a.weight_dtype;
     qp.rows = a.n, qp.cols = a.k, qp.segments = a.segments;
     qp.codes = codes;
     qp.scales = e.stored(ParamRole::scales);

@@ -25,7 +25,7 @@ namespace memfit {
 // initialisation, --load and tests need to fill or read the storage).
 struct QuantizedParam {
   QuantSpec spec;
-  DType compute = DType::f32;  // the values are rounded to it before quantising
+  DType weight_dtype = DType::f32;  // the values are rounded to it before quantising
   int64_t rows = 0, cols = 0;
   std::vector<int64_t> segments;  // rows of each separately quantised piece
   TensorId codes = kNoTensor, scales = kNoTensor, scales2 = kNoTensor, offset = kNoTensor;

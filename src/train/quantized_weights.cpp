@@ -49,8 +49,8 @@ void store_quantized_parameter(Executor& ex, const ParamEntry& e, const SegmentV
   const Program& p = ex.program();
   const QuantizedParam qp = quantized_param_of(p, e);
   MEMFIT_CHECK(qp.codes != kNoTensor, "train", "parameter '{}' is not stored quantised", e.name);
-  MEMFIT_CHECK(qp.compute == DType::bf16 || qp.compute == DType::f32, "train",
-               "quantised weights compute in fp32 or bf16, not {}", dtype_name(qp.compute));
+  MEMFIT_CHECK(dtype_is_float(qp.weight_dtype), "train", "quantised weights rounded to {} before quantising",
+               dtype_name(qp.weight_dtype));
   const QuantSpec& spec = qp.spec;
   const bool four_bit = spec.kind != QuantKind::int8;
   // A chunk is whole blocks (blocks are powers of two up to 4096, so the staging holds many).
@@ -79,10 +79,13 @@ void store_quantized_parameter(Executor& ex, const ParamEntry& e, const SegmentV
                                                 ? std::span<float>(absmax).subspan(size_t(block0), size_t(chunk_blocks))
                                                 : staging.gather().first(size_t(chunk_blocks));
       const std::span<uint8_t> codes = chunk_codes.first(size_t(four_bit ? (m + 1) / 2 : m));
-      if (qp.compute == DType::bf16) {
+      if (qp.weight_dtype == DType::bf16) {
         for (int64_t i = 0; i < m; ++i) rounded[size_t(i)] = round_to_bf16(in[size_t(i)]);
         quantize_chunk<bf16_t>(rounded.first(size_t(m)), spec, codes, chunk_absmax);
       } else {
+        // An fp16 model's weights are fp16 values (exact in fp32), as bnb quantises them.
+        if (qp.weight_dtype == DType::f16)
+          for (float& v : in) v = widen(narrow<fp16_t>(v));
         quantize_chunk<float>(in, spec, codes, chunk_absmax);
       }
       write_stored(ex, e, qp.codes, at.codes + uint64_t(four_bit ? first / 2 : first), std::as_bytes(codes));

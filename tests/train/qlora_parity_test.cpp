@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "graph/precision.hpp"
 #include "graph/quant_layout.hpp"
 #include "graph/quantize_base.hpp"
 #include "graph/training_program.hpp"
@@ -97,7 +98,7 @@ TEST_P(QloraParity, CodesEqualBitsandbytesAndFirstLossMatchesPeft) {
   for (const ParamEntry& e : p.params()) {
     if (!is_quantized_param(e)) continue;
     const QuantizedParam qp = quantized_param_of(p, e);
-    EXPECT_EQ(qp.compute, v.precision == Precision::bf16 ? DType::bf16 : DType::f32);
+    EXPECT_EQ(qp.weight_dtype, compute_dtype(v.precision));
     const QuantSpec& qs = qp.spec;
     const std::vector<std::byte> codes = test::tensor_bytes(*run.ex, qp.codes),
                                  scales = test::tensor_bytes(*run.ex, qp.scales),
@@ -135,7 +136,8 @@ TEST_P(QloraParity, CodesEqualBitsandbytesAndFirstLossMatchesPeft) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixture, QloraParity,
-                         ::testing::Values(Variant{"bf16", Precision::bf16, 1e-3}, Variant{"fp32", Precision::fp32, 1e-5}),
+                         ::testing::Values(Variant{"bf16", Precision::bf16, 1e-3}, Variant{"fp16", Precision::fp16, 1e-5},
+                                           Variant{"fp32", Precision::fp32, 1e-5}),
                          [](const auto& info) { return std::string(info.param.key); });
 
 std::string last_step_line(const std::string& out) {
@@ -199,7 +201,7 @@ std::vector<std::byte> quantised_whole(const QuantizedParam& qp, const std::vect
   const QuantStorage st = segmented_quant_storage(qs, qp.cols, qp.segments);
   std::vector<uint8_t> codes(st.codes), scales(st.absmax);
   std::vector<float> scales2(st.absmax2 / 4), offset(st.offset / 4), staging(size_t(max_segment_blocks(qs, qp.cols, qp.segments)));
-  if (qp.compute == DType::bf16) {
+  if (qp.weight_dtype == DType::bf16) {
     std::vector<bf16_t> r;
     for (float x : values) r.push_back(round_to_bf16(x));
     quantize_segments<bf16_t>(r, qs, qp.cols, qp.segments, codes, scales, scales2, offset, staging);
