@@ -138,7 +138,7 @@ void apply_adapter_config(const std::string& dir, LoraPolicy& lora) {
                "'{}' is not a LoRA adapter config (its peft_type is not LORA)", path);
   RunConfig file;
   file.policy.lora.rank = 0;
-  apply_lora_config(j, file);
+  apply_lora_config(j, file, /*weights_from_file=*/true);
   const LoraPolicy& f = file.policy.lora;
   MEMFIT_CHECK(f.enabled(), "adapter", "'{}' gives no rank r", path);
   if (lora.enabled()) {

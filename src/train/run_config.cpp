@@ -134,7 +134,26 @@ using json = nlohmann::json;
 // PEFT's LoraConfig (adapter_config.json's keys). Keys that only describe the adapter file
 // (peft_type, task_type, base_model_name_or_path, ...) are accepted and ignored; a key that
 // would change the model in a way memfit does not build is refused.
-void apply_lora_config(const json& j, RunConfig& c) {
+namespace {
+
+// PEFT's init_lora_weights: true (A Kaiming-uniform, B zero) is what memfit initialises;
+// "gaussian", "orthogonal" and false only draw other starting adapters, which an adapter's file
+// replaces; the others (pissa*, olora, corda, eva, loftq) also rewrite the base weights.
+void check_lora_init(const json& v, bool weights_from_file) {
+  if (v.is_null() || (v.is_boolean() && v.get<bool>())) return;
+  const std::string name = v.is_string() ? v.get<std::string>() : v.dump();
+  const bool draws_only = v.is_boolean() || name == "gaussian" || name == "orthogonal";
+  MEMFIT_CHECK(draws_only, "config",
+               "lora.init_lora_weights '{}' changes the base weights as well as the adapters: not supported", name);
+  MEMFIT_CHECK(weights_from_file, "config",
+               "lora.init_lora_weights {} is not supported: memfit initialises as PEFT's default (true: A "
+               "Kaiming-uniform, B zero)",
+               name);
+}
+
+}  // namespace
+
+void apply_lora_config(const json& j, RunConfig& c, bool weights_from_file) {
   MEMFIT_CHECK(j.is_object(), "config", "key 'lora' must be an object (PEFT's LoraConfig)");
   LoraPolicy& l = c.policy.lora;
   namespace range = input_range;
@@ -158,25 +177,27 @@ void apply_lora_config(const json& j, RunConfig& c) {
     } else if (key == "peft_type") {
       MEMFIT_CHECK(v.is_null() || get_as<std::string>(v, "lora.peft_type") == "LORA", "config",
                    "lora.peft_type must be LORA");
-    } else if (key == "use_dora" || key == "use_rslora" || key == "fan_in_fan_out") {
+    } else if (key == "use_dora" || key == "use_rslora" || key == "lora_bias" || key == "use_qalora" ||
+               key == "fan_in_fan_out") {
       // fan_in_fan_out describes GPT-2's Conv1D storage, which memfit reads as HF stores it.
       if (key != "fan_in_fan_out")
         MEMFIT_CHECK(!v.is_boolean() || !v.get<bool>(), "config", "lora.{}: true is not supported", key);
+    } else if (key == "init_lora_weights") {
+      check_lora_init(v, weights_from_file);
     } else if (key == "modules_to_save" || key == "layers_to_transform" || key == "rank_pattern" ||
                key == "alpha_pattern" || key == "alora_invocation_tokens" || key == "arrow_config" ||
                key == "kasa_config" || key == "lora_ga_config" || key == "monteclora_config" ||
-               key == "velora_config" || key == "use_bdlora") {
+               key == "velora_config" || key == "use_bdlora" || key == "exclude_modules" ||
+               key == "trainable_token_indices" || key == "target_parameters" || key == "layer_replication" ||
+               key == "loftq_config" || key == "eva_config" || key == "corda_config") {
       // Later PEFT versions write these as null (or false) for a plain LoRA adapter.
       if (v.is_boolean() && !v.get<bool>()) continue;
       MEMFIT_CHECK(v.is_null() || (v.is_object() && v.empty()) || (v.is_array() && v.empty()), "config",
                    "lora.{} is not supported (leave it null or empty)", key);
     } else if (key == "task_type" || key == "base_model_name_or_path" || key == "inference_mode" ||
-               key == "revision" || key == "init_lora_weights" || key == "auto_mapping" || key == "layers_pattern" ||
-               key == "megatron_config" || key == "megatron_core" || key == "loftq_config" || key == "layer_replication" ||
-               key == "runtime_config" || key == "eva_config" || key == "exclude_modules" || key == "lora_bias" ||
-               key == "trainable_token_indices" || key == "corda_config" || key == "target_parameters" ||
-               key == "qalora_group_size" || key == "use_qalora" || key == "peft_version" ||
-               key == "ensure_weight_tying") {
+               key == "revision" || key == "auto_mapping" || key == "layers_pattern" || key == "megatron_config" ||
+               key == "megatron_core" || key == "runtime_config" || key == "qalora_group_size" ||
+               key == "peft_version" || key == "ensure_weight_tying") {
       continue;
     } else {
       throw Error("config", fmt::format("unknown key 'lora.{}' (PEFT's LoraConfig keys)", key));

@@ -164,6 +164,8 @@ int64_t require_quant_block(std::string_view field, int64_t block);
 // applied after it by the CLI). Throws [config] on malformed files and unknown keys.
 void apply_config_file(const std::string& path, RunConfig& config);
 // PEFT's LoraConfig (config key "lora", a PEFT adapter_config.json) onto config.policy.lora.
-void apply_lora_config(const nlohmann::json& j, RunConfig& config);
+// `weights_from_file`: the keys come with an adapter's weights (--load-adapter), so an
+// initialisation other than PEFT's default is no concern unless it changed the base weights.
+void apply_lora_config(const nlohmann::json& j, RunConfig& config, bool weights_from_file = false);
 
 }  // namespace memfit

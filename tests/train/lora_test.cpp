@@ -14,6 +14,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 
@@ -304,6 +306,26 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
           "a quantised base with tensor parallelism is not supported");
   refused({"train", "--lora-rank", "4", "--quantize-base", "nf4", "--quant-block", "48"},
           "block size 48 is not one bitsandbytes supports");
+  // PEFT LoraConfig keys that change the adapters' arithmetic, the modules they wrap or the base:
+  // refused, never read as plain LoRA. A config file (key "lora") and --load-adapter share them.
+  const std::string dir = test::temp_dir() + "/lora_config_keys";
+  std::filesystem::create_directories(dir);
+  auto with_lora = [&](const std::string& name, const std::string& extra) {
+    const std::string path = dir + "/" + name + ".json";
+    std::ofstream(path) << R"({"model": "llama-tiny", "steps": 1, "lora": {"r": 4, )" << extra << "}}";
+    return path;
+  };
+  refused({"train", "--config", with_lora("rslora", R"("use_rslora": true)")}, "lora.use_rslora: true is not supported");
+  refused({"train", "--config", with_lora("lora_bias", R"("lora_bias": true)")}, "lora.lora_bias: true is not supported");
+  refused({"train", "--config", with_lora("exclude", R"("exclude_modules": ["q_proj"])")},
+          "lora.exclude_modules is not supported");
+  refused({"train", "--config", with_lora("pissa", R"("init_lora_weights": "pissa")")},
+          "lora.init_lora_weights 'pissa' changes the base weights");
+  refused({"train", "--config", with_lora("gaussian", R"("init_lora_weights": "gaussian")")},
+          "lora.init_lora_weights gaussian is not supported: memfit initialises as PEFT's default");
+  const test::CliResult plain = test::run_memfit("train --steps 1 --config " + with_lora("default", R"("init_lora_weights": true)"));
+  EXPECT_EQ(plain.status, 0) << plain.err;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
