@@ -59,8 +59,11 @@ ForwardRewrites forward_rewrites_for(const Policy& policy) {
   ForwardRewrites passes;
   if (!policy.freeze.empty()) passes.push_back(std::make_shared<FreezeByPattern>(policy.freeze));
   if (policy.lora.enabled()) passes.push_back(make_lora_rewrite(policy.lora));
-  MEMFIT_CHECK(policy.quantize_base.enabled() || !policy.quantize_base.double_quant, "policy",
-               "--double-quant quantises the absmax of a 4-bit base: add --quantize-base nf4 or fp4");
+  MEMFIT_CHECK((policy.quantize_base.enabled() && policy.quantize_base.kind != BaseQuant::int8) ||
+                   !policy.quantize_base.double_quant,
+               "policy", "--double-quant quantises the absmax of a 4-bit base: {}",
+               policy.quantize_base.enabled() ? "use --quantize-base nf4 or fp4, not int8"
+                                              : "add --quantize-base nf4 or fp4");
   if (policy.quantize_base.enabled()) {
     MEMFIT_CHECK(policy.lora.enabled() || !policy.freeze.empty(), "policy",
                  "--quantize-base {} quantises frozen base weights: add LoRA (--lora-rank) or --freeze",

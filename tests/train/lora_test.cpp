@@ -300,6 +300,8 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
   refused({"train", "--lora-rank", "4", "--double-quant"}, "--double-quant quantises the absmax of a 4-bit base: add "
                                                            "--quantize-base nf4 or fp4");
   refused({"plan", "--lora-rank", "4", "--double-quant"}, "add --quantize-base nf4 or fp4");
+  refused({"train", "--lora-rank", "4", "--quantize-base", "int8", "--double-quant"},
+          "--double-quant quantises the absmax of a 4-bit base: use --quantize-base nf4 or fp4, not int8");
   refused({"plan", "--world-size", "2", "--tensor-parallel", "2", "--lora-rank", "4", "--lora-dropout", "0.1"},
           "--lora-dropout with tensor parallelism is not supported");
   refused({"plan", "--world-size", "2", "--tensor-parallel", "2", "--lora-rank", "4", "--quantize-base", "nf4"},
