@@ -1,6 +1,7 @@
 #include "memory/disk_file.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -55,13 +56,30 @@ DiskFile::DiskFile(Tier tier, uint64_t bytes, const BufferSite& site) : tier_(ti
     MEMFIT_CHECK(available >= bytes, "memory", "the {} tier needs {} in {}, whose filesystem has {} free", tier_name(tier),
                  format_bytes(bytes), site.directory, format_bytes(available));
   }
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // Locked before it is truncated: two runs given the same --offload-dir (and rank) would
+  // otherwise share one file, each truncating and overwriting the other's tier.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   MEMFIT_CHECK(fd_ >= 0, "memory", "cannot create {}: {}", path_, std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);  // not unlinked: the file is the other run's
+    fd_ = -1;
+    throw Error("memory", err == EWOULDBLOCK ? fmt::format("{} is in use by another memfit run: give each run its own "
+                                                           "--offload-dir",
+                                                           path_)
+                                             : fmt::format("cannot lock {}: {}", path_, std::strerror(err)));
+  }
+  if (::ftruncate(fd_, 0) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw Error("memory", fmt::format("cannot truncate {}: {}", path_, std::strerror(err)));
+  }
   if (bytes == 0) return;
   // posix_fallocate returns the error instead of setting errno.
   if (const int err = posix_fallocate(fd_, 0, off_t(bytes)); err != 0) {
-    ::close(fd_);
     ::unlink(path_.c_str());
+    ::close(fd_);
     fd_ = -1;
     throw Error("memory", fmt::format("cannot reserve {} for {}: {}", format_bytes(bytes), path_, std::strerror(err)));
   }
@@ -80,8 +98,8 @@ std::string DiskFile::describe() const {
 DiskFile::~DiskFile() {
   if (direct_fd_ >= 0) ::close(direct_fd_);
   if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // while still locked: no other run holds this name's file now
   ::close(fd_);
-  ::unlink(path_.c_str());
 }
 
 // The leading bytes of a request that O_DIRECT can move: all whole 4 KiB blocks when the

@@ -252,6 +252,31 @@ INSTANTIATE_TEST_SUITE_P(Paths, DiskIoTest,
                                            Mode{"pread", "pread", DiskIo{}}),
                          [](const ::testing::TestParamInfo<Mode>& info) { return std::string(info.param.name); });
 
+// Two runs given the same --offload-dir and rank: the second is refused, and the first's tier
+// keeps its bytes (it used to be truncated under the first run, which then read zeros or failed).
+TEST(DiskIo, ASecondRunOnTheSameFileIsRefusedAndTheFirstKeepsItsBytes) {
+  TempDir dir;
+  auto first = std::make_unique<DiskFile>(Tier::disk, 1 << 20, BufferSite{dir.path.string(), 0});
+  AlignedBytes staging(1 << 20);
+  const auto bytes = random_bytes(1 << 20, 7);
+  std::copy(bytes.begin(), bytes.end(), staging.at(0));
+  first->write(0, std::span<const std::byte>(staging.at(0), 1 << 20));
+  const std::string what = error_of([&] { DiskFile second(Tier::disk, 1 << 20, BufferSite{dir.path.string(), 0}); });
+  EXPECT_NE(what.find("[memory] " + first->path() + " is in use by another memfit run: give each run its own "
+                      "--offload-dir"),
+            std::string::npos)
+      << what;
+  EXPECT_EQ(fs::file_size(first->path()), uint64_t(1) << 20);
+  std::fill(staging.at(0), staging.at(1 << 20), std::byte(0));
+  first->read(0, std::span<std::byte>(staging.at(0), 1 << 20));
+  EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), staging.at(0)));
+  // Another rank's file in the same directory is its own.
+  EXPECT_NO_THROW(DiskFile(Tier::disk, 4096, BufferSite{dir.path.string(), 1}));
+  first.reset();
+  EXPECT_TRUE(fs::is_empty(dir.path));
+  EXPECT_NO_THROW(DiskFile(Tier::disk, 4096, BufferSite{dir.path.string(), 0}));  // free again
+}
+
 TEST(DiskIo, BadSettingsAreRefusedInOneLine) {
   TempDir dir;
   auto error = [&](DiskIo io) {
