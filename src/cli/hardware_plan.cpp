@@ -13,6 +13,7 @@
 #include "fit/fit_search.hpp"
 #include "fit/framework_deepspeed.hpp"
 #include "fit/framework_pytorch.hpp"
+#include "graph/precision.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cpu/speed_probe.hpp"
 #include "kernels/quant/quant_format.hpp"
@@ -325,6 +326,11 @@ int HardwarePlanOptions::run(const RunConfig& config, bool as_json, std::ostream
 
   Policy policy = config.policy;
   policy.with_eval = config.val_fraction > 0;  // as `memfit train` builds it (train/trainer.cpp)
+  // QLoRA's default 16 bits are the device's own: fp16 where products have no bf16 kernels.
+  if (!config.precision_given && policy.precision == Precision::bf16) {
+    policy.precision = native_half_precision(hw);
+    if (policy.grad_dtype == DType::bf16) policy.grad_dtype = compute_dtype(policy.precision);
+  }
   MEMFIT_CHECK(policy.recompute.mode != RecomputeMode::automatic, "policy",
                "--recompute auto is not searched on other hardware; use --fit (it searches recomputation too)");
   nlohmann::json j;

@@ -11,6 +11,7 @@
 #include "core/bytes.hpp"
 #include "core/error.hpp"
 #include "fit/lora_breakdown.hpp"
+#include "graph/precision.hpp"
 #include "graph/recompute.hpp"
 
 namespace memfit {
@@ -49,7 +50,7 @@ RecomputePolicy recompute_level(int level, AttentionKind attention) {
 Policy family_key(const Policy& base, Precision prec, AttentionKind attn, int level, OptimizerKind opt) {
   Policy p = base;
   p.precision = prec;
-  p.grad_dtype = prec == Precision::fp32 ? DType::f32 : DType::bf16;
+  p.grad_dtype = compute_dtype(prec);
   p.fp32_ops.clear();
   p.attention = attn;
   p.recompute = recompute_level(level, attn);
@@ -300,7 +301,7 @@ void propose_lora(Planner& planner, const Policy& base, const Cluster& cluster, 
       for (int level : {0, 2}) {
         if (stage == 3 && cluster.world_size() == 1) continue;
         Policy f = base;
-        f.precision = Precision::bf16, f.grad_dtype = DType::bf16;
+        f.precision = native_half_precision(cluster.hw), f.grad_dtype = compute_dtype(f.precision);
         f.fp32_ops.clear();
         f.attention = AttentionKind::flash;
         f.recompute = recompute_level(level, f.attention);
@@ -340,7 +341,7 @@ void search_tensor_parallel(const ModelSpec& spec, const Policy& base, Planner& 
         spec.n_inner % t != 0 || spec.padded_vocab % t != 0)
       continue;
     const std::vector<int> stages = W / t == 1 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3};
-    for (Precision prec : {Precision::bf16, Precision::fp32})
+    for (Precision prec : {native_half_precision(cluster.hw), Precision::fp32})
       for (AttentionKind attn : {AttentionKind::flash, AttentionKind::plain})
         for (int level = 0; level < 3; ++level)
           for (int stage : stages) {
@@ -455,7 +456,8 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
   };
 
   // Fastest-looking keys first, so pruning bites early.
-  for (Precision prec : {Precision::bf16, Precision::fp32})
+  const Precision half = native_half_precision(cluster.hw);
+  for (Precision prec : {half, Precision::fp32})
     for (AttentionKind attn : {AttentionKind::flash, AttentionKind::plain})
       for (int level = 0; level < 3; ++level)
         for (OptimizerKind opt : {OptimizerKind::adamw, OptimizerKind::adamw8bit}) {
@@ -473,11 +475,11 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
           best_per_token = kth_best();
           if (best_per_token > 0) {
             Policy twin = p;
-            twin.precision = Precision::bf16;
-            twin.grad_dtype = DType::bf16;
+            twin.precision = half;
+            twin.grad_dtype = compute_dtype(half);
             const ProgramSummary& t = planner.summary(twin, level);
             const double bound = (t.micro_flops + t.recompute_flops) / double(p.seq) /
-                                 (cluster.hw.peak_flops(prec == Precision::fp32 ? DType::f32 : DType::bf16) * eo.efficiency);
+                                 (cluster.hw.peak_flops(compute_dtype(prec)) * eo.efficiency);
             // A slower key can still rank above the k-th best if it is simpler and within
             // the tie tolerance of it.
             if (bound > best_per_token * (1.0 + options.tie_tolerance)) {

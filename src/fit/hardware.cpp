@@ -43,8 +43,16 @@ Hardware gpu(std::string name, uint64_t mem, double bf16, double fp32, double bw
 
 }  // namespace
 
+Precision native_half_precision(const Hardware& hw) {
+  const OpCapabilities& c = hw.capabilities;
+  return !c.known() || c.supports(OpKind::matmul, DType::bf16) || !c.supports(OpKind::matmul, DType::f16)
+             ? Precision::bf16
+             : Precision::fp16;
+}
+
 std::vector<std::string> hardware_preset_names() {
-  return {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "rtx4090-24gb", "l4-24gb", "a6000-48gb", "cpu"};
+  return {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "rtx4090-24gb", "l4-24gb", "a6000-48gb",
+          "v100-32gb", "t4-16gb",   "cpu"};
 }
 
 Hardware hardware_preset(std::string_view name) {
@@ -73,6 +81,24 @@ Hardware hardware_preset(std::string_view name) {
     // sparsity), 38.7 TFLOP/s fp32, 768 GB/s GDDR6; NVLink bridges pairs only, so PCIe 4.0.
     Hardware h = gpu("a6000-48gb", 49140 * MiB, 154.8 * TF, 38.7 * TF, 768 * GB, 25 * GB, 12.5 * GB, 25 * GB, 256 * GiB);
     h.host_memory_bandwidth = 100 * GB;
+    return h;
+  }
+  // Before Ampere: fp16 tensor cores, no bf16 products (peak_bf16_flops holds the 16-bit peak,
+  // fp16's); PCIe 3.0.
+  if (name == "v100-32gb") {
+    // V100 SXM2 32 GB (a DGX-1): 125 TFLOP/s fp16 tensor, 15.7 fp32, 900 GB/s HBM2; NVLink 2
+    // 300 GB/s per GPU in all (150 each way); 4 x 100 Gb/s NICs per 8 GPUs.
+    Hardware h = gpu("v100-32gb", 32510 * MiB, 125 * TF, 15.7 * TF, 900 * GB, 150 * GB, 6.25 * GB, 12.5 * GB, 512 * GiB);
+    h.host_memory_bandwidth = 100 * GB;
+    h.capabilities = pre_ampere_gpu_capabilities(h.name);
+    return h;
+  }
+  if (name == "t4-16gb") {
+    // T4 (Colab, a g4dn node of 4): 65 TFLOP/s fp16 tensor, 8.1 fp32, 320 GB/s GDDR6; PCIe
+    // between cards, 50 Gb/s between nodes.
+    Hardware h = gpu("t4-16gb", 15360 * MiB, 65 * TF, 8.1 * TF, 320 * GB, 12.5 * GB, 6.25 * GB, 12.5 * GB, 192 * GiB);
+    h.host_memory_bandwidth = 100 * GB;
+    h.capabilities = pre_ampere_gpu_capabilities(h.name);
     return h;
   }
   if (name == "cpu") {

@@ -16,6 +16,7 @@
 
 #include "core/dtype.hpp"
 #include "graph/capabilities.hpp"
+#include "graph/policy.hpp"
 
 namespace memfit {
 
@@ -50,6 +51,11 @@ struct Hardware {
   double peak_flops(DType compute) const { return compute == DType::f32 ? peak_fp32_flops : peak_bf16_flops; }
   void validate() const;  // throws [hardware] naming the field
 };
+
+// The 16-bit precision the device multiplies natively: bf16, or fp16 where its products have no
+// bf16 kernels (V100, T4: a bf16 run there computes its products as fp32 islands); bf16 while
+// its capabilities are unknown.
+Precision native_half_precision(const Hardware& hw);
 
 std::vector<std::string> hardware_preset_names();
 Hardware hardware_preset(std::string_view name);  // throws [hardware] listing the presets

@@ -10,9 +10,11 @@
 // inside (the CPU's 16-bit norms widen per element), which is not an island.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 
 #include "core/dtype.hpp"
@@ -65,6 +67,23 @@ inline constexpr OpKind kComputeOpKinds[] = {
 inline OpCapabilities tensor_core_gpu_capabilities(std::string name) {
   OpCapabilities c(std::move(name));
   for (OpKind k : kComputeOpKinds) c.allow(k, {DType::f32, DType::bf16, DType::f16});
+  return c;
+}
+
+// A tensor-core GPU before Ampere (V100, T4): fp16 products are native, bf16 ones are not
+// (cuBLAS's bf16 GEMMs and the flash-attention kernels need sm80), so a bf16 plan there runs its
+// products as fp32 islands; the other kinds keep bf16 storage (fp32 arithmetic inside).
+inline OpCapabilities pre_ampere_gpu_capabilities(std::string name) {
+  OpCapabilities c(std::move(name));
+  constexpr OpKind kProducts[] = {OpKind::matmul, OpKind::attention_forward, OpKind::attention_backward,
+                                  OpKind::flash_attention_forward, OpKind::flash_attention_backward,
+                                  OpKind::classifier, OpKind::classifier_eval, OpKind::classifier_partial,
+                                  OpKind::classifier_parallel_backward, OpKind::quant_linear,
+                                  OpKind::quant_linear_backward};
+  for (OpKind k : kComputeOpKinds) {
+    c.allow(k, {DType::f32, DType::f16});
+    if (std::find(std::begin(kProducts), std::end(kProducts), k) == std::end(kProducts)) c.allow(k, {DType::bf16});
+  }
   return c;
 }
 

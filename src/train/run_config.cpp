@@ -219,11 +219,12 @@ void apply_quantization_config(const json& j, RunConfig& c) {
     else if (key == "bnb_4bit_quant_type") type = get_as<std::string>(v, key);
     else if (key == "bnb_4bit_use_double_quant") q.double_quant = get_as<bool>(v, key);
     else if (key == "bnb_4bit_compute_dtype") {
+      // transformers writes the torch dtype's name ("bfloat16", "float16", "float32").
       const std::string d = get_as<std::string>(v, key);
-      MEMFIT_CHECK(d == "bfloat16" || d == "bf16", "config",
-                   "quantization_config.bnb_4bit_compute_dtype '{}': memfit computes in the precision of the run "
-                   "(use \"precision\": \"bf16\")", d);
-      c.policy.precision = Precision::bf16;
+      const bool bf16 = d == "bfloat16" || d == "bf16", fp16 = d == "float16" || d == "fp16" || d == "half";
+      MEMFIT_CHECK(bf16 || fp16 || d == "float32" || d == "fp32" || d == "float", "config",
+                   "quantization_config.bnb_4bit_compute_dtype '{}' is not bfloat16, float16 or float32", d);
+      c.policy.precision = bf16 ? Precision::bf16 : fp16 ? Precision::fp16 : Precision::fp32;
       c.precision_given = true;
     } else if (key == "quant_method" || key == "bnb_4bit_quant_storage" || key == "llm_int8_skip_modules" ||
                key == "llm_int8_threshold" || key == "llm_int8_has_fp16_weight" ||

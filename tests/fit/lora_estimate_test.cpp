@@ -182,6 +182,55 @@ TEST(LoraEstimate, QloraOnLlama65bFitsOneA6000) {
   EXPECT_GT(estimate_run(s, full, c, {}).device_bytes, 10 * c.hw.memory_bytes);
 }
 
+// QLoRA's most common card, a T4 (and a V100) has fp16 tensor cores and no bf16 products: the
+// plan's 16 bits there are fp16, a bf16 run would multiply in fp32 islands (at 8.1 of 65
+// TFLOP/s), and --fit searches fp16. Llama-2-7B QLoRA r = 64 on every linear fits its 15 GiB.
+TEST(LoraEstimate, QloraOnAT4ComputesInFp16) {
+  const Cluster t4 = one("t4-16gb"), a100 = one("a100-80gb");
+  EXPECT_EQ(native_half_precision(t4.hw), Precision::fp16);
+  EXPECT_EQ(native_half_precision(one("v100-32gb").hw), Precision::fp16);
+  EXPECT_EQ(native_half_precision(a100.hw), Precision::bf16);
+  const ModelSpec s = model_preset("llama-2-7b");
+  Policy p;
+  p.batch = 1;
+  p.seq = 512;
+  p.recompute = parse_recompute("full");
+  p.attention = AttentionKind::flash;
+  p.lora.rank = 64;
+  p.lora.targets = {"all-linear"};
+  p.quantize_base.kind = BaseQuant::nf4;
+  p.quantize_base.double_quant = true;
+  auto product_islands = [&](Precision prec) {
+    Policy q = p;
+    q.precision = prec;
+    int n = 0;
+    for (const Op& op : build_training_program(s, q, {}, t4.hw.capabilities).ops())
+      if (op.kind == OpKind::cast && op.name.find(".cast_in0") != std::string::npos &&
+          (op.name.find("_proj.") != std::string::npos || op.name.find("core.") != std::string::npos))
+        ++n;
+    return n;
+  };
+  EXPECT_EQ(product_islands(Precision::fp16), 0);
+  EXPECT_GT(product_islands(Precision::bf16), 32 * 7);  // at least every quantised product of every block
+  Policy half = p, brain = p;
+  half.precision = Precision::fp16;
+  brain.precision = Precision::bf16;
+  const RankEstimate e16 = estimate_run(s, half, t4, with_quant()), e_bf = estimate_run(s, brain, t4, with_quant());
+  EXPECT_TRUE(check_fit(e16, t4, t4.hw.memory_bytes).fits()) << format_estimate(e16, t4, with_quant());
+  EXPECT_GT(e_bf.step_seconds, 3 * e16.step_seconds);
+  // --fit on each card searches its own 16 bits.
+  Policy g;
+  g.seq = 512;
+  FitOptions fo;
+  fo.keep = 3;
+  const FitResult on_t4 = fit_search(model_preset("gpt2"), g, t4, {}, fo), on_a100 = fit_search(model_preset("gpt2"), g, a100, {}, fo);
+  ASSERT_FALSE(on_t4.ranked.empty());
+  ASSERT_FALSE(on_a100.ranked.empty());
+  EXPECT_EQ(on_t4.ranked.front().policy.precision, Precision::fp16);
+  EXPECT_EQ(on_a100.ranked.front().policy.precision, Precision::bf16);
+  for (const FitCandidate& f : on_t4.ranked) EXPECT_NE(f.policy.precision, Precision::bf16) << f.family;
+}
+
 // --fit proposes LoRA only when nothing training every weight fits without offload, after
 // every such family, labelled; and never when a plain family fits.
 TEST(LoraEstimate, FitProposesLoraLastAndOnlyWhenNothingElseFitsOnTheDevice) {
