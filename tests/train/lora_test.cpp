@@ -327,6 +327,19 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
           "lora.init_lora_weights gaussian is not supported: memfit initialises as PEFT's default");
   const test::CliResult plain = test::run_memfit("train --steps 1 --config " + with_lora("default", R"("init_lora_weights": true)"));
   EXPECT_EQ(plain.status, 0) << plain.err;
+  // transformers' BitsAndBytesConfig names the compute dtype as torch does; fp16 is QLoRA's on
+  // GPUs without bf16.
+  auto quantised = [&](const std::string& name, const std::string& dtype) {
+    const std::string path = dir + "/" + name + ".json";
+    std::ofstream(path) << R"({"model": "llama-tiny", "lora": {"r": 4}, "quantization_config": {"load_in_4bit": true, )"
+                        << R"("bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": ")" << dtype << R"("}})";
+    return path;
+  };
+  const test::CliResult fp16 = test::run_memfit("plan --config " + quantised("fp16", "float16"));
+  EXPECT_EQ(fp16.status, 0) << fp16.err;
+  EXPECT_NE(fp16.out.find(", fp16, "), std::string::npos) << fp16.out;
+  refused({"plan", "--config", quantised("fp8", "float8_e4m3fn")},
+          "quantization_config.bnb_4bit_compute_dtype 'float8_e4m3fn' is not bfloat16, float16 or float32");
   std::filesystem::remove_all(dir);
 }
 
