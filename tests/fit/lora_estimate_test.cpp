@@ -204,7 +204,8 @@ TEST(LoraEstimate, QloraOnAT4ComputesInFp16) {
     Policy q = p;
     q.precision = prec;
     int n = 0;
-    for (const Op& op : build_training_program(s, q, {}, t4.hw.capabilities).ops())
+    const Program program = build_training_program(s, q, {}, t4.hw.capabilities);
+    for (const Op& op : program.ops())
       if (op.kind == OpKind::cast && op.name.find(".cast_in0") != std::string::npos &&
           (op.name.find("_proj.") != std::string::npos || op.name.find("core.") != std::string::npos))
         ++n;

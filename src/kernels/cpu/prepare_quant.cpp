@@ -94,12 +94,6 @@ struct Variant {
   auto operator<=>(const Variant&) const = default;
 };
 
-template <class T>
-void round_through_f16(std::span<T> values) {
-  if constexpr (std::is_same_v<T, float>)
-    for (float& v : values) v = widen(narrow<fp16_t>(v));
-}
-
 class QuantLinearOp final : public PreparedOp {
  public:
   QuantLinearOp(const DnnlEnv& env, const Program& p, const Op& op, const OpBinding& b)
@@ -112,7 +106,6 @@ class QuantLinearOp final : public PreparedOp {
     offsets_ = st.offset;
     tile_ = b.workspace[0];
     wide_ = !forward_ && a_.compute != DType::f32;
-    f16_weights_ = a_.weight_dtype == DType::f16 && a_.compute == DType::f32;
     dx32_ = wide_ ? static_cast<float*>(b.workspace[1]) : nullptr;
     void* scratch = scratch_of(p, op, b);
     const bool bias = forward_ && a_.has_bias;
@@ -173,14 +166,14 @@ class QuantLinearOp final : public PreparedOp {
       if (s.tile.width > 0) {
         const std::span<T> cols(tile, size_t(a_.n * s.tile.width));
         dequantize_columns<T>(weights_, s.tile.col, s.tile.width, cols);
-        if (f16_weights_) round_through_f16(cols);
+        if constexpr (std::is_same_v<T, float>) round_to_weight_dtype(a_.weight_dtype, cols);
       } else {
         const QuantizedWeight& w = weights_[s.tile.segment];
         const int64_t base = s.tile.local * a_.k;
         parallel_for(s.tile.height * a_.k, kParallelGrain, [&](int64_t begin, int64_t end) {
           const std::span<T> part(tile + begin, size_t(end - begin));
           dequantize_range<T>(w, base + begin, base + end, part);
-          if (f16_weights_) round_through_f16(part);
+          if constexpr (std::is_same_v<T, float>) round_to_weight_dtype(a_.weight_dtype, part);
         });
       }
       if (acc && s.product_acc) s.product_acc->execute(s.index_acc);
@@ -193,9 +186,6 @@ class QuantLinearOp final : public PreparedOp {
   bool forward_;
   WriteMode mode_;
   bool wide_ = false;
-  // An fp16 model's product run as an fp32 island: the dequantised weights are rounded to fp16
-  // first, as bitsandbytes dequantises into the fp16 weight its fp16 matmul reads.
-  bool f16_weights_ = false;
   void* tile_ = nullptr;
   float* dx32_ = nullptr;
   void* out_ = nullptr;

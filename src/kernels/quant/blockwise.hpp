@@ -78,4 +78,15 @@ inline bf16_t round_to_bf16(float x) {
   return bf16_t{uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
 }
 
+// A quantised product computed in fp32 for a model whose weights are 16-bit (an fp32 island:
+// fp16 on the CPU, or a pinned --fp32-ops product) multiplies the dequantised weights rounded
+// to that dtype, as a 16-bit plain program's fp32 island multiplies its stored weights (and as
+// bitsandbytes dequantises into a weight of its compute dtype).
+inline void round_to_weight_dtype(DType weights, std::span<float> tile) {
+  if (weights == DType::bf16)
+    for (float& v : tile) v = widen(narrow<bf16_t>(v));
+  else if (weights == DType::f16)
+    for (float& v : tile) v = widen(narrow<fp16_t>(v));
+}
+
 }  // namespace memfit

@@ -37,6 +37,7 @@ std::unique_ptr<PreparedOp> prepare_quant_linear(const Program& p, const Op& op,
       for (int64_t t = 0; t < w.rows; t += a.tile_rows) {
         const int64_t h = std::min(a.tile_rows, w.rows - t);
         dequantize_range<float>(w, t * K, (t + h) * K, std::span<float>(tile, size_t(h * K)));
+        round_to_weight_dtype(a.weight_dtype, std::span<float>(tile, size_t(h * K)));
         const int64_t r0 = row + t;
         for (int64_t i = 0; i < M; ++i) {
           if (forward) {
