@@ -471,13 +471,10 @@ FitResult fit_search(const ModelSpec& spec, const Policy& base, const Cluster& c
             if (opt == OptimizerKind::adamw || sc.optimizer == Tier::device) choices.push_back(sc);
           r.families += int(choices.size());
           // Lower bound on seconds per token per rank: FLOPs at the efficiency of peak (the
-          // FLOPs are the same in every precision, so the bf16 twin's plan gives them).
+          // FLOPs are the same in every precision, so the 16-bit twin's plan gives them).
           best_per_token = kth_best();
           if (best_per_token > 0) {
-            Policy twin = p;
-            twin.precision = half;
-            twin.grad_dtype = compute_dtype(half);
-            const ProgramSummary& t = planner.summary(twin, level);
+            const ProgramSummary& t = planner.summary(family_key(p, half, attn, level, opt), level);
             const double bound = (t.micro_flops + t.recompute_flops) / double(p.seq) /
                                  (cluster.hw.peak_flops(compute_dtype(prec)) * eo.efficiency);
             // A slower key can still rank above the k-th best if it is simpler and within
