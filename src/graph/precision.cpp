@@ -130,7 +130,8 @@ class IslandBuilder {
       if (!is16(y)) continue;
       const WriteMode mode = op.modes[j];
       const bool seen = wide.count(y) > 0;
-      const TensorId w = j == 0 && wide_out0 != kNoTensor && !seen ? (wide[y] = wide_out0) : widened(y, "out" + std::to_string(j));
+      const bool given = j == 0 && wide_out0 != kNoTensor && !seen;
+      const TensorId w = given ? (wide[y] = wide_out0) : widened(y, "out" + std::to_string(j));
       if (mode == WriteMode::update && !seen)  // read-modify-write: the fp32 copy starts from y
         push(cast_op(op, op.name + ".cast_state" + std::to_string(j), y, w, WriteMode::overwrite), section);
       op.outputs[j] = w;

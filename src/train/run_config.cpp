@@ -131,9 +131,6 @@ int64_t require_quant_block(std::string_view field, int64_t block) {
 
 using json = nlohmann::json;
 
-// PEFT's LoraConfig (adapter_config.json's keys). Keys that only describe the adapter file
-// (peft_type, task_type, base_model_name_or_path, ...) are accepted and ignored; a key that
-// would change the model in a way memfit does not build is refused.
 namespace {
 
 // PEFT's init_lora_weights: true (A Kaiming-uniform, B zero) is what memfit initialises;
@@ -153,6 +150,9 @@ void check_lora_init(const json& v, bool weights_from_file) {
 
 }  // namespace
 
+// PEFT's LoraConfig (adapter_config.json's keys). Keys that only describe the adapter file
+// (peft_type, task_type, base_model_name_or_path, ...) are accepted and ignored; a key that
+// would change the model in a way memfit does not build is refused.
 void apply_lora_config(const json& j, RunConfig& c, bool weights_from_file) {
   MEMFIT_CHECK(j.is_object(), "config", "key 'lora' must be an object (PEFT's LoraConfig)");
   LoraPolicy& l = c.policy.lora;
