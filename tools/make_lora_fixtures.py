@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Regenerate the PEFT LoRA fixtures tests/fixtures/lora_llama_tiny_torch/ and
-tests/fixtures/lora_gpt2_tiny_torch/ from the committed base fixtures (llama_tiny_torch,
+"""Regenerate the PEFT LoRA fixtures tests/fixtures/lora_llama_tiny_torch/,
+tests/fixtures/lora_gpt2_tiny_torch/ and tests/fixtures/lora_llama_extras_tiny_torch/ (rsLoRA and
+modules_to_save) from the committed base fixtures (llama_tiny_torch,
 gpt2_tiny_torch: their model and batch are reused, not copied).
 
 What each fixture directory holds (float32, CPU, 1 thread, deterministic):
@@ -34,13 +35,18 @@ FIXTURES = ROOT / "tests" / "fixtures"
 CASES = {
     "llama": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     "gpt2": ("gpt2_tiny_torch", ["c_attn", "c_proj", "c_fc"]),
+    # rsLoRA's scale and modules trained whole beside the adapters ("norm" is every RMSNorm:
+    # PEFT matches a module whose path ends with the name).
+    "llama_extras": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj"]),
 }
+EXTRAS = {"llama_extras": {"use_rslora": True, "modules_to_save": ["lm_head", "norm"]}}
 RANK, ALPHA, B_STD, LR, DECAY, STEPS = 4, 8, 0.1, 1e-3, 0.1, 3
 
 
 def peft_name(param_name):
-    """A parameter's name in PEFT's adapter file: without the adapter name ("default")."""
-    return param_name.replace(".default.", ".")
+    """A parameter's name in PEFT's adapter file: without the adapter name ("default"); a module
+    of modules_to_save under its base model's name."""
+    return param_name.replace(".modules_to_save.default.", ".").replace(".default.", ".")
 
 
 def build(family, seed):
@@ -51,7 +57,7 @@ def build(family, seed):
     base = AutoModelForCausalLM.from_pretrained(FIXTURES / base_dir, attn_implementation="eager", dtype=torch.float32)
     base.train()
     config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets, bias="none",
-                        task_type="CAUSAL_LM", fan_in_fan_out=family == "gpt2")
+                        task_type="CAUSAL_LM", fan_in_fan_out=family == "gpt2", **EXTRAS.get(family, {}))
     torch.manual_seed(seed)  # A: PEFT's kaiming-uniform draw
     model = get_peft_model(base, config)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -75,14 +81,15 @@ def reference(model, tokens, targets):
     loss.backward()
     expected["loss"] = loss.detach().reshape(())
     for name, p in trainable(model):
-        if "lora_" not in name:
-            sys.exit(f"trainable parameter {name} is not an adapter")
+        if "lora_" not in name and "modules_to_save" not in name:
+            sys.exit(f"trainable parameter {name} is neither an adapter nor in modules_to_save")
         if p.grad is None or not p.grad.abs().max() > 0:
             sys.exit(f"no gradient for {name}")
         expected["grad." + peft_name(name)] = p.grad.detach().clone().contiguous()
-    # memfit decays every matrix (adapters are matrices): one group, weight_decay 0.1.
-    opt = torch.optim.AdamW([p for _, p in trainable(model)], lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=DECAY, foreach=False)
+    # memfit decays every matrix (adapters are matrices), not vectors (norms).
+    groups = [{"params": [p for _, p in trainable(model) if p.dim() >= 2], "weight_decay": DECAY},
+              {"params": [p for _, p in trainable(model) if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=LR, betas=(0.9, 0.999), eps=1e-8, foreach=False)
     losses = []
     for _ in range(STEPS):
         opt.zero_grad(set_to_none=True)
@@ -132,12 +139,12 @@ def make(family, seed=1234):
 
 PEFT {peft.__version__} LoRA adapter on `tests/fixtures/{base_dir}` (its model.safetensors and batch.safetensors),
 made by `tools/make_lora_fixtures.py` with PyTorch {torch.__version__} + transformers {transformers.__version__}, float32,
-CPU, 1 thread. LoraConfig r={RANK}, lora_alpha={ALPHA}, lora_dropout=0, bias none, target_modules {sorted(cfg["target_modules"])}
+CPU, 1 thread. LoraConfig r={RANK}, lora_alpha={ALPHA}, lora_dropout=0, bias none, target_modules {sorted(cfg["target_modules"])}{"".join(f", {k}={v}" for k, v in EXTRAS.get(family, {}).items())}
 {"(fan_in_fan_out: GPT-2's Conv1D) " if family == "gpt2" else ""}A as PEFT draws it (torch seed {seed}); B from N(0, {B_STD}^2) (seed {seed + 1}),
 not zero, so that A's gradients are not zero.
 `adapter_config.json` + `adapter_model.safetensors`: PEFT's save_pretrained of that adapter.
 `expected.safetensors`: `loss` [], `grad.<adapter tensor>`, `losses_adamw` [{STEPS + 1}] (AdamW lr {LR}, betas (0.9, 0.999),
-eps 1e-8, weight_decay {DECAY} on every adapter matrix: loss before each step, then after the last) and
+eps 1e-8, weight_decay {DECAY} on every trained matrix, none on vectors: loss before each step, then after the last) and
 `after.<adapter tensor>` (the adapter after the {STEPS} steps).
 Regenerate from the repository root: `/work/venv/bin/python tools/make_lora_fixtures.py`.
 """)

@@ -36,13 +36,18 @@ std::string wrapped_name(const ModelSpec& spec, const std::string& name) {
   return name.starts_with(prefix) || name == "lm_head.weight" ? name : prefix + name;
 }
 
-// The biases a bias all | lora_only adapter trained, by the wrapped HF name of the base tensor
-// they replace ("transformer.h.0.attn.c_attn.bias" for PEFT's "...c_attn.base_layer.bias").
-std::map<std::string, std::string> adapter_biases(const SafetensorsReader& r) {
+bool is_adapter_factor(const std::string& name) {
+  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
+}
+
+// The tensors trained whole beside the adapters (the biases of bias all | lora_only, the
+// modules of modules_to_save), by the wrapped HF name of the base tensor they replace
+// ("transformer.h.0.attn.c_attn.bias" for PEFT's "...c_attn.base_layer.bias").
+std::map<std::string, std::string> replaced_tensors(const SafetensorsReader& r) {
   static const std::string kWrapped = ".base_layer.bias";
   std::map<std::string, std::string> out;
   for (const SafetensorsEntry& e : r.entries()) {
-    if (!e.name.starts_with(kPeftPrefix) || !e.name.ends_with(".bias")) continue;
+    if (!e.name.starts_with(kPeftPrefix) || is_adapter_factor(e.name)) continue;
     std::string base = e.name.substr(kPeftPrefix.size());
     if (base.ends_with(kWrapped)) base = base.substr(0, base.size() - kWrapped.size()) + ".bias";
     out[base] = e.name;
@@ -54,10 +59,10 @@ std::map<std::string, std::string> adapter_biases(const SafetensorsReader& r) {
 std::map<std::string, Adapter> adapter_modules(const SafetensorsReader& r, const std::string& dir) {
   std::map<std::string, Adapter> out;
   for (const SafetensorsEntry& e : r.entries()) {
-    if (e.name.starts_with(kPeftPrefix) && e.name.ends_with(".bias")) continue;  // adapter_biases
-    const bool a = e.name.ends_with(".lora_A.weight"), b = e.name.ends_with(".lora_B.weight");
-    MEMFIT_CHECK(e.name.starts_with(kPeftPrefix) && (a || b), "adapter",
-                 "the adapter in '{}' holds '{}', which is not a LoRA A or B weight or a bias under PEFT's names", dir, e.name);
+    MEMFIT_CHECK(e.name.starts_with(kPeftPrefix), "adapter", "the adapter in '{}' holds '{}', which is not under "
+                 "PEFT's names ({}...)", dir, e.name, kPeftPrefix);
+    if (!is_adapter_factor(e.name)) continue;  // replaced_tensors
+    const bool a = e.name.ends_with(".lora_A.weight");
     const std::string module = e.name.substr(kPeftPrefix.size(), e.name.size() - kPeftPrefix.size() - 14);
     (a ? out[module].a : out[module].b) = e.name;
   }
@@ -103,8 +108,8 @@ int MergeLoraCommand::run(std::ostream& log) const {
   const SafetensorsShards base(load_);
   const SafetensorsReader adapter((fs::path(adapter_) / "adapter_model.safetensors").string());
   std::map<std::string, Adapter> modules = adapter_modules(adapter, adapter_);
-  const std::map<std::string, std::string> biases = adapter_biases(adapter);
-  std::set<std::string> biases_used;
+  const std::map<std::string, std::string> replaced = replaced_tensors(adapter);
+  std::set<std::string> replaced_used;
   std::vector<SafetensorsTensor> tensors;
   int merged = 0;
   for (const SafetensorsShards::Located& t : base.tensors()) {
@@ -118,11 +123,11 @@ int MergeLoraCommand::run(std::ostream& log) const {
     const bool conv1d = ad && spec.arch == Arch::gpt2 && is_conv1d_weight(name);
     if (ad) ad->used = true, ++merged;
     const SafetensorsReader* lora_file = &adapter;
-    if (auto it = biases.find(name); it != biases.end()) {  // trained with the adapter: its value wins
+    if (auto it = replaced.find(name); it != replaced.end()) {  // trained with the adapter: its value wins
       const SafetensorsEntry& trained = *adapter.find(it->second);
       MEMFIT_CHECK(trained.shape == e.shape, "adapter", "the adapter was made for another base: '{}' has {} elements "
                    "in the adapter, {} in the base", it->second, trained.shape.numel(), e.shape.numel());
-      biases_used.insert(name);
+      replaced_used.insert(name);
       tensors.push_back({name, DType::f32, e.shape, nullptr, [lora_file, &trained](const auto& emit) {
                            std::vector<float> v(size_t(trained.shape.numel()));
                            lora_file->read_f32(trained.name, trained.shape, v.data());
@@ -149,8 +154,8 @@ int MergeLoraCommand::run(std::ostream& log) const {
   for (const auto& [module, ad] : modules)
     MEMFIT_CHECK(ad.used, "adapter", "the adapter in '{}' was made for another base: {} has no weight '{}.weight'",
                  adapter_, base.description(), module);
-  for (const auto& [name, peft_name] : biases)
-    MEMFIT_CHECK(biases_used.count(name) > 0, "adapter", "the adapter in '{}' was made for another base: {} has no "
+  for (const auto& [name, peft_name] : replaced)
+    MEMFIT_CHECK(replaced_used.count(name) > 0, "adapter", "the adapter in '{}' was made for another base: {} has no "
                  "tensor '{}' for its '{}'", adapter_, base.description(), name, peft_name);
   std::error_code ec;
   fs::create_directories(out_, ec);
@@ -162,9 +167,10 @@ int MergeLoraCommand::run(std::ostream& log) const {
     config << hf_config(spec).dump(2) << "\n";
     MEMFIT_CHECK(config.good(), "merge-lora", "cannot write '{}/config.json'", out_);
   }
-  log << fmt::format("merge-lora: {} of {} weights merged with (lora_alpha / r) B A = ({} / {}) B A{} into {} "
-                     "({} file{})\n", merged, tensors.size(), lora.alpha, lora.rank,
-                     biases.empty() ? "" : fmt::format(", {} biases trained with the adapter", biases.size()), out_,
+  log << fmt::format("merge-lora: {} of {} weights merged with (lora_alpha / {}) B A = ({} / {}) B A{} into {} "
+                     "({} file{})\n", merged, tensors.size(), lora.rslora ? "sqrt(r)" : "r", lora.alpha,
+                     lora.rslora ? fmt::format("sqrt({})", lora.rank) : std::to_string(lora.rank),
+                     replaced.empty() ? "" : fmt::format(", {} tensors trained whole with the adapter", replaced.size()), out_,
                      files.size(), files.size() == 1 ? "" : "s");
   return 0;
 }

@@ -234,6 +234,12 @@ void RunOptions::add_fine_tuning_options(CLI::App& app) {
                    });
   add<std::string>(app, "--lora-bias", "LoRA: which biases train: none | all | lora_only (as PEFT)",
                    [](RunConfig& c, std::string v) { c.policy.lora.bias = parse_lora_bias(v); });
+  add_flag(app, "--lora-rslora", "LoRA: scale the adapters' output by alpha / sqrt(rank) (PEFT's use_rslora)",
+           [](RunConfig& c, bool v) { c.policy.lora.rslora = v; });
+  add<std::string>(app, "--lora-modules-to-save",
+                   "LoRA: comma-separated modules trained whole beside the adapters and saved with them, as PEFT's "
+                   "modules_to_save (lm_head, embed_tokens, norm)",
+                   [](RunConfig& c, std::string v) { c.policy.lora.modules_to_save = split_freeze_patterns(v); });
   add<std::string>(app, "--quantize-base", "store the frozen base weights quantised: nf4 | fp4 | int8 | none (QLoRA)",
                    [](RunConfig& c, std::string v) { c.policy.quantize_base.kind = parse_base_quant(v); });
   add_flag(app, "--double-quant", "quantise the 4-bit weights' absmax again (bitsandbytes' compress_statistics)",

@@ -1,5 +1,6 @@
 #include "graph/lora.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <regex>
@@ -62,12 +63,13 @@ void LoraRewrite::declare(GraphBuilder& b) {
   branches_.clear();
   Program& p = b.program();
   const std::vector<LinearModule> targets = lora_targets(p, lora_);
-  std::set<std::string> trainable_biases;
+  std::set<std::string> kept;
   for (const LinearModule& m : targets)
-    if (lora_.bias == LoraBias::lora_only && !m.bias.empty()) trainable_biases.insert(m.bias);
+    if (lora_.bias == LoraBias::lora_only && !m.bias.empty()) kept.insert(m.bias);
+  for (const std::string& name : lora_modules_to_save(p, lora_)) kept.insert(name);
   for (ParamEntry& e : p.params()) {
     const bool bias = e.name.ends_with(".bias");
-    const bool keep = (bias && lora_.bias == LoraBias::all) || trainable_biases.count(e.name) > 0;
+    const bool keep = (bias && lora_.bias == LoraBias::all) || kept.count(e.name) > 0;
     if (e.trainable && !keep) freeze_parameter(p, e);
   }
   const TensorParallel& tp = b.tensor_parallel();
@@ -227,6 +229,57 @@ std::vector<LinearModule> lora_targets(const Program& p, const LoraPolicy& lora)
                  "LoRA rank {} is larger than min(in, out) = min({}, {}) of {}", lora.rank, m.cols, m.rows, m.name);
     out.push_back(m);
   }
+  return out;
+}
+
+std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy& lora) {
+  if (lora.modules_to_save.empty()) return {};
+  const bool gpt2 = find_param(p, "wte.weight") != nullptr, tied = find_param(p, "lm_head.weight") == nullptr;
+  auto hf_path = [&](const std::string& module) {
+    return module == "lm_head" ? module : (gpt2 ? "transformer." : "model.") + module;
+  };
+  const std::vector<LinearModule> linears = linear_modules(p), targets = lora_targets(p, lora);
+  std::set<std::string> fused;  // memfit modules that hold several HF modules (llama's qkv_proj)
+  for (const LinearModule& m : linears)
+    if (!m.whole()) fused.insert(module_of(m.weight));
+  std::map<std::string, std::vector<std::string>> leaves;  // memfit module -> its parameters
+  for (const ParamEntry& e : p.params())
+    if (e.name.find(".lora_") == std::string::npos) leaves[e.name.substr(0, e.name.rfind('.'))].push_back(e.name);
+  std::set<std::string> kinds;
+  for (const auto& [module, params] : leaves)
+    if (!fused.count(module)) kinds.insert(module.substr(module.rfind('.') + 1));
+  std::string known;
+  for (const std::string& k : kinds) known += (known.empty() ? "" : ", ") + k;
+  std::vector<std::string> out;
+  for (const std::string& t : lora.modules_to_save) {
+    for (const LinearModule& m : linears)
+      MEMFIT_CHECK(m.whole() || !hf_path(m.name).ends_with(t), "policy",
+                   "modules_to_save '{}' names {}, which memfit holds fused with the other q/k/v projections: "
+                   "not supported", t, m.name);
+    bool any = false, ancestor = false;
+    for (const auto& [module, params] : leaves) {
+      const std::string path = hf_path(module);
+      for (size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', dot + 1))
+        ancestor = ancestor || path.substr(0, dot).ends_with(t);
+      if (fused.count(module) || !path.ends_with(t)) continue;
+      for (const LinearModule& m : targets)
+        MEMFIT_CHECK(m.name != module, "policy", "modules_to_save '{}' names {}, a LoRA target too: a module trains "
+                     "either whole or through its adapter", t, module);
+      MEMFIT_CHECK(!gpt2 || std::none_of(linears.begin(), linears.end(),
+                                         [&](const LinearModule& m) { return m.name == module; }),
+                   "policy", "modules_to_save '{}' names {}, a GPT-2 Conv1D layer: not supported (target it with "
+                   "LoRA instead)", t, module);
+      MEMFIT_CHECK(!tied || !is_embedding_or_head(module), "policy", "modules_to_save '{}' names {}, whose weight "
+                   "is tied to the output head here: not supported", t, module);
+      any = true;
+      out.insert(out.end(), params.begin(), params.end());
+    }
+    MEMFIT_CHECK(any || !ancestor, "policy", "modules_to_save '{}' names a module that holds other modules: name "
+                 "the modules inside it that should train whole", t);
+    MEMFIT_CHECK(any, "policy", "modules_to_save '{}' matches no module of this model (its modules: {})", t, known);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 

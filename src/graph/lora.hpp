@@ -38,6 +38,14 @@ std::vector<LinearModule> linear_modules(const Program& p);
 // (naming the modules there are) and for a rank above min(in, out) of a target.
 std::vector<LinearModule> lora_targets(const Program& p, const LoraPolicy& lora);
 
+// The parameters (memfit names, sorted) of the modules that `lora.modules_to_save` trains whole
+// beside the adapters: every module whose HF path ends with one of the names, as PEFT's
+// _set_trainable matches ("norm" is model.norm and every layer's input_layernorm and
+// post_attention_layernorm). Throws [policy] for a name that matches nothing (naming the
+// modules there are), only a module holding others, a LoRA target, a piece of llama's fused
+// q/k/v, or an embedding tied to the output head.
+std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy& lora);
+
 std::string lora_a_name(const std::string& module);  // "<module>.lora_A.weight"
 std::string lora_b_name(const std::string& module);  // "<module>.lora_B.weight"
 

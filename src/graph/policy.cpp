@@ -1,6 +1,7 @@
 #include "graph/policy.hpp"
 
 #include <charconv>
+#include <cmath>
 
 #include "core/error.hpp"
 
@@ -52,6 +53,10 @@ LoraBias parse_lora_bias(std::string_view s) {
   if (s == "all") return LoraBias::all;
   if (s == "lora_only") return LoraBias::lora_only;
   throw Error("policy", fmt::format("unknown LoRA bias '{}' (expected none, all or lora_only, as PEFT)", s));
+}
+
+double LoraPolicy::scale() const {
+  return rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank);
 }
 
 std::string_view base_quant_name(BaseQuant q) {

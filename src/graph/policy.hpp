@@ -56,7 +56,8 @@ struct AdamWConfig {
 };
 
 // LoRA (graph/lora.hpp): every base parameter frozen, low-rank adapters A [r, in], B [out, r]
-// on the targeted linear layers, y = x W^T + (alpha / r) * dropout(x) A^T B^T. PEFT's
+// on the targeted linear layers, y = x W^T + scale * dropout(x) A^T B^T, scale alpha / r
+// (alpha / sqrt(r) with rsLoRA). PEFT's
 // LoraConfig gives the defaults (alpha 8, dropout 0, bias none).
 enum class LoraBias : uint8_t { none, all, lora_only };
 std::string_view lora_bias_name(LoraBias b);
@@ -72,8 +73,14 @@ struct LoraPolicy {
   std::vector<std::string> targets;
   std::string target_regex;
   LoraBias bias = LoraBias::none;
+  // PEFT's use_rslora (Kalajdzievski 2023): the branch is scaled by alpha / sqrt(r), which
+  // keeps its output's size from shrinking as the rank grows.
+  bool rslora = false;
+  // PEFT's modules_to_save: modules trained whole beside the adapters (an output head,
+  // embeddings, norms), matched as PEFT matches them: a module whose path ends with the name.
+  std::vector<std::string> modules_to_save;
   bool enabled() const { return rank > 0; }
-  double scale() const { return alpha / double(rank); }
+  double scale() const;
 };
 
 // Frozen base weights stored quantised (QLoRA; kernels/quant/quant_format.hpp has the formats).

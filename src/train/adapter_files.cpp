@@ -1,5 +1,6 @@
 #include "train/adapter_files.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -76,6 +77,31 @@ std::vector<AdapterBias> adapter_biases(const Program& p, const ModelSpec& spec,
   return out;
 }
 
+// The parameters modules_to_save trains whole, as PEFT saves them: "base_model.model." and the
+// HF name of the module's tensor (the real vocabulary's rows of an embedding table).
+struct SavedModule {
+  size_t param = 0;
+  Shape shape;       // as HF holds it
+  std::string name;  // PEFT's name in adapter_model.safetensors
+};
+
+std::vector<SavedModule> saved_modules(const Program& p, const ModelSpec& spec, const LoraPolicy& lora) {
+  const std::vector<std::string> names = lora_modules_to_save(p, lora);
+  std::vector<SavedModule> out;
+  for (size_t i = 0; i < p.params().size(); ++i) {
+    const ParamEntry& e = p.params()[i];
+    if (!std::binary_search(names.begin(), names.end(), e.name)) continue;
+    const Shape shape = p.tensor(e.value).shape;
+    const std::vector<HfPiece> pieces = hf_pieces(spec, e.name, shape);
+    MEMFIT_ASSERT(pieces.size() == 1, "modules_to_save parameter {} is not one HF tensor", e.name);
+    std::vector<int64_t> dims = shape.dims();
+    dims[0] = pieces[0].rows;
+    out.push_back({i, Shape(dims), std::string("base_model.model.") + (spec.arch == Arch::gpt2 ? "transformer." : "") +
+                                       pieces[0].name});
+  }
+  return out;
+}
+
 }  // namespace
 
 bool is_lora_adapter(const std::string& param) {
@@ -83,6 +109,7 @@ bool is_lora_adapter(const std::string& param) {
 }
 
 std::string peft_tensor_name(const ModelSpec& spec, const std::string& param) {
+  if (spec.arch != Arch::gpt2 && param.starts_with("lm_head.")) return "base_model.model." + param;
   return std::string("base_model.model.") + (spec.arch == Arch::gpt2 ? "transformer." : "model.") + param;
 }
 
@@ -112,7 +139,7 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
               {"layers_to_transform", nullptr},
               {"lora_alpha", number(lora.alpha)},
               {"lora_dropout", lora.dropout},
-              {"modules_to_save", nullptr},
+              {"modules_to_save", lora.modules_to_save.empty() ? json(nullptr) : json(lora.modules_to_save)},
               {"peft_type", "LORA"},
               {"r", lora.rank},
               {"rank_pattern", json::object()},
@@ -120,7 +147,7 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
               {"target_modules", targets},
               {"task_type", "CAUSAL_LM"},
               {"use_dora", false},
-              {"use_rslora", false}};
+              {"use_rslora", lora.rslora}};
 }
 
 void apply_adapter_config(const std::string& dir, LoraPolicy& lora) {
@@ -153,6 +180,12 @@ void apply_adapter_config(const std::string& dir, LoraPolicy& lora) {
     if (!given) lora.targets = f.targets, lora.target_regex = f.target_regex;
     MEMFIT_CHECK(lora.bias == f.bias, "adapter", "LoRA bias '{}' but the adapter in '{}' has bias '{}'",
                  lora_bias_name(lora.bias), dir, lora_bias_name(f.bias));
+    MEMFIT_CHECK(lora.rslora == f.rslora, "adapter", "{} but the adapter in '{}' has use_rslora {}",
+                 lora.rslora ? "--lora-rslora" : "no --lora-rslora", dir, f.rslora);
+    MEMFIT_CHECK(lora.modules_to_save.empty() || as_set(lora.modules_to_save) == as_set(f.modules_to_save), "adapter",
+                 "--lora-modules-to-save differs from the modules_to_save of the adapter in '{}' ({})", dir,
+                 j.value("modules_to_save", json()).dump());
+    lora.modules_to_save = f.modules_to_save;
     return;
   }
   lora = f;
@@ -191,6 +224,16 @@ void save_adapter(const std::string& dir, const Executor& ex, const ModelSpec& s
       load_parameter_range(ex, e, b.first, values.back(), staging);
     }
     tensors.push_back({b.name, DType::f32, Shape{b.count}, values.back().data()});
+  }
+  for (const SavedModule& m : saved_modules(p, spec, lora)) {
+    if (whole) {
+      const std::vector<float>& all = (*whole)[m.param];
+      values.emplace_back(all.begin(), all.begin() + m.shape.numel());
+    } else {
+      values.emplace_back(size_t(m.shape.numel()));
+      load_parameter_range(ex, p.params()[m.param], 0, values.back(), staging);
+    }
+    tensors.push_back({m.name, DType::f32, m.shape, values.back().data()});
   }
   write_safetensors((fs::path(dir) / kWeightsFile).string(), tensors, {{"format", "pt"}, {"producer", "memfit"}});
   const fs::path config = fs::path(dir) / kConfigFile, tmp = fs::path(dir) / "adapter_config.json.tmp";
@@ -232,6 +275,18 @@ void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, c
     reader.read_f32(b.name, Shape{b.count}, v.data());
     store_parameter_range(ex, p.params()[b.param], b.first, v, staging);
     used.insert(b.name);
+  }
+  for (const SavedModule& m : saved_modules(p, spec, lora)) {
+    const SafetensorsEntry* t = reader.find(m.name);
+    MEMFIT_CHECK(t != nullptr, "adapter", "the adapter in '{}' has no tensor '{}', a module its modules_to_save trains",
+                 dir, m.name);
+    MEMFIT_CHECK(t->shape == m.shape, "adapter",
+                 "the adapter in '{}' was made for another base: '{}' is {} there, {} in model '{}'", dir, m.name,
+                 shape_text(t->shape), shape_text(m.shape), spec.name);
+    std::vector<float> v(size_t(m.shape.numel()));
+    reader.read_f32(m.name, m.shape, v.data());
+    store_parameter_range(ex, p.params()[m.param], 0, v, staging);
+    used.insert(m.name);
   }
   for (const SafetensorsEntry& t : reader.entries())
     MEMFIT_CHECK(used.count(t.name) > 0, "adapter",

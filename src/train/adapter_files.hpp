@@ -23,7 +23,8 @@ namespace memfit {
 struct RunConfig;
 
 bool is_lora_adapter(const std::string& param);  // "<module>.lora_A.weight" or "<module>.lora_B.weight"
-// PEFT's name of a memfit parameter ("base_model.model." + the HF name).
+// PEFT's name of a memfit parameter ("base_model.model." + the HF name; llama's output head is
+// "base_model.model.lm_head.weight").
 std::string peft_tensor_name(const ModelSpec& spec, const std::string& param);
 
 // The adapter_config.json of a run: LoraConfig's keys with PEFT's defaults; target_modules as

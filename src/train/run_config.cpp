@@ -177,14 +177,20 @@ void apply_lora_config(const json& j, RunConfig& c, bool weights_from_file) {
     } else if (key == "peft_type") {
       MEMFIT_CHECK(v.is_null() || get_as<std::string>(v, "lora.peft_type") == "LORA", "config",
                    "lora.peft_type must be LORA");
-    } else if (key == "use_dora" || key == "use_rslora" || key == "lora_bias" || key == "use_qalora" ||
+    } else if (key == "use_rslora") {
+      l.rslora = get_as<bool>(v, "lora.use_rslora");
+    } else if (key == "modules_to_save") {
+      // PEFT takes a list of module names (null: none).
+      l.modules_to_save = v.is_null() ? std::vector<std::string>{}
+                                      : get_as<std::vector<std::string>>(v, "lora.modules_to_save");
+    } else if (key == "use_dora" || key == "lora_bias" || key == "use_qalora" ||
                key == "fan_in_fan_out") {
       // fan_in_fan_out describes GPT-2's Conv1D storage, which memfit reads as HF stores it.
       if (key != "fan_in_fan_out")
         MEMFIT_CHECK(!v.is_boolean() || !v.get<bool>(), "config", "lora.{}: true is not supported", key);
     } else if (key == "init_lora_weights") {
       check_lora_init(v, weights_from_file);
-    } else if (key == "modules_to_save" || key == "layers_to_transform" || key == "rank_pattern" ||
+    } else if (key == "layers_to_transform" || key == "rank_pattern" ||
                key == "alpha_pattern" || key == "alora_invocation_tokens" || key == "arrow_config" ||
                key == "kasa_config" || key == "lora_ga_config" || key == "monteclora_config" ||
                key == "velora_config" || key == "use_bdlora" || key == "exclude_modules" ||

@@ -71,7 +71,9 @@ nlohmann::json policy_json(const Policy& p) {
                                                       {"target_modules", p.lora.target_regex.empty()
                                                                              ? nlohmann::json(p.lora.targets)
                                                                              : nlohmann::json(p.lora.target_regex)},
-                                                      {"bias", lora_bias_name(p.lora.bias)}}
+                                                      {"bias", lora_bias_name(p.lora.bias)},
+                                                      {"use_rslora", p.lora.rslora},
+                                                      {"modules_to_save", p.lora.modules_to_save}}
                                     : nlohmann::json(nullptr)},
           {"quantize_base", p.quantize_base.enabled() ? nlohmann::json{{"kind", base_quant_name(p.quantize_base.kind)},
                                                                         {"block", p.quantize_base.block},

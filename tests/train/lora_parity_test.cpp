@@ -10,6 +10,7 @@
 // tools/check_peft_roundtrip.py, which needs PyTorch and is not a test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +31,7 @@
 #include "support/paths.hpp"
 #include "support/run_cli.hpp"
 #include "support/tensor_values.hpp"
+#include "graph/lora.hpp"
 #include "train/adapter_files.hpp"
 #include "train/init.hpp"
 #include "train/weights.hpp"
@@ -69,12 +71,20 @@ std::vector<float> read_all(const SafetensorsReader& r, const std::string& name)
   return v;
 }
 
+// "llama_extras": rsLoRA and modules_to_save (lm_head and every norm) on llama's base.
+std::string base_of(const std::string& family) { return family == "llama_extras" ? "llama" : family; }
+
 class LoraParity : public ::testing::TestWithParam<const char*> {
  protected:
   std::string family = GetParam();
+  std::string base = base_of(family) + "_tiny_torch";
   std::string adapter = test::fixture_path("lora_" + family + "_tiny_torch");
   SafetensorsReader expected{adapter + "/expected.safetensors"};
-  LoraRun run{family + "_tiny_torch", adapter};
+  LoraRun run{base, adapter};
+  std::vector<std::string> saved_whole = lora_modules_to_save(run.compiled.program, run.lora);
+  bool trained(const std::string& param) const {
+    return is_lora_adapter(param) || std::count(saved_whole.begin(), saved_whole.end(), param) > 0;
+  }
   std::string out = (fs::temp_directory_path() / ("memfit_lora_parity_" + family + "_" +
                                                   std::to_string(::getpid()))).string();
   ~LoraParity() override { fs::remove_all(out); }
@@ -91,12 +101,14 @@ TEST_P(LoraParity, LossAndEveryAdapterGradientMatchPeft) {
   double worst = 0;
   for (const ParamEntry& e : p.params()) {
     if (e.grad == kNoTensor) {
-      EXPECT_FALSE(is_lora_adapter(e.name)) << e.name;
+      EXPECT_FALSE(trained(e.name)) << e.name;
       continue;
     }
-    ASSERT_TRUE(is_lora_adapter(e.name)) << e.name << " is trainable";
-    const std::vector<float> ours = test::tensor_values<float>(*run.ex, e.grad);
+    ASSERT_TRUE(trained(e.name)) << e.name << " is trainable";
+    std::vector<float> ours = test::tensor_values<float>(*run.ex, e.grad);
     const std::vector<float> theirs = read_all(expected, "grad." + peft_tensor_name(run.spec, e.name));
+    // An output head holds the padded vocabulary's rows too: HF's are the first.
+    if (e.name == "lm_head.weight" && ours.size() > theirs.size()) ours.resize(theirs.size());
     ASSERT_EQ(ours.size(), theirs.size()) << e.name;
     const double err = normalised_error(ours, theirs);
     EXPECT_LE(err, 1e-4) << e.name;
@@ -107,6 +119,7 @@ TEST_P(LoraParity, LossAndEveryAdapterGradientMatchPeft) {
   for (const SafetensorsEntry& e : expected.entries()) grads += e.name.starts_with("grad.");
   EXPECT_EQ(compared, grads);
   EXPECT_GT(compared, 0);
+  EXPECT_EQ(saved_whole.size(), family == "llama_extras" ? 6u : 0u);  // lm_head, norm, 2 x 2 layer norms
   std::printf("%d adapter gradients, largest normalised error %.3g\n", compared, worst);
 }
 
@@ -126,7 +139,7 @@ TEST_P(LoraParity, ThreeAdamWStepsAndTheSavedAdapterMatchPeft) {
   EXPECT_NEAR(after, ref[3], 1e-5 * ref[3]) << "after three updates";
   std::printf("after 3 updates: memfit %.7f, PEFT %.7f\n", after, ref[3]);
 
-  save_adapter(out, *run.ex, run.spec, run.lora, family + "_tiny_torch", run.staging);
+  save_adapter(out, *run.ex, run.spec, run.lora, base, run.staging);
   const SafetensorsReader saved(out + "/adapter_model.safetensors"), peft(adapter + "/adapter_model.safetensors");
   // The names and shapes of PEFT's own file, and the values PEFT reached.
   ASSERT_EQ(saved.entries().size(), peft.entries().size());
@@ -170,16 +183,19 @@ TEST_P(LoraParity, ThreeAdamWStepsAndTheSavedAdapterMatchPeft) {
   for (const char* key : {"peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "bias", "fan_in_fan_out",
                           "use_dora", "use_rslora", "base_model_name_or_path"})
     EXPECT_EQ(ours.at(key), theirs.at(key)) << key;
-  const auto targets = [](const nlohmann::json& j) { return j.at("target_modules").get<std::set<std::string>>(); };
-  EXPECT_EQ(targets(ours), targets(theirs));
+  const auto names = [](const nlohmann::json& j, const char* key) {
+    return j.at(key).is_null() ? std::set<std::string>{} : j.at(key).get<std::set<std::string>>();
+  };
+  EXPECT_EQ(names(ours, "target_modules"), names(theirs, "target_modules"));
+  EXPECT_EQ(names(ours, "modules_to_save"), names(theirs, "modules_to_save"));
 
   // Reloaded, the saved adapter gives the loss after the steps exactly.
-  LoraRun reloaded(family + "_tiny_torch", out);
+  LoraRun reloaded(base, out);
   const float again = reloaded.micro_step();
   EXPECT_EQ(again, after);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::Values("llama", "gpt2"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::Values("llama", "gpt2", "llama_extras"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference) {
@@ -211,25 +227,31 @@ TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference)
   fs::remove_all(dir);
 }
 
-// merge-lora's weights against W + (alpha / r) B A computed here from the two files, for every
-// tensor of the base (GPT-2's Conv1D weights stored [in, out]: the transpose added).
+// merge-lora's weights against W + scale B A computed here from the two files, for every
+// tensor of the base (GPT-2's Conv1D weights stored [in, out]: the transpose added); scale is
+// alpha / r = 8 / 4, or alpha / sqrt(r) = 8 / 2 with rsLoRA. A tensor the adapter trained
+// whole (modules_to_save) is the adapter's.
 TEST_P(LoraParity, MergeLoraWritesTheBasePlusTheScaledProduct) {
-  const std::string base = test::fixture_path(family + "_tiny_torch");
-  const test::CliResult r =
-      test::run_memfit("merge-lora --model " + base + " --load " + base + " --adapter " + adapter + " --out " + out);
+  const std::string base_dir = test::fixture_path(base);
+  const test::CliResult r = test::run_memfit("merge-lora --model " + base_dir + " --load " + base_dir + " --adapter " +
+                                             adapter + " --out " + out);
   ASSERT_EQ(r.status, 0) << r.out << r.err;
-  const SafetensorsReader merged(out + "/model.safetensors"), w(base + "/model.safetensors"),
+  const SafetensorsReader merged(out + "/model.safetensors"), w(base_dir + "/model.safetensors"),
       lora(adapter + "/adapter_model.safetensors");
   EXPECT_TRUE(fs::exists(out + "/config.json"));
   ASSERT_EQ(merged.entries().size(), w.entries().size());
-  int changed = 0;
+  const float scale = family == "llama_extras" ? 4.0f : 2.0f;
+  int changed = 0, replaced = 0;
   for (const SafetensorsEntry& e : w.entries()) {
     // The hub's gpt2 names drop "transformer."; merge-lora writes them with it, as --save does.
     const std::string name = family == "gpt2" && !e.name.starts_with("transformer.") ? "transformer." + e.name : e.name;
     std::vector<float> want = read_all(w, e.name);
     const std::vector<float> after = read_all(merged, name);
     const std::string module = "base_model.model." + name.substr(0, name.size() - 7);
-    if (e.name.ends_with(".weight") && lora.find(module + ".lora_A.weight")) {
+    if (lora.find("base_model.model." + name)) {
+      want = read_all(lora, "base_model.model." + name);
+      ++replaced;
+    } else if (e.name.ends_with(".weight") && lora.find(module + ".lora_A.weight")) {
       const std::vector<float> a = read_all(lora, module + ".lora_A.weight");
       const std::vector<float> b = read_all(lora, module + ".lora_B.weight");
       const int64_t rank = 4, in = int64_t(a.size()) / rank, outs = int64_t(b.size()) / rank;
@@ -238,14 +260,15 @@ TEST_P(LoraParity, MergeLoraWritesTheBasePlusTheScaledProduct) {
         for (int64_t i = 0; i < in; ++i) {
           float d = 0;
           for (int64_t k = 0; k < rank; ++k) d += b[size_t(o * rank + k)] * a[size_t(k * in + i)];
-          want[size_t(conv1d ? i * outs + o : o * in + i)] += 2.0f * d;  // alpha / r = 8 / 4
+          want[size_t(conv1d ? i * outs + o : o * in + i)] += scale * d;
         }
       ++changed;
     }
     ASSERT_EQ(after.size(), want.size()) << e.name;
     EXPECT_LE(normalised_error(after, want), 1e-6) << e.name;
   }
-  EXPECT_EQ(changed, int(lora.entries().size()) / 2);
+  EXPECT_EQ(changed, int(lora.entries().size() - saved_whole.size()) / 2);
+  EXPECT_EQ(replaced, int(saved_whole.size()));
 }
 
 }  // namespace

@@ -317,7 +317,22 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
     std::ofstream(path) << R"({"model": "llama-tiny", "steps": 1, "lora": {"r": 4, )" << extra << "}}";
     return path;
   };
-  refused({"train", "--config", with_lora("rslora", R"("use_rslora": true)")}, "lora.use_rslora: true is not supported");
+  refused({"train", "--config", with_lora("dora", R"("use_dora": true)")}, "lora.use_dora: true is not supported");
+  refused({"train", "--config", with_lora("rslora", R"("use_rslora": "yes")")}, "lora.use_rslora");
+  // modules_to_save matches as PEFT does (a module path ending with the name); what memfit
+  // cannot train whole beside the adapters is refused, naming why.
+  refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-modules-to-save", "foo"},
+          "modules_to_save 'foo' matches no module of this model (its modules: down_proj, embed_tokens, gate_proj, "
+          "input_layernorm, lm_head, norm, o_proj, post_attention_layernorm, up_proj)");
+  refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-modules-to-save", "mlp"},
+          "modules_to_save 'mlp' names a module that holds other modules");
+  refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-targets", "o_proj",
+           "--lora-modules-to-save", "o_proj"}, "names layers.0.self_attn.o_proj, a LoRA target too");
+  refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-modules-to-save", "k_proj"},
+          "which memfit holds fused with the other q/k/v projections");
+  refused({"train", "--lora-rank", "4", "--lora-modules-to-save", "wte"}, "tied to the output head here");
+  refused({"train", "--lora-rank", "4", "--lora-modules-to-save", "c_fc"}, "a GPT-2 Conv1D layer: not supported");
+  refused({"train", "--config", with_lora("mts", R"("modules_to_save": "lm_head")")}, "lora.modules_to_save");
   refused({"train", "--config", with_lora("lora_bias", R"("lora_bias": true)")}, "lora.lora_bias: true is not supported");
   refused({"train", "--config", with_lora("exclude", R"("exclude_modules": ["q_proj"])")},
           "lora.exclude_modules is not supported");
