@@ -59,7 +59,7 @@ std::vector<AdapterBias> adapter_biases(const Program& p, const ModelSpec& spec,
   for (size_t i = 0; i < p.params().size(); ++i) {
     const ParamEntry& e = p.params()[i];
     if (!e.name.ends_with(kBias) || is_lora_adapter(e.name)) continue;
-    const Shape shape = p.tensor(e.value).shape;
+    const Shape shape = one_rank_shape(p, e);
     int64_t first = 0;
     for (const HfPiece& piece : hf_pieces(spec, e.name, shape)) {
       const int64_t count = piece.rows * (shape.numel() / shape[0]);
@@ -91,7 +91,7 @@ std::vector<SavedModule> saved_modules(const Program& p, const ModelSpec& spec, 
   for (size_t i = 0; i < p.params().size(); ++i) {
     const ParamEntry& e = p.params()[i];
     if (!std::binary_search(names.begin(), names.end(), e.name)) continue;
-    const Shape shape = p.tensor(e.value).shape;
+    const Shape shape = one_rank_shape(p, e);
     const std::vector<HfPiece> pieces = hf_pieces(spec, e.name, shape);
     MEMFIT_ASSERT(pieces.size() == 1, "modules_to_save parameter {} is not one HF tensor", e.name);
     std::vector<int64_t> dims = shape.dims();
@@ -203,8 +203,9 @@ void save_adapter(const std::string& dir, const Executor& ex, const ModelSpec& s
   values.reserve(p.params().size());
   for (size_t i = 0; i < p.params().size(); ++i) {
     const ParamEntry& e = p.params()[i];
+    MEMFIT_ASSERT(whole || !e.trainable || !e.split.split(), "saving tensor-parallel {} needs it gathered", e.name);
     if (!is_lora_adapter(e.name)) continue;
-    const Shape shape = p.tensor(e.value).shape;
+    const Shape shape = one_rank_shape(p, e);
     if (whole) {
       values.push_back((*whole)[i]);
     } else {
@@ -258,13 +259,13 @@ void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, c
     const SafetensorsEntry* t = reader.find(name);
     MEMFIT_CHECK(t != nullptr, "adapter", "the adapter in '{}' was made for another base: it has no tensor '{}'", dir,
                  name);
-    const Shape shape = p.tensor(e.value).shape;
+    const Shape shape = one_rank_shape(p, e);
     MEMFIT_CHECK(t->shape == shape, "adapter",
                  "the adapter in '{}' was made for another base: '{}' is {} there, {} in model '{}'", dir, name,
                  shape_text(t->shape), shape_text(shape), spec.name);
     std::vector<float> v(size_t(shape.numel()));
     reader.read_f32(name, shape, v.data());
-    store_parameter_range(ex, e, 0, v, staging);
+    store_one_rank_range(ex, e, 0, v, staging);
     used.insert(name);
   }
   for (const AdapterBias& b : adapter_biases(p, spec, lora)) {
@@ -273,7 +274,7 @@ void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, c
                  b.name, lora_bias_name(lora.bias));
     std::vector<float> v(size_t(b.count));
     reader.read_f32(b.name, Shape{b.count}, v.data());
-    store_parameter_range(ex, p.params()[b.param], b.first, v, staging);
+    store_one_rank_range(ex, p.params()[b.param], b.first, v, staging);
     used.insert(b.name);
   }
   for (const SavedModule& m : saved_modules(p, spec, lora)) {
@@ -285,7 +286,7 @@ void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, c
                  shape_text(t->shape), shape_text(m.shape), spec.name);
     std::vector<float> v(size_t(m.shape.numel()));
     reader.read_f32(m.name, m.shape, v.data());
-    store_parameter_range(ex, p.params()[m.param], 0, v, staging);
+    store_one_rank_range(ex, p.params()[m.param], 0, v, staging);
     used.insert(m.name);
   }
   for (const SafetensorsEntry& t : reader.entries())

@@ -95,6 +95,19 @@ class GlobalStore {
   std::vector<SliceRun> runs_;
 };
 
+}  // namespace
+
+Shape one_rank_shape(const Program& p, const ParamEntry& e) {
+  return e.split.split() ? e.split.global : p.tensor(e.value).shape;
+}
+
+void store_one_rank_range(Executor& ex, const ParamEntry& e, int64_t first, std::span<const float> values,
+                          TensorStaging& staging) {
+  GlobalStore(ex, e)(first, values, staging);
+}
+
+namespace {
+
 // Reads HF GPT-2 Conv1D weight `name` (file shape [in, out]) into parameter e ([out, in]): whole
 // file rows through staging.values(), each memfit row's slice gathered through staging.gather().
 void load_transposed(const SafetensorsReader& reader, const std::string& name, const Shape& file_shape,
@@ -201,7 +214,7 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, 
     }
     require_float_values(param);
     // The one-rank shape: a tensor-parallel slice takes its elements of it (GlobalStore).
-    const Shape shape = param.split.split() ? param.split.global : p.tensor(param.value).shape;
+    const Shape shape = one_rank_shape(p, param);
     const int64_t row_size = shape.numel() / shape[0];
     const bool transpose = spec.arch == Arch::gpt2 && is_conv1d_weight(param.name);
     const GlobalStore store(ex, param);

@@ -62,6 +62,13 @@ struct HfPiece {
 };
 std::vector<HfPiece> hf_pieces(const ModelSpec& spec, const std::string& param, const Shape& shape);
 
+// A parameter's one-rank shape: the global shape of a tensor-parallel slice.
+Shape one_rank_shape(const Program& p, const ParamEntry& e);
+// Stores elements [first, first + values.size()) of the one-rank parameter e: under tensor
+// parallelism only those this rank's slice holds.
+void store_one_rank_range(Executor& ex, const ParamEntry& e, int64_t first, std::span<const float> values,
+                          TensorStaging& staging);
+
 // True for HF GPT-2 Conv1D weights, which are stored transposed.
 bool is_conv1d_weight(const std::string& name);
 

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "graph/tensor_parallel.hpp"
 #include "train/master_weights.hpp"
 
 namespace memfit {
@@ -62,6 +63,31 @@ std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Comm
       const int64_t numel = p.tensor(p.params()[members[j]].value).numel();
       out[members[j]].assign(whole.begin() + offset[j], whole.begin() + offset[j] + numel);
     }
+  }
+  return out;
+}
+
+std::vector<std::vector<float>> gather_tensor_parallel_trainable(const Executor& ex, Communicator& world, int tensor,
+                                                                 TensorStaging& staging) {
+  MEMFIT_CHECK(tensor >= 1 && world.size() % tensor == 0, "train", "a tensor-parallel degree of {} does not divide {} "
+               "ranks", tensor, world.size());
+  const std::unique_ptr<Communicator> group = world.split(world.rank() / tensor, world.rank() % tensor);
+  const Program& p = ex.program();
+  std::vector<std::vector<float>> out(p.params().size());
+  for (size_t i = 0; i < p.params().size(); ++i) {
+    const ParamEntry& e = p.params()[i];
+    if (!e.trainable || e.value == kNoTensor) continue;
+    const Shape local = p.tensor(e.value).shape;
+    std::vector<float> mine(size_t(local.numel()));
+    load_parameter_range(ex, e, 0, mine, staging);
+    if (!e.split.split()) {
+      out[i] = std::move(mine);
+      continue;
+    }
+    out[i].assign(size_t(e.split.global.numel()), 0.0f);
+    for (const SliceRun& r : slice_runs(e.split, local))
+      std::copy_n(mine.begin() + r.local, r.count, out[i].begin() + r.global);
+    group->all_reduce(out[i].data(), int64_t(out[i].size()), DType::f32, ReduceOp::sum);
   }
   return out;
 }

@@ -19,4 +19,13 @@ namespace memfit {
 // Each rank's pieces are read through `staging` (Executor::read, never by address).
 std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Communicator& comm, TensorStaging& staging);
 
+// The trainable parameters' one-rank fp32 values under tensor parallelism without ZeRO, for a
+// LoRA run's `--save` (the adapters, trained biases and modules_to_save: small next to the
+// base, which stays where it is). Each rank places its slice (graph/tensor_parallel.hpp's runs)
+// into zeros of the global shape and one sum over its tensor group of `tensor` adjacent ranks
+// completes it; a parameter the group replicates is read whole. Frozen parameters stay empty.
+// Every rank calls it (the tensor groups are split from `world` here).
+std::vector<std::vector<float>> gather_tensor_parallel_trainable(const Executor& ex, Communicator& world, int tensor,
+                                                                 TensorStaging& staging);
+
 }  // namespace memfit

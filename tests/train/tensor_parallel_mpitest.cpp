@@ -34,6 +34,7 @@
 #include "runtime/executor.hpp"
 #include "support/mpi_test.hpp"
 #include "support/tensor_values.hpp"
+#include "io/safetensors.hpp"
 #include "train/init.hpp"
 
 namespace memfit {
@@ -364,6 +365,70 @@ TEST(TensorParallel, LoadsHfWeightsAsOneRankDoes) {
       EXPECT_NEAR(got.loss[i], want.loss[i], 1e-5 * want.loss[i]) << "step " << i + 1;
     world().barrier();
   }
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// A LoRA run's adapter saved under tensor parallelism (train/whole_weights.cpp: each rank's
+// slices summed into the global tensors over its tensor group) is the one-rank run's adapter:
+// the same tensors, values to 1e-3 of each tensor's largest, modules_to_save (lm_head, the
+// norms) and rsLoRA included. Loaded back with --load-adapter (each rank storing its slices),
+// the next steps give the one-rank continuation's losses.
+TEST(TensorParallel, SavesAndLoadsALoraAdapterAsOneRankDoes) {
+  const std::string dir = test::unique_dir("tp-adapter");
+  auto single = make_single_process_communicator();
+  Policy p;
+  p.attention = AttentionKind::flash;
+  p.lora.rank = 4;
+  p.lora.targets = {"all-linear"};
+  p.lora.rslora = true;
+  p.lora.modules_to_save = {"lm_head", "norm"};
+  std::ostringstream log;
+  RunConfig one = run_config("llama-tiny", p, 1, kRowsPerRank * data_degree());
+  one.steps = 3;
+  one.save = dir + "/one";
+  if (world().rank() == 0) run_training(one, log, nullptr, single.get());
+  RunConfig tp = run_config("llama-tiny", p, kTensor, kRowsPerRank);
+  tp.steps = 3;
+  tp.save = dir + "/tp";
+  test::run_on_world(tp);
+  world().barrier();
+  if (world().rank() == 0) {
+    const SafetensorsReader a(one.save + "/adapter_model.safetensors"), b(tp.save + "/adapter_model.safetensors");
+    ASSERT_EQ(a.entries().size(), b.entries().size());
+    int saved_whole = 0;
+    for (const SafetensorsEntry& e : a.entries()) {
+      const SafetensorsEntry* t = b.find(e.name);
+      ASSERT_NE(t, nullptr) << e.name;
+      ASSERT_EQ(t->shape, e.shape) << e.name;
+      std::vector<float> x(size_t(e.shape.numel())), y(x.size());
+      a.read_f32(e.name, e.shape, x.data());
+      b.read_f32(e.name, e.shape, y.data());
+      double err = 0, scale = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        err = std::max(err, double(std::fabs(x[i] - y[i])));
+        scale = std::max(scale, double(std::fabs(x[i])));
+      }
+      // Adam divides by the root of the second moment: an element whose gradients are at
+      // rounding level moves by whatever their rounding gives (a misplaced slice would be off by
+      // its whole size).
+      EXPECT_LE(err, 1e-3 * scale) << e.name;
+      saved_whole += e.name.find("lora_") == std::string::npos;
+    }
+    EXPECT_EQ(saved_whole, 6);  // lm_head, norm, and two norms in each of llama-tiny's 2 layers
+  }
+  // Continue from each adapter (its settings come from the file).
+  auto continued = [&](RunConfig c, const std::string& adapter) {
+    c.save.clear();
+    c.policy.lora = LoraPolicy{};
+    c.load_adapter = adapter;
+    return c;
+  };
+  const Trajectory want = trajectory_of(run_training(continued(one, one.save), log, nullptr, single.get()));
+  const test::WorldRun got = test::run_on_world(continued(tp, tp.save));
+  ASSERT_EQ(got.loss.size(), want.loss.size());
+  for (size_t i = 0; i < want.loss.size(); ++i)
+    EXPECT_NEAR(got.loss[i], want.loss[i], 1e-5 * want.loss[i]) << "step " << i + 1;
+  world().barrier();
   if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
 
