@@ -30,6 +30,18 @@ inline bool dropout_keeps(uint64_t key, int64_t index, uint32_t threshold) {
   return uint32_t(mix64(key + 0x9e3779b97f4a7c15ULL * uint64_t(index + 1)) >> 40) >= threshold;
 }
 
+// Where a tensor's elements sit in the one-rank, whole-batch tensor the mask is drawn over, so
+// that data- and tensor-parallel ranks draw the one-rank run's mask on their part: element i
+// of a [rows, cols] tensor is element (row_offset + i / cols) * global_cols + col_offset +
+// i % cols there (a data rank's rows start at row_offset; a row-parallel input holds columns
+// [col_offset, col_offset + cols) of global_cols). cols = 0: the tensor is the whole one.
+struct DropoutLayout {
+  int64_t cols = 0, global_cols = 0, col_offset = 0, row_offset = 0;
+  int64_t index(int64_t i) const {
+    return cols == 0 ? i : (row_offset + i / cols) * global_cols + col_offset + i % cols;
+  }
+};
+
 // FNV-1a of a site's name: a salt that stays the same when the program is rebuilt.
 inline uint64_t dropout_salt(const char* name) {
   uint64_t h = 0xcbf29ce484222325ULL;

@@ -55,10 +55,10 @@ void derive_requires_grad(Program& p, int begin, bool grad_enabled) {
 
 }  // namespace
 
-ForwardRewrites forward_rewrites_for(const Policy& policy) {
+ForwardRewrites forward_rewrites_for(const Policy& policy, int data_rank) {
   ForwardRewrites passes;
   if (!policy.freeze.empty()) passes.push_back(std::make_shared<FreezeByPattern>(policy.freeze));
-  if (policy.lora.enabled()) passes.push_back(make_lora_rewrite(policy.lora));
+  if (policy.lora.enabled()) passes.push_back(make_lora_rewrite(policy.lora, data_rank));
   MEMFIT_CHECK((policy.quantize_base.enabled() && policy.quantize_base.kind != BaseQuant::int8) ||
                    !policy.quantize_base.double_quant,
                "policy", "--double-quant quantises the absmax of a 4-bit base: {}",

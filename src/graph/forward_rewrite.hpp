@@ -37,7 +37,8 @@ class ForwardRewrite {
 using ForwardRewrites = std::vector<std::shared_ptr<ForwardRewrite>>;
 
 // The rewrites that the training options ask for, in order (today: freezing by --freeze).
-ForwardRewrites forward_rewrites_for(const Policy& policy);
+// data_rank: this rank's index among the data-parallel ranks (LoRA's dropout masks).
+ForwardRewrites forward_rewrites_for(const Policy& policy, int data_rank = 0);
 
 // Runs every pass's declare stage, in order. Throws [policy] when no trainable parameter is
 // left.

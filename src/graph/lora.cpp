@@ -45,7 +45,7 @@ std::vector<std::string> default_targets(const std::vector<LinearModule>& module
 
 class LoraRewrite final : public ForwardRewrite {
  public:
-  explicit LoraRewrite(LoraPolicy lora) : lora_(std::move(lora)) {}
+  LoraRewrite(LoraPolicy lora, int data_rank) : lora_(std::move(lora)), data_rank_(data_rank) {}
   std::string name() const override { return "lora"; }
   void declare(GraphBuilder& b) override;
   bool rewrite(const Op& op, GraphBuilder& b) override;
@@ -54,8 +54,10 @@ class LoraRewrite final : public ForwardRewrite {
   struct Branch {
     LinearModule module;
     TensorId a = kNoTensor, b = kNoTensor;
+    bool row_parallel = false;  // its input is this tensor rank's column slice of x
   };
   LoraPolicy lora_;
+  int data_rank_ = 0;
   std::map<TensorId, std::vector<Branch>> branches_;  // by the base weight's value tensor
 };
 
@@ -88,6 +90,7 @@ void LoraRewrite::declare(GraphBuilder& b) {
     const bool column = ws.axis == TensorSplit::Axis::rows, row = ws.axis == TensorSplit::Axis::columns;
     const int64_t in = row ? m.cols * tp.parts : m.cols, out = column ? m.rows * tp.parts : m.rows;
     const Shape a_shape{lora_.rank, in}, b_shape{out, lora_.rank};
+    br.row_parallel = row;
     const float bound = float(1.0 / std::sqrt(double(in)));
     br.a = b.parameter(lora_a_name(m.name), a_shape, ParamInit::uniform, bound, true,
                        row ? tp.columns(a_shape) : TensorSplit{});
@@ -131,8 +134,14 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
     if (lora_.dropout > 0 && b.grad_enabled()) {
       in = b.transient(site + ".lora_dropout.y", p.tensor(x).shape, Category::activations, p.tensor(x).dtype);
       const std::string salt = br.module.name + ".lora_dropout";
+      // The one-rank run's mask: a data rank's rows follow the lower ranks' rows, and a
+      // row-parallel input is a column slice of the one-rank x.
+      const TensorParallel& tp = b.tensor_parallel();
+      const int64_t cols = p.tensor(x).shape.dims().back(), rows = p.tensor(x).numel() / cols;
+      const int parts = br.row_parallel ? tp.parts : 1;
+      const DropoutLayout layout{cols, cols * parts, br.row_parallel ? tp.index * cols : 0, data_rank_ * rows};
       b.emit({OpKind::dropout_forward, site + ".lora_dropout", {x}, {in},
-              DropoutAttrs{float(lora_.dropout), dropout_salt(salt.c_str())}, double(p.tensor(x).numel())});
+              DropoutAttrs{float(lora_.dropout), dropout_salt(salt.c_str()), layout}, double(p.tensor(x).numel())});
     }
     std::vector<int64_t> mid = ys.dims();
     mid.back() = r;
@@ -286,8 +295,8 @@ std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy
 std::string lora_a_name(const std::string& module) { return module + ".lora_A" + kWeightSuffix; }
 std::string lora_b_name(const std::string& module) { return module + ".lora_B" + kWeightSuffix; }
 
-std::shared_ptr<ForwardRewrite> make_lora_rewrite(const LoraPolicy& lora) {
-  return std::make_shared<LoraRewrite>(lora);
+std::shared_ptr<ForwardRewrite> make_lora_rewrite(const LoraPolicy& lora, int data_rank) {
+  return std::make_shared<LoraRewrite>(lora, data_rank);
 }
 
 }  // namespace memfit

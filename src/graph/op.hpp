@@ -23,6 +23,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/dropout_mask.hpp"
 #include "graph/quant_layout.hpp"
 #include "graph/tensor.hpp"
 
@@ -290,6 +291,7 @@ struct ColumnsAttrs {
 struct DropoutAttrs {
   float p = 0;          // probability of dropping an element, in (0, 1)
   uint64_t salt = 0;    // distinguishes the dropout sites of a program (a hash of the op's name)
+  DropoutLayout layout;  // where the elements sit in the one-rank tensor (core/dropout_mask.hpp)
 };
 struct FillAttrs {
   float value = 0;

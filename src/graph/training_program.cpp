@@ -184,13 +184,10 @@ Program build_program(const ModelSpec& spec, const Policy& policy, const Topolog
   MEMFIT_CHECK(!policy.sequence_parallel || topology.tensor > 1, "policy",
                "sequence parallelism splits the rows over the tensor group: it needs a tensor-parallel degree above 1");
   if (tp.on()) check_tensor_parallel_policy(policy);
-  ForwardRewrites rewrites = forward_rewrites_for(policy);
+  ForwardRewrites rewrites = forward_rewrites_for(policy, topology.data_rank());
   rewrites.insert(rewrites.end(), extra_rewrites.begin(), extra_rewrites.end());
   MEMFIT_CHECK(!tp.on() || (!policy.quantize_base.enabled() && extra_rewrites.empty()), "policy",
                "a quantised base with tensor parallelism is not supported by this build yet");
-  // A row-parallel input is a column slice of x: its dropout keys would not be the one-rank mask's.
-  MEMFIT_CHECK(!tp.on() || !policy.lora.enabled() || policy.lora.dropout == 0, "policy",
-               "--lora-dropout with tensor parallelism is not supported by this build yet");
   if (!extra_rewrites.empty() && (policy.zero_stage > 0 || topology.world() > 1))
     throw Error("policy", "forward rewrites with data parallelism (ZeRO or more than one rank) are not supported by this build yet");
   const std::vector<BlockRecompute> recompute = resolve_recompute(policy.recompute, spec.n_layer);

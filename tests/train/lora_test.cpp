@@ -221,7 +221,7 @@ TEST(Lora, DropoutKeepsOneMinusPScaledAndRedrawsTheSameMask) {
   const float p = 0.3f;
   std::vector<float> x(static_cast<size_t>(n), 1.0f), y(static_cast<size_t>(n)), dx(static_cast<size_t>(n));
   const uint64_t key = dropout_key(5, 3, 1, dropout_salt("site"));
-  dropout_apply(x.data(), y.data(), n, p, key, false);
+  dropout_apply(x.data(), y.data(), n, p, key, DropoutLayout{}, false);
   int64_t kept = 0;
   for (float v : y) {
     ASSERT_TRUE(v == 0.0f || std::abs(v - 1.0f / 0.7f) < 1e-6f);
@@ -229,10 +229,18 @@ TEST(Lora, DropoutKeepsOneMinusPScaledAndRedrawsTheSameMask) {
   }
   const double sigma = std::sqrt(double(n) * p * (1 - p));
   EXPECT_NEAR(double(kept), double(n) * (1 - p), 5 * sigma);
-  dropout_apply(y.data(), dx.data(), n, p, key, false);  // the backward's mask: the same elements
+  dropout_apply(y.data(), dx.data(), n, p, key, DropoutLayout{}, false);  // the backward's mask: the same elements
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(dx[size_t(i)] == 0.0f, y[size_t(i)] == 0.0f);
-  dropout_apply(x.data(), dx.data(), n, p, dropout_key(5, 4, 1, dropout_salt("site")), false);
+  dropout_apply(x.data(), dx.data(), n, p, dropout_key(5, 4, 1, dropout_salt("site")), DropoutLayout{}, false);
   EXPECT_NE(std::memcmp(dx.data(), y.data(), sizeof(float) * size_t(n)), 0);  // another step, another mask
+  // A part of the whole tensor (rows 100.. of a data rank, columns 200..299 of a row-parallel
+  // slice of a 400-wide x) draws the whole tensor's mask on its elements.
+  const int64_t rows = 50, cols = 100, width = 400, row0 = 100, col0 = 200;
+  std::vector<float> part(size_t(rows * cols), 1.0f), part_y(part.size());
+  dropout_apply(part.data(), part_y.data(), rows * cols, p, key, DropoutLayout{cols, width, col0, row0}, false);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      ASSERT_EQ(part_y[size_t(r * cols + c)], y[size_t((row0 + r) * width + col0 + c)]) << r << ", " << c;
 
   // In a program: the loss changes with dropout, repeats with the same seed, is the same
   // with recomputation (the recomputed forward draws the same mask), and the naive backend
@@ -302,8 +310,6 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
   refused({"plan", "--lora-rank", "4", "--double-quant"}, "add --quantize-base nf4 or fp4");
   refused({"train", "--lora-rank", "4", "--quantize-base", "int8", "--double-quant"},
           "--double-quant quantises the absmax of a 4-bit base: use --quantize-base nf4 or fp4, not int8");
-  refused({"plan", "--world-size", "2", "--tensor-parallel", "2", "--lora-rank", "4", "--lora-dropout", "0.1"},
-          "--lora-dropout with tensor parallelism is not supported");
   refused({"plan", "--world-size", "2", "--tensor-parallel", "2", "--lora-rank", "4", "--quantize-base", "nf4"},
           "a quantised base with tensor parallelism is not supported");
   refused({"train", "--lora-rank", "4", "--quantize-base", "nf4", "--quant-block", "48"},

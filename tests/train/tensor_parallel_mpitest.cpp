@@ -321,6 +321,21 @@ TEST(TensorParallel, LoraMatchesOneRank) {
   expect_trajectories_match_one_rank("gpt2-tiny", p, {2}, 1e-5);
 }
 
+// LoRA's dropout draws the one-rank run's mask on every rank's part (core/dropout_mask.hpp
+// DropoutLayout): a data rank's rows follow the lower ranks' in the global batch, and a
+// row-parallel input (o_proj, down_proj, GPT-2's c_proj) is a column slice of the one-rank x.
+TEST(TensorParallel, LoraDropoutMatchesOneRank) {
+  Policy p;
+  p.lora.rank = 4;
+  p.lora.targets = {"all-linear"};
+  p.lora.dropout = 0.25;
+  expect_trajectories_match_one_rank("gpt2-tiny", p, {0, 2}, 1e-5);
+  p.attention = AttentionKind::flash;
+  expect_trajectories_match_one_rank("llama-tiny", p, {0}, 1e-5);
+  p.sequence_parallel = true;
+  expect_trajectories_match_one_rank("llama-tiny", p, {3}, 1e-5);
+}
+
 // Recomputation replays the forward's tensor-group sums; bf16 rounds each rank's partial sums.
 TEST(TensorParallel, Bf16WithRecomputationMatchesOneRank) {
   Policy p;

@@ -45,12 +45,12 @@ void slice_columns_forward(const T* x, T* y, int64_t rows, int64_t cols, int64_t
 }
 
 template <class T>
-void dropout_apply(const T* x, T* y, int64_t n, float p, uint64_t key, bool acc) {
+void dropout_apply(const T* x, T* y, int64_t n, float p, uint64_t key, const DropoutLayout& layout, bool acc) {
   const uint32_t threshold = dropout_threshold(p);
   const float scale = float(1.0 / (1.0 - double(p)));
   parallel_for(n, kParallelGrain, [=](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      const float v = dropout_keeps(key, i, threshold) ? widen(x[i]) * scale : 0.0f;
+      const float v = dropout_keeps(key, layout.index(i), threshold) ? widen(x[i]) * scale : 0.0f;
       y[i] = narrow<T>(acc ? widen(y[i]) + v : v);
     }
   });
@@ -59,7 +59,7 @@ void dropout_apply(const T* x, T* y, int64_t n, float p, uint64_t key, bool acc)
 #define MEMFIT_COLUMNS(T)                                                                                   \
   template void add_columns_forward<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t, bool); \
   template void slice_columns_forward<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, bool);         \
-  template void dropout_apply<T>(const T*, T*, int64_t, float, uint64_t, bool);
+  template void dropout_apply<T>(const T*, T*, int64_t, float, uint64_t, const DropoutLayout&, bool);
 MEMFIT_COLUMNS(float)
 MEMFIT_COLUMNS(bf16_t)
 MEMFIT_COLUMNS(fp16_t)

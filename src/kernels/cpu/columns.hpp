@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "core/dropout_mask.hpp"
+
 namespace memfit {
 
 // y = a (y += a when acc), then y[:, begin:begin+width] += d.
@@ -17,6 +19,6 @@ template <class T>
 void slice_columns_forward(const T* x, T* y, int64_t rows, int64_t cols, int64_t begin, int64_t width, bool acc);
 // y = x * keep / (1 - p) (y += that when acc); key from core/dropout_mask.hpp.
 template <class T>
-void dropout_apply(const T* x, T* y, int64_t n, float p, uint64_t key, bool acc);
+void dropout_apply(const T* x, T* y, int64_t n, float p, uint64_t key, const DropoutLayout& layout, bool acc);
 
 }  // namespace memfit

@@ -132,7 +132,7 @@ Prepared prepare_dropout(const Program& p, const Op& op, const OpBinding& b) {
   dispatch_t(op, dtype_of(p, op.outputs[0]), [&](auto t) {
     using T = decltype(t);
     out = make_op([=, x = in_t<T>(b, 0), y = out_t<T>(b, 0), mode = op.modes[0]](const StepContext& ctx) {
-      dropout_apply(x, y, n, a.p, dropout_key(ctx.seed, ctx.step, ctx.micro, a.salt), accumulates(mode, ctx));
+      dropout_apply(x, y, n, a.p, dropout_key(ctx.seed, ctx.step, ctx.micro, a.salt), a.layout, accumulates(mode, ctx));
     });
   });
   return out;

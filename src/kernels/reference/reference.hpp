@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "core/dropout_mask.hpp"
+
 namespace memfit::ref {
 
 // x[n] = wte[tokens[n]] + wpe[n % seq] for the N = B*seq rows; wpe may be nullptr (rotary models,
@@ -58,7 +60,7 @@ void add_columns(const float* a, const float* d, float* y, int64_t rows, int64_t
 // y = x[:, begin:begin+width] (y += it when acc).
 void slice_columns(const float* x, float* y, int64_t rows, int64_t cols, int64_t begin, int64_t width, bool acc);
 // y = x * keep / (1 - p) (y += that when acc), keep from core/dropout_mask.hpp.
-void dropout(const float* x, float* y, int64_t n, float p, uint64_t key, bool acc);
+void dropout(const float* x, float* y, int64_t n, float p, uint64_t key, const DropoutLayout& layout, bool acc);
 template <class F>
 void accumulate(const F* x, F* y, int64_t n, bool acc);
 template <class F>

@@ -122,7 +122,7 @@ Prepared prepare_dense(const Program& p, const Op& op, const OpBinding& b) {
     case OpKind::dropout_backward: {
       const DropoutAttrs a = attrs_of<DropoutAttrs>(op);
       return make_op([=](const StepContext& ctx) {
-        ref::dropout(in(b, 0), out(b, 0), n0, a.p, dropout_key(ctx.seed, ctx.step, ctx.micro, a.salt),
+        ref::dropout(in(b, 0), out(b, 0), n0, a.p, dropout_key(ctx.seed, ctx.step, ctx.micro, a.salt), a.layout,
                      accumulates(m0, ctx));
       });
     }

@@ -235,11 +235,11 @@ void slice_columns(const float* x, float* y, int64_t rows, int64_t cols, int64_t
     }
 }
 
-void dropout(const float* x, float* y, int64_t n, float p, uint64_t key, bool acc) {
+void dropout(const float* x, float* y, int64_t n, float p, uint64_t key, const DropoutLayout& layout, bool acc) {
   const uint32_t threshold = dropout_threshold(p);
   const float scale = float(1.0 / (1.0 - double(p)));
   for (int64_t i = 0; i < n; ++i) {
-    const float v = dropout_keeps(key, i, threshold) ? x[i] * scale : 0.0f;
+    const float v = dropout_keeps(key, layout.index(i), threshold) ? x[i] * scale : 0.0f;
     y[i] = acc ? y[i] + v : v;
   }
 }
