@@ -328,11 +328,12 @@ void propose_lora(Planner& planner, const Policy& base, const Cluster& cluster, 
 
 // Tensor parallelism (Megatron-LM) inside a node: each T of 2, 4, 8 dividing the node, the world
 // and the model, with sequence parallelism and ZeRO 0-3 over the world / T replicas, on the
-// device; memfit's runs of every weight only. Not pruned: the FLOP bound counts one rank's tokens.
+// device; memfit's runs (LoRA too). Not pruned: the FLOP bound counts one rank's tokens.
 void search_tensor_parallel(const ModelSpec& spec, const Policy& base, Planner& planner, const Cluster& cluster,
                             const EstimateOptions& eo, const Judge& judge, int64_t max_batch, const FitOptions& options,
                             const Accumulation& accumulation, FitResult& r, std::vector<FitCandidate>& found) {
-  if (!options.search_tensor_parallel || options.framework != FitFramework::memfit || has_lora_or_quantised_base(base) ||
+  // Not yet: a quantised base with tensor parallelism; --freeze's ZeRO is modelled, not planned.
+  if (!options.search_tensor_parallel || options.framework != FitFramework::memfit || base.quantize_base.enabled() ||
       !base.freeze.empty())
     return;
   const int W = cluster.world_size();

@@ -39,12 +39,11 @@ TEST(TensorParallelPlan, HardwarePresetPlansTheRankSlice) {
   EXPECT_NEAR(step["tokens_per_second"].get<double>() * step["seconds"].get<double>(), 2.0 * 4 * 64, 1e-6);
 }
 
-// --fit searches tensor parallelism within a node (here llama-2-7b on 2 nodes of 4 A100-40GB,
-// where tensor 2 and 4 with sequence parallelism rank first). Oracle: each tensor-parallel
-// candidate is what `plan --tensor-parallel T --sequence-parallel` with its settings plans and
-// estimates, byte for byte and token for token.
-TEST(TensorParallelPlan, FitSearchesTheDegreeAndItsCandidatesReplanTheSame) {
-  const std::string cluster = "--model llama-2-7b --seq 2048 --hardware a100-40gb --gpus-per-node 4 --nodes 2";
+// --fit searches tensor parallelism within a node, for a run of every weight (llama-2-7b on 2
+// nodes of 4 A100-40GB, where tensor 2 and 4 with sequence parallelism rank first) and for LoRA
+// adapters (llama-2-13b on 4 A100-40GB at 4096 tokens, where tensor 2 ranks among the five). Oracle: each tensor-parallel candidate is what `plan --tensor-parallel T
+// --sequence-parallel` with its settings plans and estimates, byte for byte and token for token.
+void expect_tensor_parallel_candidates_replan_the_same(const std::string& cluster) {
   const auto r = test::run_memfit("plan " + cluster + " --fit --json");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto fit = nlohmann::json::parse(r.out)["fit"];
@@ -53,10 +52,11 @@ TEST(TensorParallelPlan, FitSearchesTheDegreeAndItsCandidatesReplanTheSame) {
     const int t = c["tensor_parallel"].get<int>();
     if (t == 1) continue;
     ++tensor_parallel;
-    // "bf16 flash recompute=R adamw zero=S offload=none tensor=T+sequence"
+    // "bf16 flash recompute=R adamw zero=S offload=none [lora=r16:all-linear] tensor=T+sequence"
     std::istringstream words(c["family"].get<std::string>());
     std::string precision, attention, recompute, optimizer, zero, offload, tensor;
     words >> precision >> attention >> recompute >> optimizer >> zero >> offload >> tensor;
+    if (tensor.starts_with("lora=")) words >> tensor;
     ASSERT_EQ(tensor, "tensor=" + std::to_string(t) + "+sequence") << c["family"];
     const std::string args = fmt::format(
         "plan {} --batch {} --grad-accum {} --precision {} --grad-dtype {} --attention {} --recompute {} --optimizer {} "
@@ -71,6 +71,17 @@ TEST(TensorParallelPlan, FitSearchesTheDegreeAndItsCandidatesReplanTheSame) {
     EXPECT_EQ(plan["estimate"]["step"]["tokens_per_second"], c["estimate"]["step"]["tokens_per_second"]) << args;
   }
   EXPECT_GT(tensor_parallel, 0) << r.out;
+}
+
+TEST(TensorParallelPlan, FitSearchesTheDegreeAndItsCandidatesReplanTheSame) {
+  expect_tensor_parallel_candidates_replan_the_same(
+      "--model llama-2-7b --seq 2048 --hardware a100-40gb --gpus-per-node 4 --nodes 2");
+}
+
+TEST(TensorParallelPlan, FitSearchesTheDegreeForLora) {
+  expect_tensor_parallel_candidates_replan_the_same(
+      "--model llama-2-13b --seq 4096 --hardware a100-40gb --gpus-per-node 4 --nodes 1 --lora-rank 16 "
+      "--lora-targets all-linear");
 }
 
 TEST(TensorParallelPlan, RefusesWhatItDoesNotSearchYet) {
