@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Regenerate the PEFT LoRA fixtures tests/fixtures/lora_llama_tiny_torch/,
-tests/fixtures/lora_gpt2_tiny_torch/ and tests/fixtures/lora_llama_extras_tiny_torch/ (rsLoRA and
-modules_to_save) from the committed base fixtures (llama_tiny_torch,
+tests/fixtures/lora_gpt2_tiny_torch/, tests/fixtures/lora_llama_extras_tiny_torch/ (rsLoRA and
+modules_to_save) and tests/fixtures/lora_llama_select_tiny_torch/ (exclude_modules,
+layers_to_transform) from the committed base fixtures (llama_tiny_torch,
 gpt2_tiny_torch: their model and batch are reused, not copied).
 
 What each fixture directory holds (float32, CPU, 1 thread, deterministic):
@@ -38,8 +39,12 @@ CASES = {
     # rsLoRA's scale and modules trained whole beside the adapters ("norm" is every RMSNorm:
     # PEFT matches a module whose path ends with the name).
     "llama_extras": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    # Which modules the adapters wrap: every linear one but k_proj and up_proj, in layer 1 only.
+    "llama_select": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
 }
-EXTRAS = {"llama_extras": {"use_rslora": True, "modules_to_save": ["lm_head", "norm"]}}
+EXTRAS = {"llama_extras": {"use_rslora": True, "modules_to_save": ["lm_head", "norm"]},
+          "llama_select": {"exclude_modules": ["k_proj", "up_proj"], "layers_to_transform": [1],
+                           "layers_pattern": "layers"}}
 RANK, ALPHA, B_STD, LR, DECAY, STEPS = 4, 8, 0.1, 1e-3, 0.1, 3
 
 

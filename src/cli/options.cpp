@@ -236,6 +236,19 @@ void RunOptions::add_fine_tuning_options(CLI::App& app) {
                    [](RunConfig& c, std::string v) { c.policy.lora.bias = parse_lora_bias(v); });
   add_flag(app, "--lora-rslora", "LoRA: scale the adapters' output by alpha / sqrt(rank) (PEFT's use_rslora)",
            [](RunConfig& c, bool v) { c.policy.lora.rslora = v; });
+  add<std::string>(app, "--lora-exclude-modules", "LoRA: comma-separated module names never targeted (PEFT's "
+                   "exclude_modules)",
+                   [](RunConfig& c, std::string v) {
+                     c.policy.lora.exclude_modules = split_freeze_patterns(v);
+                     c.policy.lora.exclude_regex.clear();
+                   });
+  add<std::string>(app, "--lora-layers", "LoRA: comma-separated layer indices whose modules are targeted (PEFT's "
+                   "layers_to_transform; default every layer)",
+                   [](RunConfig& c, std::string v) {
+                     c.policy.lora.layers_to_transform.clear();
+                     for (const std::string& x : split_freeze_patterns(v))
+                       c.policy.lora.layers_to_transform.push_back(parse_integer_text("--lora-layers", x));
+                   });
   add<std::string>(app, "--lora-modules-to-save",
                    "LoRA: comma-separated modules trained whole beside the adapters and saved with them, as PEFT's "
                    "modules_to_save (lm_head, embed_tokens, norm)",

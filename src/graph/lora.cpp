@@ -36,6 +36,48 @@ bool matches_target(const std::string& module, const std::string& target) {
                               module[module.size() - target.size() - 1] == '.');
 }
 
+// The module's path in the HF model PEFT wraps: "model.layers.0.mlp.up_proj", "lm_head",
+// "transformer.h.0.attn.c_attn".
+std::string hf_module_path(const Program& p, const std::string& module) {
+  if (module == "lm_head") return module;
+  return (find_param(p, "wte.weight") ? "transformer." : "model.") + module;
+}
+
+std::regex checked_regex(const std::string& text, const char* what) {
+  try {
+    return std::regex(text, std::regex::ECMAScript);
+  } catch (const std::regex_error&) {
+    throw Error("policy", fmt::format("LoRA {} '{}' is not a valid regular expression", what, text));
+  }
+}
+
+// PEFT's check_target_module_exists past the target match: exclude_modules, modules_to_save
+// (an adapter never wraps a module trained whole) and layers_to_transform (only with a list
+// of targets), on the HF module path.
+bool kept_by_selection(const std::string& path, const LoraPolicy& lora) {
+  if (!lora.exclude_regex.empty() && std::regex_match(path, checked_regex(lora.exclude_regex, "exclude_modules")))
+    return false;
+  for (const std::string& x : lora.exclude_modules)
+    if (path == x || path.ends_with("." + x)) return false;
+  for (const std::string& m : lora.modules_to_save)
+    if (std::regex_match(path, checked_regex("(^|.*\\.)" + m + "($|\\..*)", "modules_to_save"))) return false;
+  if (lora.layers_to_transform.empty() || !lora.target_regex.empty()) return true;
+  // The first numbered component after a layers_pattern name (any name when none is given).
+  std::smatch match;
+  bool found = false;
+  if (lora.layers_pattern.empty()) {
+    found = std::regex_search(path, match, std::regex(R"(^.*?\.[^.]*\.(\d+)\.)"));
+  } else {
+    for (const std::string& pattern : lora.layers_pattern)
+      if ((found = std::regex_search(path, match, checked_regex("^(?:|.*?\\.)" + pattern + "\\.(\\d+)\\.",
+                                                               "layers_pattern"))))
+        break;
+  }
+  if (!found) return false;
+  const int64_t layer = std::stoll(match[1].str());
+  return std::count(lora.layers_to_transform.begin(), lora.layers_to_transform.end(), layer) > 0;
+}
+
 // PEFT's defaults (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING) for memfit's families.
 std::vector<std::string> default_targets(const std::vector<LinearModule>& modules) {
   for (const LinearModule& m : modules)
@@ -207,13 +249,10 @@ std::vector<LinearModule> lora_targets(const Program& p, const LoraPolicy& lora)
   std::string known;
   for (const std::string& k : kinds) known += (known.empty() ? "" : ", ") + k;
   std::vector<bool> chosen(modules.size(), false);
+  MEMFIT_CHECK(lora.layers_to_transform.empty() || lora.target_regex.empty(), "policy",
+               "LoRA layers_to_transform needs target_modules as a list of names, not a regular expression (as PEFT)");
   if (!lora.target_regex.empty()) {
-    std::regex re;
-    try {
-      re = std::regex(lora.target_regex, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      throw Error("policy", fmt::format("LoRA target_modules '{}' is not a valid regular expression", lora.target_regex));
-    }
+    const std::regex re = checked_regex(lora.target_regex, "target_modules");
     bool any = false;
     for (size_t i = 0; i < modules.size(); ++i)
       for (const char* prefix : {"", "model.", "transformer."})
@@ -232,22 +271,22 @@ std::vector<LinearModule> lora_targets(const Program& p, const LoraPolicy& lora)
   }
   std::vector<LinearModule> out;
   for (size_t i = 0; i < modules.size(); ++i) {
-    if (!chosen[i]) continue;
+    if (!chosen[i] || !kept_by_selection(hf_module_path(p, modules[i].name), lora)) continue;
     const LinearModule& m = modules[i];
     MEMFIT_CHECK(lora.rank <= std::min(m.rows, m.cols), "policy",
                  "LoRA rank {} is larger than min(in, out) = min({}, {}) of {}", lora.rank, m.cols, m.rows, m.name);
     out.push_back(m);
   }
+  MEMFIT_CHECK(!out.empty(), "policy", "LoRA: exclude_modules, modules_to_save and layers_to_transform leave no "
+               "target (its linear layers: {})", known);
   return out;
 }
 
 std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy& lora) {
   if (lora.modules_to_save.empty()) return {};
   const bool gpt2 = find_param(p, "wte.weight") != nullptr, tied = find_param(p, "lm_head.weight") == nullptr;
-  auto hf_path = [&](const std::string& module) {
-    return module == "lm_head" ? module : (gpt2 ? "transformer." : "model.") + module;
-  };
-  const std::vector<LinearModule> linears = linear_modules(p), targets = lora_targets(p, lora);
+  auto hf_path = [&](const std::string& module) { return hf_module_path(p, module); };
+  const std::vector<LinearModule> linears = linear_modules(p);
   std::set<std::string> fused;  // memfit modules that hold several HF modules (llama's qkv_proj)
   for (const LinearModule& m : linears)
     if (!m.whole()) fused.insert(module_of(m.weight));
@@ -271,9 +310,6 @@ std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy
       for (size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', dot + 1))
         ancestor = ancestor || path.substr(0, dot).ends_with(t);
       if (fused.count(module) || !path.ends_with(t)) continue;
-      for (const LinearModule& m : targets)
-        MEMFIT_CHECK(m.name != module, "policy", "modules_to_save '{}' names {}, a LoRA target too: a module trains "
-                     "either whole or through its adapter", t, module);
       MEMFIT_CHECK(!gpt2 || std::none_of(linears.begin(), linears.end(),
                                          [&](const LinearModule& m) { return m.name == module; }),
                    "policy", "modules_to_save '{}' names {}, a GPT-2 Conv1D layer: not supported (target it with "

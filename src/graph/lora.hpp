@@ -34,15 +34,17 @@ std::vector<LinearModule> linear_modules(const Program& p);
 
 // The modules `lora` targets (PEFT's matching: a module whose name is a target or ends with
 // "." + target; "all-linear"; a regular expression full-matching the HF module path; empty:
-// PEFT's default for the architecture). Throws [policy] for a target that matches nothing
-// (naming the modules there are) and for a rank above min(in, out) of a target.
+// PEFT's default for the architecture), less exclude_modules, the modules of modules_to_save
+// and, with layers_to_transform, the other layers' modules. Throws [policy] for a target that
+// matches nothing (naming the modules there are), for no target left, and for a rank above
+// min(in, out) of a target.
 std::vector<LinearModule> lora_targets(const Program& p, const LoraPolicy& lora);
 
 // The parameters (memfit names, sorted) of the modules that `lora.modules_to_save` trains whole
 // beside the adapters: every module whose HF path ends with one of the names, as PEFT's
 // _set_trainable matches ("norm" is model.norm and every layer's input_layernorm and
 // post_attention_layernorm). Throws [policy] for a name that matches nothing (naming the
-// modules there are), only a module holding others, a LoRA target, a piece of llama's fused
+// modules there are), only a module holding others, a piece of llama's fused
 // q/k/v, or an embedding tied to the output head.
 std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy& lora);
 

@@ -79,6 +79,12 @@ struct LoraPolicy {
   // PEFT's modules_to_save: modules trained whole beside the adapters (an output head,
   // embeddings, norms), matched as PEFT matches them: a module whose path ends with the name.
   std::vector<std::string> modules_to_save;
+  // PEFT's exclude_modules (names, or a regular expression full-matching the module path) and
+  // layers_to_transform (layer indices; layers_pattern names the layer list, any when empty).
+  std::vector<std::string> exclude_modules;
+  std::string exclude_regex;
+  std::vector<int64_t> layers_to_transform;
+  std::vector<std::string> layers_pattern;
   bool enabled() const { return rank > 0; }
   double scale() const;
 };

@@ -122,8 +122,11 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
     targets = lora.target_regex;
   } else if (expand) {
     // PEFT writes the module names "all-linear" (or its per-architecture default) stood for.
+    // "all-linear" as PEFT expands it: every linear module's name (exclusions are saved beside);
+    // PEFT's default targets as they matched.
     std::set<std::string> names;
-    for (const LinearModule& m : lora_targets(p, lora)) names.insert(m.short_name());
+    const bool all_linear = !lora.targets.empty();  // expand: the targets are "all-linear" or none
+    for (const LinearModule& m : all_linear ? linear_modules(p) : lora_targets(p, lora)) names.insert(m.short_name());
     targets = std::vector<std::string>(names.begin(), names.end());
   } else {
     targets = lora.targets;
@@ -135,11 +138,14 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
               {"fan_in_fan_out", spec.arch == Arch::gpt2},
               {"inference_mode", true},
               {"init_lora_weights", true},
-              {"layers_pattern", nullptr},
-              {"layers_to_transform", nullptr},
+              {"layers_pattern", lora.layers_pattern.empty() ? json(nullptr) : json(lora.layers_pattern)},
+              {"layers_to_transform", lora.layers_to_transform.empty() ? json(nullptr) : json(lora.layers_to_transform)},
               {"lora_alpha", number(lora.alpha)},
               {"lora_dropout", lora.dropout},
               {"modules_to_save", lora.modules_to_save.empty() ? json(nullptr) : json(lora.modules_to_save)},
+              {"exclude_modules", !lora.exclude_regex.empty()     ? json(lora.exclude_regex)
+                                  : lora.exclude_modules.empty() ? json(nullptr)
+                                                                 : json(lora.exclude_modules)},
               {"peft_type", "LORA"},
               {"r", lora.rank},
               {"rank_pattern", json::object()},
@@ -186,6 +192,9 @@ void apply_adapter_config(const std::string& dir, LoraPolicy& lora) {
                  "--lora-modules-to-save differs from the modules_to_save of the adapter in '{}' ({})", dir,
                  j.value("modules_to_save", json()).dump());
     lora.modules_to_save = f.modules_to_save;
+    // Which modules the file's adapters wrap is the file's.
+    lora.exclude_modules = f.exclude_modules, lora.exclude_regex = f.exclude_regex;
+    lora.layers_to_transform = f.layers_to_transform, lora.layers_pattern = f.layers_pattern;
     return;
   }
   lora = f;

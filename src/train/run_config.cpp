@@ -190,10 +190,23 @@ void apply_lora_config(const json& j, RunConfig& c, bool weights_from_file) {
         MEMFIT_CHECK(!v.is_boolean() || !v.get<bool>(), "config", "lora.{}: true is not supported", key);
     } else if (key == "init_lora_weights") {
       check_lora_init(v, weights_from_file);
-    } else if (key == "layers_to_transform" || key == "rank_pattern" ||
+    } else if (key == "exclude_modules") {
+      l.exclude_modules.clear();
+      l.exclude_regex.clear();
+      if (v.is_string()) l.exclude_regex = get_as<std::string>(v, "lora.exclude_modules");
+      else if (!v.is_null()) l.exclude_modules = get_as<std::vector<std::string>>(v, "lora.exclude_modules");
+    } else if (key == "layers_to_transform") {
+      l.layers_to_transform = v.is_null()      ? std::vector<int64_t>{}
+                              : v.is_number() ? std::vector<int64_t>{get_as<int64_t>(v, "lora.layers_to_transform")}
+                                              : get_as<std::vector<int64_t>>(v, "lora.layers_to_transform");
+    } else if (key == "layers_pattern") {
+      l.layers_pattern = v.is_null()      ? std::vector<std::string>{}
+                         : v.is_string() ? std::vector<std::string>{get_as<std::string>(v, "lora.layers_pattern")}
+                                         : get_as<std::vector<std::string>>(v, "lora.layers_pattern");
+    } else if (key == "rank_pattern" ||
                key == "alpha_pattern" || key == "alora_invocation_tokens" || key == "arrow_config" ||
                key == "kasa_config" || key == "lora_ga_config" || key == "monteclora_config" ||
-               key == "velora_config" || key == "use_bdlora" || key == "exclude_modules" ||
+               key == "velora_config" || key == "use_bdlora" ||
                key == "trainable_token_indices" || key == "target_parameters" || key == "layer_replication" ||
                key == "loftq_config" || key == "eva_config" || key == "corda_config") {
       // Later PEFT versions write these as null (or false) for a plain LoRA adapter.
@@ -201,7 +214,7 @@ void apply_lora_config(const json& j, RunConfig& c, bool weights_from_file) {
       MEMFIT_CHECK(v.is_null() || (v.is_object() && v.empty()) || (v.is_array() && v.empty()), "config",
                    "lora.{} is not supported (leave it null or empty)", key);
     } else if (key == "task_type" || key == "base_model_name_or_path" || key == "inference_mode" ||
-               key == "revision" || key == "auto_mapping" || key == "layers_pattern" || key == "megatron_config" ||
+               key == "revision" || key == "auto_mapping" || key == "megatron_config" ||
                key == "megatron_core" || key == "runtime_config" || key == "qalora_group_size" ||
                key == "peft_version" || key == "ensure_weight_tying") {
       continue;

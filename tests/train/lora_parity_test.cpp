@@ -71,8 +71,9 @@ std::vector<float> read_all(const SafetensorsReader& r, const std::string& name)
   return v;
 }
 
-// "llama_extras": rsLoRA and modules_to_save (lm_head and every norm) on llama's base.
-std::string base_of(const std::string& family) { return family == "llama_extras" ? "llama" : family; }
+// "llama_extras": rsLoRA and modules_to_save (lm_head and every norm) on llama's base;
+// "llama_select": exclude_modules (k_proj, up_proj) and layers_to_transform (layer 1 only).
+std::string base_of(const std::string& family) { return family.starts_with("llama_") ? "llama" : family; }
 
 class LoraParity : public ::testing::TestWithParam<const char*> {
  protected:
@@ -188,6 +189,10 @@ TEST_P(LoraParity, ThreeAdamWStepsAndTheSavedAdapterMatchPeft) {
   };
   EXPECT_EQ(names(ours, "target_modules"), names(theirs, "target_modules"));
   EXPECT_EQ(names(ours, "modules_to_save"), names(theirs, "modules_to_save"));
+  EXPECT_EQ(names(ours, "exclude_modules"), names(theirs, "exclude_modules"));
+  EXPECT_EQ(ours.at("layers_to_transform"), theirs.at("layers_to_transform"));
+  const auto list = [](const nlohmann::json& v) { return v.is_string() ? nlohmann::json::array({v}) : v; };
+  EXPECT_EQ(list(ours.at("layers_pattern")), list(theirs.at("layers_pattern")));
 
   // Reloaded, the saved adapter gives the loss after the steps exactly.
   LoraRun reloaded(base, out);
@@ -195,7 +200,7 @@ TEST_P(LoraParity, ThreeAdamWStepsAndTheSavedAdapterMatchPeft) {
   EXPECT_EQ(again, after);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::Values("llama", "gpt2", "llama_extras"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::Values("llama", "gpt2", "llama_extras", "llama_select"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference) {

@@ -332,16 +332,24 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
           "input_layernorm, lm_head, norm, o_proj, post_attention_layernorm, up_proj)");
   refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-modules-to-save", "mlp"},
           "modules_to_save 'mlp' names a module that holds other modules");
+  // As PEFT, an adapter never wraps a module trained whole: o_proj leaves the targets.
   refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-targets", "o_proj",
-           "--lora-modules-to-save", "o_proj"}, "names layers.0.self_attn.o_proj, a LoRA target too");
+           "--lora-modules-to-save", "o_proj"}, "leave no target");
   refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-modules-to-save", "k_proj"},
           "which memfit holds fused with the other q/k/v projections");
   refused({"train", "--lora-rank", "4", "--lora-modules-to-save", "wte"}, "tied to the output head here");
   refused({"train", "--lora-rank", "4", "--lora-modules-to-save", "c_fc"}, "a GPT-2 Conv1D layer: not supported");
   refused({"train", "--config", with_lora("mts", R"("modules_to_save": "lm_head")")}, "lora.modules_to_save");
   refused({"train", "--config", with_lora("lora_bias", R"("lora_bias": true)")}, "lora.lora_bias: true is not supported");
-  refused({"train", "--config", with_lora("exclude", R"("exclude_modules": ["q_proj"])")},
-          "lora.exclude_modules is not supported");
+  refused({"train", "--config", with_lora("rank_pattern", R"("rank_pattern": {"q_proj": 8})")},
+          "lora.rank_pattern is not supported");
+  refused({"train", "--config", with_lora("layers_regex", R"("target_modules": ".*q_proj", "layers_to_transform": 1)")},
+          "LoRA layers_to_transform needs target_modules as a list of names");
+  refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-targets", "q_proj", "--lora-layers", "7"},
+          "LoRA: exclude_modules, modules_to_save and layers_to_transform leave no target");
+  refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-layers", "one"}, "--lora-layers");
+  refused({"train", "--config", with_lora("exclude_regex", R"("exclude_modules": "(")")},
+          "LoRA exclude_modules '(' is not a valid regular expression");
   refused({"train", "--config", with_lora("pissa", R"("init_lora_weights": "pissa")")},
           "lora.init_lora_weights 'pissa' changes the base weights");
   refused({"train", "--config", with_lora("gaussian", R"("init_lora_weights": "gaussian")")},
