@@ -43,7 +43,8 @@ def check(family, memfit, work):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    # llama_extras (rsLoRA, modules_to_save) and llama_select (exclude_modules, layers_to_transform): llama's base.
+    # llama_extras (rsLoRA, modules_to_save), llama_select (exclude_modules, layers_to_transform) and
+    # llama_patterns (rank_pattern, alpha_pattern): llama's base.
     base = "llama" if family.startswith("llama_") else family
     base_dir, adapter_dir = FIXTURES / f"{base}_tiny_torch", FIXTURES / f"lora_{family}_tiny_torch"
     batch = load_file(str(base_dir / "batch.safetensors"))
@@ -80,7 +81,7 @@ def check(family, memfit, work):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--memfit", default=str(ROOT / "build" / "memfit"))
-    p.add_argument("families", nargs="*", default=["llama", "gpt2", "llama_extras", "llama_select"])
+    p.add_argument("families", nargs="*", default=["llama", "gpt2", "llama_extras", "llama_select", "llama_patterns"])
     args = p.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as work:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Regenerate the PEFT LoRA fixtures tests/fixtures/lora_llama_tiny_torch/,
 tests/fixtures/lora_gpt2_tiny_torch/, tests/fixtures/lora_llama_extras_tiny_torch/ (rsLoRA and
-modules_to_save) and tests/fixtures/lora_llama_select_tiny_torch/ (exclude_modules,
-layers_to_transform) from the committed base fixtures (llama_tiny_torch,
+modules_to_save), tests/fixtures/lora_llama_select_tiny_torch/ (exclude_modules,
+layers_to_transform) and tests/fixtures/lora_llama_patterns_tiny_torch/ (rank_pattern, alpha_pattern) from the committed base fixtures (llama_tiny_torch,
 gpt2_tiny_torch: their model and batch are reused, not copied).
 
 What each fixture directory holds (float32, CPU, 1 thread, deterministic):
@@ -41,10 +41,13 @@ CASES = {
     "llama_extras": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj"]),
     # Which modules the adapters wrap: every linear one but k_proj and up_proj, in layer 1 only.
     "llama_select": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    # Ranks and alphas per module.
+    "llama_patterns": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
 }
 EXTRAS = {"llama_extras": {"use_rslora": True, "modules_to_save": ["lm_head", "norm"]},
           "llama_select": {"exclude_modules": ["k_proj", "up_proj"], "layers_to_transform": [1],
-                           "layers_pattern": "layers"}}
+                           "layers_pattern": "layers"},
+          "llama_patterns": {"rank_pattern": {"q_proj": 8, "layers.1.mlp.down_proj": 2}, "alpha_pattern": {"v_proj": 32}}}
 RANK, ALPHA, B_STD, LR, DECAY, STEPS = 4, 8, 0.1, 1e-3, 0.1, 3
 
 

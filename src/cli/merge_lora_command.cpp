@@ -104,7 +104,7 @@ int MergeLoraCommand::run(std::ostream& log) const {
   const ModelSpec spec = resolve_model(model_);
   LoraPolicy lora;
   apply_adapter_config(adapter_, lora);
-  const double scale = lora.scale();
+
   const SafetensorsShards base(load_);
   const SafetensorsReader adapter((fs::path(adapter_) / "adapter_model.safetensors").string());
   std::map<std::string, Adapter> modules = adapter_modules(adapter, adapter_);
@@ -137,7 +137,8 @@ int MergeLoraCommand::run(std::ostream& log) const {
     }
     const SafetensorsReader* shard = t.shard;
     tensors.push_back({name, DType::f32, e.shape, nullptr,
-                       [shard, &e, ad, lora_file, scale, conv1d, name](const auto& emit) {
+                       [shard, &e, ad, lora_file, scale = ad ? lora.scale_of(name.substr(0, name.size() - 7)) : 0.0,
+                        conv1d, name](const auto& emit) {
                          std::vector<float> w(size_t(e.shape.numel()));
                          shard->read_f32(e.name, e.shape, w.data());
                          if (ad) {
@@ -167,9 +168,11 @@ int MergeLoraCommand::run(std::ostream& log) const {
     config << hf_config(spec).dump(2) << "\n";
     MEMFIT_CHECK(config.good(), "merge-lora", "cannot write '{}/config.json'", out_);
   }
-  log << fmt::format("merge-lora: {} of {} weights merged with (lora_alpha / {}) B A = ({} / {}) B A{} into {} "
+  log << fmt::format("merge-lora: {} of {} weights merged with (lora_alpha / {}) B A = ({} / {}) B A{}{} into {} "
                      "({} file{})\n", merged, tensors.size(), lora.rslora ? "sqrt(r)" : "r", lora.alpha,
                      lora.rslora ? fmt::format("sqrt({})", lora.rank) : std::to_string(lora.rank),
+                     lora.rank_pattern.empty() && lora.alpha_pattern.empty() ? "" : " (rank_pattern, alpha_pattern: "
+                     "per module)",
                      replaced.empty() ? "" : fmt::format(", {} tensors trained whole with the adapter", replaced.size()), out_,
                      files.size(), files.size() == 1 ? "" : "s");
   return 0;

@@ -96,6 +96,8 @@ class LoraRewrite final : public ForwardRewrite {
   struct Branch {
     LinearModule module;
     TensorId a = kNoTensor, b = kNoTensor;
+    int64_t rank = 0;  // rank_pattern's, else r
+    double scale = 0;  // alpha / rank (alpha_pattern's alpha; sqrt(rank) with rsLoRA)
     bool row_parallel = false;  // its input is this tensor rank's column slice of x
   };
   LoraPolicy lora_;
@@ -131,7 +133,9 @@ void LoraRewrite::declare(GraphBuilder& b) {
     // values (A's bound from the whole fan-in) and checkpoints describe global tensors.
     const bool column = ws.axis == TensorSplit::Axis::rows, row = ws.axis == TensorSplit::Axis::columns;
     const int64_t in = row ? m.cols * tp.parts : m.cols, out = column ? m.rows * tp.parts : m.rows;
-    const Shape a_shape{lora_.rank, in}, b_shape{out, lora_.rank};
+    br.rank = lora_.rank_of(hf_module_path(p, m.name));
+    br.scale = lora_.scale_of(hf_module_path(p, m.name));
+    const Shape a_shape{br.rank, in}, b_shape{out, br.rank};
     br.row_parallel = row;
     const float bound = float(1.0 / std::sqrt(double(in)));
     br.a = b.parameter(lora_a_name(m.name), a_shape, ParamInit::uniform, bound, true,
@@ -158,7 +162,6 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
   const TensorId x = op.inputs[0], y = op.outputs[0];
   const Shape ys = p.tensor(y).shape;
   const DType dt = p.tensor(y).dtype;
-  const int64_t r = lora_.rank;
   // The base product keeps the op's name, inputs and attributes (so --fp32-ops, recompute
   // selections and a quantising pass still find it).
   const std::vector<Branch>& branches = it->second;
@@ -185,12 +188,13 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
       b.emit({OpKind::dropout_forward, site + ".lora_dropout", {x}, {in},
               DropoutAttrs{float(lora_.dropout), dropout_salt(salt.c_str()), layout}, double(p.tensor(x).numel())});
     }
+    const int64_t r = br.rank;
     std::vector<int64_t> mid = ys.dims();
     mid.back() = r;
     const TensorId xa = b.transient(site + ".lora_A.y", Shape(mid), Category::activations, dt);
     b.emit({OpKind::matmul, site + ".lora_A", {in, br.a}, {xa}, MatmulAttrs{a.m, r, a.k, false, true, 1.0f},
             2.0 * double(a.m) * double(r) * double(a.k)});
-    const MatmulAttrs b_attrs{a.m, br.module.rows, r, false, true, float(lora_.scale())};
+    const MatmulAttrs b_attrs{a.m, br.module.rows, r, false, true, float(br.scale)};
     const double b_flops = 2.0 * double(a.m) * double(br.module.rows) * double(r);
     if (into_y) {
       b.emit({OpKind::matmul, site + ".lora_B", {xa, br.b}, {y}, b_attrs, b_flops, {WriteMode::update}});
@@ -273,8 +277,9 @@ std::vector<LinearModule> lora_targets(const Program& p, const LoraPolicy& lora)
   for (size_t i = 0; i < modules.size(); ++i) {
     if (!chosen[i] || !kept_by_selection(hf_module_path(p, modules[i].name), lora)) continue;
     const LinearModule& m = modules[i];
-    MEMFIT_CHECK(lora.rank <= std::min(m.rows, m.cols), "policy",
-                 "LoRA rank {} is larger than min(in, out) = min({}, {}) of {}", lora.rank, m.cols, m.rows, m.name);
+    const int64_t rank = lora.rank_of(hf_module_path(p, m.name));
+    MEMFIT_CHECK(rank <= std::min(m.rows, m.cols), "policy",
+                 "LoRA rank {} is larger than min(in, out) = min({}, {}) of {}", rank, m.cols, m.rows, m.name);
     out.push_back(m);
   }
   MEMFIT_CHECK(!out.empty(), "policy", "LoRA: exclude_modules, modules_to_save and layers_to_transform leave no "

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <regex>
 
 #include "core/error.hpp"
 
@@ -57,6 +58,41 @@ LoraBias parse_lora_bias(std::string_view s) {
 
 double LoraPolicy::scale() const {
   return rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank);
+}
+
+namespace {
+
+// The value of the one pattern key matching `path` as PEFT's get_pattern_key matches, else `fallback`.
+template <class T>
+T pattern_value(const std::vector<std::pair<std::string, T>>& pattern, const std::string& path, T fallback,
+                const char* what) {
+  const std::string* found = nullptr;
+  T value = fallback;
+  for (const auto& [key, v] : pattern) {
+    std::regex re;
+    try {
+      re = std::regex("(.*\\.)?(" + key + ")$", std::regex::ECMAScript);
+    } catch (const std::regex_error&) {
+      throw Error("policy", fmt::format("LoRA {} key '{}' is not a valid regular expression", what, key));
+    }
+    if (!std::regex_match(path, re)) continue;
+    MEMFIT_CHECK(found == nullptr, "policy", "LoRA {} keys '{}' and '{}' both match module {}: name it by one", what,
+                 *found, key, path);
+    found = &key;
+    value = v;
+  }
+  return value;
+}
+
+}  // namespace
+
+int64_t LoraPolicy::rank_of(const std::string& hf_path) const {
+  return pattern_value(rank_pattern, hf_path, rank, "rank_pattern");
+}
+
+double LoraPolicy::scale_of(const std::string& hf_path) const {
+  const double r = double(rank_of(hf_path)), a = pattern_value(alpha_pattern, hf_path, alpha, "alpha_pattern");
+  return rslora ? a / std::sqrt(r) : a / r;
 }
 
 std::string_view base_quant_name(BaseQuant q) {

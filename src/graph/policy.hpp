@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.hpp"
@@ -85,8 +86,15 @@ struct LoraPolicy {
   std::string exclude_regex;
   std::vector<int64_t> layers_to_transform;
   std::vector<std::string> layers_pattern;
+  // PEFT's rank_pattern and alpha_pattern: a module whose HF path ("model.layers.0.mlp.up_proj")
+  // matches "(.*\.)?(KEY)$" takes KEY's rank or alpha, the others r and lora_alpha. Two keys
+  // matching one module are refused (PEFT would take the first in its dict's order).
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;
+  std::vector<std::pair<std::string, double>> alpha_pattern;
   bool enabled() const { return rank > 0; }
-  double scale() const;
+  double scale() const;  // of a module no pattern names
+  int64_t rank_of(const std::string& hf_path) const;
+  double scale_of(const std::string& hf_path) const;
 };
 
 // Frozen base weights stored quantised (QLoRA; kernels/quant/quant_format.hpp has the formats).

@@ -131,7 +131,10 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
   } else {
     targets = lora.targets;
   }
-  return json{{"alpha_pattern", json::object()},
+  json rank_pattern = json::object(), alpha_pattern = json::object();
+  for (const auto& [key, r] : lora.rank_pattern) rank_pattern[key] = r;
+  for (const auto& [key, a] : lora.alpha_pattern) alpha_pattern[key] = number(a);
+  return json{{"alpha_pattern", alpha_pattern},
               {"auto_mapping", nullptr},
               {"base_model_name_or_path", base_model},
               {"bias", std::string(lora_bias_name(lora.bias))},
@@ -148,7 +151,7 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
                                                                  : json(lora.exclude_modules)},
               {"peft_type", "LORA"},
               {"r", lora.rank},
-              {"rank_pattern", json::object()},
+              {"rank_pattern", rank_pattern},
               {"revision", nullptr},
               {"target_modules", targets},
               {"task_type", "CAUSAL_LM"},
@@ -195,6 +198,7 @@ void apply_adapter_config(const std::string& dir, LoraPolicy& lora) {
     // Which modules the file's adapters wrap is the file's.
     lora.exclude_modules = f.exclude_modules, lora.exclude_regex = f.exclude_regex;
     lora.layers_to_transform = f.layers_to_transform, lora.layers_pattern = f.layers_pattern;
+    lora.rank_pattern = f.rank_pattern, lora.alpha_pattern = f.alpha_pattern;
     return;
   }
   lora = f;

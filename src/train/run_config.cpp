@@ -203,8 +203,18 @@ void apply_lora_config(const json& j, RunConfig& c, bool weights_from_file) {
       l.layers_pattern = v.is_null()      ? std::vector<std::string>{}
                          : v.is_string() ? std::vector<std::string>{get_as<std::string>(v, "lora.layers_pattern")}
                                          : get_as<std::vector<std::string>>(v, "lora.layers_pattern");
-    } else if (key == "rank_pattern" ||
-               key == "alpha_pattern" || key == "alora_invocation_tokens" || key == "arrow_config" ||
+    } else if (key == "rank_pattern" || key == "alpha_pattern") {
+      // PEFT writes {} for none; a key is a module-path pattern, its value a rank or an alpha.
+      MEMFIT_CHECK(v.is_null() || v.is_object(), "config", "lora.{} must be an object of module patterns", key);
+      if (key == "rank_pattern") l.rank_pattern.clear();
+      else l.alpha_pattern.clear();
+      if (v.is_object())
+        for (const auto& [pattern, value] : v.items()) {
+          const std::string what = "lora." + key + "." + pattern;
+          if (key == "rank_pattern") l.rank_pattern.push_back({pattern, get_integer(value, what, range::lora_rank)});
+          else l.alpha_pattern.push_back({pattern, get_real(value, what, range::positive)});
+        }
+    } else if (key == "alora_invocation_tokens" || key == "arrow_config" ||
                key == "kasa_config" || key == "lora_ga_config" || key == "monteclora_config" ||
                key == "velora_config" || key == "use_bdlora" ||
                key == "trainable_token_indices" || key == "target_parameters" || key == "layer_replication" ||

@@ -72,7 +72,8 @@ std::vector<float> read_all(const SafetensorsReader& r, const std::string& name)
 }
 
 // "llama_extras": rsLoRA and modules_to_save (lm_head and every norm) on llama's base;
-// "llama_select": exclude_modules (k_proj, up_proj) and layers_to_transform (layer 1 only).
+// "llama_select": exclude_modules (k_proj, up_proj) and layers_to_transform (layer 1 only);
+// "llama_patterns": rank_pattern (q_proj 8, layer 1's down_proj 2) and alpha_pattern (v_proj 32).
 std::string base_of(const std::string& family) { return family.starts_with("llama_") ? "llama" : family; }
 
 class LoraParity : public ::testing::TestWithParam<const char*> {
@@ -191,6 +192,8 @@ TEST_P(LoraParity, ThreeAdamWStepsAndTheSavedAdapterMatchPeft) {
   EXPECT_EQ(names(ours, "modules_to_save"), names(theirs, "modules_to_save"));
   EXPECT_EQ(names(ours, "exclude_modules"), names(theirs, "exclude_modules"));
   EXPECT_EQ(ours.at("layers_to_transform"), theirs.at("layers_to_transform"));
+  EXPECT_EQ(ours.at("rank_pattern"), theirs.at("rank_pattern"));
+  EXPECT_EQ(ours.at("alpha_pattern"), theirs.at("alpha_pattern"));
   const auto list = [](const nlohmann::json& v) { return v.is_string() ? nlohmann::json::array({v}) : v; };
   EXPECT_EQ(list(ours.at("layers_pattern")), list(theirs.at("layers_pattern")));
 
@@ -200,7 +203,8 @@ TEST_P(LoraParity, ThreeAdamWStepsAndTheSavedAdapterMatchPeft) {
   EXPECT_EQ(again, after);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::Values("llama", "gpt2", "llama_extras", "llama_select"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::Values("llama", "gpt2", "llama_extras", "llama_select",
+                                                                       "llama_patterns"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference) {
@@ -234,8 +238,9 @@ TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference)
 
 // merge-lora's weights against W + scale B A computed here from the two files, for every
 // tensor of the base (GPT-2's Conv1D weights stored [in, out]: the transpose added); scale is
-// alpha / r = 8 / 4, or alpha / sqrt(r) = 8 / 2 with rsLoRA. A tensor the adapter trained
-// whole (modules_to_save) is the adapter's.
+// alpha / r = 8 / 4, alpha / sqrt(r) = 8 / 2 with rsLoRA, and with the patterns q_proj's 8 / 8,
+// v_proj's 32 / 4 and layer 1's down_proj's 8 / 2 (the rank read from A's rows). A tensor the
+// adapter trained whole (modules_to_save) is the adapter's.
 TEST_P(LoraParity, MergeLoraWritesTheBasePlusTheScaledProduct) {
   const std::string base_dir = test::fixture_path(base);
   const test::CliResult r = test::run_memfit("merge-lora --model " + base_dir + " --load " + base_dir + " --adapter " +
@@ -245,7 +250,11 @@ TEST_P(LoraParity, MergeLoraWritesTheBasePlusTheScaledProduct) {
       lora(adapter + "/adapter_model.safetensors");
   EXPECT_TRUE(fs::exists(out + "/config.json"));
   ASSERT_EQ(merged.entries().size(), w.entries().size());
-  const float scale = family == "llama_extras" ? 4.0f : 2.0f;
+  auto scale_of = [&](const std::string& module, int64_t rank) {
+    if (family == "llama_extras") return 4.0f;
+    if (family != "llama_patterns") return 2.0f;
+    return (module.ends_with(".v_proj") ? 32.0f : 8.0f) / float(rank);
+  };
   int changed = 0, replaced = 0;
   for (const SafetensorsEntry& e : w.entries()) {
     // The hub's gpt2 names drop "transformer."; merge-lora writes them with it, as --save does.
@@ -259,7 +268,9 @@ TEST_P(LoraParity, MergeLoraWritesTheBasePlusTheScaledProduct) {
     } else if (e.name.ends_with(".weight") && lora.find(module + ".lora_A.weight")) {
       const std::vector<float> a = read_all(lora, module + ".lora_A.weight");
       const std::vector<float> b = read_all(lora, module + ".lora_B.weight");
-      const int64_t rank = 4, in = int64_t(a.size()) / rank, outs = int64_t(b.size()) / rank;
+      const int64_t rank = lora.find(module + ".lora_A.weight")->shape[0];
+      const int64_t in = int64_t(a.size()) / rank, outs = int64_t(b.size()) / rank;
+      const float scale = scale_of(module, rank);
       const bool conv1d = family == "gpt2";
       for (int64_t o = 0; o < outs; ++o)
         for (int64_t i = 0; i < in; ++i) {

@@ -341,8 +341,12 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
   refused({"train", "--lora-rank", "4", "--lora-modules-to-save", "c_fc"}, "a GPT-2 Conv1D layer: not supported");
   refused({"train", "--config", with_lora("mts", R"("modules_to_save": "lm_head")")}, "lora.modules_to_save");
   refused({"train", "--config", with_lora("lora_bias", R"("lora_bias": true)")}, "lora.lora_bias: true is not supported");
-  refused({"train", "--config", with_lora("rank_pattern", R"("rank_pattern": {"q_proj": 8})")},
-          "lora.rank_pattern is not supported");
+  refused({"train", "--config", with_lora("replication", R"("layer_replication": [[0, 1]])")},
+          "lora.layer_replication is not supported");
+  refused({"train", "--config", with_lora("rank_pattern", R"("rank_pattern": {"q_proj": 8, "layers.0.self_attn.q_proj": 2})")},
+          "LoRA rank_pattern keys 'layers.0.self_attn.q_proj' and 'q_proj' both match module model.layers.0.self_attn.q_proj");
+  refused({"train", "--config", with_lora("rank_big", R"("rank_pattern": {"q_proj": 100})")},
+          "LoRA rank 100 is larger than min(in, out) = min(64, 64) of layers.0.self_attn.q_proj");
   refused({"train", "--config", with_lora("layers_regex", R"("target_modules": ".*q_proj", "layers_to_transform": 1)")},
           "LoRA layers_to_transform needs target_modules as a list of names");
   refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-targets", "q_proj", "--lora-layers", "7"},
