@@ -37,14 +37,15 @@ CASES = {
     "llama": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     "gpt2": ("gpt2_tiny_torch", ["c_attn", "c_proj", "c_fc"]),
     # rsLoRA's scale and modules trained whole beside the adapters ("norm" is every RMSNorm:
-    # PEFT matches a module whose path ends with the name).
+    # PEFT matches a module whose path ends with the name; o_proj, a target too, leaves the
+    # targets and trains whole).
     "llama_extras": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj"]),
     # Which modules the adapters wrap: every linear one but k_proj and up_proj, in layer 1 only.
     "llama_select": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     # Ranks and alphas per module.
-    "llama_patterns": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    "llama_patterns": ("llama_tiny_torch", ["q_proj", "v_proj", "down_proj"]),
 }
-EXTRAS = {"llama_extras": {"use_rslora": True, "modules_to_save": ["lm_head", "norm"]},
+EXTRAS = {"llama_extras": {"use_rslora": True, "modules_to_save": ["o_proj", "norm"]},
           "llama_select": {"exclude_modules": ["k_proj", "up_proj"], "layers_to_transform": [1],
                            "layers_pattern": "layers"},
           "llama_patterns": {"rank_pattern": {"q_proj": 8, "layers.1.mlp.down_proj": 2}, "alpha_pattern": {"v_proj": 32}}}

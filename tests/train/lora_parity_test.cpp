@@ -71,7 +71,7 @@ std::vector<float> read_all(const SafetensorsReader& r, const std::string& name)
   return v;
 }
 
-// "llama_extras": rsLoRA and modules_to_save (lm_head and every norm) on llama's base;
+// "llama_extras": rsLoRA and modules_to_save (o_proj, a target too, and every norm) on llama's base;
 // "llama_select": exclude_modules (k_proj, up_proj) and layers_to_transform (layer 1 only);
 // "llama_patterns": rank_pattern (q_proj 8, layer 1's down_proj 2) and alpha_pattern (v_proj 32).
 std::string base_of(const std::string& family) { return family.starts_with("llama_") ? "llama" : family; }
@@ -121,7 +121,7 @@ TEST_P(LoraParity, LossAndEveryAdapterGradientMatchPeft) {
   for (const SafetensorsEntry& e : expected.entries()) grads += e.name.starts_with("grad.");
   EXPECT_EQ(compared, grads);
   EXPECT_GT(compared, 0);
-  EXPECT_EQ(saved_whole.size(), family == "llama_extras" ? 6u : 0u);  // lm_head, norm, 2 x 2 layer norms
+  EXPECT_EQ(saved_whole.size(), family == "llama_extras" ? 7u : 0u);  // 2 o_proj, norm, 2 x 2 layer norms
   std::printf("%d adapter gradients, largest normalised error %.3g\n", compared, worst);
 }
 
