@@ -234,6 +234,15 @@ void RunOptions::add_fine_tuning_options(CLI::App& app) {
                    });
   add<std::string>(app, "--lora-bias", "LoRA: which biases train: none | all | lora_only (as PEFT)",
                    [](RunConfig& c, std::string v) { c.policy.lora.bias = parse_lora_bias(v); });
+  add<std::string>(app, "--lora-init", "LoRA: the adapters' first values, as PEFT's init_lora_weights: true (A "
+                   "Kaiming-uniform, B zero; default) | gaussian (A normal, std 1/rank) | false (B drawn too)",
+                   [](RunConfig& c, std::string v) {
+                     MEMFIT_CHECK(v == "true" || v == "gaussian" || v == "false", "cli",
+                                  "--lora-init '{}': expected true, gaussian or false", v);
+                     c.policy.lora.init = v == "gaussian" ? LoraInit::gaussian
+                                          : v == "false"  ? LoraInit::random
+                                                          : LoraInit::peft_default;
+                   });
   add_flag(app, "--lora-rslora", "LoRA: scale the adapters' output by alpha / sqrt(rank) (PEFT's use_rslora)",
            [](RunConfig& c, bool v) { c.policy.lora.rslora = v; });
   add<std::string>(app, "--lora-exclude-modules", "LoRA: comma-separated module names never targeted (PEFT's "

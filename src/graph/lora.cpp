@@ -137,10 +137,12 @@ void LoraRewrite::declare(GraphBuilder& b) {
     br.scale = lora_.scale_of(hf_module_path(p, m.name));
     const Shape a_shape{br.rank, in}, b_shape{out, br.rank};
     br.row_parallel = row;
+    const bool gaussian = lora_.init == LoraInit::gaussian, random = lora_.init == LoraInit::random;
     const float bound = float(1.0 / std::sqrt(double(in)));
-    br.a = b.parameter(lora_a_name(m.name), a_shape, ParamInit::uniform, bound, true,
-                       row ? tp.columns(a_shape) : TensorSplit{});
-    br.b = b.parameter(lora_b_name(m.name), b_shape, ParamInit::zeros, 0.0f, true,
+    br.a = b.parameter(lora_a_name(m.name), a_shape, gaussian ? ParamInit::normal : ParamInit::uniform,
+                       gaussian ? float(1.0 / double(br.rank)) : bound, true, row ? tp.columns(a_shape) : TensorSplit{});
+    br.b = b.parameter(lora_b_name(m.name), b_shape, random ? ParamInit::uniform : ParamInit::zeros,
+                       random ? float(1.0 / std::sqrt(double(br.rank))) : 0.0f, true,
                        // B's rows split as W's: a whole fused weight (GPT-2's c_attn) by its q, k, v segments
                        column ? tp.rows(b_shape, m.whole() ? ws.segments : std::vector<int64_t>{}) : TensorSplit{});
     // The replicated factor's gradient is a partial sum on each rank: column-parallel, A's

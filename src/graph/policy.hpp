@@ -63,6 +63,10 @@ struct AdamWConfig {
 enum class LoraBias : uint8_t { none, all, lora_only };
 std::string_view lora_bias_name(LoraBias b);
 LoraBias parse_lora_bias(std::string_view s);  // PEFT's "none" | "all" | "lora_only"; throws [policy]
+// PEFT's init_lora_weights: true (A Kaiming-uniform, B zero: the run starts at the base model),
+// "gaussian" (A normal with std 1 / r, B zero) or false (A and B as nn.Linear draws them,
+// U(+-1/sqrt(fan_in)): the run starts away from the base).
+enum class LoraInit : uint8_t { peft_default, gaussian, random };
 struct LoraPolicy {
   int64_t rank = 0;  // 0: no LoRA
   double alpha = 8;
@@ -74,6 +78,7 @@ struct LoraPolicy {
   std::vector<std::string> targets;
   std::string target_regex;
   LoraBias bias = LoraBias::none;
+  LoraInit init = LoraInit::peft_default;
   // PEFT's use_rslora (Kalajdzievski 2023): the branch is scaled by alpha / sqrt(r), which
   // keeps its output's size from shrinking as the rank grows.
   bool rslora = false;

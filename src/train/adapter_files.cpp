@@ -140,7 +140,8 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
               {"bias", std::string(lora_bias_name(lora.bias))},
               {"fan_in_fan_out", spec.arch == Arch::gpt2},
               {"inference_mode", true},
-              {"init_lora_weights", true},
+              {"init_lora_weights", lora.init == LoraInit::gaussian ? json("gaussian")
+                                    : json(lora.init == LoraInit::peft_default)},
               {"layers_pattern", lora.layers_pattern.empty() ? json(nullptr) : json(lora.layers_pattern)},
               {"layers_to_transform", lora.layers_to_transform.empty() ? json(nullptr) : json(lora.layers_to_transform)},
               {"lora_alpha", number(lora.alpha)},

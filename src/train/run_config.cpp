@@ -133,19 +133,19 @@ using json = nlohmann::json;
 
 namespace {
 
-// PEFT's init_lora_weights: true (A Kaiming-uniform, B zero) is what memfit initialises;
-// "gaussian", "orthogonal" and false only draw other starting adapters, which an adapter's file
-// replaces; the others (pissa*, olora, corda, eva, loftq) also rewrite the base weights.
-void check_lora_init(const json& v, bool weights_from_file) {
-  if (v.is_null() || (v.is_boolean() && v.get<bool>())) return;
+// PEFT's init_lora_weights: true, "gaussian" and false are drawn as PEFT draws them
+// (graph/policy.hpp LoraInit); "orthogonal" only draws other starting adapters, which an
+// adapter's file replaces; the others (pissa*, olora, corda, eva, loftq) also rewrite the base.
+LoraInit parse_lora_init(const json& v, bool weights_from_file) {
+  if (v.is_null() || (v.is_boolean() && v.get<bool>())) return LoraInit::peft_default;
+  if (v.is_boolean()) return LoraInit::random;
   const std::string name = v.is_string() ? v.get<std::string>() : v.dump();
-  const bool draws_only = v.is_boolean() || name == "gaussian" || name == "orthogonal";
-  MEMFIT_CHECK(draws_only, "config",
+  if (name == "gaussian") return LoraInit::gaussian;
+  MEMFIT_CHECK(name == "orthogonal", "config",
                "lora.init_lora_weights '{}' changes the base weights as well as the adapters: not supported", name);
   MEMFIT_CHECK(weights_from_file, "config",
-               "lora.init_lora_weights {} is not supported: memfit initialises as PEFT's default (true: A "
-               "Kaiming-uniform, B zero)",
-               name);
+               "lora.init_lora_weights {} is not supported: memfit draws PEFT's true, \"gaussian\" or false", name);
+  return LoraInit::peft_default;
 }
 
 }  // namespace
@@ -189,7 +189,7 @@ void apply_lora_config(const json& j, RunConfig& c, bool weights_from_file) {
       if (key != "fan_in_fan_out")
         MEMFIT_CHECK(!v.is_boolean() || !v.get<bool>(), "config", "lora.{}: true is not supported", key);
     } else if (key == "init_lora_weights") {
-      check_lora_init(v, weights_from_file);
+      l.init = parse_lora_init(v, weights_from_file);
     } else if (key == "exclude_modules") {
       l.exclude_modules.clear();
       l.exclude_regex.clear();

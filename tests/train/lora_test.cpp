@@ -216,6 +216,42 @@ TEST(Lora, PlanHoldsStateForTheAdaptersOnly) {
   }
 }
 
+// PEFT's init_lora_weights: true draws A from U(+-1/sqrt(in)) and B = 0; "gaussian" A from
+// N(0, 1/r^2) and B = 0; false also draws B, from U(+-1/sqrt(r)), so the first loss moves off
+// the base model's. Oracle: the bounds and moments of those distributions.
+TEST(Lora, InitialisationIsPeftsInitLoraWeights) {
+  Policy pol = tiny_policy();
+  pol.lora.rank = 8;
+  pol.lora.targets = {"c_fc"};  // A [8, in], B [out, 8] in each of gpt2-tiny's layers
+  const float base = one_micro_step("gpt2-tiny", Policy(tiny_policy()))->loss();
+  for (LoraInit init : {LoraInit::peft_default, LoraInit::gaussian, LoraInit::random}) {
+    pol.lora.init = init;
+    const auto r = one_micro_step("gpt2-tiny", pol);
+    const Program& p = r->compiled.program;
+    const std::vector<double> a = doubles(*r, param(p, "h.0.mlp.c_fc.lora_A.weight").value);
+    const std::vector<double> b = doubles(*r, param(p, "h.0.mlp.c_fc.lora_B.weight").value);
+    double a_max = 0, a_sq = 0, b_max = 0;
+    for (double v : a) a_max = std::max(a_max, std::fabs(v)), a_sq += v * v;
+    for (double v : b) b_max = std::max(b_max, std::fabs(v));
+    const double a_std = std::sqrt(a_sq / double(a.size())), in = double(a.size()) / 8;
+    if (init == LoraInit::gaussian) {
+      EXPECT_NEAR(a_std, 1.0 / 8, 0.1 / 8);     // 8 x in draws: the std within 10%
+      EXPECT_GT(a_max, 1.0 / std::sqrt(in));  // past the uniform bound: not U(+-1/sqrt(in))
+    } else {
+      EXPECT_LE(a_max, 1.0 / std::sqrt(in));
+      EXPECT_NEAR(a_std, 1.0 / std::sqrt(3.0 * in), 0.1 / std::sqrt(3.0 * in));  // U(+-c): std c / sqrt(3)
+    }
+    if (init == LoraInit::random) {
+      EXPECT_LE(b_max, 1.0 / std::sqrt(8.0));
+      EXPECT_GT(b_max, 0.9 / std::sqrt(8.0));
+      EXPECT_NE(r->loss(), base);
+    } else {
+      EXPECT_EQ(b_max, 0.0);
+      EXPECT_EQ(r->loss(), base);  // B = 0: the base model's loss exactly
+    }
+  }
+}
+
 TEST(Lora, DropoutKeepsOneMinusPScaledAndRedrawsTheSameMask) {
   const int64_t n = 200000;
   const float p = 0.3f;
@@ -356,8 +392,9 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
           "LoRA exclude_modules '(' is not a valid regular expression");
   refused({"train", "--config", with_lora("pissa", R"("init_lora_weights": "pissa")")},
           "lora.init_lora_weights 'pissa' changes the base weights");
-  refused({"train", "--config", with_lora("gaussian", R"("init_lora_weights": "gaussian")")},
-          "lora.init_lora_weights gaussian is not supported: memfit initialises as PEFT's default");
+  refused({"train", "--config", with_lora("orthogonal", R"("init_lora_weights": "orthogonal")")},
+          "lora.init_lora_weights orthogonal is not supported: memfit draws PEFT's true, \"gaussian\" or false");
+  refused({"train", "--lora-rank", "4", "--lora-init", "zeros"}, "--lora-init 'zeros': expected true, gaussian or false");
   const test::CliResult plain = test::run_memfit("train --steps 1 --config " + with_lora("default", R"("init_lora_weights": true)"));
   EXPECT_EQ(plain.status, 0) << plain.err;
   // transformers' BitsAndBytesConfig names the compute dtype as torch does; fp16 is QLoRA's on
