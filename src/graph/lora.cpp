@@ -43,11 +43,13 @@ std::string hf_module_path(const Program& p, const std::string& module) {
   return (find_param(p, "wte.weight") ? "transformer." : "model.") + module;
 }
 
-std::regex checked_regex(const std::string& text, const char* what) {
+// `text` as a regular expression; `given` is the user's part of it, for the error.
+std::regex checked_regex(const std::string& text, const char* what, const std::string& given = {}) {
   try {
     return std::regex(text, std::regex::ECMAScript);
   } catch (const std::regex_error&) {
-    throw Error("policy", fmt::format("LoRA {} '{}' is not a valid regular expression", what, text));
+    throw Error("policy", fmt::format("LoRA {} '{}' is not a valid regular expression", what,
+                                      given.empty() ? text : given));
   }
 }
 
@@ -60,7 +62,7 @@ bool kept_by_selection(const std::string& path, const LoraPolicy& lora) {
   for (const std::string& x : lora.exclude_modules)
     if (path == x || path.ends_with("." + x)) return false;
   for (const std::string& m : lora.modules_to_save)
-    if (std::regex_match(path, checked_regex("(^|.*\\.)" + m + "($|\\..*)", "modules_to_save"))) return false;
+    if (std::regex_match(path, checked_regex("(^|.*\\.)" + m + "($|\\..*)", "modules_to_save", m))) return false;
   if (lora.layers_to_transform.empty() || !lora.target_regex.empty()) return true;
   // The first numbered component after a layers_pattern name (any name when none is given).
   std::smatch match;
@@ -70,7 +72,7 @@ bool kept_by_selection(const std::string& path, const LoraPolicy& lora) {
   } else {
     for (const std::string& pattern : lora.layers_pattern)
       if ((found = std::regex_search(path, match, checked_regex("^(?:|.*?\\.)" + pattern + "\\.(\\d+)\\.",
-                                                               "layers_pattern"))))
+                                                               "layers_pattern", pattern))))
         break;
   }
   if (!found) return false;
