@@ -390,7 +390,7 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
   refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-layers", "one"}, "--lora-layers");
   refused({"train", "--config", with_lora("exclude_regex", R"("exclude_modules": "(")")},
           "LoRA exclude_modules '(' is not a valid regular expression");
-  refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-modules-to-save", "norm("},
+  refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-modules-to-save", "'norm('"},
           "LoRA modules_to_save 'norm(' is not a valid regular expression");
   refused({"train", "--config", with_lora("pissa", R"("init_lora_weights": "pissa")")},
           "lora.init_lora_weights 'pissa' changes the base weights");
