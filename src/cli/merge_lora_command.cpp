@@ -104,7 +104,6 @@ int MergeLoraCommand::run(std::ostream& log) const {
   const ModelSpec spec = resolve_model(model_);
   LoraPolicy lora;
   apply_adapter_config(adapter_, lora);
-
   const SafetensorsShards base(load_);
   const SafetensorsReader adapter((fs::path(adapter_) / "adapter_model.safetensors").string());
   std::map<std::string, Adapter> modules = adapter_modules(adapter, adapter_);

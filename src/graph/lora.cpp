@@ -294,7 +294,6 @@ std::vector<LinearModule> lora_targets(const Program& p, const LoraPolicy& lora)
 std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy& lora) {
   if (lora.modules_to_save.empty()) return {};
   const bool gpt2 = find_param(p, "wte.weight") != nullptr, tied = find_param(p, "lm_head.weight") == nullptr;
-  auto hf_path = [&](const std::string& module) { return hf_module_path(p, module); };
   const std::vector<LinearModule> linears = linear_modules(p);
   std::set<std::string> fused;  // memfit modules that hold several HF modules (llama's qkv_proj)
   for (const LinearModule& m : linears)
@@ -310,12 +309,12 @@ std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy
   std::vector<std::string> out;
   for (const std::string& t : lora.modules_to_save) {
     for (const LinearModule& m : linears)
-      MEMFIT_CHECK(m.whole() || !hf_path(m.name).ends_with(t), "policy",
+      MEMFIT_CHECK(m.whole() || !hf_module_path(p, m.name).ends_with(t), "policy",
                    "modules_to_save '{}' names {}, which memfit holds fused with the other q/k/v projections: "
                    "not supported", t, m.name);
     bool any = false, ancestor = false;
     for (const auto& [module, params] : leaves) {
-      const std::string path = hf_path(module);
+      const std::string path = hf_module_path(p, module);
       for (size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', dot + 1))
         ancestor = ancestor || path.substr(0, dot).ends_with(t);
       if (fused.count(module) || !path.ends_with(t)) continue;

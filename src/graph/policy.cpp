@@ -56,10 +56,6 @@ LoraBias parse_lora_bias(std::string_view s) {
   throw Error("policy", fmt::format("unknown LoRA bias '{}' (expected none, all or lora_only, as PEFT)", s));
 }
 
-double LoraPolicy::scale() const {
-  return rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank);
-}
-
 namespace {
 
 // The value of the one pattern key matching `path` as PEFT's get_pattern_key matches, else `fallback`.

@@ -97,7 +97,6 @@ struct LoraPolicy {
   std::vector<std::pair<std::string, int64_t>> rank_pattern;
   std::vector<std::pair<std::string, double>> alpha_pattern;
   bool enabled() const { return rank > 0; }
-  double scale() const;  // of a module no pattern names
   int64_t rank_of(const std::string& hf_path) const;
   double scale_of(const std::string& hf_path) const;
 };

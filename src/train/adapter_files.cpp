@@ -96,8 +96,7 @@ std::vector<SavedModule> saved_modules(const Program& p, const ModelSpec& spec, 
     MEMFIT_ASSERT(pieces.size() == 1, "modules_to_save parameter {} is not one HF tensor", e.name);
     std::vector<int64_t> dims = shape.dims();
     dims[0] = pieces[0].rows;
-    out.push_back({i, Shape(dims), std::string("base_model.model.") + (spec.arch == Arch::gpt2 ? "transformer." : "") +
-                                       pieces[0].name});
+    out.push_back({i, Shape(dims), peft_tensor_name(spec, e.name)});
   }
   return out;
 }
@@ -121,9 +120,8 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
   if (!lora.target_regex.empty()) {
     targets = lora.target_regex;
   } else if (expand) {
-    // PEFT writes the module names "all-linear" (or its per-architecture default) stood for.
-    // "all-linear" as PEFT expands it: every linear module's name (exclusions are saved beside);
-    // PEFT's default targets as they matched.
+    // PEFT writes the names "all-linear" stood for (every linear module's: exclusions are saved
+    // beside them), or those its per-architecture default matched.
     std::set<std::string> names;
     const bool all_linear = !lora.targets.empty();  // expand: the targets are "all-linear" or none
     for (const LinearModule& m : all_linear ? linear_modules(p) : lora_targets(p, lora)) names.insert(m.short_name());

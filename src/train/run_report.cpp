@@ -58,7 +58,7 @@ void save_if_asked(RunState& s) {
   // included: then every rank takes part in the gathers. Rank 0 writes.
   std::vector<std::vector<float>> whole;
   if (s.run.policy.zero_stage >= 1) whole = gather_whole_parameters(s.ex(), *s.comm, s.staging);
-  else if (c.topology.tensor > 1) whole = gather_tensor_parallel_trainable(s.ex(), *s.comm, c.topology.tensor, s.staging);
+  else if (c.topology.tensor > 1) whole = gather_tensor_parallel_trainable(s.ex(), (*s.groups)[CommGroup::tensor], s.staging);
   if (s.rank == 0 && s.run.policy.lora.enabled()) {
     save_adapter(c.save, s.ex(), s.run.spec, s.run.policy.lora, adapter_base_name(c), s.staging,
                  whole.empty() ? nullptr : &whole);

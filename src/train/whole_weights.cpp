@@ -67,11 +67,8 @@ std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Comm
   return out;
 }
 
-std::vector<std::vector<float>> gather_tensor_parallel_trainable(const Executor& ex, Communicator& world, int tensor,
+std::vector<std::vector<float>> gather_tensor_parallel_trainable(const Executor& ex, Communicator& tensor_group,
                                                                  TensorStaging& staging) {
-  MEMFIT_CHECK(tensor >= 1 && world.size() % tensor == 0, "train", "a tensor-parallel degree of {} does not divide {} "
-               "ranks", tensor, world.size());
-  const std::unique_ptr<Communicator> group = world.split(world.rank() / tensor, world.rank() % tensor);
   const Program& p = ex.program();
   std::vector<std::vector<float>> out(p.params().size());
   for (size_t i = 0; i < p.params().size(); ++i) {
@@ -87,7 +84,7 @@ std::vector<std::vector<float>> gather_tensor_parallel_trainable(const Executor&
     out[i].assign(size_t(e.split.global.numel()), 0.0f);
     for (const SliceRun& r : slice_runs(e.split, local))
       std::copy_n(mine.begin() + r.local, r.count, out[i].begin() + r.global);
-    group->all_reduce(out[i].data(), int64_t(out[i].size()), DType::f32, ReduceOp::sum);
+    tensor_group.all_reduce(out[i].data(), int64_t(out[i].size()), DType::f32, ReduceOp::sum);
   }
   return out;
 }

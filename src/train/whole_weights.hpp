@@ -22,10 +22,10 @@ std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Comm
 // The trainable parameters' one-rank fp32 values under tensor parallelism without ZeRO, for a
 // LoRA run's `--save` (the adapters, trained biases and modules_to_save: small next to the
 // base, which stays where it is). Each rank places its slice (graph/tensor_parallel.hpp's runs)
-// into zeros of the global shape and one sum over its tensor group of `tensor` adjacent ranks
-// completes it; a parameter the group replicates is read whole. Frozen parameters stay empty.
-// Every rank calls it (the tensor groups are split from `world` here).
-std::vector<std::vector<float>> gather_tensor_parallel_trainable(const Executor& ex, Communicator& world, int tensor,
+// into zeros of the global shape and one sum over its tensor group (the run's, so no
+// communicator is split for it) completes it; a parameter the group replicates is read whole.
+// Frozen parameters stay empty. Every rank of the group calls it.
+std::vector<std::vector<float>> gather_tensor_parallel_trainable(const Executor& ex, Communicator& tensor_group,
                                                                  TensorStaging& staging);
 
 }  // namespace memfit
