@@ -44,8 +44,8 @@ def check(family, memfit, work):
     from transformers import AutoModelForCausalLM
 
     # llama_extras (rsLoRA, modules_to_save), llama_select (exclude_modules, layers_to_transform) and
-    # llama_patterns (rank_pattern, alpha_pattern): llama's base.
-    base = "llama" if family.startswith("llama_") else family
+    # llama_patterns (rank_pattern, alpha_pattern), llama_dora (use_dora): llama's base; gpt2_dora: gpt2's.
+    base = family.split("_")[0]
     base_dir, adapter_dir = FIXTURES / f"{base}_tiny_torch", FIXTURES / f"lora_{family}_tiny_torch"
     batch = load_file(str(base_dir / "batch.safetensors"))
     tokens, targets = batch["tokens"].long(), batch["targets"].long()
@@ -81,7 +81,8 @@ def check(family, memfit, work):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--memfit", default=str(ROOT / "build" / "memfit"))
-    p.add_argument("families", nargs="*", default=["llama", "gpt2", "llama_extras", "llama_select", "llama_patterns"])
+    p.add_argument("families", nargs="*", default=["llama", "gpt2", "llama_extras", "llama_select", "llama_patterns", "llama_dora",
+                                                       "gpt2_dora"])
     args = p.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as work:

@@ -2,7 +2,7 @@
 """Regenerate the PEFT LoRA fixtures tests/fixtures/lora_llama_tiny_torch/,
 tests/fixtures/lora_gpt2_tiny_torch/, tests/fixtures/lora_llama_extras_tiny_torch/ (rsLoRA and
 modules_to_save), tests/fixtures/lora_llama_select_tiny_torch/ (exclude_modules,
-layers_to_transform) and tests/fixtures/lora_llama_patterns_tiny_torch/ (rank_pattern, alpha_pattern) from the committed base fixtures (llama_tiny_torch,
+layers_to_transform) and tests/fixtures/lora_llama_patterns_tiny_torch/ (rank_pattern, alpha_pattern), tests/fixtures/lora_llama_dora_tiny_torch/ and tests/fixtures/lora_gpt2_dora_tiny_torch/ (use_dora) from the committed base fixtures (llama_tiny_torch,
 gpt2_tiny_torch: their model and batch are reused, not copied).
 
 What each fixture directory holds (float32, CPU, 1 thread, deterministic):
@@ -44,18 +44,25 @@ CASES = {
     "llama_select": ("llama_tiny_torch", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     # Ranks and alphas per module.
     "llama_patterns": ("llama_tiny_torch", ["q_proj", "v_proj", "down_proj"]),
+    # DoRA: a magnitude per output row of each target (q and v: pieces of memfit's fused q/k/v).
+    "llama_dora": ("llama_tiny_torch", ["q_proj", "v_proj", "o_proj", "down_proj"]),
+    # DoRA on GPT-2's biased Conv1D layers (the bias frozen and left out of the rescaling).
+    "gpt2_dora": ("gpt2_tiny_torch", ["c_attn", "c_fc"]),
 }
 EXTRAS = {"llama_extras": {"use_rslora": True, "modules_to_save": ["o_proj", "norm"]},
           "llama_select": {"exclude_modules": ["k_proj", "up_proj"], "layers_to_transform": [1],
                            "layers_pattern": "layers"},
-          "llama_patterns": {"rank_pattern": {"q_proj": 8, "layers.1.mlp.down_proj": 2}, "alpha_pattern": {"v_proj": 32}}}
+          "llama_patterns": {"rank_pattern": {"q_proj": 8, "layers.1.mlp.down_proj": 2}, "alpha_pattern": {"v_proj": 32}},
+          "llama_dora": {"use_dora": True}, "gpt2_dora": {"use_dora": True}}
 RANK, ALPHA, B_STD, LR, DECAY, STEPS = 4, 8, 0.1, 1e-3, 0.1, 3
 
 
 def peft_name(param_name):
     """A parameter's name in PEFT's adapter file: without the adapter name ("default"); a module
     of modules_to_save under its base model's name."""
-    return param_name.replace(".modules_to_save.default.", ".").replace(".default.", ".")
+    name = param_name.replace(".modules_to_save.default.", ".").replace(".default.", ".")
+    # DoRA's magnitude is a parameter "lora_magnitude_vector.default.weight", saved without both.
+    return name.replace(".lora_magnitude_vector.weight", ".lora_magnitude_vector")
 
 
 def build(family, seed):
@@ -66,7 +73,7 @@ def build(family, seed):
     base = AutoModelForCausalLM.from_pretrained(FIXTURES / base_dir, attn_implementation="eager", dtype=torch.float32)
     base.train()
     config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets, bias="none",
-                        task_type="CAUSAL_LM", fan_in_fan_out=family == "gpt2", **EXTRAS.get(family, {}))
+                        task_type="CAUSAL_LM", fan_in_fan_out=family.startswith("gpt2"), **EXTRAS.get(family, {}))
     torch.manual_seed(seed)  # A: PEFT's kaiming-uniform draw
     model = get_peft_model(base, config)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -149,7 +156,7 @@ def make(family, seed=1234):
 PEFT {peft.__version__} LoRA adapter on `tests/fixtures/{base_dir}` (its model.safetensors and batch.safetensors),
 made by `tools/make_lora_fixtures.py` with PyTorch {torch.__version__} + transformers {transformers.__version__}, float32,
 CPU, 1 thread. LoraConfig r={RANK}, lora_alpha={ALPHA}, lora_dropout=0, bias none, target_modules {sorted(cfg["target_modules"])}{"".join(f", {k}={v}" for k, v in EXTRAS.get(family, {}).items())}
-{"(fan_in_fan_out: GPT-2's Conv1D) " if family == "gpt2" else ""}A as PEFT draws it (torch seed {seed}); B from N(0, {B_STD}^2) (seed {seed + 1}),
+{"(fan_in_fan_out: GPT-2's Conv1D) " if family.startswith("gpt2") else ""}A as PEFT draws it (torch seed {seed}); B from N(0, {B_STD}^2) (seed {seed + 1}),
 not zero, so that A's gradients are not zero.
 `adapter_config.json` + `adapter_model.safetensors`: PEFT's save_pretrained of that adapter.
 `expected.safetensors`: `loss` [], `grad.<adapter tensor>`, `losses_adamw` [{STEPS + 1}] (AdamW lr {LR}, betas (0.9, 0.999),

@@ -1,5 +1,6 @@
 #include "cli/merge_lora_command.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -25,7 +26,8 @@ constexpr std::string_view kPeftPrefix = "base_model.model.";
 constexpr uint64_t kMaxShardBytes = 5'000'000'000;
 
 struct Adapter {
-  std::string a, b;  // PEFT tensor names
+  std::string a, b;   // PEFT tensor names
+  std::string magnitude;  // DoRA's lora_magnitude_vector, if any
   bool used = false;
 };
 
@@ -36,8 +38,10 @@ std::string wrapped_name(const ModelSpec& spec, const std::string& name) {
   return name.starts_with(prefix) || name == "lm_head.weight" ? name : prefix + name;
 }
 
+constexpr std::string_view kMagnitude = ".lora_magnitude_vector";
+
 bool is_adapter_factor(const std::string& name) {
-  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
+  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight") || name.ends_with(kMagnitude);
 }
 
 // The tensors trained whole beside the adapters (the biases of bias all | lora_only, the
@@ -56,12 +60,16 @@ std::map<std::string, std::string> replaced_tensors(const SafetensorsReader& r) 
 }
 
 // The adapter's modules by their wrapped HF path ("model.layers.0.self_attn.q_proj").
-std::map<std::string, Adapter> adapter_modules(const SafetensorsReader& r, const std::string& dir) {
+std::map<std::string, Adapter> adapter_modules(const SafetensorsReader& r, const std::string& dir, bool dora) {
   std::map<std::string, Adapter> out;
   for (const SafetensorsEntry& e : r.entries()) {
     MEMFIT_CHECK(e.name.starts_with(kPeftPrefix), "adapter", "the adapter in '{}' holds '{}', which is not under "
                  "PEFT's names ({}...)", dir, e.name, kPeftPrefix);
     if (!is_adapter_factor(e.name)) continue;  // replaced_tensors
+    if (e.name.ends_with(kMagnitude)) {
+      out[e.name.substr(kPeftPrefix.size(), e.name.size() - kPeftPrefix.size() - kMagnitude.size())].magnitude = e.name;
+      continue;
+    }
     const bool a = e.name.ends_with(".lora_A.weight");
     const std::string module = e.name.substr(kPeftPrefix.size(), e.name.size() - kPeftPrefix.size() - 14);
     (a ? out[module].a : out[module].b) = e.name;
@@ -69,6 +77,9 @@ std::map<std::string, Adapter> adapter_modules(const SafetensorsReader& r, const
   for (const auto& [module, ad] : out)
     MEMFIT_CHECK(!ad.a.empty() && !ad.b.empty(), "adapter", "the adapter in '{}' has only one of lora_A and lora_B "
                  "for '{}'", dir, module);
+  for (const auto& [module, ad] : out)
+    MEMFIT_CHECK(ad.magnitude.empty() == !dora, "adapter", "the adapter in '{}' {} a DoRA magnitude for '{}' but its "
+                 "use_dora is {}", dir, dora ? "lacks" : "holds", module, dora);
   return out;
 }
 
@@ -86,6 +97,22 @@ void merge_into(std::vector<float>& w, const Shape& shape, const std::vector<flo
       for (int64_t k = 0; k < r; ++k) d += double(b[size_t(o * r + k)]) * double(a[size_t(k * in + i)]);
       w[size_t(conv1d ? i * out + o : o * in + i)] += float(scale * d);
     }
+}
+
+// DoRA (PEFT's merge): each output row of the merged W + scale B A (a column of a Conv1D
+// weight) rescaled to its magnitude, m / ||row||.
+void rescale_rows(std::vector<float>& w, const Shape& shape, const std::vector<float>& m, bool conv1d,
+                  const std::string& name) {
+  const int64_t out = conv1d ? shape[1] : shape[0], in = conv1d ? shape[0] : shape[1];
+  MEMFIT_CHECK(int64_t(m.size()) == out, "adapter", "the adapter was made for another base: '{}' has {} output rows, "
+               "its DoRA magnitude {}", name, out, m.size());
+  auto at = [&](int64_t o, int64_t i) -> float& { return w[size_t(conv1d ? i * out + o : o * in + i)]; };
+  for (int64_t o = 0; o < out; ++o) {
+    double sum = 0;
+    for (int64_t i = 0; i < in; ++i) sum += double(at(o, i)) * double(at(o, i));
+    const float factor = float(double(m[size_t(o)]) / std::sqrt(sum));
+    for (int64_t i = 0; i < in; ++i) at(o, i) *= factor;
+  }
 }
 
 }  // namespace
@@ -106,7 +133,7 @@ int MergeLoraCommand::run(std::ostream& log) const {
   apply_adapter_config(adapter_, lora);
   const SafetensorsShards base(load_);
   const SafetensorsReader adapter((fs::path(adapter_) / "adapter_model.safetensors").string());
-  std::map<std::string, Adapter> modules = adapter_modules(adapter, adapter_);
+  std::map<std::string, Adapter> modules = adapter_modules(adapter, adapter_, lora.dora);
   const std::map<std::string, std::string> replaced = replaced_tensors(adapter);
   std::set<std::string> replaced_used;
   std::vector<SafetensorsTensor> tensors;
@@ -147,6 +174,12 @@ int MergeLoraCommand::run(std::ostream& log) const {
                            lora_file->read_f32(a.name, a.shape, av.data());
                            lora_file->read_f32(b.name, b.shape, bv.data());
                            merge_into(w, e.shape, av, a.shape, bv, b.shape, scale, conv1d, name);
+                           if (!ad->magnitude.empty()) {
+                             const SafetensorsEntry& m = *lora_file->find(ad->magnitude);
+                             std::vector<float> mv(size_t(m.shape.numel()));
+                             lora_file->read_f32(m.name, m.shape, mv.data());
+                             rescale_rows(w, e.shape, mv, conv1d, name);
+                           }
                          }
                          emit(std::as_bytes(std::span<const float>(w)));
                        }});
@@ -167,11 +200,12 @@ int MergeLoraCommand::run(std::ostream& log) const {
     config << hf_config(spec).dump(2) << "\n";
     MEMFIT_CHECK(config.good(), "merge-lora", "cannot write '{}/config.json'", out_);
   }
-  log << fmt::format("merge-lora: {} of {} weights merged with (lora_alpha / {}) B A = ({} / {}) B A{}{} into {} "
+  log << fmt::format("merge-lora: {} of {} weights merged with (lora_alpha / {}) B A = ({} / {}) B A{}{}{} into {} "
                      "({} file{})\n", merged, tensors.size(), lora.rslora ? "sqrt(r)" : "r", lora.alpha,
                      lora.rslora ? fmt::format("sqrt({})", lora.rank) : std::to_string(lora.rank),
                      lora.rank_pattern.empty() && lora.alpha_pattern.empty() ? "" : " (rank_pattern, alpha_pattern: "
                      "per module)",
+                     lora.dora ? ", each output row then rescaled to its DoRA magnitude" : "",
                      replaced.empty() ? "" : fmt::format(", {} tensors trained whole with the adapter", replaced.size()), out_,
                      files.size(), files.size() == 1 ? "" : "s");
   return 0;

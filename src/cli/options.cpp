@@ -243,6 +243,9 @@ void RunOptions::add_fine_tuning_options(CLI::App& app) {
                                           : v == "false"  ? LoraInit::random
                                                           : LoraInit::peft_default;
                    });
+  add_flag(app, "--lora-dora",
+           "LoRA: DoRA, a trained magnitude per output rescaling each adapted weight's columns (PEFT's use_dora)",
+           [](RunConfig& c, bool v) { c.policy.lora.dora = v; });
   add_flag(app, "--lora-rslora", "LoRA: scale the adapters' output by alpha / sqrt(rank) (PEFT's use_rslora)",
            [](RunConfig& c, bool v) { c.policy.lora.rslora = v; });
   add<std::string>(app, "--lora-exclude-modules", "LoRA: comma-separated module names never targeted (PEFT's "

@@ -101,10 +101,13 @@ class LoraRewrite final : public ForwardRewrite {
     int64_t rank = 0;  // rank_pattern's, else r
     double scale = 0;  // alpha / rank (alpha_pattern's alpha; sqrt(rank) with rsLoRA)
     bool row_parallel = false;  // its input is this tensor rank's column slice of x
+    TensorId magnitude = kNoTensor;  // DoRA's
   };
   LoraPolicy lora_;
   int data_rank_ = 0;
   std::map<TensorId, std::vector<Branch>> branches_;  // by the base weight's value tensor
+
+  void emit_dora(const Op& op, std::vector<Branch> branches, TensorId z, GraphBuilder& b);
 };
 
 void LoraRewrite::declare(GraphBuilder& b) {
@@ -121,6 +124,15 @@ void LoraRewrite::declare(GraphBuilder& b) {
     if (e.trainable && !keep) freeze_parameter(p, e);
   }
   const TensorParallel& tp = b.tensor_parallel();
+  if (lora_.dora) {
+    MEMFIT_CHECK(!tp.on(), "policy", "DoRA (use_dora) with tensor parallelism: not supported");
+    MEMFIT_CHECK(lora_.dropout == 0, "policy", "DoRA (use_dora) with lora_dropout {}: not supported (PEFT then adds "
+                 "a second base product on the dropped input); use lora_dropout 0", lora_.dropout);
+    for (const LinearModule& m : targets)
+      MEMFIT_CHECK(m.bias.empty() || lora_.bias == LoraBias::none, "policy",
+                   "DoRA (use_dora) with LoRA bias '{}' on {}, a biased layer: not supported", lora_bias_name(lora_.bias),
+                   m.name);
+  }
   for (const LinearModule& m : targets) {
     // Copies: declaring parameters grows the parameter and tensor tables.
     const ParamEntry* base = find_param(p, m.weight);
@@ -150,6 +162,8 @@ void LoraRewrite::declare(GraphBuilder& b) {
     // The replicated factor's gradient is a partial sum on each rank: column-parallel, A's
     // (each rank back-propagates its output rows through its slice of B); row-parallel, B's
     // (each rank's x A holds its input columns' share).
+    // DoRA's magnitude: one per output row of the module, as PEFT's lora_magnitude_vector.
+    if (lora_.dora) br.magnitude = b.parameter(lora_magnitude_name(m.name), Shape{out}, ParamInit::row_norm, 0.0f, false);
     if (column) b.sum_grad_over_tensor_group(br.a);
     if (row) b.sum_grad_over_tensor_group(br.b);
     branches_[w].push_back(br);
@@ -163,9 +177,11 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
   Program& p = b.program();
   const MatmulAttrs& a = std::get<MatmulAttrs>(op.attrs);
   MEMFIT_ASSERT(a.trans_b && !a.trans_a, "linear {} is not x @ W^T", op.name);
-  const TensorId x = op.inputs[0], y = op.outputs[0];
-  const Shape ys = p.tensor(y).shape;
-  const DType dt = p.tensor(y).dtype;
+  const TensorId x = op.inputs[0];
+  const Shape ys = p.tensor(op.outputs[0]).shape;
+  const DType dt = p.tensor(op.outputs[0]).dtype;
+  // DoRA: the LoRA sum z is kept for the magnitudes' gradient; the op's output is z rescaled.
+  const TensorId y = lora_.dora ? b.transient(op.name + ".dora.z", ys, Category::activations, dt) : op.outputs[0];
   // The base product keeps the op's name, inputs and attributes (so --fp32-ops, recompute
   // selections and a quantising pass still find it).
   const std::vector<Branch>& branches = it->second;
@@ -219,7 +235,33 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
               {{0, 0}}});
     sum = next;
   }
+  if (lora_.dora) emit_dora(op, branches, y, b);
   return true;
+}
+
+// y = z with each branch's columns (z - bias) * m / ||W + scale B A|| + bias, the norms
+// computed from the weights of this step.
+void LoraRewrite::emit_dora(const Op& op, std::vector<Branch> branches, TensorId z, GraphBuilder& b) {
+  Program& p = b.program();
+  const MatmulAttrs& a = std::get<MatmulAttrs>(op.attrs);
+  std::sort(branches.begin(), branches.end(),
+            [](const Branch& l, const Branch& r) { return l.module.row_begin < r.module.row_begin; });
+  DoraScaleAttrs scale{a.m, a.n, {}, {}, op.inputs.size() > 2};
+  std::vector<TensorId> inputs{z};
+  for (const Branch& br : branches) {
+    const std::string site = br.module.whole() ? op.name : op.name + "." + br.module.short_name();
+    const int64_t rows = br.module.rows;
+    const TensorId norm = b.transient(site + ".dora_norm.y", Shape{rows}, Category::activations, DType::f32);
+    const double flops = double(rows) * double(a.k) * (2.0 * double(br.rank) + 3.0);
+    b.emit({OpKind::dora_norm, site + ".dora_norm", {op.inputs[1], br.a, br.b}, {norm},
+            DoraNormAttrs{a.k, br.module.row_begin, rows, br.rank, float(br.scale)}, flops});
+    scale.begins.push_back(br.module.row_begin);
+    scale.widths.push_back(rows);
+    inputs.insert(inputs.end(), {br.magnitude, norm});
+  }
+  if (scale.has_bias) inputs.push_back(op.inputs[2]);
+  b.emit({OpKind::dora_scale, op.name + ".dora_scale", std::move(inputs), op.outputs, std::move(scale),
+          3.0 * double(p.tensor(z).numel())});
 }
 
 }  // namespace
@@ -338,6 +380,7 @@ std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy
 
 std::string lora_a_name(const std::string& module) { return module + ".lora_A" + kWeightSuffix; }
 std::string lora_b_name(const std::string& module) { return module + ".lora_B" + kWeightSuffix; }
+std::string lora_magnitude_name(const std::string& module) { return module + ".lora_magnitude_vector"; }
 
 std::shared_ptr<ForwardRewrite> make_lora_rewrite(const LoraPolicy& lora, int data_rank) {
   return std::make_shared<LoraRewrite>(lora, data_rank);

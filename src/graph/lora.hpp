@@ -50,6 +50,7 @@ std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy
 
 std::string lora_a_name(const std::string& module);  // "<module>.lora_A.weight"
 std::string lora_b_name(const std::string& module);  // "<module>.lora_B.weight"
+std::string lora_magnitude_name(const std::string& module);  // "<module>.lora_magnitude_vector" (DoRA)
 
 // data_rank: this rank's index among the data-parallel ranks, whose rows of the global batch
 // follow the lower ranks' (dropout draws the one-rank run's mask on them).

@@ -66,6 +66,14 @@ enum class OpKind : uint16_t {
                        //   ColumnsAttrs; y may overwrite a (a LoRA branch on one part of a fused
                        //   projection, e.g. q_proj's rows of llama's qkv weight)
   slice_columns,       // in [x (M,N)] out [y (M,W)]: y = x[:, begin:begin+W] (y += in accumulate modes)
+  dora_norm,           // in [W (N,K), A (r,K), B (R,r)] out [norm (R) fp32]: norm[j] = the 2-norm of row
+                       //   row_begin + j of W + scale B A; DoraNormAttrs. DoRA's ||W + dW||, held constant
+                       //   in the backward (no gradient flows through it)
+  dora_scale,          // in [z (M,N), (m (W_i), norm (W_i)) per block, (bias (N))] out [y (M,N)]: y = z,
+                       //   then y[:, block] = (z[:, block] - bias) * m / norm + bias; DoraScaleAttrs
+  dora_scale_backward,  // in [dy, z, (m, norm) per block, (bias)] out [dz, dm per block]: dz = dy, then
+                       //   dz[:, block] *= m / norm; dm = column sums of dy (z - bias) / norm over the
+                       //   block; dz may overwrite dy
   dropout_forward,     // in [x] out [y]: y = x * keep / (1 - p), keep drawn per element from a
                        //   counter-based hash of (run seed, step, micro-step, salt, index); DropoutAttrs
   dropout_backward,    // in [dy] out [dx]: dx = dy * keep / (1 - p), the same keep (no mask is stored);
@@ -288,6 +296,17 @@ struct ColumnsAttrs {
   int64_t rows = 0, cols = 0;        // M, N: the wide tensor
   int64_t begin = 0, width = 0;      // the column block [begin, begin + width)
 };
+struct DoraNormAttrs {
+  int64_t k = 0;                    // W's columns
+  int64_t row_begin = 0, rows = 0;  // the adapted rows of W (a piece of a fused weight)
+  int64_t rank = 0;
+  float scale = 1;                  // the adapter's alpha / r
+};
+struct DoraScaleAttrs {
+  int64_t m = 0, n = 0;                  // z's rows and columns
+  std::vector<int64_t> begins, widths;   // the column blocks, one per adapter (its m and norm)
+  bool has_bias = false;
+};
 struct DropoutAttrs {
   float p = 0;          // probability of dropping an element, in (0, 1)
   uint64_t salt = 0;    // distinguishes the dropout sites of a program (a hash of the op's name)
@@ -335,7 +354,8 @@ inline double ring_bytes(double bytes, int ranks, double passes) {
 }
 using OpAttrs = std::variant<NoAttrs, MatmulAttrs, NormAttrs, AttentionAttrs, ClassifierAttrs,
                              ScaleAttrs, AdamWAttrs, GradNormAttrs, FillAttrs, CollectiveAttrs, ColumnsAttrs,
-                             DropoutAttrs, QuantLinearAttrs, CachedAttentionAttrs, CommQuantAttrs, EmbeddingAttrs>;
+                             DropoutAttrs, QuantLinearAttrs, CachedAttentionAttrs, CommQuantAttrs, EmbeddingAttrs,
+                             DoraNormAttrs, DoraScaleAttrs>;
 
 struct Op {
   OpKind kind = OpKind::fill;

@@ -82,6 +82,10 @@ struct LoraPolicy {
   // PEFT's use_rslora (Kalajdzievski 2023): the branch is scaled by alpha / sqrt(r), which
   // keeps its output's size from shrinking as the rank grows.
   bool rslora = false;
+  // PEFT's use_dora (Liu et al. 2024, DoRA): each target's output columns are rescaled by a
+  // trained magnitude over ||W + scale B A|| (held constant in the backward), i.e. the
+  // adapted weight's direction and size train apart.
+  bool dora = false;
   // PEFT's modules_to_save: modules trained whole beside the adapters (an output head,
   // embeddings, norms), matched as PEFT matches them: a module whose path ends with the name.
   std::vector<std::string> modules_to_save;

@@ -35,6 +35,7 @@ void mark_fp32_slots(const Op& op, std::vector<char>& fp32) {
       mark(op.outputs[2]);
       break;
     case OpKind::rmsnorm_forward: mark(op.outputs[1]); break;
+    case OpKind::dora_norm: mark(op.outputs[0]); break;
     case OpKind::flash_attention_forward:
       if (op.outputs.size() > 1) mark(op.outputs[1]);
       break;

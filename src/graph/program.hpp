@@ -55,7 +55,9 @@ struct StoredTensor {
 // tensors do not require gradients, so autodiff emits only the input-gradient path through it.
 // normal: N(0, init_std); uniform: U(-init_std, init_std) (LoRA's A: PyTorch's
 // kaiming_uniform_(a = sqrt(5)), whose bound is 1 / sqrt(fan_in)).
-enum class ParamInit : uint8_t { normal, zeros, ones, uniform };
+// row_norm: DoRA's magnitude, ||W + scale B A|| per row, set once the base weights are there
+// (train/init.hpp initialize_dora_magnitudes); ones until then.
+enum class ParamInit : uint8_t { normal, zeros, ones, uniform, row_norm };
 struct ParamEntry {
   std::string name;  // HF-style name without the "transformer." prefix, e.g. "h.0.attn.c_attn.weight"
   TensorId value = kNoTensor;

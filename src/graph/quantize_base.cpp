@@ -63,6 +63,8 @@ class QuantizeBase final : public ForwardRewrite {
   }
 
   bool rewrite(const Op& op, GraphBuilder& b) override {
+    MEMFIT_CHECK(op.kind != OpKind::dora_norm || !weights_.count(op.inputs[0]), "policy",
+                 "DoRA (use_dora) on a quantised base (QDoRA): not supported yet; train DoRA on a bf16 or fp32 base");
     if (op.kind != OpKind::matmul || op.inputs.size() < 2) return false;
     const auto it = weights_.find(op.inputs[1]);
     if (it == weights_.end()) return false;

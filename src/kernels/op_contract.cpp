@@ -211,6 +211,51 @@ void check_columns(const Program& p, const Op& op) {
   require_dtype(p, op, op.outputs[0], dt);
 }
 
+// DoRA: dora_norm reads W's adapted rows with A and B of W's dtype; dora_scale(_backward)'s
+// blocks are sorted, disjoint column ranges of z, each with its magnitude and fp32 norm.
+void check_dora(const Program& p, const Op& op) {
+  if (op.kind == OpKind::dora_norm) {
+    check_arity(op, 3, 1);
+    const DoraNormAttrs a = std::get<DoraNormAttrs>(op.attrs);
+    MEMFIT_CHECK(a.k > 0 && a.rank > 0 && a.rows > 0 && a.row_begin >= 0 &&
+                     p.tensor(op.inputs[0]).numel() >= (a.row_begin + a.rows) * a.k,
+                 "kernels", "op '{}': rows [{}, {}) of a weight of {} elements with {} columns", op.name, a.row_begin,
+                 a.row_begin + a.rows, p.tensor(op.inputs[0]).numel(), a.k);
+    MEMFIT_CHECK(p.tensor(op.inputs[0]).numel() % a.k == 0, "kernels", "op '{}': W is not {} columns wide", op.name,
+                 a.k);
+    check_numel(p, op, op.inputs[1], a.rank * a.k, "A");
+    check_numel(p, op, op.inputs[2], a.rows * a.rank, "B");
+    check_numel(p, op, op.outputs[0], a.rows, "norm");
+    for (TensorId id : {op.inputs[1], op.inputs[2]}) require_dtype(p, op, id, p.tensor(op.inputs[0]).dtype);
+    require_dtype(p, op, op.outputs[0], DType::f32);
+    require_overwrite(op, 0);
+    return;
+  }
+  const bool fwd = op.kind == OpKind::dora_scale;
+  const DoraScaleAttrs& a = std::get<DoraScaleAttrs>(op.attrs);
+  const size_t blocks = a.begins.size(), first = fwd ? 1 : 2;
+  MEMFIT_CHECK(blocks >= 1 && a.widths.size() == blocks, "kernels", "op '{}': {} block starts and {} widths", op.name,
+               a.begins.size(), a.widths.size());
+  check_arity(op, first + 2 * blocks + (a.has_bias ? 1 : 0), fwd ? 1 : 1 + blocks);
+  const DType dt = p.tensor(op.outputs[0]).dtype;
+  for (size_t i = 0; i < first; ++i) {
+    check_numel(p, op, op.inputs[i], a.m * a.n, i == 0 && !fwd ? "dy" : "z");
+    require_dtype(p, op, op.inputs[i], dt);
+  }
+  check_numel(p, op, op.outputs[0], a.m * a.n, fwd ? "y" : "dz");
+  for (size_t i = 0, end = 0; i < blocks; ++i) {
+    MEMFIT_CHECK(a.widths[i] > 0 && a.begins[i] >= int64_t(end) && a.begins[i] + a.widths[i] <= a.n, "kernels",
+                 "op '{}': column block [{}, {}) overlaps another or lies outside {} columns", op.name, a.begins[i],
+                 a.begins[i] + a.widths[i], a.n);
+    end = size_t(a.begins[i] + a.widths[i]);
+    check_numel(p, op, op.inputs[first + 2 * i], a.widths[i], "magnitude");
+    check_numel(p, op, op.inputs[first + 2 * i + 1], a.widths[i], "norm");
+    require_dtype(p, op, op.inputs[first + 2 * i + 1], DType::f32);
+    if (!fwd) check_numel(p, op, op.outputs[1 + i], a.widths[i], "magnitude gradient");
+  }
+  if (a.has_bias) check_numel(p, op, op.inputs.back(), a.n, "bias");
+}
+
 void check_dropout(const Program& p, const Op& op) {
   check_arity(op, 1, 1);
   const DropoutAttrs a = std::get<DropoutAttrs>(op.attrs);
@@ -513,6 +558,9 @@ void check_op_contract(const Program& program, const Op& op) {
     case OpKind::slice_columns: return check_columns(program, op);
     case OpKind::dropout_forward:
     case OpKind::dropout_backward: return check_dropout(program, op);
+    case OpKind::dora_norm:
+    case OpKind::dora_scale:
+    case OpKind::dora_scale_backward: return check_dora(program, op);
     case OpKind::matmul: return check_matmul(program, op);
     case OpKind::quant_linear:
     case OpKind::quant_linear_backward: return check_quant_linear(program, op);

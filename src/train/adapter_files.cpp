@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "graph/lora.hpp"
 #include "io/safetensors.hpp"
+#include "train/dora_init.hpp"
 #include "train/master_weights.hpp"
 #include "train/init.hpp"
 #include "train/run_config.hpp"
@@ -104,7 +105,8 @@ std::vector<SavedModule> saved_modules(const Program& p, const ModelSpec& spec, 
 }  // namespace
 
 bool is_lora_adapter(const std::string& param) {
-  return param.ends_with(".lora_A.weight") || param.ends_with(".lora_B.weight");
+  return param.ends_with(".lora_A.weight") || param.ends_with(".lora_B.weight") ||
+         param.ends_with(".lora_magnitude_vector");
 }
 
 std::string peft_tensor_name(const ModelSpec& spec, const std::string& param) {
@@ -154,7 +156,7 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
               {"revision", nullptr},
               {"target_modules", targets},
               {"task_type", "CAUSAL_LM"},
-              {"use_dora", false},
+              {"use_dora", lora.dora},
               {"use_rslora", lora.rslora}};
 }
 
@@ -190,6 +192,8 @@ void apply_adapter_config(const std::string& dir, LoraPolicy& lora) {
                  lora_bias_name(lora.bias), dir, lora_bias_name(f.bias));
     MEMFIT_CHECK(lora.rslora == f.rslora, "adapter", "{} but the adapter in '{}' has use_rslora {}",
                  lora.rslora ? "--lora-rslora" : "no --lora-rslora", dir, f.rslora);
+    MEMFIT_CHECK(lora.dora == f.dora, "adapter", "{} but the adapter in '{}' has use_dora {}",
+                 lora.dora ? "--lora-dora" : "no --lora-dora", dir, f.dora);
     MEMFIT_CHECK(lora.modules_to_save.empty() || as_set(lora.modules_to_save) == as_set(f.modules_to_save), "adapter",
                  "--lora-modules-to-save differs from the modules_to_save of the adapter in '{}' ({})", dir,
                  j.value("modules_to_save", json()).dump());
@@ -317,6 +321,7 @@ void load_inference_weights(const RunConfig& config, Executor& ex, const ModelSp
     // A base checkpoint has no adapters: without --load-adapter they start as PEFT's (B = 0).
     initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); });
   }
+  if (config.load_adapter.empty()) initialize_dora_magnitudes(ex, staging);
   if (!config.load_adapter.empty()) {
     load_adapter(config.load_adapter, ex, spec, config.policy.lora, staging);
     log << fmt::format("with the LoRA adapter from {}\n", config.load_adapter);

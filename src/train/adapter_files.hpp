@@ -22,7 +22,8 @@ namespace memfit {
 
 struct RunConfig;
 
-bool is_lora_adapter(const std::string& param);  // "<module>.lora_A.weight" or "<module>.lora_B.weight"
+// "<module>.lora_A.weight", "<module>.lora_B.weight" or (DoRA) "<module>.lora_magnitude_vector"
+bool is_lora_adapter(const std::string& param);
 // PEFT's name of a memfit parameter ("base_model.model." + the HF name; llama's output head is
 // "base_model.model.lm_head.weight").
 std::string peft_tensor_name(const ModelSpec& spec, const std::string& param);

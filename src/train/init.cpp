@@ -29,8 +29,8 @@ float next_value(Rng& rng, const ParamEntry& e) {
 
 // Draws elements [first, first + x.size()) of parameter e into x.
 void draw_values(const ParamEntry& e, uint64_t base, int64_t first, std::span<float> x) {
-  if (e.init == ParamInit::zeros || e.init == ParamInit::ones) {
-    std::fill(x.begin(), x.end(), e.init == ParamInit::ones ? 1.0f : 0.0f);
+  if (e.init == ParamInit::zeros || e.init == ParamInit::ones || e.init == ParamInit::row_norm) {
+    std::fill(x.begin(), x.end(), e.init == ParamInit::zeros ? 0.0f : 1.0f);
     return;
   }
   const int64_t end = first + int64_t(x.size());
@@ -54,7 +54,7 @@ void draw_values(const ParamEntry& e, uint64_t base, int64_t first, std::span<fl
 // draws for a 4096-wide column split.
 void draw_slice(const ParamEntry& e, uint64_t base, const std::vector<SliceRun>& runs, int64_t first,
                 std::span<float> chunk) {
-  if (e.init == ParamInit::zeros || e.init == ParamInit::ones || runs.size() <= 1) {
+  if (e.init == ParamInit::zeros || e.init == ParamInit::ones || e.init == ParamInit::row_norm || runs.size() <= 1) {
     for (const SliceRun& r : runs) draw_values(e, base, r.global, chunk.subspan(size_t(r.local - first), size_t(r.count)));
     return;
   }

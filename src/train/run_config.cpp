@@ -183,7 +183,9 @@ void apply_lora_config(const json& j, RunConfig& c, bool weights_from_file) {
       // PEFT takes a list of module names (null: none).
       l.modules_to_save = v.is_null() ? std::vector<std::string>{}
                                       : get_as<std::vector<std::string>>(v, "lora.modules_to_save");
-    } else if (key == "use_dora" || key == "lora_bias" || key == "use_qalora" ||
+    } else if (key == "use_dora") {
+      l.dora = get_as<bool>(v, "lora.use_dora");
+    } else if (key == "lora_bias" || key == "use_qalora" ||
                key == "fan_in_fan_out") {
       // fan_in_fan_out describes GPT-2's Conv1D storage, which memfit reads as HF stores it.
       if (key != "fan_in_fan_out")

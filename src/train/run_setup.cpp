@@ -8,6 +8,7 @@
 #include "train/adapter_files.hpp"
 #include "train/budget.hpp"
 #include "train/checkpoint_agree.hpp"
+#include "train/dora_init.hpp"
 #include "train/init.hpp"
 #include "train/run_checks.hpp"
 #include "train/synthetic_corpus.hpp"
@@ -119,6 +120,7 @@ void build_executor(RunState& s, RunHooks* hooks) {
                           [](const ParamEntry& e) { return is_lora_adapter(e.name); });
     log << fmt::format("loaded weights from {}\n", c.load);
   }
+  if (c.load_adapter.empty()) initialize_dora_magnitudes(ex, s.staging);
   if (!c.load_adapter.empty()) {
     load_adapter(c.load_adapter, ex, s.run.spec, c.policy.lora, s.staging);
     log << fmt::format("loaded the LoRA adapter from {}\n", c.load_adapter);

@@ -194,6 +194,24 @@ int build_case(OpKind kind, ProgramFixture& f) {
       const TensorId out = forward ? t.floats("y", {N, 3 * C}) : t.floats("dx", {N, C});
       return f.op(kind, in, {out}, a, {forward ? ow : acc}, {t.floats("tile", {5, C})});
     }
+    case OpKind::dora_norm:  // the middle piece of three, rank 2
+      return f.op(kind, {t.floats("w", {3 * C, C}), t.floats("a", {2, C}), t.floats("b", {C, 2})},
+                  {t.floats("norm", {C})}, DoraNormAttrs{C, C, C, 2, 1.5f});
+    case OpKind::dora_scale:
+    case OpKind::dora_scale_backward: {  // blocks [0, C) and [2C, 3C) of 3C columns, with a bias
+      const bool forward = kind == OpKind::dora_scale;
+      std::vector<TensorId> in;
+      if (!forward) in.push_back(t.floats("dy", {N, 3 * C}));
+      in.push_back(t.floats("z", {N, 3 * C}));
+      for (const char* block : {"0", "1"})
+        in.insert(in.end(), {t.floats(std::string("m") + block, {C}, 0.5, 2),
+                             t.floats(std::string("norm") + block, {C}, 0.5, 2)});
+      in.push_back(t.floats("bias", {3 * C}));
+      const DoraScaleAttrs a{N, 3 * C, {0, 2 * C}, {C, C}, true};
+      if (forward) return f.op(kind, in, {t.floats("y", {N, 3 * C})}, a, {acc});
+      return f.op(kind, in, {t.floats("dz", {N, 3 * C}), t.floats("dm0", {C}), t.floats("dm1", {C})}, a,
+                  {acc, acc, ow});
+    }
     case OpKind::fill: return f.op(kind, {}, {t.floats("x", {N, C})}, FillAttrs{0.75f}, {acc});
     case OpKind::grad_norm: {
       GradNormAttrs a;

@@ -1,6 +1,7 @@
 #include "support/tiny_run.hpp"
 
 #include "graph/training_program.hpp"
+#include "train/dora_init.hpp"
 #include "train/init.hpp"
 #include "kernels/backend.hpp"
 
@@ -17,6 +18,8 @@ TinyRun::TinyRun(CompiledProgram c, uint64_t seed, const ExecutorOptions& option
     : backend(be ? std::move(be) : make_cpu_backend()), compiled(std::move(c)) {
   ex = std::make_unique<Executor>(compiled, *backend, nullptr, options);
   initialize_parameters(*ex, model_preset(model), seed);
+  TensorStaging staging;
+  initialize_dora_magnitudes(*ex, staging);  // DoRA's magnitudes from the weights just drawn
   zero_persistent_state(*ex);
   const Program& p = compiled.program;
   const TensorId toks[] = {p.find_tensor(kTokens), p.find_tensor(kEvalTokens)};

@@ -73,8 +73,10 @@ std::vector<float> read_all(const SafetensorsReader& r, const std::string& name)
 
 // "llama_extras": rsLoRA and modules_to_save (o_proj, a target too, and every norm) on llama's base;
 // "llama_select": exclude_modules (k_proj, up_proj) and layers_to_transform (layer 1 only);
-// "llama_patterns": rank_pattern (q_proj 8, layer 1's down_proj 2) and alpha_pattern (v_proj 32).
-std::string base_of(const std::string& family) { return family.starts_with("llama_") ? "llama" : family; }
+// "llama_patterns": rank_pattern (q_proj 8, layer 1's down_proj 2) and alpha_pattern (v_proj 32);
+// "llama_dora": DoRA (use_dora) on q, v (pieces of memfit's fused q/k/v), o and down;
+// "gpt2_dora": DoRA on GPT-2's biased Conv1D c_attn and c_fc (their biases frozen).
+std::string base_of(const std::string& family) { return family.substr(0, family.find('_')); }
 
 class LoraParity : public ::testing::TestWithParam<const char*> {
  protected:
@@ -204,7 +206,7 @@ TEST_P(LoraParity, ThreeAdamWStepsAndTheSavedAdapterMatchPeft) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::Values("llama", "gpt2", "llama_extras", "llama_select",
-                                                                       "llama_patterns"),
+                                                                       "llama_patterns", "llama_dora", "gpt2_dora"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference) {
@@ -240,7 +242,8 @@ TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference)
 // tensor of the base (GPT-2's Conv1D weights stored [in, out]: the transpose added); scale is
 // alpha / r = 8 / 4, alpha / sqrt(r) = 8 / 2 with rsLoRA, and with the patterns q_proj's 8 / 8,
 // v_proj's 32 / 4 and layer 1's down_proj's 8 / 2 (the rank read from A's rows). A tensor the
-// adapter trained whole (modules_to_save) is the adapter's.
+// adapter trained whole (modules_to_save) is the adapter's. With DoRA each row of the sum is then
+// rescaled to its magnitude (m / its norm).
 TEST_P(LoraParity, MergeLoraWritesTheBasePlusTheScaledProduct) {
   const std::string base_dir = test::fixture_path(base);
   const test::CliResult r = test::run_memfit("merge-lora --model " + base_dir + " --load " + base_dir + " --adapter " +
@@ -258,7 +261,7 @@ TEST_P(LoraParity, MergeLoraWritesTheBasePlusTheScaledProduct) {
   int changed = 0, replaced = 0;
   for (const SafetensorsEntry& e : w.entries()) {
     // The hub's gpt2 names drop "transformer."; merge-lora writes them with it, as --save does.
-    const std::string name = family == "gpt2" && !e.name.starts_with("transformer.") ? "transformer." + e.name : e.name;
+    const std::string name = base_of(family) == "gpt2" && !e.name.starts_with("transformer.") ? "transformer." + e.name : e.name;
     std::vector<float> want = read_all(w, e.name);
     const std::vector<float> after = read_all(merged, name);
     const std::string module = "base_model.model." + name.substr(0, name.size() - 7);
@@ -271,19 +274,29 @@ TEST_P(LoraParity, MergeLoraWritesTheBasePlusTheScaledProduct) {
       const int64_t rank = lora.find(module + ".lora_A.weight")->shape[0];
       const int64_t in = int64_t(a.size()) / rank, outs = int64_t(b.size()) / rank;
       const float scale = scale_of(module, rank);
-      const bool conv1d = family == "gpt2";
+      const bool conv1d = base_of(family) == "gpt2";
       for (int64_t o = 0; o < outs; ++o)
         for (int64_t i = 0; i < in; ++i) {
           float d = 0;
           for (int64_t k = 0; k < rank; ++k) d += b[size_t(o * rank + k)] * a[size_t(k * in + i)];
           want[size_t(conv1d ? i * outs + o : o * in + i)] += scale * d;
         }
+      if (family.ends_with("_dora")) {  // each output row of W + scale B A to its magnitude: m / ||row||
+        const std::vector<float> m = read_all(lora, module + ".lora_magnitude_vector");
+        ASSERT_EQ(int64_t(m.size()), outs) << module;
+        auto at = [&](int64_t o, int64_t i) -> float& { return want[size_t(conv1d ? i * outs + o : o * in + i)]; };
+        for (int64_t o = 0; o < outs; ++o) {
+          double sum = 0;
+          for (int64_t i = 0; i < in; ++i) sum += double(at(o, i)) * at(o, i);
+          for (int64_t i = 0; i < in; ++i) at(o, i) *= float(m[size_t(o)] / std::sqrt(sum));
+        }
+      }
       ++changed;
     }
     ASSERT_EQ(after.size(), want.size()) << e.name;
     EXPECT_LE(normalised_error(after, want), 1e-6) << e.name;
   }
-  EXPECT_EQ(changed, int(lora.entries().size() - saved_whole.size()) / 2);
+  EXPECT_EQ(changed, int(lora.entries().size() - saved_whole.size()) / (family.ends_with("_dora") ? 3 : 2));
   EXPECT_EQ(replaced, int(saved_whole.size()));
 }
 

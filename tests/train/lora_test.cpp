@@ -9,7 +9,10 @@
 // (c) the plan has gradients and AdamW state for exactly sum r (in + out) elements;
 // (d) dropout keeps 1 - p of the elements (within 5 sigma), scales them by 1 / (1 - p), draws
 //     the same mask in backward and in a recomputed forward, and the two backends agree;
-// (e) bad input is refused in one line naming the problem.
+// (e) bad input is refused in one line naming the problem;
+// (f) DoRA's magnitudes start at the row norms of W (recomputed here), so that the first loss
+//     is plain LoRA's bit for bit while B = 0, and a DoRA step moves them within the plan.
+//     (Its arithmetic against PEFT: lora_parity_test's llama_dora and gpt2_dora.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +26,7 @@
 #include "graph/training_program.hpp"
 #include "kernels/cpu/columns.hpp"
 #include "core/dropout_mask.hpp"
+#include "core/half.hpp"
 #include "support/alloc_counter.hpp"
 #include "support/run_cli.hpp"
 #include "support/tensor_values.hpp"
@@ -323,6 +327,67 @@ TEST(Lora, AQuantisedBaseDefaultsToBf16Compute) {
   EXPECT_NE(header("").find(", fp32,"), std::string::npos);
 }
 
+// A tensor's values widened to fp32, whatever float type it is stored in.
+std::vector<float> widened(const Executor& ex, TensorId id) {
+  if (ex.program().tensor(id).dtype == DType::f32) return test::tensor_values<float>(ex, id);
+  const std::vector<bf16_t> v = test::tensor_values<bf16_t>(ex, id);
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = widen(v[i]);
+  return out;
+}
+
+TEST(Lora, DoraMagnitudesStartAtTheRowNormsAndAStepStaysWithinThePlan) {
+  for (const std::string model : {"gpt2-tiny", "llama-tiny"})
+    for (Precision precision : {Precision::fp32, Precision::bf16}) {
+      SCOPED_TRACE(model + " " + std::string(precision_name(precision)));
+      Policy pol = tiny_policy();
+      pol.grad_accum = 1;
+      pol.precision = precision;
+      pol.lora.rank = 4;
+      pol.lora.targets = {"all-linear"};
+      if (precision == Precision::bf16) {
+        pol.recompute = parse_recompute("full");
+        pol.attention = AttentionKind::flash;
+      }
+      auto compile = [&](const Policy& p) {
+        return compile_program(build_training_program(model_preset(model), p, {}, cpu_capabilities()),
+                               *make_cpu_backend());
+      };
+      test::TinyRun lora(compile(pol), 7, {}, model);
+      pol.lora.dora = true;
+      test::TinyRun run(compile(pol), 7, {}, model);
+      const Program& p = run.compiled.program;
+      int magnitudes = 0;
+      for (const LinearModule& m : linear_modules(p)) {
+        const std::vector<float> w = widened(*run.ex, param(p, m.weight).value);
+        const std::vector<float> mag = widened(*run.ex, param(p, lora_magnitude_name(m.name)).value);
+        ASSERT_EQ(int64_t(mag.size()), m.rows) << m.name;
+        for (int64_t r = 0; r < m.rows; ++r) {
+          double sum = 0;
+          for (int64_t c = 0; c < m.cols; ++c) sum += std::pow(double(w[size_t((m.row_begin + r) * m.cols + c)]), 2);
+          const double want = std::sqrt(sum);  // B = 0: ||W + scale B A|| = ||W||
+          EXPECT_NEAR(mag[size_t(r)], want, (precision == Precision::fp32 ? 1e-6 : 4e-3) * want) << m.name << " row " << r;
+        }
+        ++magnitudes;
+      }
+      EXPECT_EQ(magnitudes, std::count_if(p.params().begin(), p.params().end(), [](const ParamEntry& e) {
+                  return e.name.ends_with(".lora_magnitude_vector");
+                }));
+      EXPECT_GT(magnitudes, 0);
+      run.step(1);
+      lora.step(1);
+      if (precision == Precision::fp32) EXPECT_EQ(run.loss(), lora.loss());  // m / ||W|| is exactly 1
+      const auto before = values(*run.ex);
+      test::alloc_counter_start();
+      run.step(2);
+      EXPECT_EQ(test::alloc_counter_stop().memfit_allocations, 0);
+      EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
+      const auto after = values(*run.ex);
+      for (const ParamEntry& e : p.params())
+        if (e.name.ends_with(".lora_magnitude_vector")) EXPECT_NE(after.at(e.name), before.at(e.name)) << e.name;
+    }
+}
+
 TEST(Lora, BadInputIsRefusedInOneLine) {
   auto refused = [](const std::vector<std::string>& args, const std::string& needle) {
     std::string line;
@@ -359,7 +424,15 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
     std::ofstream(path) << R"({"model": "llama-tiny", "steps": 1, "lora": {"r": 4, )" << extra << "}}";
     return path;
   };
-  refused({"train", "--config", with_lora("dora", R"("use_dora": true)")}, "lora.use_dora: true is not supported");
+  refused({"train", "--config", with_lora("dora", R"("use_dora": 1)")}, "lora.use_dora");
+  refused({"train", "--lora-rank", "4", "--lora-dora", "--lora-dropout", "0.1"},
+          "DoRA (use_dora) with lora_dropout 0.1: not supported");
+  refused({"train", "--lora-rank", "4", "--lora-dora", "--lora-bias", "all"},
+          "DoRA (use_dora) with LoRA bias 'all' on h.0.attn.c_attn, a biased layer: not supported");
+  refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-dora", "--quantize-base", "nf4"},
+          "DoRA (use_dora) on a quantised base (QDoRA): not supported yet");
+  refused({"plan", "--world-size", "2", "--tensor-parallel", "2", "--lora-rank", "4", "--lora-dora"},
+          "DoRA (use_dora) with tensor parallelism: not supported");
   refused({"train", "--config", with_lora("rslora", R"("use_rslora": "yes")")}, "lora.use_rslora");
   // modules_to_save matches as PEFT does (a module path ending with the name); what memfit
   // cannot train whole beside the adapters is refused, naming why.

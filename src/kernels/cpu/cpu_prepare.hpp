@@ -64,6 +64,8 @@ uint64_t matmul_scratch_bytes(const DnnlEnv& env, const Program& p, const Op& op
 // prepare_quant.cpp
 Prepared prepare_quant_linear(const DnnlEnv& env, const Program& p, const Op& op, const OpBinding& b);
 uint64_t quant_linear_scratch_bytes(const DnnlEnv& env, const Program& p, const Op& op);
+// prepare_dora.cpp
+Prepared prepare_dora(const Program& p, const Op& op, const OpBinding& b);  // dora_norm, dora_scale(_backward)
 // prepare_norm.cpp
 Prepared prepare_norm(const Program& p, const Op& op, const OpBinding& b);  // layernorm, rmsnorm
 // prepare_attention.cpp

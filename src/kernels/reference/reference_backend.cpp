@@ -16,6 +16,7 @@
 #include "core/dropout_mask.hpp"
 #include "kernels/op_contract.hpp"
 #include "kernels/reference/reference.hpp"
+#include "kernels/reference/reference_dora.hpp"
 #include "kernels/reference/reference_kv_cache.hpp"
 #include "kernels/reference/reference_llama.hpp"
 #include "kernels/reference/reference_optimizer.hpp"
@@ -333,6 +334,9 @@ class ReferenceBackend final : public Backend {
       case OpKind::quant_linear_backward: return ref::prepare_quant_linear(program, op, binding);
       case OpKind::embedding_at:
       case OpKind::cached_attention: return prepare_generation(program, op, binding);
+      case OpKind::dora_norm:
+      case OpKind::dora_scale:
+      case OpKind::dora_scale_backward: return ref::prepare_dora(program, op, binding);
       default: return prepare_dense(program, op, binding);
     }
   }

@@ -1,0 +1,48 @@
+// DoRA's kernels (graph/op.hpp dora_norm, dora_scale, dora_scale_backward): storage of any
+// float type, arithmetic in fp32 per element and sums in double.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.hpp"
+
+namespace memfit {
+
+// A vector of any float type read element by element: DoRA's per-column magnitudes, norms and
+// biases, next to [rows, cols] tensors of another type.
+struct AnyFloats {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  float operator[](int64_t i) const;
+};
+
+// One adapter's column block of the scaled product: its magnitude m and norm, and (backward)
+// where its gradient dm goes.
+struct DoraBlock {
+  int64_t begin = 0, width = 0;
+  AnyFloats m, norm;
+  void* dm = nullptr;
+  DType dm_dtype = DType::f32;
+  bool dm_accumulate = false;
+};
+
+// norm[j] = || W[row_begin + j, :] + scale (B A)[j, :] ||, W [*, k], A [rank, k], B [rows, rank].
+template <class T>
+void dora_norm_rows(const T* w, const T* a, const T* b, float* norm, int64_t k, int64_t row_begin, int64_t rows,
+                    int64_t rank, float scale);
+
+// The squared norm of one row given in fp32 (a dequantised row of a quantised W); b_row is
+// B's row of it.
+template <class T>
+double dora_row_sum_of_squares(const float* w_row, const T* a, const T* b_row, int64_t k, int64_t rank, float scale);
+
+template <class T>
+void dora_scale_forward(const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* y, int64_t m, int64_t n,
+                        bool acc);
+
+template <class T>
+void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* dz,
+                         int64_t m, int64_t n, bool dz_acc);
+
+}  // namespace memfit

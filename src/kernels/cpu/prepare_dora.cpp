@@ -1,0 +1,69 @@
+// DoRA's ops on the CPU (kernels/cpu/dora.hpp): dispatch on the big tensors' dtype; the
+// per-column vectors are read in whatever float type they are stored.
+#include <vector>
+
+#include "kernels/cpu/cpu_prepare.hpp"
+#include "kernels/cpu/dora.hpp"
+
+namespace memfit::cpu {
+
+namespace {
+
+// The blocks of a dora_scale(_backward) op: inputs [first, (m, norm) per block, (bias)].
+std::vector<DoraBlock> blocks_of(const Program& p, const Op& op, const OpBinding& b, size_t first) {
+  const DoraScaleAttrs& a = attrs_of<DoraScaleAttrs>(op);
+  std::vector<DoraBlock> blocks(a.begins.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    DoraBlock& blk = blocks[i];
+    blk.begin = a.begins[i], blk.width = a.widths[i];
+    const size_t m = first + 2 * i;
+    blk.m = {b.inputs[m], p.tensor(op.inputs[m]).dtype};
+    blk.norm = {b.inputs[m + 1], p.tensor(op.inputs[m + 1]).dtype};
+    if (op.kind == OpKind::dora_scale_backward) {
+      blk.dm = b.outputs[1 + i];
+      blk.dm_dtype = p.tensor(op.outputs[1 + i]).dtype;
+    }
+  }
+  return blocks;
+}
+
+AnyFloats bias_of(const Program& p, const Op& op, const OpBinding& b) {
+  if (!attrs_of<DoraScaleAttrs>(op).has_bias) return {};
+  return {b.inputs.back(), p.tensor(op.inputs.back()).dtype};
+}
+
+}  // namespace
+
+Prepared prepare_dora(const Program& p, const Op& op, const OpBinding& b) {
+  Prepared out;
+  if (op.kind == OpKind::dora_norm) {
+    const DoraNormAttrs a = attrs_of<DoraNormAttrs>(op);
+    dispatch_t(op, dtype_of(p, op.inputs[0]), [&](auto t) {
+      using T = decltype(t);
+      out = make_op([=, w = in_t<T>(b, 0), la = in_t<T>(b, 1), lb = in_t<T>(b, 2), norm = out_f(b, 0)](
+                        const StepContext&) { dora_norm_rows(w, la, lb, norm, a.k, a.row_begin, a.rows, a.rank, a.scale); });
+    });
+    return out;
+  }
+  const DoraScaleAttrs& a = attrs_of<DoraScaleAttrs>(op);
+  const bool fwd = op.kind == OpKind::dora_scale;
+  const AnyFloats bias = bias_of(p, op, b);
+  const int64_t m = a.m, n = a.n;
+  dispatch_t(op, dtype_of(p, op.outputs[0]), [&](auto t) {
+    using T = decltype(t);
+    if (fwd) {
+      out = make_op([=, blocks = blocks_of(p, op, b, 1), z = in_t<T>(b, 0), y = out_t<T>(b, 0), mode = op.modes[0]](
+                        const StepContext& ctx) { dora_scale_forward(z, blocks, bias, y, m, n, accumulates(mode, ctx)); });
+      return;
+    }
+    // The accumulate flags change with the micro-step; the closure's own copy is updated in place.
+    out = make_op([=, blocks = blocks_of(p, op, b, 2), dy = in_t<T>(b, 0), z = in_t<T>(b, 1), dz = out_t<T>(b, 0),
+                   modes = op.modes](const StepContext& ctx) mutable {
+      for (size_t i = 0; i < blocks.size(); ++i) blocks[i].dm_accumulate = accumulates(modes[1 + i], ctx);
+      dora_scale_backward(dy, z, blocks, bias, dz, m, n, accumulates(modes[0], ctx));
+    });
+  });
+  return out;
+}
+
+}  // namespace memfit::cpu

@@ -1,0 +1,83 @@
+#include "kernels/reference/reference_dora.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/closure_op.hpp"
+#include "kernels/op_contract.hpp"
+
+namespace memfit::ref {
+
+namespace {
+
+const float* in(const OpBinding& b, size_t i) { return static_cast<const float*>(b.inputs[i]); }
+float* out(const OpBinding& b, size_t j) { return static_cast<float*>(b.outputs[j]); }
+
+// ||W[row] + scale (B A)[j]||, with (B A)[j, c] = sum_r B[j, r] A[r, c] in double.
+void norm_rows(const float* w, const float* a, const float* b, float* norm, const DoraNormAttrs& at) {
+  for (int64_t j = 0; j < at.rows; ++j) {
+    double sum = 0;
+    for (int64_t c = 0; c < at.k; ++c) {
+      double ba = 0;
+      for (int64_t r = 0; r < at.rank; ++r) ba += double(b[j * at.rank + r]) * double(a[r * at.k + c]);
+      const double v = double(w[(at.row_begin + j) * at.k + c]) + double(at.scale) * ba;
+      sum += v * v;
+    }
+    norm[j] = float(std::sqrt(sum));
+  }
+}
+
+// The factor m / norm of column c, or 1 outside every block; the block's index in `block`.
+double factor(const OpBinding& b, const DoraScaleAttrs& a, size_t first, int64_t c, int* block) {
+  for (size_t i = 0; i < a.begins.size(); ++i)
+    if (c >= a.begins[i] && c < a.begins[i] + a.widths[i]) {
+      *block = int(i);
+      const int64_t j = c - a.begins[i];
+      return double(in(b, first + 2 * i)[j]) / double(in(b, first + 2 * i + 1)[j]);
+    }
+  *block = -1;
+  return 1.0;
+}
+
+}  // namespace
+
+std::unique_ptr<PreparedOp> prepare_dora(const Program&, const Op& op, const OpBinding& b) {
+  if (op.kind == OpKind::dora_norm) {
+    const DoraNormAttrs a = attrs_of<DoraNormAttrs>(op);
+    return make_op([=](const StepContext&) { norm_rows(in(b, 0), in(b, 1), in(b, 2), out(b, 0), a); });
+  }
+  const DoraScaleAttrs a = attrs_of<DoraScaleAttrs>(op);
+  const bool fwd = op.kind == OpKind::dora_scale;
+  const std::vector<WriteMode> modes = op.modes;
+  return make_op([=](const StepContext& ctx) {
+    const size_t first = fwd ? 1 : 2;
+    const float* bias = a.has_bias ? static_cast<const float*>(b.inputs.back()) : nullptr;
+    const float* z = in(b, fwd ? 0 : 1);
+    const float* dy = fwd ? nullptr : in(b, 0);
+    float* y = out(b, 0);
+    const bool acc = accumulates(modes[0], ctx);
+    if (!fwd) {  // dm before dz: dz may overwrite dy
+      for (size_t i = 0; i < a.begins.size(); ++i)
+        for (int64_t j = 0; j < a.widths[i]; ++j) {
+          const int64_t c = a.begins[i] + j;
+          double sum = 0;
+          for (int64_t r = 0; r < a.m; ++r)
+            sum += double(dy[r * a.n + c]) * (double(z[r * a.n + c]) - (bias ? double(bias[c]) : 0.0));
+          const float g = float(sum / double(in(b, first + 2 * i + 1)[j]));
+          float& dm = out(b, 1 + i)[j];
+          dm = accumulates(modes[1 + i], ctx) ? dm + g : g;
+        }
+    }
+    for (int64_t r = 0; r < a.m; ++r)
+      for (int64_t c = 0; c < a.n; ++c) {
+        int block = -1;
+        const double f = factor(b, a, first, c, &block);
+        const double bc = bias && block >= 0 ? double(bias[c]) : 0.0;
+        const double v = fwd ? (double(z[r * a.n + c]) - bc) * f + bc : double(dy[r * a.n + c]) * f;
+        float& o = y[r * a.n + c];
+        o = acc ? float(double(o) + v) : float(v);
+      }
+  });
+}
+
+}  // namespace memfit::ref
