@@ -15,6 +15,7 @@ prepare_model_for_kbit_training is not called: it would cast the norms and the h
 expected.safetensors holds, for <d>:
   <d>.loss                                mean cross-entropy of the fixture batch, on the logits
                                           widened to fp32 (as transformers' causal-LM loss does)
+  <d>.dora_loss                           the same with lora_llama_dora_tiny_torch's DoRA adapter (QDoRA)
   <d>.<hf weight>.codes                   the packed NF4 codes of every quantised weight (uint8)
   <d>.<hf weight>.absmax_codes / .absmax2 / .offset
                                           its double-quantised absmax (uint8 per block, fp32 per
@@ -37,10 +38,11 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 BASE, ADAPTER, OUT = FIXTURES / "llama_tiny_torch", FIXTURES / "lora_llama_tiny_torch", FIXTURES / "qlora_llama_tiny_torch"
+DORA_ADAPTER = FIXTURES / "lora_llama_dora_tiny_torch"  # QDoRA: use_dora on the same quantised base
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def qlora_model(dtype):
+def qlora_model(dtype, adapter=ADAPTER):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
@@ -48,7 +50,7 @@ def qlora_model(dtype):
                                 bnb_4bit_compute_dtype=dtype)
     base = AutoModelForCausalLM.from_pretrained(BASE, dtype=dtype, quantization_config=config, device_map="cpu",
                                                 attn_implementation="eager")
-    return base, PeftModel.from_pretrained(base, ADAPTER, is_trainable=True)
+    return base, PeftModel.from_pretrained(base, adapter, is_trainable=True)
 
 
 def quantised_weights(base):
@@ -89,6 +91,13 @@ def make():
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
         expected[f"{key}.loss"] = loss.detach().reshape(()).float()
         print(f"{key}: loss {loss.item():.7f} ({logits.dtype} logits), {len(found)} quantised weights")
+        _, dora = qlora_model(dtype, DORA_ADAPTER)
+        dora.train()
+        with torch.no_grad():
+            logits = dora(input_ids=tokens).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+        expected[f"{key}.dora_loss"] = loss.detach().reshape(()).float()
+        print(f"{key}: QDoRA loss {loss.item():.7f}")
     OUT.mkdir(parents=True, exist_ok=True)
     meta = {"source": f"tools/make_qlora_fixtures.py torch={torch.__version__} transformers={transformers.__version__} "
                       f"peft={peft.__version__} bitsandbytes={bitsandbytes.__version__}",
@@ -101,7 +110,7 @@ QLoRA by transformers {transformers.__version__} + bitsandbytes {bitsandbytes.__
 adapter of `tests/fixtures/lora_llama_tiny_torch`, made by `tools/make_qlora_fixtures.py`.
 For compute dtype bf16, fp16 and fp32: the base loaded in that dtype with BitsAndBytesConfig(load_in_4bit, nf4, double
 quantisation, block {block}), PEFT's adapter on it; `expected.safetensors` holds `<dtype>.loss` (fp32 cross-entropy of
-the batch) and, for each of the {len(names)} quantised weights, bnb's `codes`, `absmax_codes`, `absmax2`, `offset`.
+the batch), `<dtype>.dora_loss` (the same with the DoRA adapter of `tests/fixtures/lora_llama_dora_tiny_torch`) and, for each of the {len(names)} quantised weights, bnb's `codes`, `absmax_codes`, `absmax2`, `offset`.
 Regenerate from the repository root: `/work/venv/bin/python tools/make_qlora_fixtures.py`.
 """)
     total = sum((OUT / n).stat().st_size for n in os.listdir(OUT))

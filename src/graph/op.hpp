@@ -68,7 +68,8 @@ enum class OpKind : uint16_t {
   slice_columns,       // in [x (M,N)] out [y (M,W)]: y = x[:, begin:begin+W] (y += in accumulate modes)
   dora_norm,           // in [W (N,K), A (r,K), B (R,r)] out [norm (R) fp32]: norm[j] = the 2-norm of row
                        //   row_begin + j of W + scale B A; DoraNormAttrs. DoRA's ||W + dW||, held constant
-                       //   in the backward (no gradient flows through it)
+                       //   in the backward (no gradient flows through it). A quantised W: in [codes,
+                       //   scales, (scales2, offset), A, B] (DoraNormAttrs::quantized)
   dora_scale,          // in [z (M,N), (m (W_i), norm (W_i)) per block, (bias (N))] out [y (M,N)]: y = z,
                        //   then y[:, block] = (z[:, block] - bias) * m / norm + bias; DoraScaleAttrs
   dora_scale_backward,  // in [dy, z, (m, norm) per block, (bias)] out [dz, dm per block]: dz = dy, then
@@ -301,6 +302,13 @@ struct DoraNormAttrs {
   int64_t row_begin = 0, rows = 0;  // the adapted rows of W (a piece of a fused weight)
   int64_t rank = 0;
   float scale = 1;                  // the adapter's alpha / r
+  // A quantised W (QDoRA): inputs [codes, scales, (scales2, offset), A, B], W's pieces and
+  // format as its quant_linear's; its rows are dequantised, rounded to weight_dtype (the values
+  // the quantised product multiplies by), a piece of a row at a time.
+  bool quantized = false;
+  QuantSpec spec;
+  std::vector<int64_t> segments;
+  DType weight_dtype = DType::f32;
 };
 struct DoraScaleAttrs {
   int64_t m = 0, n = 0;                  // z's rows and columns

@@ -35,7 +35,13 @@ void mark_fp32_slots(const Op& op, std::vector<char>& fp32) {
       mark(op.outputs[2]);
       break;
     case OpKind::rmsnorm_forward: mark(op.outputs[1]); break;
-    case OpKind::dora_norm: mark(op.outputs[0]); break;
+    case OpKind::dora_norm: {
+      mark(op.outputs[0]);
+      const auto& a = std::get<DoraNormAttrs>(op.attrs);  // a quantised W's scales, as quant_linear's
+      if (a.quantized)
+        for (size_t j = 1; j < (a.spec.double_quant ? 4u : 2u); ++j) mark(op.inputs[j]);
+      break;
+    }
     case OpKind::flash_attention_forward:
       if (op.outputs.size() > 1) mark(op.outputs[1]);
       break;

@@ -63,8 +63,7 @@ class QuantizeBase final : public ForwardRewrite {
   }
 
   bool rewrite(const Op& op, GraphBuilder& b) override {
-    MEMFIT_CHECK(op.kind != OpKind::dora_norm || !weights_.count(op.inputs[0]), "policy",
-                 "DoRA (use_dora) on a quantised base (QDoRA): not supported yet; train DoRA on a bf16 or fp32 base");
+    if (op.kind == OpKind::dora_norm) return rewrite_dora_norm(op, b);
     if (op.kind != OpKind::matmul || op.inputs.size() < 2) return false;
     const auto it = weights_.find(op.inputs[1]);
     if (it == weights_.end()) return false;
@@ -91,6 +90,24 @@ class QuantizeBase final : public ForwardRewrite {
   }
 
  private:
+  // QDoRA: DoRA's norm reads the weight's pieces as its quantised product does.
+  bool rewrite_dora_norm(const Op& op, GraphBuilder& b) {
+    const auto it = weights_.find(op.inputs[0]);
+    if (it == weights_.end()) return false;
+    const QuantizedParam& qp = it->second;
+    DoraNormAttrs a = std::get<DoraNormAttrs>(op.attrs);
+    a.quantized = true;
+    a.spec = qp.spec;
+    a.segments = qp.segments;
+    a.weight_dtype = compute_;
+    std::vector<TensorId> inputs{qp.codes, qp.scales};
+    if (qp.spec.double_quant) inputs.insert(inputs.end(), {qp.scales2, qp.offset});
+    inputs.insert(inputs.end(), {op.inputs[1], op.inputs[2]});
+    const double flops = op.flops + 4.0 * double(a.rows) * double(a.k);  // and the dequantisation
+    b.emit({OpKind::dora_norm, op.name, std::move(inputs), op.outputs, std::move(a), flops, op.modes});
+    return true;
+  }
+
   BaseQuantPolicy q_;
   DType compute_;
   std::map<TensorId, QuantizedParam> weights_;  // by codes tensor (the weight's old id)

@@ -20,6 +20,7 @@ bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DTyp
 // uint8 codes; uint8 workspace is library scratch (runtime/compile.cpp), bytes without a type.
 void check_slot_dtypes(const Program& p, const Op& op) {
   if (op.kind == OpKind::quant_linear || op.kind == OpKind::quant_linear_backward) return;  // check_quant_linear
+  if (op.kind == OpKind::dora_norm && std::get<DoraNormAttrs>(op.attrs).quantized) return;  // check_dora
   if (op.kind == OpKind::comm_quantize || op.kind == OpKind::comm_dequantize) return;  // check_comm_codec
   if (op.kind == OpKind::grad_quantize || op.kind == OpKind::grad_dequantize_sum) return;  // check_grad_codec
   auto int_input = [&](size_t i) {
@@ -213,7 +214,36 @@ void check_columns(const Program& p, const Op& op) {
 
 // DoRA: dora_norm reads W's adapted rows with A and B of W's dtype; dora_scale(_backward)'s
 // blocks are sorted, disjoint column ranges of z, each with its magnitude and fp32 norm.
+void check_dora_quantized(const Program& p, const Op& op) {
+  const DoraNormAttrs& a = std::get<DoraNormAttrs>(op.attrs);
+  const size_t storage = a.spec.double_quant ? 4 : 2;
+  check_arity(op, storage + 2, 1);
+  int64_t n = 0;
+  for (int64_t r : a.segments) n += r;
+  MEMFIT_CHECK(!a.segments.empty() && a.k > 0 && a.rank > 0 && a.rows > 0 && a.row_begin >= 0 &&
+                   a.row_begin + a.rows <= n,
+               "kernels", "op '{}': rows [{}, {}) of a quantised weight of {} rows", op.name, a.row_begin,
+               a.row_begin + a.rows, n);
+  MEMFIT_CHECK(a.weight_dtype == DType::f32 || a.weight_dtype == DType::bf16 || a.weight_dtype == DType::f16,
+               "kernels", "op '{}': dequantised weights rounded to {}", op.name, dtype_name(a.weight_dtype));
+  const QuantStorage q = segmented_quant_storage(a.spec, a.k, a.segments);
+  const uint64_t want[] = {q.codes, q.absmax, q.absmax2, q.offset};
+  for (size_t i = 0; i < storage; ++i)
+    MEMFIT_CHECK(p.tensor(op.inputs[i]).bytes() == want[i], "kernels", "op '{}': '{}' has {} bytes, the format needs {}",
+                 op.name, p.tensor(op.inputs[i]).name, p.tensor(op.inputs[i]).bytes(), want[i]);
+  require_dtype(p, op, op.inputs[1], a.spec.double_quant ? DType::u8 : DType::f32);
+  const DType t = p.tensor(op.inputs[storage]).dtype;
+  MEMFIT_CHECK(is_float(t), "kernels", "op '{}': the adapter is {}", op.name, dtype_name(t));
+  check_numel(p, op, op.inputs[storage], a.rank * a.k, "A");
+  check_numel(p, op, op.inputs[storage + 1], a.rows * a.rank, "B");
+  require_dtype(p, op, op.inputs[storage + 1], t);
+  check_numel(p, op, op.outputs[0], a.rows, "norm");
+  require_dtype(p, op, op.outputs[0], DType::f32);
+  require_overwrite(op, 0);
+}
+
 void check_dora(const Program& p, const Op& op) {
+  if (op.kind == OpKind::dora_norm && std::get<DoraNormAttrs>(op.attrs).quantized) return check_dora_quantized(p, op);
   if (op.kind == OpKind::dora_norm) {
     check_arity(op, 3, 1);
     const DoraNormAttrs a = std::get<DoraNormAttrs>(op.attrs);

@@ -8,18 +8,57 @@
 #include "core/error.hpp"
 #include "kernels/cpu/dora.hpp"
 #include "train/master_weights.hpp"
+#include "train/quantized_weights.hpp"
 #include "train/weights.hpp"
 
 namespace memfit {
 
 namespace {
 
-const ParamEntry& param_with_value(const Program& p, TensorId value, const std::string& what) {
+const ParamEntry& param_with_value(const Program& p, TensorId value) {
   for (const ParamEntry& e : p.params())
     if (e.value == value) return e;
-  throw Error("train", fmt::format("DoRA: {} '{}' is no parameter stored whole (a quantised base weight?): its "
-                                   "magnitudes cannot start as ||W + scale B A||: not supported",
-                                   what, p.tensor(value).name));
+  MEMFIT_ASSERT(false, "DoRA reads {}, which is no parameter", p.tensor(value).name);
+  return p.params().front();
+}
+
+const ParamEntry& param_with_codes(const Program& p, TensorId codes) {
+  for (const ParamEntry& e : p.params())
+    if (e.stored(ParamRole::codes) == codes) return e;
+  MEMFIT_ASSERT(false, "DoRA reads {}, which is no quantised parameter", p.tensor(codes).name);
+  return p.params().front();
+}
+
+// The squared norms of rows [row_begin, row_begin + rows) of W + scale B A, W's rows read as
+// the step reads them: a chunk of them at a time, never the whole weight.
+void row_norms(const Executor& ex, const Op& op, const std::vector<float>& la, const std::vector<float>& lb,
+               std::vector<float>& norms, TensorStaging& staging) {
+  const Program& p = ex.program();
+  const auto& a = std::get<DoraNormAttrs>(op.attrs);
+  auto add_rows = [&](int64_t first, int64_t rows, std::span<const float> w) {  // first: relative to row_begin
+    for (int64_t j = 0; j < rows; ++j)
+      norms[size_t(first + j)] = float(std::sqrt(dora_row_sum_of_squares(
+          w.data() + j * a.k, la.data(), lb.data() + (first + j) * a.rank, a.k, a.rank, a.scale)));
+  };
+  if (a.quantized) {
+    // A DoRA branch covers whole pieces of W (a fused q/k/v weight's pieces are its modules).
+    size_t s = 0;
+    for (int64_t r = 0; r < a.row_begin; r += a.segments[s++]) {
+    }
+    MEMFIT_ASSERT(s < a.segments.size() && a.segments[s] == a.rows, "{} covers no whole piece", op.name);
+    read_dequantized_rows(ex, param_with_codes(p, op.inputs[0]), s, add_rows, staging);
+    return;
+  }
+  const ParamEntry& w = param_with_value(p, op.inputs[0]);
+  const std::span<float> chunk = staging.values();
+  const int64_t per_chunk = int64_t(chunk.size()) / a.k;
+  MEMFIT_CHECK(per_chunk >= 1, "train", "DoRA: a row of {} elements exceeds the staging", a.k);
+  for (int64_t r0 = 0; r0 < a.rows; r0 += per_chunk) {
+    const int64_t h = std::min(per_chunk, a.rows - r0);
+    const std::span<float> rows = chunk.first(size_t(h * a.k));
+    load_parameter_range(ex, w, (a.row_begin + r0) * a.k, rows, staging);
+    add_rows(r0, h, rows);
+  }
 }
 
 std::vector<float> values_of(const Executor& ex, const ParamEntry& e, TensorStaging& staging) {
@@ -45,23 +84,11 @@ void initialize_dora_magnitudes(Executor& ex, TensorStaging& staging) {
     MEMFIT_ASSERT(it != magnitude_of_norm.end(), "DoRA norm {} feeds no dora_scale", op.name);
     if (!done.insert(it->second).second) continue;  // an evaluation section's copy of the op
     const auto& a = std::get<DoraNormAttrs>(op.attrs);
-    const ParamEntry& w = param_with_value(p, op.inputs[0], "base weight");
-    const std::vector<float> la = values_of(ex, param_with_value(p, op.inputs[1], "adapter"), staging);
-    const std::vector<float> lb = values_of(ex, param_with_value(p, op.inputs[2], "adapter"), staging);
+    const size_t first = a.quantized ? (a.spec.double_quant ? 4 : 2) : 1;  // A, B
+    const std::vector<float> la = values_of(ex, param_with_value(p, op.inputs[first]), staging);
+    const std::vector<float> lb = values_of(ex, param_with_value(p, op.inputs[first + 1]), staging);
     std::vector<float> norms(size_t(a.rows));
-    // W's rows a staging chunk at a time: a whole weight in fp32 would add its size to the
-    // process's peak at start-up.
-    const std::span<float> chunk = staging.values();
-    const int64_t per_chunk = std::max<int64_t>(1, int64_t(chunk.size()) / a.k);
-    MEMFIT_CHECK(int64_t(chunk.size()) >= a.k, "train", "DoRA: a row of {} elements exceeds the staging", a.k);
-    for (int64_t r0 = 0; r0 < a.rows; r0 += per_chunk) {
-      const int64_t h = std::min(per_chunk, a.rows - r0);
-      const std::span<float> rows = chunk.first(size_t(h * a.k));
-      load_parameter_range(ex, w, (a.row_begin + r0) * a.k, rows, staging);
-      for (int64_t j = 0; j < h; ++j)
-        norms[size_t(r0 + j)] = float(std::sqrt(dora_row_sum_of_squares(
-            rows.data() + j * a.k, la.data(), lb.data() + (r0 + j) * a.rank, a.k, a.rank, a.scale)));
-    }
+    row_norms(ex, op, la, lb, norms, staging);
     const ParamEntry* m = nullptr;
     for (const ParamEntry& e : p.params())
       if (e.value == it->second) m = &e;

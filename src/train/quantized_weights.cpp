@@ -1,6 +1,7 @@
 #include "train/quantized_weights.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "core/error.hpp"
@@ -112,6 +113,68 @@ void store_quantized_parameter(Executor& ex, const ParamEntry& e, const Paramete
   store_quantized_parameter(ex, e, [&](size_t s, int64_t first, std::span<float> out) {
     values(starts[s] + first, out);
   }, staging);
+}
+
+void read_dequantized_rows(const Executor& ex, const ParamEntry& e, size_t segment, const DequantizedRows& fn,
+                           TensorStaging& staging) {
+  const Program& p = ex.program();
+  const QuantizedParam qp = quantized_param_of(p, e);
+  MEMFIT_CHECK(qp.codes != kNoTensor, "train", "parameter '{}' is not stored quantised", e.name);
+  MEMFIT_CHECK(e.storage_shard.empty(), "train", "parameter '{}' is sharded by ZeRO-3: its whole rows cannot be read "
+               "here", e.name);
+  MEMFIT_ASSERT(segment < qp.segments.size(), "piece {} of {}", segment, e.name);
+  const QuantSpec& spec = qp.spec;
+  const int64_t cols = qp.cols, rows = qp.segments[segment], n = rows * cols;
+  PieceAt at;
+  for (size_t s = 0; s < segment; ++s) {
+    const QuantStorage q = quant_storage(spec, qp.segments[s] * cols);
+    at.codes += q.codes, at.scales += q.absmax, at.scales2 += q.absmax2;
+  }
+  // The piece's absmax per block, as block_absmax computes it from the stored statistics.
+  const QuantStorage q = quant_storage(spec, n);
+  const int64_t blocks = quant_blocks(n, spec.block);
+  std::vector<float> absmax(static_cast<size_t>(blocks));
+  if (spec.double_quant) {
+    std::vector<uint8_t> codes(static_cast<size_t>(blocks));
+    std::vector<float> absmax2(static_cast<size_t>(q.absmax2 / 4));
+    QuantizedWeight stats;
+    stats.spec = spec;
+    ex.read(qp.scales, at.scales, std::as_writable_bytes(std::span<uint8_t>(codes)));
+    ex.read(qp.scales2, at.scales2, std::as_writable_bytes(std::span<float>(absmax2)));
+    ex.read(qp.offset, segment * 4, std::as_writable_bytes(std::span<float>(&stats.offset, 1)));
+    stats.absmax_codes = codes, stats.absmax2 = absmax2;
+    for (int64_t b = 0; b < blocks; ++b) absmax[size_t(b)] = stats.block_absmax(b);
+  } else {
+    ex.read(qp.scales, at.scales, std::as_writable_bytes(std::span<float>(absmax)));
+  }
+  // Chunks of whole rows that start on a block (so a plain view of the chunk sees its blocks).
+  const int64_t step = spec.block / std::gcd(spec.block, cols);
+  const int64_t fit = int64_t(TensorStaging::kElements) / cols / step * step;
+  MEMFIT_CHECK(fit >= 1, "train", "'{}': {} rows of {} do not fit the staging", e.name, step, cols);
+  const bool four_bit = spec.kind != QuantKind::int8;
+  const std::span<std::byte> raw = staging.raw();
+  for (int64_t r0 = 0; r0 < rows; r0 += fit) {
+    const int64_t h = std::min(fit, rows - r0), first = r0 * cols, m = h * cols;
+    const uint64_t begin = four_bit ? uint64_t(first) / 2 : uint64_t(first);
+    const uint64_t bytes = four_bit ? uint64_t(m + 1) / 2 : uint64_t(m);
+    ex.read(qp.codes, at.codes + begin, raw.first(size_t(bytes)));
+    QuantizedWeight w;
+    w.spec = QuantSpec{spec.kind, spec.block, false};
+    w.rows = h, w.cols = cols;
+    w.codes = {reinterpret_cast<const uint8_t*>(raw.data()), size_t(bytes)};
+    w.absmax = std::span<const float>(absmax).subspan(size_t(first / spec.block), size_t(quant_blocks(m, spec.block)));
+    const std::span<float> out = staging.values().first(size_t(m));
+    if (qp.weight_dtype == DType::bf16) {
+      const std::span<bf16_t> narrowed{reinterpret_cast<bf16_t*>(staging.gather().data()), size_t(m)};
+      dequantize_range<bf16_t>(w, 0, m, narrowed);
+      for (int64_t i = 0; i < m; ++i) out[size_t(i)] = widen(narrowed[size_t(i)]);
+    } else {
+      dequantize_range<float>(w, 0, m, out);
+      if (qp.weight_dtype == DType::f16)
+        for (float& v : out) v = widen(narrow<fp16_t>(v));
+    }
+    fn(r0, h, out);
+  }
 }
 
 void store_quantized_parameter(Executor& ex, const ParamEntry& e, std::span<const float> values,

@@ -38,6 +38,13 @@ using ParameterValues = std::function<void(int64_t first, std::span<float> out)>
 void store_quantized_parameter(Executor& ex, const ParamEntry& e, const ParameterValues& values,
                                TensorStaging& staging);
 
+// The rows of piece `segment` of a quantised parameter dequantised as its products see them
+// (rounded to the compute dtype), a chunk of whole rows at a time through the staging:
+// fn(first row, rows, their values). Throws [train] for a parameter sharded by ZeRO-3.
+using DequantizedRows = std::function<void(int64_t first_row, int64_t rows, std::span<const float> values)>;
+void read_dequantized_rows(const Executor& ex, const ParamEntry& e, size_t segment, const DequantizedRows& fn,
+                           TensorStaging& staging);
+
 // The same from all of the parameter's values at once.
 void store_quantized_parameter(Executor& ex, const ParamEntry& e, std::span<const float> values,
                                TensorStaging& staging);

@@ -5,7 +5,8 @@
 // - every quantised weight's codes, absmax codes, second-level absmax and offset equal those
 //   bnb made when transformers loaded the same file (bit for bit), and memfit quantises exactly
 //   the weights bnb does;
-// - the first step's loss is within 1e-3 relative of PEFT's (bf16), 1e-5 (fp32);
+// - the first step's loss is within 1e-3 relative of PEFT's (bf16), 1e-5 (fp32), and so is the
+//   loss with lora_llama_dora_tiny_torch's DoRA adapter (QDoRA);
 // - the step allocates nothing and its plan equals the measured high-water mark;
 // - through the CLI, the same run resumes from a checkpoint bit for bit.
 // Weights larger than one staging chunk (sharded files, GPT-2's transposed Conv1D) load into
@@ -51,10 +52,12 @@ namespace fs = std::filesystem;
 const std::string kBase = test::fixture_path("llama_tiny_torch");
 const std::string kAdapter = test::fixture_path("lora_llama_tiny_torch");
 const std::string kExpected = test::fixture_path("qlora_llama_tiny_torch") + "/expected.safetensors";
+const std::string kDoraAdapter = test::fixture_path("lora_llama_dora_tiny_torch");
 
 // A QLoRA run of the fixture's base and adapter.
 struct QloraRun : test::AdapterRun {
-  explicit QloraRun(Precision precision) : AdapterRun(kBase, kAdapter, policy(precision)) {}
+  explicit QloraRun(Precision precision, const std::string& adapter = kAdapter)
+      : AdapterRun(kBase, adapter, policy(precision)) {}
   static Policy policy(Precision precision) {
     Policy pol;
     pol.precision = precision;
@@ -132,6 +135,29 @@ TEST_P(QloraParity, CodesEqualBitsandbytesAndFirstLossMatchesPeft) {
   EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
   EXPECT_NEAR(loss, ref, v.loss_tolerance * std::fabs(ref));
   std::printf("%s first-step loss: memfit %.7f, peft + bnb %.7f (relative %.3g)\n", v.key, loss, ref,
+              std::fabs(loss - ref) / std::fabs(ref));
+}
+
+// QDoRA: the DoRA adapter (use_dora; its magnitudes from the file) on the same quantised base.
+// DoRA's norm dequantises W's rows as the quantised product does.
+TEST_P(QloraParity, DoraOnTheQuantisedBaseMatchesPeft) {
+  const Variant v = GetParam();
+  const SafetensorsReader expected(kExpected);
+  QloraRun run(v.precision, kDoraAdapter);
+  ASSERT_TRUE(run.lora.dora);
+  int norms = 0;
+  for (const Op& op : run.compiled.program.ops())
+    norms += op.kind == OpKind::dora_norm && std::get<DoraNormAttrs>(op.attrs).quantized;
+  EXPECT_EQ(norms, 8);  // 2 layers x q, v, o, down
+  float ref = 0;
+  expected.read_f32(std::string(v.key) + ".dora_loss", Shape{}, &ref);
+  run.micro_step();
+  test::alloc_counter_start();
+  const float loss = run.micro_step();
+  EXPECT_EQ(test::alloc_counter_stop().memfit_allocations, 0);
+  EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
+  EXPECT_NEAR(loss, ref, v.loss_tolerance * std::fabs(ref));
+  std::printf("%s QDoRA first-step loss: memfit %.7f, peft + bnb %.7f (relative %.3g)\n", v.key, loss, ref,
               std::fabs(loss - ref) / std::fabs(ref));
 }
 

@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "core/half.hpp"
 #include "kernels/cpu/parallel.hpp"
+#include "kernels/quant/blockwise.hpp"
 
 namespace memfit {
 
@@ -31,13 +32,14 @@ float AnyFloats::operator[](int64_t i) const {
 }
 
 // (B A)[row, c] summed over the rank first, then scaled and added to W as PEFT's
-// W + scale * (B @ A) does.
-template <class T, class W>
-static double row_sum_of_squares(const W* w_row, const T* a, const T* b_row, int64_t k, int64_t rank, float scale) {
-  float ba[kChunk];
+// W + scale * (B @ A) does. load(c0, len, w) puts W's row elements [c0, c0 + len) in w.
+template <class T, class Load>
+static double row_sum_of_squares(const Load& load, const T* a, const T* b_row, int64_t k, int64_t rank, float scale) {
+  float ba[kChunk], w_row[kChunk];
   double sum = 0.0;
   for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
     const int64_t len = std::min(kChunk, k - c0);
+    load(c0, len, w_row);
     std::fill(ba, ba + len, 0.0f);
     for (int64_t r = 0; r < rank; ++r) {
       const float br = widen(b_row[r]);
@@ -45,16 +47,50 @@ static double row_sum_of_squares(const W* w_row, const T* a, const T* b_row, int
       for (int64_t c = 0; c < len; ++c) ba[c] += br * widen(ar[c]);
     }
     for (int64_t c = 0; c < len; ++c) {
-      const float v = widen(w_row[c0 + c]) + scale * ba[c];
+      const float v = w_row[c] + scale * ba[c];
       sum += double(v) * double(v);
     }
   }
   return sum;
 }
 
+template <class W>
+static auto row_of(const W* w_row) {
+  return [w_row](int64_t c0, int64_t len, float* out) {
+    for (int64_t c = 0; c < len; ++c) out[c] = widen(w_row[c0 + c]);
+  };
+}
+
 template <class T>
 double dora_row_sum_of_squares(const float* w_row, const T* a, const T* b_row, int64_t k, int64_t rank, float scale) {
-  return row_sum_of_squares(w_row, a, b_row, k, rank, scale);
+  return row_sum_of_squares(row_of(w_row), a, b_row, k, rank, scale);
+}
+
+template <class T>
+void dora_norm_rows_quantized(std::span<const QuantizedWeight> pieces, DType weight, const T* a, const T* b,
+                              float* norm, int64_t k, int64_t row_begin, int64_t rows, int64_t rank, float scale) {
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(k * (rank + 1), 1));
+  parallel_for(rows, grain, [=](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j) {
+      size_t s = 0;
+      int64_t local = row_begin + j;
+      while (local >= pieces[s].rows) local -= pieces[s++].rows;
+      const QuantizedWeight& w = pieces[s];
+      const int64_t at = local * k;
+      auto load = [&](int64_t c0, int64_t len, float* out) {
+        if (weight == DType::bf16) {
+          bf16_t tmp[kChunk];
+          dequantize_range<bf16_t>(w, at + c0, at + c0 + len, std::span<bf16_t>(tmp, size_t(len)));
+          for (int64_t c = 0; c < len; ++c) out[c] = widen(tmp[c]);
+          return;
+        }
+        dequantize_range<float>(w, at + c0, at + c0 + len, std::span<float>(out, size_t(len)));
+        if (weight == DType::f16)
+          for (int64_t c = 0; c < len; ++c) out[c] = widen(narrow<fp16_t>(out[c]));
+      };
+      norm[j] = float(std::sqrt(row_sum_of_squares(load, a, b + j * rank, k, rank, scale)));
+    }
+  });
 }
 
 template <class T>
@@ -63,7 +99,7 @@ void dora_norm_rows(const T* w, const T* a, const T* b, float* norm, int64_t k, 
   const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(k * (rank + 1), 1));
   parallel_for(rows, grain, [=](int64_t lo, int64_t hi) {
     for (int64_t j = lo; j < hi; ++j)
-      norm[j] = float(std::sqrt(row_sum_of_squares(w + (row_begin + j) * k, a, b + j * rank, k, rank, scale)));
+      norm[j] = float(std::sqrt(row_sum_of_squares(row_of(w + (row_begin + j) * k), a, b + j * rank, k, rank, scale)));
   });
 }
 
@@ -135,6 +171,8 @@ void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& 
 #define MEMFIT_DORA(T)                                                                                              \
   template double dora_row_sum_of_squares<T>(const float*, const T*, const T*, int64_t, int64_t, float);           \
   template void dora_norm_rows<T>(const T*, const T*, const T*, float*, int64_t, int64_t, int64_t, int64_t, float); \
+  template void dora_norm_rows_quantized<T>(std::span<const QuantizedWeight>, DType, const T*, const T*, float*,    \
+                                            int64_t, int64_t, int64_t, int64_t, float);                           \
   template void dora_scale_forward<T>(const T*, const std::vector<DoraBlock>&, AnyFloats, T*, int64_t, int64_t,    \
                                       bool);                                                                       \
   template void dora_scale_backward<T>(const T*, const T*, const std::vector<DoraBlock>&, AnyFloats, T*, int64_t,  \

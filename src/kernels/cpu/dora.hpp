@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "kernels/quant/quant_format.hpp"
 
 namespace memfit {
 
@@ -31,6 +33,12 @@ struct DoraBlock {
 template <class T>
 void dora_norm_rows(const T* w, const T* a, const T* b, float* norm, int64_t k, int64_t row_begin, int64_t rows,
                     int64_t rank, float scale);
+
+// The same over a quantised W given as its pieces (QDoRA): each row dequantised a piece at a
+// time, rounded to `weight` (f32, bf16 or f16: what the quantised product multiplies by).
+template <class T>
+void dora_norm_rows_quantized(std::span<const QuantizedWeight> pieces, DType weight, const T* a, const T* b,
+                              float* norm, int64_t k, int64_t row_begin, int64_t rows, int64_t rank, float scale);
 
 // The squared norm of one row given in fp32 (a dequantised row of a quantised W); b_row is
 // B's row of it.

@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/cpu_prepare.hpp"
 #include "kernels/cpu/dora.hpp"
+#include "kernels/quant/quant_segments.hpp"
 
 namespace memfit::cpu {
 
@@ -36,6 +37,25 @@ AnyFloats bias_of(const Program& p, const Op& op, const OpBinding& b) {
 
 Prepared prepare_dora(const Program& p, const Op& op, const OpBinding& b) {
   Prepared out;
+  if (op.kind == OpKind::dora_norm && attrs_of<DoraNormAttrs>(op).quantized) {
+    const DoraNormAttrs a = attrs_of<DoraNormAttrs>(op);
+    const size_t first = a.spec.double_quant ? 4 : 2;  // A, B after the storage
+    const SegmentedStorage st{static_cast<const uint8_t*>(b.inputs[0]), b.inputs[1],
+                              a.spec.double_quant ? static_cast<const float*>(b.inputs[2]) : nullptr,
+                              a.spec.double_quant ? static_cast<const float*>(b.inputs[3]) : nullptr};
+    dispatch_t(op, dtype_of(p, op.inputs[first]), [&](auto t) {
+      using T = decltype(t);
+      // The views are made when the op runs: the double-quantisation offsets are values, and
+      // the storage is filled (initialised, loaded, resumed) after the program is prepared.
+      std::vector<QuantizedWeight> pieces(a.segments.size());
+      out = make_op([=, la = in_t<T>(b, first), lb = in_t<T>(b, first + 1), norm = out_f(b, 0)](
+                        const StepContext&) mutable {
+        for (size_t s = 0; s < pieces.size(); ++s) pieces[s] = segment_weight(a.spec, a.k, a.segments, s, st);
+        dora_norm_rows_quantized<T>(pieces, a.weight_dtype, la, lb, norm, a.k, a.row_begin, a.rows, a.rank, a.scale);
+      });
+    });
+    return out;
+  }
   if (op.kind == OpKind::dora_norm) {
     const DoraNormAttrs a = attrs_of<DoraNormAttrs>(op);
     dispatch_t(op, dtype_of(p, op.inputs[0]), [&](auto t) {

@@ -5,6 +5,8 @@
 
 #include "kernels/closure_op.hpp"
 #include "kernels/op_contract.hpp"
+#include "kernels/quant/blockwise.hpp"
+#include "kernels/quant/quant_segments.hpp"
 
 namespace memfit::ref {
 
@@ -13,14 +15,17 @@ namespace {
 const float* in(const OpBinding& b, size_t i) { return static_cast<const float*>(b.inputs[i]); }
 float* out(const OpBinding& b, size_t j) { return static_cast<float*>(b.outputs[j]); }
 
-// ||W[row] + scale (B A)[j]||, with (B A)[j, c] = sum_r B[j, r] A[r, c] in double.
-void norm_rows(const float* w, const float* a, const float* b, float* norm, const DoraNormAttrs& at) {
+// ||W[row] + scale (B A)[j]||, with (B A)[j, c] = sum_r B[j, r] A[r, c] in double; row(j)
+// gives W's row row_begin + j.
+template <class Row>
+void norm_rows(const Row& row, const float* a, const float* b, float* norm, const DoraNormAttrs& at) {
   for (int64_t j = 0; j < at.rows; ++j) {
+    const float* w = row(j);
     double sum = 0;
     for (int64_t c = 0; c < at.k; ++c) {
       double ba = 0;
       for (int64_t r = 0; r < at.rank; ++r) ba += double(b[j * at.rank + r]) * double(a[r * at.k + c]);
-      const double v = double(w[(at.row_begin + j) * at.k + c]) + double(at.scale) * ba;
+      const double v = double(w[c]) + double(at.scale) * ba;
       sum += v * v;
     }
     norm[j] = float(std::sqrt(sum));
@@ -42,9 +47,30 @@ double factor(const OpBinding& b, const DoraScaleAttrs& a, size_t first, int64_t
 }  // namespace
 
 std::unique_ptr<PreparedOp> prepare_dora(const Program&, const Op& op, const OpBinding& b) {
+  if (op.kind == OpKind::dora_norm && attrs_of<DoraNormAttrs>(op).quantized) {
+    // fp32 runs only here: the dequantised rows are fp32 (weight_dtype f32), as quant_linear's.
+    const DoraNormAttrs a = attrs_of<DoraNormAttrs>(op);
+    const size_t first = a.spec.double_quant ? 4 : 2;
+    const SegmentedStorage st{static_cast<const uint8_t*>(b.inputs[0]), b.inputs[1],
+                              a.spec.double_quant ? static_cast<const float*>(b.inputs[2]) : nullptr,
+                              a.spec.double_quant ? static_cast<const float*>(b.inputs[3]) : nullptr};
+    return make_op([=](const StepContext&) {
+      std::vector<float> w(size_t(a.k));
+      norm_rows([&](int64_t j) {
+        size_t s = 0;
+        int64_t local = a.row_begin + j;
+        while (local >= a.segments[s]) local -= a.segments[s++];
+        dequantize_range<float>(segment_weight(a.spec, a.k, a.segments, s, st), local * a.k, (local + 1) * a.k, w);
+        return w.data();
+      }, in(b, first), in(b, first + 1), out(b, 0), a);
+    });
+  }
   if (op.kind == OpKind::dora_norm) {
     const DoraNormAttrs a = attrs_of<DoraNormAttrs>(op);
-    return make_op([=](const StepContext&) { norm_rows(in(b, 0), in(b, 1), in(b, 2), out(b, 0), a); });
+    const float* w = in(b, 0);
+    return make_op([=](const StepContext&) {
+      norm_rows([&](int64_t j) { return w + (a.row_begin + j) * a.k; }, in(b, 1), in(b, 2), out(b, 0), a);
+    });
   }
   const DoraScaleAttrs a = attrs_of<DoraScaleAttrs>(op);
   const bool fwd = op.kind == OpKind::dora_scale;
