@@ -59,10 +59,10 @@ Policy family_key(const Policy& base, Precision prec, AttentionKind attn, int le
 }
 
 // What the planned program depends on; then the ZeRO stage and world size of a rank program (0
-// and 1: the unsharded program); LoRA's rank and the base's quantisation (proposed when nothing
+// and 1: the unsharded program); LoRA's rank, DoRA, and the base's quantisation (proposed when nothing
 // else fits); last the tensor-parallel degree.
 using ProgramKey =
-    std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool, int, int, int64_t, BaseQuant, int>;
+    std::tuple<Precision, AttentionKind, int, OptimizerKind, int64_t, bool, int, int, int64_t, bool, BaseQuant, int>;
 
 class Planner {
  public:
@@ -82,7 +82,7 @@ class Planner {
  private:
   const ProgramSummary& lookup(const Policy& p, int level, int stage, int world, int tensor) {
     const ProgramKey key{p.precision, p.attention, level,      p.optimizer,        p.batch,
-                         p.grad_accum > 1, stage, world, p.lora.rank, p.quantize_base.kind, tensor};
+                         p.grad_accum > 1, stage, world, p.lora.rank, p.lora.dora, p.quantize_base.kind, tensor};
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     Policy q = p;
@@ -372,8 +372,8 @@ std::string family_name(const Policy& p) {
   if (p.offload_params != Tier::device) offload += fmt::format(",params:{}", tier_name(p.offload_params));
   std::string lora;
   if (p.lora.enabled())
-    lora = fmt::format(" lora=r{}:{}", p.lora.rank,
-                       p.lora.target_regex.empty() ? fmt::format("{}", fmt::join(p.lora.targets, ",")) : p.lora.target_regex);
+    lora = fmt::format(" lora=r{}:{}{}", p.lora.rank, p.lora.target_regex.empty() ? fmt::format("{}", fmt::join(
+                       p.lora.targets, ",")) : p.lora.target_regex, p.lora.dora ? "+dora" : "");
   if (p.quantize_base.enabled())
     lora += fmt::format(" base={}{}", base_quant_name(p.quantize_base.kind), p.quantize_base.double_quant ? "+dq" : "");
   return fmt::format("{} {} recompute={} {} zero={} offload={}{}", precision_name(p.precision), attention_name(p.attention),

@@ -180,24 +180,7 @@ void Autodiff::backward_of(const Op& fwd) {
     }
     case OpKind::embedding_forward: return embedding_backward(fwd, dy);
     case OpKind::dora_norm: return;  // DoRA holds ||W + dW|| constant in the backward (its paper, 4.3)
-    case OpKind::dora_scale: {
-      // inputs [z, (m, norm) per block, (bias)]: gradients for z and the magnitudes; the bias's
-      // own is refused by the LoRA pass (graph/lora.cpp).
-      const auto& a = std::get<DoraScaleAttrs>(fwd.attrs);
-      const TensorId z = fwd.inputs[0];
-      std::vector<TensorId> outs(1 + a.begins.size(), kNoTensor);
-      std::vector<WriteMode> modes(outs.size(), WriteMode::overwrite);
-      if (needs(z)) std::tie(outs[0], modes[0]) = contribute(z);
-      for (size_t i = 0; i < a.begins.size(); ++i)
-        if (needs(fwd.inputs[1 + 2 * i])) std::tie(outs[1 + i], modes[1 + i]) = contribute(fwd.inputs[1 + 2 * i]);
-      std::vector<TensorId> ins{dy};
-      ins.insert(ins.end(), fwd.inputs.begin(), fwd.inputs.end());
-      std::vector<std::pair<int, int>> inplace;
-      if (modes[0] == WriteMode::overwrite) inplace.push_back({0, 0});
-      b_.emit({OpKind::dora_scale_backward, bname, std::move(ins), std::move(outs), fwd.attrs, 4.0 * double(a.m * a.n),
-               std::move(modes), {}, inplace});
-      return;
-    }
+    case OpKind::dora_scale: return dora_scale_backward(fwd, dy);
     case OpKind::rmsnorm_forward: {
       const TensorId x = fwd.inputs[0], w = fwd.inputs[1], rstd = fwd.outputs[1];
       std::vector<TensorId> outs{kNoTensor, kNoTensor};
@@ -349,6 +332,26 @@ void Autodiff::quant_linear_backward(const Op& fwd, TensorId dy) {
     auto [db, mode] = contribute(bias);
     b_.emit({OpKind::bias_grad, fwd.name + ".bwd_bias", {dy}, {db}, NoAttrs{}, double(a.m) * double(a.n), {mode}});
   }
+}
+
+// DoRA's rescaling, inputs [z, (m, norm) per block, (bias)]: gradients for z and the
+// magnitudes (a trained bias is refused with DoRA by the LoRA pass, graph/lora.cpp).
+void Autodiff::dora_scale_backward(const Op& fwd, TensorId dy) {
+  auto needs = [&](TensorId t) { return t != kNoTensor && p_.tensor(t).requires_grad; };
+  const std::string bname = fwd.name + ".bwd";
+  const auto& a = std::get<DoraScaleAttrs>(fwd.attrs);
+  const TensorId z = fwd.inputs[0];
+  std::vector<TensorId> outs(1 + a.begins.size(), kNoTensor);
+  std::vector<WriteMode> modes(outs.size(), WriteMode::overwrite);
+  if (needs(z)) std::tie(outs[0], modes[0]) = contribute(z);
+  for (size_t i = 0; i < a.begins.size(); ++i)
+    if (needs(fwd.inputs[1 + 2 * i])) std::tie(outs[1 + i], modes[1 + i]) = contribute(fwd.inputs[1 + 2 * i]);
+  std::vector<TensorId> ins{dy};
+  ins.insert(ins.end(), fwd.inputs.begin(), fwd.inputs.end());
+  std::vector<std::pair<int, int>> inplace;
+  if (modes[0] == WriteMode::overwrite) inplace.push_back({0, 0});
+  b_.emit({OpKind::dora_scale_backward, bname, std::move(ins), std::move(outs), fwd.attrs, 4.0 * double(a.m * a.n),
+           std::move(modes), {}, inplace});
 }
 
 void Autodiff::add_backward(const Op& fwd, TensorId dy) {

@@ -43,6 +43,7 @@ class Autodiff {
   void matmul_backward(const Op& fwd, TensorId dy);
   void quant_linear_backward(const Op& fwd, TensorId dy);
   void add_backward(const Op& fwd, TensorId dy);
+  void dora_scale_backward(const Op& fwd, TensorId dy);
 
   GraphBuilder& b_;
   Program& p_;

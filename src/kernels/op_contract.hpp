@@ -50,6 +50,7 @@ void require_overwrite(const Op& op, size_t j);
 // classifier_eval; classifier_partial, classifier_combine and classifier_parallel_backward.
 void check_classifier(const Program& p, const Op& op);
 void check_classifier_parallel(const Program& p, const Op& op);
+void check_dora(const Program& p, const Op& op);  // op_contract_dora.cpp
 inline DType dtype_of(const Program& p, TensorId id) { return id == kNoTensor ? DType::f32 : p.tensor(id).dtype; }
 
 template <class A>

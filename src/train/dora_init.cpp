@@ -85,6 +85,12 @@ void initialize_dora_magnitudes(Executor& ex, TensorStaging& staging) {
     if (!done.insert(it->second).second) continue;  // an evaluation section's copy of the op
     const auto& a = std::get<DoraNormAttrs>(op.attrs);
     const size_t first = a.quantized ? (a.spec.double_quant ? 4 : 2) : 1;  // A, B
+    const ParamEntry& w = a.quantized ? param_with_codes(p, op.inputs[0]) : param_with_value(p, op.inputs[0]);
+    const bool sharded = !w.storage_shard.empty() || (w.value != kNoTensor &&
+                                                      p.tensor(p.root_of(w.value)).category == Category::communication) ||
+                         p.tensor(p.root_of(op.inputs[first])).category == Category::communication;
+    MEMFIT_CHECK(!sharded, "train", "DoRA with ZeRO-3: the magnitudes start as ||W + scale B A||, which needs whole rows "
+                 "of W on one rank; load them with --load-adapter (a PEFT DoRA adapter), or train at --zero 0, 1 or 2");
     const std::vector<float> la = values_of(ex, param_with_value(p, op.inputs[first]), staging);
     const std::vector<float> lb = values_of(ex, param_with_value(p, op.inputs[first + 1]), staging);
     std::vector<float> norms(size_t(a.rows));

@@ -120,7 +120,8 @@ void build_executor(RunState& s, RunHooks* hooks) {
                           [](const ParamEntry& e) { return is_lora_adapter(e.name); });
     log << fmt::format("loaded weights from {}\n", c.load);
   }
-  if (c.load_adapter.empty()) initialize_dora_magnitudes(ex, s.staging);
+  // DoRA's magnitudes: from the base weights, unless an adapter or a checkpoint brings them.
+  if (c.load_adapter.empty() && c.resume.empty()) initialize_dora_magnitudes(ex, s.staging);
   if (!c.load_adapter.empty()) {
     load_adapter(c.load_adapter, ex, s.run.spec, c.policy.lora, s.staging);
     log << fmt::format("loaded the LoRA adapter from {}\n", c.load_adapter);

@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <vector>
 
 #include "kernel_test_util.hpp"
 #include "kernels/cpu/adamw.hpp"
+#include "kernels/cpu/dora.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/gelu.hpp"
@@ -233,6 +235,33 @@ TEST(CpuAdamW, FusedPassMatchesReferenceOverSteps) {
     EXPECT_LE(normalized_error(p[i], ep[i]), 1e-6) << "tensor " << i;
     EXPECT_LE(normalized_error(m[i], em[i]), 1e-6) << "tensor " << i;
     EXPECT_LE(normalized_error(v[i], ev[i]), 1e-6) << "tensor " << i;
+  }
+}
+
+// DoRA's row norms ||W + s B A|| against a naive double sum, through the tiled kernel (rank 3)
+// and the row-by-row one it takes above rank 1024; the single-row form that starts the
+// magnitudes (train/dora_init.cpp) gives the kernel's value bit for bit.
+TEST(CpuDora, RowNormsMatchANaiveSumAndTheInitialisationsBitForBit) {
+  const int64_t k = 300, rows = 11, row_begin = 2;
+  for (int64_t rank : {3, 1100}) {
+    SCOPED_TRACE(rank);
+    const std::vector<float> w = random_vector<float>(size_t((row_begin + rows) * k), 1);
+    const std::vector<float> a = random_vector<float>(size_t(rank * k), 2);
+    const std::vector<float> b = random_vector<float>(size_t(rows * rank), 3, -0.1, 0.1);
+    std::vector<float> norm(static_cast<size_t>(rows));
+    dora_norm_rows<float>(w.data(), a.data(), b.data(), norm.data(), k, row_begin, rows, rank, 0.7f);
+    for (int64_t j = 0; j < rows; ++j) {
+      double sum = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        double ba = 0;
+        for (int64_t r = 0; r < rank; ++r) ba += double(b[size_t(j * rank + r)]) * a[size_t(r * k + c)];
+        sum += std::pow(w[size_t((row_begin + j) * k + c)] + 0.7 * ba, 2);
+      }
+      EXPECT_NEAR(norm[size_t(j)], std::sqrt(sum), 1e-5 * std::sqrt(sum)) << j;
+      const double one = dora_row_sum_of_squares<float>(w.data() + (row_begin + j) * k, a.data(),
+                                                        b.data() + j * rank, k, rank, 0.7f);
+      EXPECT_EQ(norm[size_t(j)], float(std::sqrt(one))) << j;
+    }
   }
 }
 

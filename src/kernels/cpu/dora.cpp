@@ -31,12 +31,29 @@ float AnyFloats::operator[](int64_t i) const {
   }
 }
 
+// Squares of w + scale * ba summed into eight double lanes, element c of the row into lane c % 8
+// (len is a multiple of 8 except at the row's end): one dependent add per lane instead of one
+// chain over the row, and the same sums whatever the chunks (both callers below use this).
+static void add_squares(const float* w, const float* ba, float scale, int64_t len, double* lanes) {
+  int64_t c = 0;
+  for (; c + 8 <= len; c += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float v = w[c + l] + scale * ba[c + l];
+      lanes[l] += double(v) * double(v);
+    }
+  for (; c < len; ++c) {
+    const float v = w[c] + scale * ba[c];
+    lanes[c % 8] += double(v) * double(v);
+  }
+}
+static double lanes_sum(const double* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
 // (B A)[row, c] summed over the rank first, then scaled and added to W as PEFT's
 // W + scale * (B @ A) does. load(c0, len, w) puts W's row elements [c0, c0 + len) in w.
 template <class T, class Load>
 static double row_sum_of_squares(const Load& load, const T* a, const T* b_row, int64_t k, int64_t rank, float scale) {
   float ba[kChunk], w_row[kChunk];
-  double sum = 0.0;
+  double lanes[8] = {};
   for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
     const int64_t len = std::min(kChunk, k - c0);
     load(c0, len, w_row);
@@ -46,12 +63,9 @@ static double row_sum_of_squares(const Load& load, const T* a, const T* b_row, i
       const T* ar = a + r * k + c0;
       for (int64_t c = 0; c < len; ++c) ba[c] += br * widen(ar[c]);
     }
-    for (int64_t c = 0; c < len; ++c) {
-      const float v = w_row[c] + scale * ba[c];
-      sum += double(v) * double(v);
-    }
+    add_squares(w_row, ba, scale, len, lanes);
   }
-  return sum;
+  return lanes_sum(lanes);
 }
 
 template <class W>
@@ -66,105 +80,157 @@ double dora_row_sum_of_squares(const float* w_row, const T* a, const T* b_row, i
   return row_sum_of_squares(row_of(w_row), a, b_row, k, rank, scale);
 }
 
+// Rows [lo, hi) of ||W + scale B A||, kRowTile rows at a time so that each piece of A is
+// widened once per tile rather than once per row; load(j, c0, len, out) puts W's row j,
+// columns [c0, c0 + len), in out. The same sums, in the same order, as row_sum_of_squares.
+constexpr int64_t kRowTile = 8, kWidenedA = 8192;
+template <class T, class Load>
+static void norm_rows_tiled(const Load& load, const T* a, const T* b, float* norm, int64_t k, int64_t rank,
+                            float scale, int64_t lo, int64_t hi) {
+  const int64_t cols = std::clamp<int64_t>(kWidenedA / rank / 8 * 8, 8, kChunk);  // whole lanes of add_squares
+  if (rank * 8 > kWidenedA) {  // ranks above 1024: A read in place, row by row
+    for (int64_t j = lo; j < hi; ++j)
+      norm[j] = float(std::sqrt(row_sum_of_squares([&](int64_t c0, int64_t len, float* out) { load(j, c0, len, out); },
+                                                   a, b + j * rank, k, rank, scale)));
+    return;
+  }
+  float af[kWidenedA], w_row[kChunk], ba[kChunk];
+  for (int64_t j0 = lo; j0 < hi; j0 += kRowTile) {
+    const int64_t h = std::min(kRowTile, hi - j0);
+    double lanes[kRowTile][8] = {};
+    for (int64_t c0 = 0; c0 < k; c0 += cols) {
+      const int64_t len = std::min(cols, k - c0);
+      for (int64_t r = 0; r < rank; ++r)
+        for (int64_t c = 0; c < len; ++c) af[r * len + c] = widen(a[r * k + c0 + c]);
+      for (int64_t t = 0; t < h; ++t) {
+        load(j0 + t, c0, len, w_row);
+        std::fill(ba, ba + len, 0.0f);
+        for (int64_t r = 0; r < rank; ++r) {
+          const float br = widen(b[(j0 + t) * rank + r]);
+          const float* ar = af + r * len;
+          for (int64_t c = 0; c < len; ++c) ba[c] += br * ar[c];
+        }
+        add_squares(w_row, ba, scale, len, lanes[t]);
+      }
+    }
+    for (int64_t t = 0; t < h; ++t) norm[j0 + t] = float(std::sqrt(lanes_sum(lanes[t])));
+  }
+}
+
 template <class T>
 void dora_norm_rows_quantized(std::span<const QuantizedWeight> pieces, DType weight, const T* a, const T* b,
                               float* norm, int64_t k, int64_t row_begin, int64_t rows, int64_t rank, float scale) {
-  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(k * (rank + 1), 1));
+  const int64_t grain = std::max<int64_t>(kRowTile, kParallelGrain / std::max<int64_t>(k * (rank + 1), 1));
   parallel_for(rows, grain, [=](int64_t lo, int64_t hi) {
-    for (int64_t j = lo; j < hi; ++j) {
+    auto load = [&](int64_t j, int64_t c0, int64_t len, float* out) {
       size_t s = 0;
       int64_t local = row_begin + j;
       while (local >= pieces[s].rows) local -= pieces[s++].rows;
       const QuantizedWeight& w = pieces[s];
-      const int64_t at = local * k;
-      auto load = [&](int64_t c0, int64_t len, float* out) {
-        if (weight == DType::bf16) {
-          bf16_t tmp[kChunk];
-          dequantize_range<bf16_t>(w, at + c0, at + c0 + len, std::span<bf16_t>(tmp, size_t(len)));
-          for (int64_t c = 0; c < len; ++c) out[c] = widen(tmp[c]);
-          return;
-        }
-        dequantize_range<float>(w, at + c0, at + c0 + len, std::span<float>(out, size_t(len)));
-        if (weight == DType::f16)
-          for (int64_t c = 0; c < len; ++c) out[c] = widen(narrow<fp16_t>(out[c]));
-      };
-      norm[j] = float(std::sqrt(row_sum_of_squares(load, a, b + j * rank, k, rank, scale)));
-    }
+      const int64_t at = local * k + c0;
+      if (weight == DType::bf16) {
+        bf16_t tmp[kChunk];
+        dequantize_range<bf16_t>(w, at, at + len, std::span<bf16_t>(tmp, size_t(len)));
+        for (int64_t c = 0; c < len; ++c) out[c] = widen(tmp[c]);
+        return;
+      }
+      dequantize_range<float>(w, at, at + len, std::span<float>(out, size_t(len)));
+      if (weight == DType::f16)
+        for (int64_t c = 0; c < len; ++c) out[c] = widen(narrow<fp16_t>(out[c]));
+    };
+    norm_rows_tiled(load, a, b, norm, k, rank, scale, lo, hi);
   });
 }
 
 template <class T>
 void dora_norm_rows(const T* w, const T* a, const T* b, float* norm, int64_t k, int64_t row_begin, int64_t rows,
                     int64_t rank, float scale) {
-  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(k * (rank + 1), 1));
+  const int64_t grain = std::max<int64_t>(kRowTile, kParallelGrain / std::max<int64_t>(k * (rank + 1), 1));
   parallel_for(rows, grain, [=](int64_t lo, int64_t hi) {
-    for (int64_t j = lo; j < hi; ++j)
-      norm[j] = float(std::sqrt(row_sum_of_squares(row_of(w + (row_begin + j) * k), a, b + j * rank, k, rank, scale)));
+    auto load = [&](int64_t j, int64_t c0, int64_t len, float* out) {
+      const T* row = w + (row_begin + j) * k + c0;
+      for (int64_t c = 0; c < len; ++c) out[c] = widen(row[c]);
+    };
+    norm_rows_tiled(load, a, b, norm, k, rank, scale, lo, hi);
   });
+}
+
+// A block's factors m / norm and biases for columns [c0, c0 + len) of it, once per chunk of
+// columns and range of rows rather than per element.
+static void chunk_factors(const DoraBlock& blk, AnyFloats bias, int64_t c0, int64_t len, float* f, float* b) {
+  for (int64_t c = 0; c < len; ++c) {
+    f[c] = blk.m[c0 + c] / blk.norm[c0 + c];
+    b[c] = bias.data ? bias[blk.begin + c0 + c] : 0.0f;
+  }
+}
+
+// Rows [lo, hi): out = in outside the blocks; inside, out = apply(in, factor, bias) per element
+// (the forward's (z - b) f + b, the backward's dy f); out (+)= when acc.
+template <class T, class Apply>
+static void scale_rows(const T* in, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* out, int64_t n,
+                       int64_t lo, int64_t hi, bool acc, const Apply& apply) {
+  auto put = [acc](T& o, float v) { o = narrow<T>(acc ? widen(o) + v : v); };
+  int64_t c = 0;
+  auto copy_to = [&](int64_t stop) {
+    for (int64_t i = lo; i < hi; ++i)
+      for (int64_t k = c; k < stop; ++k) put(out[i * n + k], widen(in[i * n + k]));
+    c = stop;
+  };
+  float f[kChunk], b[kChunk];
+  for (const DoraBlock& blk : blocks) {
+    copy_to(blk.begin);
+    for (int64_t c0 = 0; c0 < blk.width; c0 += kChunk) {
+      const int64_t len = std::min(kChunk, blk.width - c0);
+      chunk_factors(blk, bias, c0, len, f, b);
+      for (int64_t i = lo; i < hi; ++i) {
+        const T* x = in + i * n + blk.begin + c0;
+        T* o = out + i * n + blk.begin + c0;
+        for (int64_t k = 0; k < len; ++k) put(o[k], apply(widen(x[k]), f[k], b[k]));
+      }
+    }
+    c = blk.begin + blk.width;
+  }
+  copy_to(n);
 }
 
 template <class T>
 void dora_scale_forward(const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* y, int64_t m, int64_t n,
                         bool acc) {
   parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)), [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const T* zr = z + i * n;
-      T* yr = y + i * n;
-      auto put = [&](int64_t c, float v) { yr[c] = narrow<T>(acc ? widen(yr[c]) + v : v); };
-      int64_t c = 0;
-      for (const DoraBlock& blk : blocks) {
-        for (; c < blk.begin; ++c) put(c, widen(zr[c]));
-        for (int64_t j = 0; j < blk.width; ++j, ++c) {
-          const float b = bias.data ? bias[c] : 0.0f;
-          put(c, (widen(zr[c]) - b) * (blk.m[j] / blk.norm[j]) + b);
-        }
-      }
-      for (; c < n; ++c) put(c, widen(zr[c]));
-    }
+    scale_rows(z, blocks, bias, y, n, lo, hi, acc, [](float x, float f, float b) { return (x - b) * f + b; });
   });
 }
 
 template <class T>
 void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* dz,
                          int64_t m, int64_t n, bool dz_acc) {
-  // dm first: dz may overwrite dy.
+  // dm first: dz may overwrite dy. Columns split over threads, each summing all rows.
   for (const DoraBlock& blk : blocks) {
-    parallel_for(blk.width, kChunk, [&](int64_t lo, int64_t hi) {
+    parallel_for(blk.width, kChunk / 4, [&](int64_t lo, int64_t hi) {
       double sums[kChunk];
+      float f[kChunk], b[kChunk];
       for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
         const int64_t len = std::min(kChunk, hi - c0);
+        chunk_factors(blk, bias, c0, len, f, b);
         std::fill(sums, sums + len, 0.0);
         for (int64_t i = 0; i < m; ++i) {
           const T* dyr = dy + i * n + blk.begin + c0;
           const T* zr = z + i * n + blk.begin + c0;
+          for (int64_t c = 0; c < len; ++c) sums[c] += double(widen(dyr[c]) * (widen(zr[c]) - b[c]));
+        }
+        visit_float_type(blk.dm_dtype, [&](auto t) {
+          using G = decltype(t);
+          G* dm = typed<G>(blk.dm) + c0;
           for (int64_t c = 0; c < len; ++c) {
-            const float b = bias.data ? bias[blk.begin + c0 + c] : 0.0f;
-            sums[c] += double(widen(dyr[c])) * double(widen(zr[c]) - b);
+            const float g = float(sums[c] / double(blk.norm[c0 + c]));
+            dm[c] = narrow<G>(blk.dm_accumulate ? widen(dm[c]) + g : g);
           }
-        }
-        for (int64_t c = 0; c < len; ++c) {
-          const float g = float(sums[c] / double(blk.norm[c0 + c]));
-          visit_float_type(blk.dm_dtype, [&](auto t) {
-            using G = decltype(t);
-            G* dm = typed<G>(blk.dm) + c0 + c;
-            *dm = narrow<G>(blk.dm_accumulate ? widen(*dm) + g : g);
-          });
-        }
+        });
       }
     });
   }
   parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)), [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const T* dyr = dy + i * n;
-      T* dzr = dz + i * n;
-      auto put = [&](int64_t c, float v) { dzr[c] = narrow<T>(dz_acc ? widen(dzr[c]) + v : v); };
-      int64_t c = 0;
-      for (const DoraBlock& blk : blocks) {
-        for (; c < blk.begin; ++c) put(c, widen(dyr[c]));
-        for (int64_t j = 0; j < blk.width; ++j, ++c) put(c, widen(dyr[c]) * (blk.m[j] / blk.norm[j]));
-      }
-      for (; c < n; ++c) put(c, widen(dyr[c]));
-    }
+    scale_rows(dy, blocks, AnyFloats{}, dz, n, lo, hi, dz_acc, [](float g, float f, float) { return g * f; });
   });
 }
 
