@@ -14,7 +14,9 @@
 # memfit chooses per block what to recompute so that the plan fits the budget with the least
 # recomputed FLOPs (default budget 1.9 GiB: with the ~0.1 GiB the process adds, under half PyTorch's measured peak of 4.1-4.6 GiB).
 #
-#   bench/qlora_tinyllama.sh [--steps 2] [--rounds 1] [--threads 2] [--dir DIR] [--budget 1.9GiB]
+#   bench/qlora_tinyllama.sh [--steps 2] [--rounds 1] [--threads 2] [--dir DIR] [--budget 1.9GiB] [--dora]
+#
+# --dora runs QDoRA on both sides (memfit --lora-dora, peft use_dora=True) instead of QLoRA.
 #
 # --steps counts timed steps; each side runs one untimed step first. --dir keeps the config,
 # tokens and the 2.2 GB random checkpoint between runs (default /tmp/memfit-qlora-bench).
@@ -22,7 +24,7 @@
 # peft and bitsandbytes (PYTHON, default /work/venv/bin/python). About 10-15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=2 rounds=1 threads=2 dir=/tmp/memfit-qlora-bench batch=4 seq=256 budget=1.9GiB
+steps=2 rounds=1 threads=2 dir=/tmp/memfit-qlora-bench batch=4 seq=256 budget=1.9GiB dora=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -32,6 +34,7 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --seq) seq=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
+    --dora) dora=(--dora); shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -69,6 +72,7 @@ with open(path, "wb") as f:
     header.tofile(f); tokens.tofile(f)
 PY
 lora=(--lora-rank 16 --lora-alpha 8 --lora-targets all-linear --quantize-base nf4 --double-quant)
+[ ${#dora[@]} -gt 0 ] && lora+=(--lora-dora)
 run=(--model "$dir/config.json" --precision bf16 --attention flash --batch "$batch" --seq "$seq")
 full=(--recompute full)
 auto=(--recompute auto --memory-budget "$budget")
@@ -85,7 +89,7 @@ for r in $(seq 1 "$rounds"); do
   done
   OMP_NUM_THREADS=$threads "$python" tools/peft_qlora_bench.py --config "$dir/config.json" \
     --checkpoint "$dir/checkpoint" --data "$dir/tokens.bin" --batch "$batch" --seq "$seq" --warmup 1 \
-    --steps "$steps" --threads "$threads" --lr 3e-4 --json 2> "$out/torch-$r.log" | tail -1 > "$out/torch-$r.json"
+    --steps "$steps" --threads "$threads" --lr 3e-4 "${dora[@]}" --json 2> "$out/torch-$r.log" | tail -1 > "$out/torch-$r.json"
   grep -E '^(warmup|step) ' "$out/torch-$r.log" >&2 || true
 done
 "$python" bench/summarize_qlora_bench.py "$out" "$rounds"

@@ -5,7 +5,7 @@ Times QLoRA training steps on the CPU the way the QLoRA paper's qlora.py sets th
 - the base model is loaded with from_pretrained and a BitsAndBytesConfig (NF4, double
   quantisation, bf16 compute), so the linear layers are quantised while the checkpoint loads;
 - prepare_model_for_kbit_training with gradient checkpointing (use_reentrant=False);
-- LoRA (peft LoraConfig, target_modules="all-linear", which leaves lm_head out);
+- LoRA (peft LoraConfig, target_modules="all-linear", which leaves lm_head out; --dora: DoRA);
 - then, as qlora.py does under --bf16, embeddings and lm_head back to bf16 and norms in fp32
   (--kbit-prep peft keeps what prepare_model_for_kbit_training leaves: them all in fp32);
 - forward and loss under torch.autocast('cpu', bfloat16) (what the HF Trainer does with bf16=True),
@@ -51,6 +51,7 @@ def parse_args():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--kbit-prep", default="qlora", choices=("qlora", "peft"))
+    p.add_argument("--dora", action="store_true", help="LoraConfig(use_dora=True): QDoRA")
     p.add_argument("--make-checkpoint", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print one JSON line at the end")
     return p.parse_args()
@@ -125,7 +126,7 @@ def build_model(args):
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
                                             gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0, target_modules="all-linear",
-                      bias="none", task_type="CAUSAL_LM")
+                      bias="none", task_type="CAUSAL_LM", use_dora=args.dora)
     model = get_peft_model(model, lora)
     if args.kbit_prep == "qlora":  # qlora.py under --bf16
         for name, module in model.named_modules():
