@@ -53,6 +53,14 @@ def qlora_model(dtype, adapter=ADAPTER):
     return base, PeftModel.from_pretrained(base, adapter, is_trainable=True)
 
 
+def batch_loss(model, tokens, targets):
+    """The batch's mean cross-entropy in training mode, on the logits widened to fp32."""
+    model.train()
+    with torch.no_grad():
+        logits = model(input_ids=tokens).logits
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1)).detach().reshape(()).float()
+
+
 def quantised_weights(base):
     import bitsandbytes as bnb
 
@@ -85,19 +93,10 @@ def make():
         if names is not None and names != found:
             sys.exit(f"the quantised weights differ between compute dtypes: {names} {found}")
         names = found
-        model.train()
-        with torch.no_grad():
-            logits = model(input_ids=tokens).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
-        expected[f"{key}.loss"] = loss.detach().reshape(()).float()
-        print(f"{key}: loss {loss.item():.7f} ({logits.dtype} logits), {len(found)} quantised weights")
-        _, dora = qlora_model(dtype, DORA_ADAPTER)
-        dora.train()
-        with torch.no_grad():
-            logits = dora(input_ids=tokens).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
-        expected[f"{key}.dora_loss"] = loss.detach().reshape(()).float()
-        print(f"{key}: QDoRA loss {loss.item():.7f}")
+        expected[f"{key}.loss"] = batch_loss(model, tokens, targets)
+        print(f"{key}: loss {expected[f'{key}.loss'].item():.7f}, {len(found)} quantised weights")
+        expected[f"{key}.dora_loss"] = batch_loss(qlora_model(dtype, DORA_ADAPTER)[1], tokens, targets)
+        print(f"{key}: QDoRA loss {expected[f'{key}.dora_loss'].item():.7f}")
     OUT.mkdir(parents=True, exist_ok=True)
     meta = {"source": f"tools/make_qlora_fixtures.py torch={torch.__version__} transformers={transformers.__version__} "
                       f"peft={peft.__version__} bitsandbytes={bitsandbytes.__version__}",

@@ -159,11 +159,11 @@ void LoraRewrite::declare(GraphBuilder& b) {
                        random ? float(1.0 / std::sqrt(double(br.rank))) : 0.0f, true,
                        // B's rows split as W's: a whole fused weight (GPT-2's c_attn) by its q, k, v segments
                        column ? tp.rows(b_shape, m.whole() ? ws.segments : std::vector<int64_t>{}) : TensorSplit{});
+    // DoRA's magnitude: one per output row of the module, as PEFT's lora_magnitude_vector.
+    if (lora_.dora) br.magnitude = b.parameter(lora_magnitude_name(m.name), Shape{out}, ParamInit::row_norm, 0.0f, false);
     // The replicated factor's gradient is a partial sum on each rank: column-parallel, A's
     // (each rank back-propagates its output rows through its slice of B); row-parallel, B's
     // (each rank's x A holds its input columns' share).
-    // DoRA's magnitude: one per output row of the module, as PEFT's lora_magnitude_vector.
-    if (lora_.dora) br.magnitude = b.parameter(lora_magnitude_name(m.name), Shape{out}, ParamInit::row_norm, 0.0f, false);
     if (column) b.sum_grad_over_tensor_group(br.a);
     if (row) b.sum_grad_over_tensor_group(br.b);
     branches_[w].push_back(br);

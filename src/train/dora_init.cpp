@@ -29,7 +29,7 @@ const ParamEntry& param_with_codes(const Program& p, TensorId codes) {
   return p.params().front();
 }
 
-// The squared norms of rows [row_begin, row_begin + rows) of W + scale B A, W's rows read as
+// The norms of rows [row_begin, row_begin + rows) of W + scale B A, W's rows read as
 // the step reads them: a chunk of them at a time, never the whole weight.
 void row_norms(const Executor& ex, const Op& op, const std::vector<float>& la, const std::vector<float>& lb,
                std::vector<float>& norms, TensorStaging& staging) {

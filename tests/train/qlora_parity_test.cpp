@@ -90,6 +90,21 @@ struct Variant {
 
 class QloraParity : public ::testing::TestWithParam<Variant> {};
 
+// The run's second micro-step (the first warms its kernels up) allocates nothing, its plan
+// equals the measured high-water mark, and its loss is the fixture's `<dtype>.<what>`.
+void expect_first_loss(QloraRun& run, const SafetensorsReader& expected, const Variant& v, const std::string& what) {
+  float ref = 0;
+  expected.read_f32(std::string(v.key) + "." + what, Shape{}, &ref);
+  run.micro_step();
+  test::alloc_counter_start();
+  const float loss = run.micro_step();
+  EXPECT_EQ(test::alloc_counter_stop().memfit_allocations, 0);
+  EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
+  EXPECT_NEAR(loss, ref, v.loss_tolerance * std::fabs(ref));
+  std::printf("%s %s: memfit %.7f, peft + bnb %.7f (relative %.3g)\n", v.key, what.c_str(), loss, ref,
+              std::fabs(loss - ref) / std::fabs(ref));
+}
+
 TEST_P(QloraParity, CodesEqualBitsandbytesAndFirstLossMatchesPeft) {
   const Variant v = GetParam();
   const SafetensorsReader expected(kExpected);
@@ -126,16 +141,7 @@ TEST_P(QloraParity, CodesEqualBitsandbytesAndFirstLossMatchesPeft) {
   EXPECT_EQ(ours, bnb_names);
   EXPECT_EQ(bnb_names.size(), 14u);  // 2 layers x q, k, v, o, gate, up, down
 
-  float ref = 0;
-  expected.read_f32(std::string(v.key) + ".loss", Shape{}, &ref);
-  run.micro_step();
-  test::alloc_counter_start();
-  const float loss = run.micro_step();
-  EXPECT_EQ(test::alloc_counter_stop().memfit_allocations, 0);
-  EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
-  EXPECT_NEAR(loss, ref, v.loss_tolerance * std::fabs(ref));
-  std::printf("%s first-step loss: memfit %.7f, peft + bnb %.7f (relative %.3g)\n", v.key, loss, ref,
-              std::fabs(loss - ref) / std::fabs(ref));
+  expect_first_loss(run, expected, v, "loss");
 }
 
 // QDoRA: the DoRA adapter (use_dora; its magnitudes from the file) on the same quantised base.
@@ -149,16 +155,7 @@ TEST_P(QloraParity, DoraOnTheQuantisedBaseMatchesPeft) {
   for (const Op& op : run.compiled.program.ops())
     norms += op.kind == OpKind::dora_norm && std::get<DoraNormAttrs>(op.attrs).quantized;
   EXPECT_EQ(norms, 8);  // 2 layers x q, v, o, down
-  float ref = 0;
-  expected.read_f32(std::string(v.key) + ".dora_loss", Shape{}, &ref);
-  run.micro_step();
-  test::alloc_counter_start();
-  const float loss = run.micro_step();
-  EXPECT_EQ(test::alloc_counter_stop().memfit_allocations, 0);
-  EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
-  EXPECT_NEAR(loss, ref, v.loss_tolerance * std::fabs(ref));
-  std::printf("%s QDoRA first-step loss: memfit %.7f, peft + bnb %.7f (relative %.3g)\n", v.key, loss, ref,
-              std::fabs(loss - ref) / std::fabs(ref));
+  expect_first_loss(run, expected, v, "dora_loss");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixture, QloraParity,
