@@ -13,6 +13,7 @@
 #       [--lr-lora 3e-3] [--rank 8] [--alpha 16] [--targets all-linear] [--threads 2]
 #       [--reuse-base]   (OUT=DIR: keep the work in DIR; --reuse-base skips pretraining when
 #                         DIR already holds the base, to try other fine-tune settings)
+#       [--dora]         (also fine-tune with DoRA, --lora-dora, at LoRA's rank, alpha and rate)
 #
 # Needs a built memfit (MEMFIT overrides build/memfit) and python3. The text is read where it
 # is and split into a temporary directory; nothing is written into the repository.
@@ -20,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${MEMFIT_TEXT:-../shared/data/tinyshakespeare.txt}
 split=0.9 pretrain_steps=1500 steps=300 batch=16 seq=128 lr_full=3e-4 lr_lora=3e-3
-rank=8 alpha=16 targets=all-linear threads=2 val_fraction=0.2 seed=1337 reuse_base=0
+rank=8 alpha=16 targets=all-linear threads=2 val_fraction=0.2 seed=1337 reuse_base=0 dora=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) data=$2; shift 2 ;;
@@ -37,6 +38,7 @@ while [ $# -gt 0 ]; do
     --val-fraction) val_fraction=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --reuse-base) reuse_base=1; shift ;;
+    --dora) dora=1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -73,6 +75,8 @@ finetune() {  # name lr extra-flags...
 }
 finetune full "$lr_full"
 finetune lora "$lr_lora" --lora-rank "$rank" --lora-alpha "$alpha" --lora-targets "$targets"
+rm -f "$out/dora.json"
+[ "$dora" = 1 ] && finetune dora "$lr_lora" --lora-rank "$rank" --lora-alpha "$alpha" --lora-targets "$targets" --lora-dora
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 python3 - "$out" <<'EOF'
@@ -80,6 +84,7 @@ import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 pre, full, lora = (json.loads((out / f"{n}.json").read_text()) for n in ("pretrain", "full", "lora"))
+dora = json.loads((out / "dora.json").read_text()) if (out / "dora.json").exists() else None
 p = full["policy"]
 print(f"model {full['model']['name']} ({full['model']['parameters']} parameters), batch {p['batch']} x {p['seq']}, "
       f"pretrain {pre['steps']} steps (validation loss {pre['validation']['last']:.4f} on its own held-out part)")
@@ -97,4 +102,13 @@ for name, r in (("full", full), ("lora", lora)):
 print()
 print(f"validation loss at step {full['steps']}: full {va:.4f}, LoRA {vb:.4f}, LoRA {100 * (vb - va) / va:+.2f}% "
       f"({'within' if vb <= va * 1.02 else 'NOT within'} 2%)")
+if dora:
+    print()
+    print("| fine-tune step | LoRA | DoRA | DoRA vs full |")
+    print("|---|---|---|---|")
+    for a, b, d in zip(full["validation"]["history"], lora["validation"]["history"], dora["validation"]["history"]):
+        print(f"| {a['step']} | {b['loss']:.4f} | {d['loss']:.4f} | {100 * (d['loss'] - a['loss']) / a['loss']:+.2f}% |")
+    m = dora["memory"]
+    print(f"DoRA: planned peak {m['planned_peak_bytes']['device'] / 2**20:.2f} MiB (measured "
+          f"{m['measured_peak_bytes']['device'] / 2**20:.2f} MiB), ms/step {dora['ms_per_step']:.1f}")
 EOF
