@@ -60,6 +60,9 @@ struct LoraBreakdown {
   std::string quant;                                       // "nf4, block 64, double quantisation"; "" none
   uint64_t branch_bytes = 0;                               // x A^T (and dropout(x)) of every adapter
   uint64_t tile_bytes = 0, input_grad_bytes = 0;           // dequantisation tile; fp32 input gradient
+  int64_t dora_magnitudes = 0;                             // DoRA: trained magnitude elements
+  uint64_t dora_saved_bytes = 0;                           // DoRA: z of every adapted product
+  double dora_norm_flops = 0;                              // DoRA: ||W + s B A|| per forward
 };
 
 // A planned program reduced to what estimates need (cheap to keep for many candidates).

@@ -28,6 +28,10 @@ std::string format_lora(const LoraBreakdown& l) {
   out += fmt::format("    branch, tiles {:>12} x A^T of every adapter while saved; dequantisation tile {}, fp32 input "
                      "gradient {}\n",
                      format_bytes(l.branch_bytes), format_bytes(l.tile_bytes), format_bytes(l.input_grad_bytes));
+  if (l.dora_magnitudes > 0)
+    out += fmt::format("    DoRA          {:>12} z of every adapted product while saved; {} magnitudes (in the adapters); "
+                       "norms ||W + s B A|| {:.1f} GFLOP per forward\n",
+                       format_bytes(l.dora_saved_bytes), l.dora_magnitudes, l.dora_norm_flops / 1e9);
   return out;
 }
 
@@ -49,7 +53,10 @@ nlohmann::json lora_json(const LoraBreakdown& l) {
           {"quantization", l.quant},
           {"branch_bytes", l.branch_bytes},
           {"tile_bytes", l.tile_bytes},
-          {"input_grad_bytes", l.input_grad_bytes}};
+          {"input_grad_bytes", l.input_grad_bytes},
+          {"dora_magnitudes", l.dora_magnitudes},
+          {"dora_saved_bytes", l.dora_saved_bytes},
+          {"dora_norm_flops", l.dora_norm_flops}};
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ LoraBreakdown lora_breakdown(const Program& p, const Policy& policy) {
   for (const ParamEntry& e : p.params()) {
     if (is_adapter(e)) {
       if (e.name.find(".lora_A.") != std::string::npos) ++l.adapters;
+      if (e.name.ends_with(".lora_magnitude_vector")) l.dora_magnitudes += p.param_numel(e);
       l.adapter_elements += p.param_numel(e);
       l.adapter_bytes[size_t(Category::parameters)] += p.tensor(e.value).bytes();
       if (e.grad != kNoTensor) l.adapter_bytes[size_t(Category::gradients)] += p.tensor(e.grad).bytes();
@@ -35,13 +36,15 @@ LoraBreakdown lora_breakdown(const Program& p, const Policy& policy) {
   if (policy.quantize_base.enabled())
     l.quant = fmt::format("{}, block {}{}", base_quant_name(policy.quantize_base.kind), policy.quantize_base.block,
                           policy.quantize_base.double_quant ? ", double quantisation" : "");
-  // The branch's saved tensors (x A^T, dropout(x)) of one micro-step's forward, and the
-  // largest tile and fp32 input-gradient workspace of the quantised products.
+  // The branch's saved tensors (x A^T, dropout(x); DoRA's z) of one micro-step's forward, the
+  // largest tile and fp32 input-gradient workspace of the quantised products, DoRA's norms.
   const Section* micro = p.find_section(SectionKind::micro);
   for (int i = micro ? micro->begin : 0; i < (micro ? micro->end : 0); ++i) {
     const Op& op = p.op(i);
     if (op.phase == Phase::forward && (op.name.ends_with(".lora_A") || op.name.ends_with(".lora_dropout")))
       l.branch_bytes += p.tensor(op.outputs[0]).bytes();
+    if (op.phase == Phase::forward && op.kind == OpKind::dora_scale) l.dora_saved_bytes += p.tensor(op.inputs[0]).bytes();
+    if (op.phase == Phase::forward && op.kind == OpKind::dora_norm) l.dora_norm_flops += op.flops;
     if (op.kind == OpKind::quant_linear || op.kind == OpKind::quant_linear_backward) {
       l.tile_bytes = std::max(l.tile_bytes, p.tensor(op.workspace[0]).bytes());
       if (op.workspace.size() > 1 && p.tensor(op.workspace[1]).dtype == DType::f32)

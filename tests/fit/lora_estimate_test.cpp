@@ -159,6 +159,28 @@ TEST(LoraEstimate, BranchTensorsAreThoseOfTheClosedForm) {
   }
 }
 
+// DoRA adds a magnitude per output row of each target, keeps z [tokens, out] of each adapted
+// product, and computes its norms at r x in x out multiply-adds (plus 3 in x out) per forward.
+TEST(LoraEstimate, DoraPartsAreThoseOfTheClosedForm) {
+  const ModelSpec s = model_preset("gpt2-tiny");
+  Policy p;
+  p.batch = 4;
+  p.seq = 64;
+  p.with_eval = false;
+  p.lora.rank = 4;
+  p.lora.targets = {"c_attn", "mlp.c_fc"};
+  const ProgramSummary lora = plan_summary(s, p, hardware_preset("a100-80gb"), {});
+  EXPECT_EQ(lora.lora.dora_magnitudes, 0);
+  p.lora.dora = true;
+  const ProgramSummary dora = plan_summary(s, p, hardware_preset("a100-80gb"), {});
+  const int64_t C = s.n_embd, outs = 3 * C + 4 * C, L = s.n_layer, tokens = p.batch * p.seq;
+  EXPECT_EQ(dora.lora.dora_magnitudes, L * outs);
+  EXPECT_EQ(dora.lora.adapter_elements, lora.lora.adapter_elements + L * outs);
+  EXPECT_EQ(dora.lora.dora_saved_bytes, uint64_t(L * tokens * outs * 4));  // fp32
+  EXPECT_DOUBLE_EQ(dora.lora.dora_norm_flops, double(L * outs * C * (2 * 4 + 3)));
+  EXPECT_GT(dora.plan_peak, lora.plan_peak);
+}
+
 TEST(LoraEstimate, QloraOnLlama65bFitsOneA6000) {
   const ModelSpec s = model_preset("llama-65b");
   EXPECT_EQ(s.parameter_count(), 65'285'660'672);  // LLaMA-65B, padded vocabulary 32000
