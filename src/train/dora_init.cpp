@@ -1,6 +1,5 @@
 #include "train/dora_init.hpp"
 
-#include <cmath>
 #include <map>
 #include <set>
 #include <vector>
@@ -29,22 +28,20 @@ const ParamEntry& param_with_codes(const Program& p, TensorId codes) {
   return p.params().front();
 }
 
-// The norms of rows [row_begin, row_begin + rows) of W + scale B A, W's rows read as
-// the step reads them: a chunk of them at a time, never the whole weight.
+// The norms of rows [row_begin, row_begin + rows) of W + scale B A, by the step's own kernel on
+// W's rows read as the step reads them: a chunk of them at a time, never the whole weight.
 void row_norms(const Executor& ex, const Op& op, const std::vector<float>& la, const std::vector<float>& lb,
                std::vector<float>& norms, TensorStaging& staging) {
   const Program& p = ex.program();
   const auto& a = std::get<DoraNormAttrs>(op.attrs);
   auto add_rows = [&](int64_t first, int64_t rows, std::span<const float> w) {  // first: relative to row_begin
-    for (int64_t j = 0; j < rows; ++j)
-      norms[size_t(first + j)] = float(std::sqrt(dora_row_sum_of_squares(
-          w.data() + j * a.k, la.data(), lb.data() + (first + j) * a.rank, a.k, a.rank, a.scale)));
+    dora_norm_rows<float>(w.data(), la.data(), lb.data() + first * a.rank, norms.data() + first, a.k, 0, rows, a.rank,
+                          a.scale);
   };
   if (a.quantized) {
     // A DoRA branch covers whole pieces of W (a fused q/k/v weight's pieces are its modules).
     size_t s = 0;
-    for (int64_t r = 0; r < a.row_begin; r += a.segments[s++]) {
-    }
+    for (int64_t r = 0; r < a.row_begin; ++s) r += a.segments[s];
     MEMFIT_ASSERT(s < a.segments.size() && a.segments[s] == a.rows, "{} covers no whole piece", op.name);
     read_dequantized_rows(ex, param_with_codes(p, op.inputs[0]), s, add_rows, staging);
     return;
@@ -95,11 +92,7 @@ void initialize_dora_magnitudes(Executor& ex, TensorStaging& staging) {
     const std::vector<float> lb = values_of(ex, param_with_value(p, op.inputs[first + 1]), staging);
     std::vector<float> norms(size_t(a.rows));
     row_norms(ex, op, la, lb, norms, staging);
-    const ParamEntry* m = nullptr;
-    for (const ParamEntry& e : p.params())
-      if (e.value == it->second) m = &e;
-    MEMFIT_ASSERT(m != nullptr, "DoRA magnitude of {} is no parameter", op.name);
-    store_one_rank_range(ex, *m, 0, norms, staging);
+    store_one_rank_range(ex, param_with_value(p, it->second), 0, norms, staging);
   }
 }
 

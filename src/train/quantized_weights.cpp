@@ -125,11 +125,7 @@ void read_dequantized_rows(const Executor& ex, const ParamEntry& e, size_t segme
   MEMFIT_ASSERT(segment < qp.segments.size(), "piece {} of {}", segment, e.name);
   const QuantSpec& spec = qp.spec;
   const int64_t cols = qp.cols, rows = qp.segments[segment], n = rows * cols;
-  PieceAt at;
-  for (size_t s = 0; s < segment; ++s) {
-    const QuantStorage q = quant_storage(spec, qp.segments[s] * cols);
-    at.codes += q.codes, at.scales += q.absmax, at.scales2 += q.absmax2;
-  }
+  const QuantStorage at = segment_offset(spec, cols, qp.segments, segment);
   // The piece's absmax per block, as block_absmax computes it from the stored statistics.
   const QuantStorage q = quant_storage(spec, n);
   const int64_t blocks = quant_blocks(n, spec.block);
@@ -139,13 +135,13 @@ void read_dequantized_rows(const Executor& ex, const ParamEntry& e, size_t segme
     std::vector<float> absmax2(static_cast<size_t>(q.absmax2 / 4));
     QuantizedWeight stats;
     stats.spec = spec;
-    ex.read(qp.scales, at.scales, std::as_writable_bytes(std::span<uint8_t>(codes)));
-    ex.read(qp.scales2, at.scales2, std::as_writable_bytes(std::span<float>(absmax2)));
+    ex.read(qp.scales, at.absmax, std::as_writable_bytes(std::span<uint8_t>(codes)));
+    ex.read(qp.scales2, at.absmax2, std::as_writable_bytes(std::span<float>(absmax2)));
     ex.read(qp.offset, segment * 4, std::as_writable_bytes(std::span<float>(&stats.offset, 1)));
     stats.absmax_codes = codes, stats.absmax2 = absmax2;
     for (int64_t b = 0; b < blocks; ++b) absmax[size_t(b)] = stats.block_absmax(b);
   } else {
-    ex.read(qp.scales, at.scales, std::as_writable_bytes(std::span<float>(absmax)));
+    ex.read(qp.scales, at.absmax, std::as_writable_bytes(std::span<float>(absmax)));
   }
   // Chunks of whole rows that start on a block (so a plain view of the chunk sees its blocks).
   const int64_t step = spec.block / std::gcd(spec.block, cols);
@@ -164,15 +160,7 @@ void read_dequantized_rows(const Executor& ex, const ParamEntry& e, size_t segme
     w.codes = {reinterpret_cast<const uint8_t*>(raw.data()), size_t(bytes)};
     w.absmax = std::span<const float>(absmax).subspan(size_t(first / spec.block), size_t(quant_blocks(m, spec.block)));
     const std::span<float> out = staging.values().first(size_t(m));
-    if (qp.weight_dtype == DType::bf16) {
-      const std::span<bf16_t> narrowed{reinterpret_cast<bf16_t*>(staging.gather().data()), size_t(m)};
-      dequantize_range<bf16_t>(w, 0, m, narrowed);
-      for (int64_t i = 0; i < m; ++i) out[size_t(i)] = widen(narrowed[size_t(i)]);
-    } else {
-      dequantize_range<float>(w, 0, m, out);
-      if (qp.weight_dtype == DType::f16)
-        for (float& v : out) v = widen(narrow<fp16_t>(v));
-    }
+    dequantize_as_weight(w, 0, m, qp.weight_dtype, {reinterpret_cast<bf16_t*>(staging.gather().data()), size_t(m)}, out);
     fn(r0, h, out);
   }
 }

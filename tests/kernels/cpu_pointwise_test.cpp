@@ -239,9 +239,8 @@ TEST(CpuAdamW, FusedPassMatchesReferenceOverSteps) {
 }
 
 // DoRA's row norms ||W + s B A|| against a naive double sum, through the tiled kernel (rank 3)
-// and the row-by-row one it takes above rank 1024; the single-row form that starts the
-// magnitudes (train/dora_init.cpp) gives the kernel's value bit for bit.
-TEST(CpuDora, RowNormsMatchANaiveSumAndTheInitialisationsBitForBit) {
+// and the row-by-row one it takes above rank 1024.
+TEST(CpuDora, RowNormsMatchANaiveSum) {
   const int64_t k = 300, rows = 11, row_begin = 2;
   for (int64_t rank : {3, 1100}) {
     SCOPED_TRACE(rank);
@@ -258,9 +257,6 @@ TEST(CpuDora, RowNormsMatchANaiveSumAndTheInitialisationsBitForBit) {
         sum += std::pow(w[size_t((row_begin + j) * k + c)] + 0.7 * ba, 2);
       }
       EXPECT_NEAR(norm[size_t(j)], std::sqrt(sum), 1e-5 * std::sqrt(sum)) << j;
-      const double one = dora_row_sum_of_squares<float>(w.data() + (row_begin + j) * k, a.data(),
-                                                        b.data() + j * rank, k, rank, 0.7f);
-      EXPECT_EQ(norm[size_t(j)], float(std::sqrt(one))) << j;
     }
   }
 }

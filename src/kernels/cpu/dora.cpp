@@ -15,11 +15,6 @@ namespace {
 // Columns at a time: B A's piece of a row, and the column sums of dm, live on the stack.
 constexpr int64_t kChunk = 256;
 
-template <class T>
-T* typed(void* p) {
-  return static_cast<T*>(p);
-}
-
 }  // namespace
 
 float AnyFloats::operator[](int64_t i) const {
@@ -33,7 +28,7 @@ float AnyFloats::operator[](int64_t i) const {
 
 // Squares of w + scale * ba summed into eight double lanes, element c of the row into lane c % 8
 // (len is a multiple of 8 except at the row's end): one dependent add per lane instead of one
-// chain over the row, and the same sums whatever the chunks (both callers below use this).
+// chain over the row, and the same sums whatever the chunks (the tiled and row-by-row forms).
 static void add_squares(const float* w, const float* ba, float scale, int64_t len, double* lanes) {
   int64_t c = 0;
   for (; c + 8 <= len; c += 8)
@@ -66,18 +61,6 @@ static double row_sum_of_squares(const Load& load, const T* a, const T* b_row, i
     add_squares(w_row, ba, scale, len, lanes);
   }
   return lanes_sum(lanes);
-}
-
-template <class W>
-static auto row_of(const W* w_row) {
-  return [w_row](int64_t c0, int64_t len, float* out) {
-    for (int64_t c = 0; c < len; ++c) out[c] = widen(w_row[c0 + c]);
-  };
-}
-
-template <class T>
-double dora_row_sum_of_squares(const float* w_row, const T* a, const T* b_row, int64_t k, int64_t rank, float scale) {
-  return row_sum_of_squares(row_of(w_row), a, b_row, k, rank, scale);
 }
 
 // Rows [lo, hi) of ||W + scale B A||, kRowTile rows at a time so that each piece of A is
@@ -126,17 +109,9 @@ void dora_norm_rows_quantized(std::span<const QuantizedWeight> pieces, DType wei
       size_t s = 0;
       int64_t local = row_begin + j;
       while (local >= pieces[s].rows) local -= pieces[s++].rows;
-      const QuantizedWeight& w = pieces[s];
-      const int64_t at = local * k + c0;
-      if (weight == DType::bf16) {
-        bf16_t tmp[kChunk];
-        dequantize_range<bf16_t>(w, at, at + len, std::span<bf16_t>(tmp, size_t(len)));
-        for (int64_t c = 0; c < len; ++c) out[c] = widen(tmp[c]);
-        return;
-      }
-      dequantize_range<float>(w, at, at + len, std::span<float>(out, size_t(len)));
-      if (weight == DType::f16)
-        for (int64_t c = 0; c < len; ++c) out[c] = widen(narrow<fp16_t>(out[c]));
+      bf16_t scratch[kChunk];
+      dequantize_as_weight(pieces[s], local * k + c0, local * k + c0 + len, weight, scratch,
+                           std::span<float>(out, size_t(len)));
     };
     norm_rows_tiled(load, a, b, norm, k, rank, scale, lo, hi);
   });
@@ -220,7 +195,7 @@ void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& 
         }
         visit_float_type(blk.dm_dtype, [&](auto t) {
           using G = decltype(t);
-          G* dm = typed<G>(blk.dm) + c0;
+          G* dm = static_cast<G*>(blk.dm) + c0;
           for (int64_t c = 0; c < len; ++c) {
             const float g = float(sums[c] / double(blk.norm[c0 + c]));
             dm[c] = narrow<G>(blk.dm_accumulate ? widen(dm[c]) + g : g);
@@ -235,7 +210,6 @@ void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& 
 }
 
 #define MEMFIT_DORA(T)                                                                                              \
-  template double dora_row_sum_of_squares<T>(const float*, const T*, const T*, int64_t, int64_t, float);           \
   template void dora_norm_rows<T>(const T*, const T*, const T*, float*, int64_t, int64_t, int64_t, int64_t, float); \
   template void dora_norm_rows_quantized<T>(std::span<const QuantizedWeight>, DType, const T*, const T*, float*,    \
                                             int64_t, int64_t, int64_t, int64_t, float);                           \

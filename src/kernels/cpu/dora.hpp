@@ -40,11 +40,6 @@ template <class T>
 void dora_norm_rows_quantized(std::span<const QuantizedWeight> pieces, DType weight, const T* a, const T* b,
                               float* norm, int64_t k, int64_t row_begin, int64_t rows, int64_t rank, float scale);
 
-// The squared norm of one row given in fp32 (a dequantised row of a quantised W); b_row is
-// B's row of it.
-template <class T>
-double dora_row_sum_of_squares(const float* w_row, const T* a, const T* b_row, int64_t k, int64_t rank, float scale);
-
 template <class T>
 void dora_scale_forward(const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* y, int64_t m, int64_t n,
                         bool acc);

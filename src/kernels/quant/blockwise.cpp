@@ -353,6 +353,18 @@ void dequantize_range(const QuantizedWeight& w, int64_t begin, int64_t end, std:
   }
 }
 
+void dequantize_as_weight(const QuantizedWeight& w, int64_t begin, int64_t end, DType weights,
+                          std::span<bf16_t> scratch, std::span<float> out) {
+  check_sizes(out.size(), uint64_t(end - begin), "the dequantisation output");
+  if (weights != DType::bf16) {
+    dequantize_range<float>(w, begin, end, out);
+    return round_to_weight_dtype(weights, out);
+  }
+  const std::span<bf16_t> narrowed = scratch.first(out.size());
+  dequantize_range<bf16_t>(w, begin, end, narrowed);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = widen(narrowed[i]);
+}
+
 template void quantize_4bit<float>(std::span<const float>, const QuantSpec&, std::span<uint8_t>, std::span<float>);
 template void quantize_4bit<bf16_t>(std::span<const bf16_t>, const QuantSpec&, std::span<uint8_t>, std::span<float>);
 template void quantize_int8<float>(std::span<const float>, const QuantSpec&, std::span<uint8_t>, std::span<float>);

@@ -89,4 +89,11 @@ inline void round_to_weight_dtype(DType weights, std::span<float> tile) {
     for (float& v : tile) v = widen(narrow<fp16_t>(v));
 }
 
+// Elements [begin, end) of w as fp32, equal to the values a quantised product whose weights are
+// `weights` multiplies by: dequantised in bf16 (its narrowing, as the bf16 product's tile) for
+// bf16, else in fp32 and rounded by round_to_weight_dtype. `scratch` holds end - begin bf16
+// values (bf16 only).
+void dequantize_as_weight(const QuantizedWeight& w, int64_t begin, int64_t end, DType weights,
+                          std::span<bf16_t> scratch, std::span<float> out);
+
 }  // namespace memfit

@@ -14,14 +14,20 @@ int64_t max_segment_blocks(const QuantSpec& spec, int64_t cols, const std::vecto
   return most;
 }
 
-QuantizedWeight segment_weight(const QuantSpec& spec, int64_t cols, const std::vector<int64_t>& segments, size_t s,
-                               const SegmentedStorage& st) {
+QuantStorage segment_offset(const QuantSpec& spec, int64_t cols, const std::vector<int64_t>& segments, size_t s) {
   MEMFIT_ASSERT(s < segments.size(), "segment {} of {}", s, segments.size());
-  uint64_t codes = 0, scales = 0, scales2 = 0;
+  QuantStorage at;
   for (size_t i = 0; i < s; ++i) {
     const QuantStorage q = quant_storage(spec, segments[i] * cols);
-    codes += q.codes, scales += q.absmax, scales2 += q.absmax2;
+    at.codes += q.codes, at.absmax += q.absmax, at.absmax2 += q.absmax2;
   }
+  return at;
+}
+
+QuantizedWeight segment_weight(const QuantSpec& spec, int64_t cols, const std::vector<int64_t>& segments, size_t s,
+                               const SegmentedStorage& st) {
+  const QuantStorage at = segment_offset(spec, cols, segments, s);
+  const uint64_t codes = at.codes, scales = at.absmax, scales2 = at.absmax2;
   const QuantStorage q = quant_storage(spec, segments[s] * cols);
   QuantizedWeight w;
   w.spec = spec;

@@ -28,6 +28,9 @@ struct SegmentedStorage {
   const float* offset = nullptr;
 };
 
+// Where piece s starts in each storage tensor (bytes: codes, absmax = scales, absmax2 = scales2).
+QuantStorage segment_offset(const QuantSpec& spec, int64_t cols, const std::vector<int64_t>& segments, size_t s);
+
 // Read-only view of piece s.
 QuantizedWeight segment_weight(const QuantSpec& spec, int64_t cols, const std::vector<int64_t>& segments, size_t s,
                                const SegmentedStorage& storage);
