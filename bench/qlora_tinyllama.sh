@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # QLoRA on a TinyLlama-1.1B-shaped model: memfit against PyTorch + peft + bitsandbytes on the
 # CPU, in one run (issue 17, must-show 4). Both sides: NF4 base with double quantisation
-# (block 64), LoRA r = 16 (alpha 8, no dropout) on every linear layer but lm_head, bf16
+# (block 64), LoRA r = 16 (alpha 8, no dropout unless given) on every linear layer but lm_head, bf16
 # compute, recomputation (gradient checkpointing), AdamW over the adapters, batch 4 x 256, the
 # same synthetic tokens (one llm.c file both read, in the same order), the same thread count.
 # Random base weights: memfit initialises and quantises them at start-up; PyTorch loads a
@@ -15,8 +15,11 @@
 # recomputed FLOPs (default budget 1.9 GiB: with the ~0.1 GiB the process adds, under half PyTorch's measured peak of 4.1-4.6 GiB).
 #
 #   bench/qlora_tinyllama.sh [--steps 2] [--rounds 1] [--threads 2] [--dir DIR] [--budget 1.9GiB] [--dora]
+#                            [--lora-dropout P]
 #
 # --dora runs QDoRA on both sides (memfit --lora-dora, peft use_dora=True) instead of QLoRA.
+# --lora-dropout P gives both sides' adapters dropout P (with --dora, PEFT's second base
+# product of the dropped input).
 #
 # --steps counts timed steps; each side runs one untimed step first. --dir keeps the config,
 # tokens and the 2.2 GB random checkpoint between runs (default /tmp/memfit-qlora-bench).
@@ -24,7 +27,7 @@
 # peft and bitsandbytes (PYTHON, default /work/venv/bin/python). About 10-15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=2 rounds=1 threads=2 dir=/tmp/memfit-qlora-bench batch=4 seq=256 budget=1.9GiB dora=()
+steps=2 rounds=1 threads=2 dir=/tmp/memfit-qlora-bench batch=4 seq=256 budget=1.9GiB dora=() dropout=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps=$2; shift 2 ;;
@@ -35,6 +38,7 @@ while [ $# -gt 0 ]; do
     --seq) seq=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --dora) dora=(--dora); shift ;;
+    --lora-dropout) dropout=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -71,7 +75,7 @@ tokens = np.random.default_rng(1234).integers(0, 32000, size=n).astype("<u2")
 with open(path, "wb") as f:
     header.tofile(f); tokens.tofile(f)
 PY
-lora=(--lora-rank 16 --lora-alpha 8 --lora-targets all-linear --quantize-base nf4 --double-quant)
+lora=(--lora-rank 16 --lora-alpha 8 --lora-dropout "$dropout" --lora-targets all-linear --quantize-base nf4 --double-quant)
 [ ${#dora[@]} -gt 0 ] && lora+=(--lora-dora)
 run=(--model "$dir/config.json" --precision bf16 --attention flash --batch "$batch" --seq "$seq")
 full=(--recompute full)
@@ -89,7 +93,7 @@ for r in $(seq 1 "$rounds"); do
   done
   OMP_NUM_THREADS=$threads "$python" tools/peft_qlora_bench.py --config "$dir/config.json" \
     --checkpoint "$dir/checkpoint" --data "$dir/tokens.bin" --batch "$batch" --seq "$seq" --warmup 1 \
-    --steps "$steps" --threads "$threads" --lr 3e-4 "${dora[@]}" --json 2> "$out/torch-$r.log" | tail -1 > "$out/torch-$r.json"
+    --steps "$steps" --threads "$threads" --lr 3e-4 --lora-dropout "$dropout" "${dora[@]}" --json 2> "$out/torch-$r.log" | tail -1 > "$out/torch-$r.json"
   grep -E '^(warmup|step) ' "$out/torch-$r.log" >&2 || true
 done
 "$python" bench/summarize_qlora_bench.py "$out" "$rounds"

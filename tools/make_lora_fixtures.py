@@ -14,7 +14,11 @@ What each fixture directory holds (float32, CPU, 1 thread, deterministic):
                         (loss before each of 3 AdamW steps, then after the last: lr 1e-3, betas
                         (0.9, 0.999), eps 1e-8, weight_decay 0.1, which memfit applies to every
                         matrix, adapters included), after.<PEFT tensor name>: the adapter after
-                        the 3 steps.
+                        the 3 steps. For llama_dora and gpt2_dora also dropout_p [] (0.1),
+                        dropout.loss [] and dropout.grad.<PEFT tensor name>: the first loss and
+                        gradients (before any step) with lora_dropout 0.1 in training mode, each
+                        LoRA layer's PEFT dropout mask replaced by memfit's (src/core/dropout_mask.hpp:
+                        seed 0, step 1, micro-step 0, salt FNV-1a("<memfit module>.lora_dropout")).
   README.md             provenance
 
 Run from the repository root: /work/venv/bin/python tools/make_lora_fixtures.py
@@ -25,6 +29,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -55,6 +60,91 @@ EXTRAS = {"llama_extras": {"use_rslora": True, "modules_to_save": ["o_proj", "no
           "llama_patterns": {"rank_pattern": {"q_proj": 8, "layers.1.mlp.down_proj": 2}, "alpha_pattern": {"v_proj": 32}},
           "llama_dora": {"use_dora": True}, "gpt2_dora": {"use_dora": True}}
 RANK, ALPHA, B_STD, LR, DECAY, STEPS = 4, 8, 0.1, 1e-3, 0.1, 3
+# Families that also record a step with lora_dropout, with memfit's masks: the prefix that a
+# PEFT LoRA layer's path loses to become memfit's module name ("layers.0.self_attn.q_proj").
+DROPOUT = {"llama_dora": "base_model.model.model.", "gpt2_dora": "base_model.model.transformer."}
+DROPOUT_P, DROPOUT_SEED, DROPOUT_STEP, DROPOUT_MICRO = 0.1, 0, 1, 0
+U64 = 0xFFFFFFFFFFFFFFFF
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def mix64(z):
+    """SplitMix64's finaliser (memfit::mix64) on a numpy uint64 array, wrapping mod 2^64."""
+    z = np.asarray(z, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def mix64_int(z):
+    """mix64 on a Python int: the check of the numpy version."""
+    z &= U64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & U64
+    return z ^ (z >> 31)
+
+
+def check_mix64():
+    inputs = [0, 1, 2, 0x9E3779B97F4A7C15, 0xDEADBEEFCAFEBABE, U64, 1 << 63, 123456789]
+    got = mix64(np.array(inputs, dtype=np.uint64))
+    want = [mix64_int(z) for z in inputs]
+    if [int(v) for v in got] != want:
+        sys.exit(f"numpy mix64 {[hex(int(v)) for v in got]} != {[hex(v) for v in want]}")
+
+
+def dropout_salt(name):
+    """memfit::dropout_salt: 64-bit FNV-1a of the site's name."""
+    h = 0xCBF29CE484222325
+    for c in name.encode("ascii"):
+        h = ((h ^ c) * 0x100000001B3) & U64
+    return h
+
+
+def dropout_key(seed, step, micro, salt):
+    """memfit::dropout_key, as a numpy uint64 scalar."""
+    with np.errstate(over="ignore"):
+        k = mix64(np.uint64(seed) + np.uint64(GOLDEN))
+    k = mix64(k ^ np.uint64(step & U64))
+    k = mix64(k ^ (np.uint64(micro & 0xFFFFFFFF) << np.uint64(32)))
+    k = mix64(k ^ np.uint64(salt))
+    # The same in Python ints: the numpy version must agree.
+    ki = mix64_int(seed + GOLDEN)
+    ki = mix64_int(ki ^ (step & U64))
+    ki = mix64_int(ki ^ ((micro & 0xFFFFFFFF) << 32))
+    ki = mix64_int(ki ^ salt)
+    if int(k) != ki:
+        sys.exit(f"dropout key {int(k):#x} != {ki:#x}")
+    return k
+
+
+def dropout_keep(key, n, p):
+    """memfit::dropout_keeps for elements 0..n-1 of the whole tensor (row-major)."""
+    threshold = np.uint64(int(float(np.float32(p)) * float(1 << 24) + 0.5))
+    index = np.arange(1, n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        draw = mix64(np.uint64(key) + np.uint64(GOLDEN) * index) >> np.uint64(40)
+    return draw >= threshold
+
+
+class MemfitDropout(torch.nn.Module):
+    """A LoRA layer's dropout with memfit's fixed mask: x * scale where kept, 0 where dropped
+    (scale = float(1 / (1 - p)), as memfit's kernels). Not nn.Identity, so that PEFT's DoRA takes
+    its dropout branch."""
+
+    def __init__(self, shape, p, salt):
+        super().__init__()
+        self.p = float(np.float32(p))
+        key = dropout_key(DROPOUT_SEED, DROPOUT_STEP, DROPOUT_MICRO, salt)
+        n = int(np.prod(shape))
+        keep = dropout_keep(key, n, p) if p > 0 else np.ones(n, dtype=bool)
+        self.keep = torch.from_numpy(keep.reshape(shape))
+        self.scale = float(np.float32(1.0 / (1.0 - self.p)))
+
+    def forward(self, x):
+        if x.shape != self.keep.shape:
+            raise RuntimeError(f"dropout input {tuple(x.shape)} != mask {tuple(self.keep.shape)}")
+        return torch.where(self.keep, x * torch.tensor(self.scale, dtype=x.dtype), torch.zeros((), dtype=x.dtype))
 
 
 def peft_name(param_name):
@@ -123,6 +213,82 @@ def reference(model, tokens, targets):
     return expected
 
 
+def dropout_reference(model, family, tokens, targets):
+    """The first step's loss and adapter gradients with lora_dropout DROPOUT_P, memfit's masks in
+    PEFT's dropout modules; also the same with p = 0 (an all-ones mask, through the same branch),
+    returned apart for make()'s check against the dropout-free reference. The model is left as
+    it was (its dropout modules restored, no gradients)."""
+    from peft.tuners.lora import LoraLayer
+
+    prefix = DROPOUT[family]
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
+    if not layers:
+        sys.exit("no LoRA layers")
+    if not model.training or not all(m.training for _, m in layers):
+        sys.exit("the model is not in training mode")
+    # Only the LoRA dropout drops: the base model's own dropout must be off.
+    for n, m in model.named_modules():
+        if isinstance(m, torch.nn.Dropout) and m.p != 0:
+            sys.exit(f"{n}: dropout {m.p}, not 0")
+    for n in ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop"):
+        if getattr(model.base_model.model.config, n, 0) != 0:
+            sys.exit(f"base config {n} is not 0")
+    originals = {}
+    for n, m in layers:
+        if not n.startswith(prefix):
+            sys.exit(f"LoRA layer {n} not under {prefix}")
+        if not isinstance(m.lora_dropout["default"], torch.nn.Identity):
+            sys.exit(f"{n}: lora_dropout is not Identity")
+        originals[n] = m.lora_dropout["default"]
+    batch, seq = tokens.shape
+
+    def run(p):
+        kept = []
+        for n, m in layers:
+            site = n[len(prefix):] + ".lora_dropout"
+            d = MemfitDropout((batch, seq, m.in_features), p, dropout_salt(site))
+            kept.append((site, d.keep.float().mean().item()))
+            m.lora_dropout["default"] = d
+        model.zero_grad(set_to_none=True)
+        _, loss = loss_of(model, tokens, targets)
+        loss.backward()
+        grads = {}
+        for name, q in trainable(model):
+            if q.grad is None or not q.grad.abs().max() > 0:
+                sys.exit(f"dropout: no gradient for {name}")
+            grads[peft_name(name)] = q.grad.detach().clone().contiguous()
+        return loss.detach().reshape(()).clone(), grads, kept
+
+    loss0, grads0, _ = run(0.0)
+    loss, grads, kept = run(DROPOUT_P)
+    for n, m in layers:
+        m.lora_dropout["default"] = originals[n]
+    model.zero_grad(set_to_none=True)
+    for site, f in kept:
+        print(f"  {site}: kept {f:.4f}")
+    expected = {"dropout_p": torch.tensor(DROPOUT_P, dtype=torch.float32), "dropout.loss": loss}
+    expected.update({"dropout.grad." + n: g for n, g in grads.items()})
+    return expected, (loss0, grads0), kept
+
+
+def check_dropout(expected, p0):
+    """p = 0 through the dropout branch gives the reference's loss and gradients (to rounding);
+    p = 0.1 keeps about 90 % and changes the loss."""
+    loss0, grads0 = p0
+    worst = abs(loss0.item() - expected["loss"].item())
+    if worst > 1e-5:
+        sys.exit(f"dropout p=0 loss {loss0.item()} != loss {expected['loss'].item()}")
+    for n, g in grads0.items():
+        ref = expected["grad." + n]
+        err = (g - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+        if err > 1e-4:
+            sys.exit(f"dropout p=0 grad {n} differs from grad by {err:.3g} (relative to its max)")
+        worst = max(worst, err)
+    if abs(expected["dropout.loss"].item() - expected["loss"].item()) < 1e-6:
+        sys.exit("dropout.loss equals loss")
+    return worst
+
+
 def make(family, seed=1234):
     import peft
     import transformers
@@ -146,11 +312,30 @@ def make(family, seed=1234):
         sys.exit(f"adapter file names differ from the parameters: {sorted(set(saved) ^ names)}")
     batch = load_file(str(FIXTURES / base_dir / "batch.safetensors"))
     tokens, targets = batch["tokens"].long(), batch["targets"].long()
+    dropout = None
+    if family in DROPOUT:
+        check_mix64()
+        dropout, p0, kept = dropout_reference(model, family, tokens, targets)
     expected = reference(model, tokens, targets)
+    if dropout is not None:
+        worst = check_dropout({**expected, **dropout}, p0)
+        frac = sum(f for _, f in kept) / len(kept)
+        if not 0.88 < frac < 0.92:
+            sys.exit(f"dropout keeps {frac:.4f} of the elements, not about {1 - DROPOUT_P}")
+        print(f"  p=0 through the dropout branch: worst difference {worst:.3g}; mean kept {frac:.4f}; "
+              f"dropout.loss {dropout['dropout.loss'].item():.6f}")
+        expected.update(dropout)
     meta = {"source": f"tools/make_lora_fixtures.py torch={torch.__version__} transformers={transformers.__version__} "
                       f"peft={peft.__version__} seed={seed}"}
     save_file(expected, str(out / "expected.safetensors"), metadata=meta)
     cfg = json.loads((out / "adapter_config.json").read_text())
+    dropout_text = "" if dropout is None else (
+        f"\nAlso `dropout_p` [] ({DROPOUT_P}), `dropout.loss` [] and `dropout.grad.<adapter tensor>`: the first loss and "
+        f"gradients (before any step, training mode) with lora_dropout {DROPOUT_P}, PEFT's dropout mask of each LoRA layer "
+        f"replaced by memfit's (`src/core/dropout_mask.hpp`: seed {DROPOUT_SEED}, step {DROPOUT_STEP}, micro-step "
+        f"{DROPOUT_MICRO}, salt the FNV-1a of `<memfit module>.lora_dropout`, e.g. "
+        f"`{'layers.0.self_attn.q_proj' if family.startswith('llama') else 'h.0.attn.c_attn'}.lora_dropout`, over the "
+        f"flat index of the layer's whole [B, T, in] input), other dropout off.")
     (out / "README.md").write_text(f"""# {out.name}
 
 PEFT {peft.__version__} LoRA adapter on `tests/fixtures/{base_dir}` (its model.safetensors and batch.safetensors),
@@ -161,7 +346,7 @@ not zero, so that A's gradients are not zero.
 `adapter_config.json` + `adapter_model.safetensors`: PEFT's save_pretrained of that adapter.
 `expected.safetensors`: `loss` [], `grad.<adapter tensor>`, `losses_adamw` [{STEPS + 1}] (AdamW lr {LR}, betas (0.9, 0.999),
 eps 1e-8, weight_decay {DECAY} on every trained matrix, none on vectors: loss before each step, then after the last) and
-`after.<adapter tensor>` (the adapter after the {STEPS} steps).
+`after.<adapter tensor>` (the adapter after the {STEPS} steps).{dropout_text}
 Regenerate from the repository root: `/work/venv/bin/python tools/make_lora_fixtures.py`.
 """)
     total = sum((out / n).stat().st_size for n in os.listdir(out))

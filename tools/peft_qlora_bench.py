@@ -52,6 +52,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--kbit-prep", default="qlora", choices=("qlora", "peft"))
     p.add_argument("--dora", action="store_true", help="LoraConfig(use_dora=True): QDoRA")
+    p.add_argument("--lora-dropout", type=float, default=0.0, help="LoraConfig(lora_dropout=P)")
     p.add_argument("--make-checkpoint", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print one JSON line at the end")
     return p.parse_args()
@@ -125,7 +126,7 @@ def build_model(args):
     model.config.use_cache = False
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
                                             gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0, target_modules="all-linear",
+    lora = LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=args.lora_dropout, target_modules="all-linear",
                       bias="none", task_type="CAUSAL_LM", use_dora=args.dora)
     model = get_peft_model(model, lora)
     if args.kbit_prep == "qlora":  # qlora.py under --bf16

@@ -44,6 +44,8 @@ LoraBreakdown lora_breakdown(const Program& p, const Policy& policy) {
     if (op.phase == Phase::forward && (op.name.ends_with(".lora_A") || op.name.ends_with(".lora_dropout")))
       l.branch_bytes += p.tensor(op.outputs[0]).bytes();
     if (op.phase == Phase::forward && op.kind == OpKind::dora_scale) l.dora_saved_bytes += p.tensor(op.inputs[0]).bytes();
+    if (op.phase == Phase::forward && op.kind == OpKind::dora_blend)  // with dropout: each block's z = p + q
+      for (size_t i = 1; i < op.outputs.size(); ++i) l.dora_saved_bytes += p.tensor(op.outputs[i]).bytes();
     if (op.phase == Phase::forward && op.kind == OpKind::dora_norm) l.dora_norm_flops += op.flops;
     if (op.kind == OpKind::quant_linear || op.kind == OpKind::quant_linear_backward) {
       l.tile_bytes = std::max(l.tile_bytes, p.tensor(op.workspace[0]).bytes());

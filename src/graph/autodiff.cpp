@@ -181,6 +181,7 @@ void Autodiff::backward_of(const Op& fwd) {
     case OpKind::embedding_forward: return embedding_backward(fwd, dy);
     case OpKind::dora_norm: return;  // DoRA holds ||W + dW|| constant in the backward (its paper, 4.3)
     case OpKind::dora_scale: return dora_scale_backward(fwd, dy);
+    case OpKind::dora_blend: return dora_blend_backward(fwd, dy);
     case OpKind::rmsnorm_forward: {
       const TensorId x = fwd.inputs[0], w = fwd.inputs[1], rstd = fwd.outputs[1];
       std::vector<TensorId> outs{kNoTensor, kNoTensor};
@@ -290,10 +291,11 @@ void Autodiff::matmul_backward(const Op& fwd, TensorId dy) {
   if (needs(A)) {
     // dA[M,K] = dC[M,N] @ op(B)^T
     auto [dA, mode] = contribute(A);
-    MatmulAttrs g{a.m, a.k, a.n, false, !a.trans_b, a.alpha};
+    MatmulAttrs g{a.m, a.k, a.n, false, !a.trans_b, a.alpha, a.b_offset, a.b_window};  // the same window of B
     b_.emit({OpKind::matmul, fwd.name + ".bwd_input", {dy, B}, {dA}, g, flops, {mode}});
   }
   if (needs(B)) {
+    MEMFIT_ASSERT(!a.b_window, "matmul {} trains a window of its B's rows", fwd.name);
     auto [dB, mode] = contribute(B);
     if (a.trans_b) {
       // B stored [N,K]: dB[N,K] = dC^T[N,M] @ A[M,K]
@@ -352,6 +354,29 @@ void Autodiff::dora_scale_backward(const Op& fwd, TensorId dy) {
   if (modes[0] == WriteMode::overwrite) inplace.push_back({0, 0});
   b_.emit({OpKind::dora_scale_backward, bname, std::move(ins), std::move(outs), fwd.attrs, 4.0 * double(a.m * a.n),
            std::move(modes), {}, inplace});
+}
+
+// DoRA with dropout, inputs [y0, (m, norm, p, q) per block], outputs [y, z per block]: the
+// blocks' gradients first, reading dy and z, then dy passes on as y0's gradient. p needs none
+// where the layer's input needs none (the first layer's, below the frozen embedding).
+void Autodiff::dora_blend_backward(const Op& fwd, TensorId dy) {
+  const auto& a = std::get<DoraScaleAttrs>(fwd.attrs);
+  std::vector<TensorId> outs, ins{dy};
+  std::vector<WriteMode> modes;
+  for (size_t i = 0; i < a.begins.size(); ++i) {
+    const TensorId* block = &fwd.inputs[1 + 4 * i];  // m, norm, p, q
+    for (TensorId t : {block[2], block[3], block[0]}) {
+      auto [g, mode] = p_.tensor(t).requires_grad ? contribute(t) : std::pair{kNoTensor, WriteMode::overwrite};
+      outs.push_back(g);
+      modes.push_back(mode);
+    }
+    ins.insert(ins.end(), {block[0], block[1], fwd.outputs[1 + i]});
+  }
+  double columns = 0;
+  for (int64_t w : a.widths) columns += double(w);
+  b_.emit({OpKind::dora_blend_backward, fwd.name + ".bwd", std::move(ins), std::move(outs), fwd.attrs,
+           5.0 * double(a.m) * columns, std::move(modes)});
+  pass_through(fwd.name + ".bwd_y0", fwd.inputs[0], dy);
 }
 
 void Autodiff::add_backward(const Op& fwd, TensorId dy) {

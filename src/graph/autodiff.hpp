@@ -44,6 +44,7 @@ class Autodiff {
   void quant_linear_backward(const Op& fwd, TensorId dy);
   void add_backward(const Op& fwd, TensorId dy);
   void dora_scale_backward(const Op& fwd, TensorId dy);
+  void dora_blend_backward(const Op& fwd, TensorId dy);
 
   GraphBuilder& b_;
   Program& p_;

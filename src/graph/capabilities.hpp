@@ -60,7 +60,8 @@ inline constexpr OpKind kComputeOpKinds[] = {
     OpKind::adamw8bit,         OpKind::add_columns,        OpKind::slice_columns,     OpKind::dropout_forward,
     OpKind::dropout_backward,  OpKind::quant_linear,       OpKind::quant_linear_backward, OpKind::add_bias,
     OpKind::classifier_partial, OpKind::classifier_combine, OpKind::classifier_parallel_backward,
-    OpKind::dora_norm,         OpKind::dora_scale,         OpKind::dora_scale_backward};
+    OpKind::dora_norm,         OpKind::dora_scale,         OpKind::dora_scale_backward,
+    OpKind::dora_blend,        OpKind::dora_blend_backward};
 
 // A GPU with tensor cores and the usual libraries (cuBLAS(Lt), a flash-attention kernel):
 // every compute kind in fp32, bf16 and fp16 (what `memfit plan` assumes for A100/H100/H200/

@@ -87,6 +87,12 @@ std::vector<std::string> default_targets(const std::vector<LinearModule>& module
   return {"q_proj", "v_proj"};
 }
 
+// A branch's op names: the linear's, and for a piece of a fused weight its HF module's after it
+// ("...qkv_proj.q_proj.lora_A").
+std::string site_of(const Op& op, const LinearModule& m) {
+  return m.whole() ? op.name : op.name + "." + m.short_name();
+}
+
 class LoraRewrite final : public ForwardRewrite {
  public:
   LoraRewrite(LoraPolicy lora, int data_rank) : lora_(std::move(lora)), data_rank_(data_rank) {}
@@ -108,6 +114,10 @@ class LoraRewrite final : public ForwardRewrite {
   std::map<TensorId, std::vector<Branch>> branches_;  // by the base weight's value tensor
 
   void emit_dora(const Op& op, std::vector<Branch> branches, TensorId z, GraphBuilder& b);
+  void rewrite_dora_with_dropout(const Op& op, std::vector<Branch> branches, GraphBuilder& b);
+  TensorId dropped_input(const Op& op, const Branch& br, GraphBuilder& b);
+  TensorId dora_norm(const Op& op, const Branch& br, GraphBuilder& b);
+  TensorId lora_a_product(const Op& op, const Branch& br, TensorId in, GraphBuilder& b);
 };
 
 void LoraRewrite::declare(GraphBuilder& b) {
@@ -126,8 +136,6 @@ void LoraRewrite::declare(GraphBuilder& b) {
   const TensorParallel& tp = b.tensor_parallel();
   if (lora_.dora) {
     MEMFIT_CHECK(!tp.on(), "policy", "DoRA (use_dora) with tensor parallelism: not supported");
-    MEMFIT_CHECK(lora_.dropout == 0, "policy", "DoRA (use_dora) with lora_dropout {}: not supported (PEFT then adds "
-                 "a second base product on the dropped input); use lora_dropout 0", lora_.dropout);
     for (const LinearModule& m : targets)
       MEMFIT_CHECK(m.bias.empty() || lora_.bias == LoraBias::none, "policy",
                    "DoRA (use_dora) with LoRA bias '{}' on {}, a biased layer: not supported", lora_bias_name(lora_.bias),
@@ -177,6 +185,10 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
   Program& p = b.program();
   const MatmulAttrs& a = std::get<MatmulAttrs>(op.attrs);
   MEMFIT_ASSERT(a.trans_b && !a.trans_a, "linear {} is not x @ W^T", op.name);
+  if (lora_.dora && lora_.dropout > 0 && b.grad_enabled()) {
+    rewrite_dora_with_dropout(op, it->second, b);
+    return true;
+  }
   const TensorId x = op.inputs[0];
   const Shape ys = p.tensor(op.outputs[0]).shape;
   const DType dt = p.tensor(op.outputs[0]).dtype;
@@ -193,27 +205,10 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
   b.emit({OpKind::matmul, op.name, op.inputs, {sum}, op.attrs, op.flops});
   for (size_t i = 0; i < branches.size(); ++i) {
     const Branch& br = branches[i];
-    // A piece of a fused weight is named after its HF module: "...qkv_proj.q_proj.lora_A".
-    const std::string site = br.module.whole() ? op.name : op.name + "." + br.module.short_name();
-    TensorId in = x;
-    if (lora_.dropout > 0 && b.grad_enabled()) {
-      in = b.transient(site + ".lora_dropout.y", p.tensor(x).shape, Category::activations, p.tensor(x).dtype);
-      const std::string salt = br.module.name + ".lora_dropout";
-      // The one-rank run's mask: a data rank's rows follow the lower ranks' rows, and a
-      // row-parallel input is a column slice of the one-rank x.
-      const TensorParallel& tp = b.tensor_parallel();
-      const int64_t cols = p.tensor(x).shape.dims().back(), rows = p.tensor(x).numel() / cols;
-      const int parts = br.row_parallel ? tp.parts : 1;
-      const DropoutLayout layout{cols, cols * parts, br.row_parallel ? tp.index * cols : 0, data_rank_ * rows};
-      b.emit({OpKind::dropout_forward, site + ".lora_dropout", {x}, {in},
-              DropoutAttrs{float(lora_.dropout), dropout_salt(salt.c_str()), layout}, double(p.tensor(x).numel())});
-    }
+    const std::string site = site_of(op, br.module);
+    const TensorId in = lora_.dropout > 0 && b.grad_enabled() ? dropped_input(op, br, b) : x;
     const int64_t r = br.rank;
-    std::vector<int64_t> mid = ys.dims();
-    mid.back() = r;
-    const TensorId xa = b.transient(site + ".lora_A.y", Shape(mid), Category::activations, dt);
-    b.emit({OpKind::matmul, site + ".lora_A", {in, br.a}, {xa}, MatmulAttrs{a.m, r, a.k, false, true, 1.0f},
-            2.0 * double(a.m) * double(r) * double(a.k)});
+    const TensorId xa = lora_a_product(op, br, in, b);
     const MatmulAttrs b_attrs{a.m, br.module.rows, r, false, true, float(br.scale)};
     const double b_flops = 2.0 * double(a.m) * double(br.module.rows) * double(r);
     if (into_y) {
@@ -239,6 +234,89 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
   return true;
 }
 
+// The branch's dropout(x): the one-rank run's mask (a data rank's rows follow the lower
+// ranks' rows, and a row-parallel input is a column slice of the one-rank x).
+TensorId LoraRewrite::dropped_input(const Op& op, const Branch& br, GraphBuilder& b) {
+  Program& p = b.program();
+  const TensorId x = op.inputs[0];
+  const std::string site = site_of(op, br.module);
+  const TensorId in = b.transient(site + ".lora_dropout.y", p.tensor(x).shape, Category::activations, p.tensor(x).dtype);
+  const std::string salt = br.module.name + ".lora_dropout";
+  const TensorParallel& tp = b.tensor_parallel();
+  const int64_t cols = p.tensor(x).shape.dims().back(), rows = p.tensor(x).numel() / cols;
+  const int parts = br.row_parallel ? tp.parts : 1;
+  const DropoutLayout layout{cols, cols * parts, br.row_parallel ? tp.index * cols : 0, data_rank_ * rows};
+  b.emit({OpKind::dropout_forward, site + ".lora_dropout", {x}, {in},
+          DropoutAttrs{float(lora_.dropout), dropout_salt(salt.c_str()), layout}, double(p.tensor(x).numel())});
+  return in;
+}
+
+// x A^T [tokens, r] of the branch's (maybe dropped) input.
+TensorId LoraRewrite::lora_a_product(const Op& op, const Branch& br, TensorId in, GraphBuilder& b) {
+  const Program& p = b.program();
+  const MatmulAttrs& a = std::get<MatmulAttrs>(op.attrs);
+  std::vector<int64_t> mid = p.tensor(op.outputs[0]).shape.dims();
+  mid.back() = br.rank;
+  const std::string site = site_of(op, br.module);
+  const TensorId xa = b.transient(site + ".lora_A.y", Shape(mid), Category::activations, p.tensor(op.outputs[0]).dtype);
+  b.emit({OpKind::matmul, site + ".lora_A", {in, br.a}, {xa}, MatmulAttrs{a.m, br.rank, a.k, false, true, 1.0f},
+          2.0 * double(a.m) * double(br.rank) * double(a.k)});
+  return xa;
+}
+
+// ||W + scale B A|| of the branch's rows, from the weights of this step.
+TensorId LoraRewrite::dora_norm(const Op& op, const Branch& br, GraphBuilder& b) {
+  const MatmulAttrs& a = std::get<MatmulAttrs>(op.attrs);
+  const std::string site = site_of(op, br.module);
+  const int64_t rows = br.module.rows;
+  const TensorId norm = b.transient(site + ".dora_norm.y", Shape{rows}, Category::activations, DType::f32);
+  const double flops = double(rows) * double(a.k) * (2.0 * double(br.rank) + 3.0);
+  b.emit({OpKind::dora_norm, site + ".dora_norm", {op.inputs[1], br.a, br.b}, {norm},
+          DoraNormAttrs{a.k, br.module.row_begin, rows, br.rank, float(br.scale)}, flops});
+  return norm;
+}
+
+// PEFT's DoRA with dropout: the base product y0 = x W^T + bias stays, and each branch adds
+// (m / norm - 1) p + (m / norm) q to its columns, p = dropout(x) W_rows^T its own product of
+// the dropped input with the branch's rows of W (a window of a fused weight), q = scale
+// dropout(x) A^T B^T. Only z = p + q is kept for the backward (dora_blend_backward), in p's
+// bytes.
+void LoraRewrite::rewrite_dora_with_dropout(const Op& op, std::vector<Branch> branches, GraphBuilder& b) {
+  Program& p = b.program();
+  const MatmulAttrs& a = std::get<MatmulAttrs>(op.attrs);
+  const Shape ys = p.tensor(op.outputs[0]).shape;
+  const DType dt = p.tensor(op.outputs[0]).dtype;
+  const TensorId y0 = b.transient(op.name + ".base.y", ys, Category::activations, dt);
+  b.emit({OpKind::matmul, op.name, op.inputs, {y0}, op.attrs, op.flops});
+  std::sort(branches.begin(), branches.end(),
+            [](const Branch& l, const Branch& r) { return l.module.row_begin < r.module.row_begin; });
+  DoraScaleAttrs blend{a.m, a.n, {}, {}, false};
+  std::vector<TensorId> inputs{y0}, outputs{op.outputs[0]};
+  std::vector<std::pair<int, int>> inplace{{0, 0}};
+  for (const Branch& br : branches) {
+    const std::string site = site_of(op, br.module);
+    const int64_t rows = br.module.rows, r = br.rank;
+    std::vector<int64_t> dims = ys.dims();
+    dims.back() = rows;
+    const TensorId in = dropped_input(op, br, b);
+    const TensorId pd = b.transient(site + ".dora_dropped.y", Shape(dims), Category::activations, dt);
+    b.emit({OpKind::matmul, site + ".dora_dropped", {in, op.inputs[1]}, {pd},
+            MatmulAttrs{a.m, rows, a.k, false, true, 1.0f, br.module.row_begin * a.k, !br.module.whole()},
+            2.0 * double(a.m) * double(rows) * double(a.k)});
+    const TensorId xa = lora_a_product(op, br, in, b);
+    const TensorId q = b.transient(site + ".lora_B.y", Shape(dims), Category::activations, dt);
+    b.emit({OpKind::matmul, site + ".lora_B", {xa, br.b}, {q}, MatmulAttrs{a.m, rows, r, false, true, float(br.scale)},
+            2.0 * double(a.m) * double(rows) * double(r)});
+    blend.begins.push_back(br.module.row_begin);
+    blend.widths.push_back(rows);
+    inplace.push_back({int(outputs.size()), int(inputs.size()) + 2});  // z over p
+    inputs.insert(inputs.end(), {br.magnitude, dora_norm(op, br, b), pd, q});
+    outputs.push_back(b.transient(site + ".dora_blend.z", Shape(dims), Category::activations, dt));
+  }
+  b.emit({OpKind::dora_blend, op.name + ".dora_blend", std::move(inputs), std::move(outputs), std::move(blend),
+          5.0 * double(ys.numel()), {}, {}, std::move(inplace)});
+}
+
 // y = z with each branch's columns (z - bias) * m / ||W + scale B A|| + bias, the norms
 // computed from the weights of this step.
 void LoraRewrite::emit_dora(const Op& op, std::vector<Branch> branches, TensorId z, GraphBuilder& b) {
@@ -249,15 +327,9 @@ void LoraRewrite::emit_dora(const Op& op, std::vector<Branch> branches, TensorId
   DoraScaleAttrs scale{a.m, a.n, {}, {}, op.inputs.size() > 2};
   std::vector<TensorId> inputs{z};
   for (const Branch& br : branches) {
-    const std::string site = br.module.whole() ? op.name : op.name + "." + br.module.short_name();
-    const int64_t rows = br.module.rows;
-    const TensorId norm = b.transient(site + ".dora_norm.y", Shape{rows}, Category::activations, DType::f32);
-    const double flops = double(rows) * double(a.k) * (2.0 * double(br.rank) + 3.0);
-    b.emit({OpKind::dora_norm, site + ".dora_norm", {op.inputs[1], br.a, br.b}, {norm},
-            DoraNormAttrs{a.k, br.module.row_begin, rows, br.rank, float(br.scale)}, flops});
     scale.begins.push_back(br.module.row_begin);
-    scale.widths.push_back(rows);
-    inputs.insert(inputs.end(), {br.magnitude, norm});
+    scale.widths.push_back(br.module.rows);
+    inputs.insert(inputs.end(), {br.magnitude, dora_norm(op, br, b)});
   }
   if (scale.has_bias) inputs.push_back(op.inputs[2]);
   b.emit({OpKind::dora_scale, op.name + ".dora_scale", std::move(inputs), op.outputs, std::move(scale),

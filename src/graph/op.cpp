@@ -45,6 +45,8 @@ std::string_view op_kind_name(OpKind k) {
     MEMFIT_KIND(dora_norm)
     MEMFIT_KIND(dora_scale)
     MEMFIT_KIND(dora_scale_backward)
+    MEMFIT_KIND(dora_blend)
+    MEMFIT_KIND(dora_blend_backward)
     MEMFIT_KIND(dropout_forward)
     MEMFIT_KIND(dropout_backward)
     MEMFIT_KIND(accumulate)

@@ -75,6 +75,14 @@ enum class OpKind : uint16_t {
   dora_scale_backward,  // in [dy, z, (m, norm) per block, (bias)] out [dz, dm per block]: dz = dy, then
                        //   dz[:, block] *= m / norm; dm = column sums of dy (z - bias) / norm over the
                        //   block; dz may overwrite dy
+  dora_blend,          // in [y0 (M,N), (m (W_i), norm (W_i), p_i (M,W_i), q_i (M,W_i)) per block]
+                       //   out [y (M,N), z_i (M,W_i) per block]: DoRA with dropout (PEFT's form, where the
+                       //   dropped input has its own base product): y = y0, then y[:, block] += (m / norm - 1)
+                       //   p + (m / norm) q, and z = p + q (all the backward keeps); p = dropout(x) W^T (no
+                       //   bias), q = scale dropout(x) A^T B^T; DoraScaleAttrs; y may overwrite y0, z p
+  dora_blend_backward,  // in [dy, (m, norm, z) per block] out [(dp, dq, dm) per block]: dp = dy[:, block]
+                       //   (m / norm - 1), dq = dy[:, block] m / norm, dm = column sums of dy[:, block] z /
+                       //   norm (y0's gradient is dy itself)
   dropout_forward,     // in [x] out [y]: y = x * keep / (1 - p), keep drawn per element from a
                        //   counter-based hash of (run seed, step, micro-step, salt, index); DropoutAttrs
   dropout_backward,    // in [dy] out [dx]: dx = dy * keep / (1 - p), the same keep (no mask is stored);
@@ -213,6 +221,10 @@ struct MatmulAttrs {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   float alpha = 1.0f;
+  // b_window: B is a window of rows of a larger tensor (one piece of a fused q/k/v weight, as
+  // B [N,K] of a forward product or of its input gradient), its elements from b_offset on.
+  int64_t b_offset = 0;
+  bool b_window = false;
 };
 // A product with a frozen quantised weight W [N, K] (graph/quantize_base.hpp). W is stored as
 // `segments` pieces of rows, each quantised on its own (a fused weight keeps the HF tensors it
@@ -228,7 +240,14 @@ struct QuantLinearAttrs {
   // the model as loaded in it). It stays when an fp16 product becomes an fp32 island.
   DType weight_dtype = DType::f32;
   std::vector<int64_t> segments;  // rows of each separately quantised piece; they sum to n
+  // >= 0: the product multiplies only this piece of the storage (n is its rows): a window of
+  // rows of a fused weight, as MatmulAttrs::b_offset.
+  int64_t piece = -1;
 };
+// The pieces a quantised product multiplies: all of them, or its one piece.
+inline std::vector<int64_t> multiplied_segments(const QuantLinearAttrs& a) {
+  return a.piece < 0 ? a.segments : std::vector<int64_t>{a.segments[size_t(a.piece)]};
+}
 struct NormAttrs {
   float eps = 1e-5f;
 };

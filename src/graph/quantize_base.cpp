@@ -69,13 +69,17 @@ class QuantizeBase final : public ForwardRewrite {
     if (it == weights_.end()) return false;
     const QuantizedParam& qp = it->second;
     const MatmulAttrs& m = std::get<MatmulAttrs>(op.attrs);
-    MEMFIT_CHECK(m.trans_b && !m.trans_a && m.alpha == 1.0f && m.n == qp.rows && m.k == qp.cols, "graph",
-                 "op '{}' reads quantised weight {} other than as x W^T", op.name, b.program().tensor(qp.codes).name);
+    const int64_t piece = piece_at(qp, m);
+    MEMFIT_CHECK(m.trans_b && !m.trans_a && m.alpha == 1.0f && m.k == qp.cols && (m.n == qp.rows || piece >= 0),
+                 "graph", "op '{}' reads quantised weight {} other than as x W^T", op.name,
+                 b.program().tensor(qp.codes).name);
     QuantLinearAttrs a;
     a.m = m.m, a.n = m.n, a.k = m.k;
+    a.piece = piece;
     a.spec = qp.spec;
     a.has_bias = op.inputs.size() > 2;
-    a.tile_rows = quant_tile_rows(*std::max_element(qp.segments.begin(), qp.segments.end()), qp.cols);
+    const int64_t tallest = piece >= 0 ? m.n : *std::max_element(qp.segments.begin(), qp.segments.end());
+    a.tile_rows = quant_tile_rows(tallest, qp.cols);
     a.compute = compute_;
     a.weight_dtype = compute_;
     a.segments = qp.segments;
@@ -90,6 +94,17 @@ class QuantizeBase final : public ForwardRewrite {
   }
 
  private:
+  // The piece a window of W's rows is (MatmulAttrs::b_offset: DoRA's product of one piece of a
+  // fused weight, with dropout), or -1 for the whole weight.
+  static int64_t piece_at(const QuantizedParam& qp, const MatmulAttrs& m) {
+    if (!m.b_window) return -1;
+    for (int64_t s = 0, row = 0; s < int64_t(qp.segments.size()); row += qp.segments[size_t(s)], ++s)
+      if (row * qp.cols == m.b_offset && qp.segments[size_t(s)] == m.n) return s;
+    MEMFIT_CHECK(false, "graph", "rows [{}, {}) of a quantised weight are not one of its pieces", m.b_offset / qp.cols,
+                 m.b_offset / qp.cols + m.n);
+    return -1;
+  }
+
   // QDoRA: DoRA's norm reads the weight's pieces as its quantised product does.
   bool rewrite_dora_norm(const Op& op, GraphBuilder& b) {
     const auto it = weights_.find(op.inputs[0]);
@@ -138,6 +153,7 @@ QuantizedParam quantized_param_of(const Program& p, const ParamEntry& e) {
   for (const Op& op : p.ops()) {
     if (op.kind != OpKind::quant_linear || op.inputs[1] != codes) continue;
     const auto& a = std::get<QuantLinearAttrs>(op.attrs);
+    if (a.piece >= 0) continue;  // a window of the weight's rows
     qp.spec = a.spec, qp.weight_dtype = a.weight_dtype;
     qp.rows = a.n, qp.cols = a.k, qp.segments = a.segments;
     qp.codes = codes;

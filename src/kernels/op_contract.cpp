@@ -225,7 +225,14 @@ void check_matmul(const Program& p, const Op& op) {
                "op '{}' (matmul) needs inputs [A, B, (bias)] and output [C]", op.name);
   const MatmulAttrs& a = attrs_of<MatmulAttrs>(op);
   check_numel(p, op, op.inputs[0], a.m * a.k, "A");
-  check_numel(p, op, op.inputs[1], a.k * a.n, "B");
+  if (!a.b_window) {
+    check_numel(p, op, op.inputs[1], a.k * a.n, "B");
+  } else {  // whole rows of a larger B: K-long rows stored [N,K] (trans_b), N-long ones stored [K,N]
+    const int64_t row = a.trans_b ? a.k : a.n, numel = p.tensor(op.inputs[1]).numel();
+    MEMFIT_CHECK(a.b_offset >= 0 && a.b_offset % row == 0 && numel % row == 0 && a.b_offset + a.k * a.n <= numel,
+                 "kernels", "op '{}' (matmul): B '{}' of {} elements has no window of {} x {} at element {}", op.name,
+                 p.tensor(op.inputs[1]).name, numel, a.n, a.k, a.b_offset);
+  }
   if (op.inputs.size() == 3) check_numel(p, op, op.inputs[2], a.n, "bias");
   check_numel(p, op, op.outputs[0], a.m * a.n, "C");
 }
@@ -242,8 +249,10 @@ void check_quant_linear(const Program& p, const Op& op) {
   check_arity(op, 1 + storage + (fwd && a.has_bias ? 1 : 0), 1, 1 + (wide ? 1 : 0) + (scratch ? 1 : 0));
   MEMFIT_CHECK(a.compute == DType::f32 || a.compute == DType::bf16, "kernels",
                "op '{}': quantised products compute in fp32 or bf16, not {}", op.name, dtype_name(a.compute));
+  MEMFIT_CHECK(a.piece < int64_t(a.segments.size()), "kernels", "op '{}': piece {} of a weight of {} pieces", op.name,
+               a.piece, a.segments.size());
   int64_t rows = 0;
-  for (int64_t r : a.segments) rows += r;
+  for (int64_t r : multiplied_segments(a)) rows += r;
   MEMFIT_CHECK(!a.segments.empty() && rows == a.n && a.tile_rows >= 1, "kernels",
                "op '{}': segments of {} rows for a weight of {} rows", op.name, rows, a.n);
   const QuantSpec& spec = a.spec;
@@ -516,7 +525,9 @@ void check_op_contract(const Program& program, const Op& op) {
     case OpKind::dropout_backward: return check_dropout(program, op);
     case OpKind::dora_norm:
     case OpKind::dora_scale:
-    case OpKind::dora_scale_backward: return check_dora(program, op);
+    case OpKind::dora_scale_backward:
+    case OpKind::dora_blend:
+    case OpKind::dora_blend_backward: return check_dora(program, op);
     case OpKind::matmul: return check_matmul(program, op);
     case OpKind::quant_linear:
     case OpKind::quant_linear_backward: return check_quant_linear(program, op);

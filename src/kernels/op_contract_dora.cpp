@@ -1,5 +1,5 @@
 // The op contract of DoRA's kinds (see op_contract.hpp): dora_norm over a float or a
-// quantised W, dora_scale and its backward.
+// quantised W, dora_scale and its backward, dora_blend and its backward.
 #include "kernels/op_contract.hpp"
 #include "kernels/quant/quant_segments.hpp"
 
@@ -38,6 +38,57 @@ void check_dora_quantized(const Program& p, const Op& op) {
   require_overwrite(op, 0);
 }
 
+// The sorted, disjoint column blocks of a dora_scale or dora_blend over n columns.
+void check_blocks(const Op& op, const DoraScaleAttrs& a) {
+  MEMFIT_CHECK(!a.begins.empty() && a.widths.size() == a.begins.size(), "kernels",
+               "op '{}': {} block starts and {} widths", op.name, a.begins.size(), a.widths.size());
+  for (size_t i = 0, end = 0; i < a.begins.size(); ++i) {
+    MEMFIT_CHECK(a.widths[i] > 0 && a.begins[i] >= int64_t(end) && a.begins[i] + a.widths[i] <= a.n, "kernels",
+                 "op '{}': column block [{}, {}) overlaps another or lies outside {} columns", op.name, a.begins[i],
+                 a.begins[i] + a.widths[i], a.n);
+    end = size_t(a.begins[i] + a.widths[i]);
+  }
+}
+
+// dora_blend: in [y0, (m, norm, p, q) per block] out [y, z per block]; backward in [dy, (m,
+// norm, z) per block] out [(dp, dq, dm) per block]. p, q, z and their gradients are the block's
+// columns.
+void check_dora_blend(const Program& p, const Op& op) {
+  const bool fwd = op.kind == OpKind::dora_blend;
+  const DoraScaleAttrs& a = std::get<DoraScaleAttrs>(op.attrs);
+  check_blocks(op, a);
+  MEMFIT_CHECK(!a.has_bias, "kernels", "op '{}': a blend takes no bias (y0 holds it)", op.name);
+  const size_t blocks = a.begins.size(), stride = fwd ? 4 : 3;
+  check_arity(op, 1 + stride * blocks, fwd ? 1 + blocks : 3 * blocks);
+  const DType dt = p.tensor(op.inputs[0]).dtype;
+  check_numel(p, op, op.inputs[0], a.m * a.n, fwd ? "y0" : "dy");
+  if (fwd) {
+    check_numel(p, op, op.outputs[0], a.m * a.n, "y");
+    require_dtype(p, op, op.outputs[0], dt);
+  }
+  auto block_tensor = [&](TensorId id, int64_t width, const char* what) {
+    check_numel(p, op, id, a.m * width, what);
+    require_dtype(p, op, id, dt);
+  };
+  for (size_t i = 0; i < blocks; ++i) {
+    const size_t in = 1 + stride * i;
+    check_numel(p, op, op.inputs[in], a.widths[i], "magnitude");
+    check_numel(p, op, op.inputs[in + 1], a.widths[i], "norm");
+    require_dtype(p, op, op.inputs[in + 1], DType::f32);
+    if (fwd) {
+      block_tensor(op.inputs[in + 2], a.widths[i], "p");
+      block_tensor(op.inputs[in + 3], a.widths[i], "q");
+      block_tensor(op.outputs[1 + i], a.widths[i], "z");
+      require_overwrite(op, 1 + i);
+      continue;
+    }
+    block_tensor(op.inputs[in + 2], a.widths[i], "z");
+    block_tensor(op.outputs[3 * i], a.widths[i], "dp");
+    block_tensor(op.outputs[3 * i + 1], a.widths[i], "dq");
+    check_numel(p, op, op.outputs[3 * i + 2], a.widths[i], "magnitude gradient");
+  }
+}
+
 }  // namespace
 
 // DoRA: dora_norm reads W's adapted rows with A and B of W's dtype; dora_scale(_backward)'s
@@ -61,11 +112,11 @@ void check_dora(const Program& p, const Op& op) {
     require_overwrite(op, 0);
     return;
   }
+  if (op.kind == OpKind::dora_blend || op.kind == OpKind::dora_blend_backward) return check_dora_blend(p, op);
   const bool fwd = op.kind == OpKind::dora_scale;
   const DoraScaleAttrs& a = std::get<DoraScaleAttrs>(op.attrs);
   const size_t blocks = a.begins.size(), first = fwd ? 1 : 2;
-  MEMFIT_CHECK(blocks >= 1 && a.widths.size() == blocks, "kernels", "op '{}': {} block starts and {} widths", op.name,
-               a.begins.size(), a.widths.size());
+  check_blocks(op, a);
   check_arity(op, first + 2 * blocks + (a.has_bias ? 1 : 0), fwd ? 1 : 1 + blocks);
   const DType dt = p.tensor(op.outputs[0]).dtype;
   for (size_t i = 0; i < first; ++i) {
@@ -73,11 +124,7 @@ void check_dora(const Program& p, const Op& op) {
     require_dtype(p, op, op.inputs[i], dt);
   }
   check_numel(p, op, op.outputs[0], a.m * a.n, fwd ? "y" : "dz");
-  for (size_t i = 0, end = 0; i < blocks; ++i) {
-    MEMFIT_CHECK(a.widths[i] > 0 && a.begins[i] >= int64_t(end) && a.begins[i] + a.widths[i] <= a.n, "kernels",
-                 "op '{}': column block [{}, {}) overlaps another or lies outside {} columns", op.name, a.begins[i],
-                 a.begins[i] + a.widths[i], a.n);
-    end = size_t(a.begins[i] + a.widths[i]);
+  for (size_t i = 0; i < blocks; ++i) {
     check_numel(p, op, op.inputs[first + 2 * i], a.widths[i], "magnitude");
     check_numel(p, op, op.inputs[first + 2 * i + 1], a.widths[i], "norm");
     require_dtype(p, op, op.inputs[first + 2 * i + 1], DType::f32);

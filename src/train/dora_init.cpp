@@ -70,9 +70,10 @@ void initialize_dora_magnitudes(Executor& ex, TensorStaging& staging) {
   const Program& p = ex.program();
   std::map<TensorId, TensorId> magnitude_of_norm;
   for (const Op& op : p.ops()) {
-    if (op.kind != OpKind::dora_scale || op.phase != Phase::forward) continue;
+    if ((op.kind != OpKind::dora_scale && op.kind != OpKind::dora_blend) || op.phase != Phase::forward) continue;
     const auto& a = std::get<DoraScaleAttrs>(op.attrs);
-    for (size_t i = 0; i < a.begins.size(); ++i) magnitude_of_norm[op.inputs[2 + 2 * i]] = op.inputs[1 + 2 * i];
+    const size_t stride = op.kind == OpKind::dora_blend ? 4 : 2;  // (m, norm, p, q) or (m, norm) per block
+    for (size_t i = 0; i < a.begins.size(); ++i) magnitude_of_norm[op.inputs[2 + stride * i]] = op.inputs[1 + stride * i];
   }
   std::set<TensorId> done;
   for (const Op& op : p.ops()) {

@@ -179,6 +179,14 @@ TEST(LoraEstimate, DoraPartsAreThoseOfTheClosedForm) {
   EXPECT_EQ(dora.lora.dora_saved_bytes, uint64_t(L * tokens * outs * 4));  // fp32
   EXPECT_DOUBLE_EQ(dora.lora.dora_norm_flops, double(L * outs * C * (2 * 4 + 3)));
   EXPECT_GT(dora.plan_peak, lora.plan_peak);
+  // With dropout (PEFT's second base product, of the dropped input) each product still keeps
+  // one z, p + q; the dropped inputs are kept as in plain LoRA's branch.
+  p.lora.dropout = 0.1;
+  const ProgramSummary dropped = plan_summary(s, p, hardware_preset("a100-80gb"), {});
+  EXPECT_EQ(dropped.lora.dora_saved_bytes, dora.lora.dora_saved_bytes);
+  EXPECT_EQ(dropped.lora.branch_bytes, dora.lora.branch_bytes + uint64_t(L * tokens * (C + C) * 4));
+  EXPECT_DOUBLE_EQ(dropped.lora.dora_norm_flops, dora.lora.dora_norm_flops);
+  EXPECT_GT(dropped.plan_peak, dora.plan_peak);
 }
 
 TEST(LoraEstimate, QloraOnLlama65bFitsOneA6000) {

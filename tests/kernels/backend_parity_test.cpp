@@ -212,6 +212,25 @@ int build_case(OpKind kind, ProgramFixture& f) {
       return f.op(kind, in, {t.floats("dz", {N, 3 * C}), t.floats("dm0", {C}), t.floats("dm1", {C})}, a,
                   {acc, acc, ow});
     }
+    case OpKind::dora_blend:
+    case OpKind::dora_blend_backward: {  // blocks [0, C) and [2C, 3C) of 3C columns
+      const bool forward = kind == OpKind::dora_blend;
+      std::vector<TensorId> in{forward ? t.floats("y0", {N, 3 * C}) : t.floats("dy", {N, 3 * C})};
+      for (const char* block : {"0", "1"}) {
+        const std::string i = block;
+        in.insert(in.end(), {t.floats("m" + i, {C}, 0.5, 2), t.floats("norm" + i, {C}, 0.5, 2)});
+        if (forward) in.insert(in.end(), {t.floats("p" + i, {N, C}), t.floats("q" + i, {N, C})});
+        else in.push_back(t.floats("z" + i, {N, C}));
+      }
+      const DoraScaleAttrs a{N, 3 * C, {0, 2 * C}, {C, C}, false};
+      if (forward)
+        return f.op(kind, in, {t.floats("y", {N, 3 * C}), t.floats("z0", {N, C}), t.floats("z1", {N, C})}, a,
+                    {acc, ow, ow});
+      return f.op(kind, in,
+                  {t.floats("dp0", {N, C}), t.floats("dq0", {N, C}), t.floats("dm0", {C}), t.floats("dp1", {N, C}),
+                   t.floats("dq1", {N, C}), t.floats("dm1", {C})},
+                  a, {acc, ow, acc, ow, acc, ow});
+    }
     case OpKind::fill: return f.op(kind, {}, {t.floats("x", {N, C})}, FillAttrs{0.75f}, {acc});
     case OpKind::grad_norm: {
       GradNormAttrs a;

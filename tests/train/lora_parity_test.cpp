@@ -92,39 +92,69 @@ class LoraParity : public ::testing::TestWithParam<const char*> {
   std::string out = (fs::temp_directory_path() / ("memfit_lora_parity_" + family + "_" +
                                                   std::to_string(::getpid()))).string();
   ~LoraParity() override { fs::remove_all(out); }
+
+
+  // One micro-step of `r` against the fixture's `prefix`loss and `prefix`grad.<tensor>: the loss
+  // to 1e-5 relative, every trained tensor's gradient to 1e-4 of its largest element.
+  void expect_step_matches(LoraRun& r, const std::string& prefix) {
+    std::vector<float> ref(1);
+    expected.read_f32(prefix + "loss", Shape{}, ref.data());
+    const float loss = r.micro_step();
+    EXPECT_NEAR(loss, ref[0], 1e-5 * std::fabs(ref[0]));
+    std::printf("%sloss: memfit %.7f, PEFT %.7f\n", prefix.c_str(), loss, ref[0]);
+    int compared = 0;
+    double worst = 0;
+    for (const ParamEntry& e : r.compiled.program.params()) {
+      if (e.grad == kNoTensor) {
+        EXPECT_FALSE(trained(e.name)) << e.name;
+        continue;
+      }
+      ASSERT_TRUE(trained(e.name)) << e.name << " is trainable";
+      std::vector<float> ours = test::tensor_values<float>(*r.ex, e.grad);
+      const std::vector<float> theirs = read_all(expected, prefix + "grad." + peft_tensor_name(r.spec, e.name));
+      // An output head holds the padded vocabulary's rows too: HF's are the first.
+      if (e.name == "lm_head.weight" && ours.size() > theirs.size()) ours.resize(theirs.size());
+      ASSERT_EQ(ours.size(), theirs.size()) << e.name;
+      const double err = normalised_error(ours, theirs);
+      EXPECT_LE(err, 1e-4) << e.name;
+      worst = std::max(worst, err);
+      ++compared;
+    }
+    int grads = 0;
+    for (const SafetensorsEntry& e : expected.entries()) grads += e.name.starts_with(prefix + "grad.");
+    EXPECT_EQ(compared, grads);
+    EXPECT_GT(compared, 0);
+    std::printf("%d adapter gradients, largest normalised error %.3g\n", compared, worst);
+  }
 };
 
 TEST_P(LoraParity, LossAndEveryAdapterGradientMatchPeft) {
-  std::vector<float> ref(1);
-  expected.read_f32("loss", Shape{}, ref.data());
-  const float loss = run.micro_step();
-  EXPECT_NEAR(loss, ref[0], 1e-5 * std::fabs(ref[0]));
-  std::printf("loss: memfit %.7f, PEFT %.7f\n", loss, ref[0]);
-  const Program& p = run.compiled.program;
-  int compared = 0;
-  double worst = 0;
-  for (const ParamEntry& e : p.params()) {
-    if (e.grad == kNoTensor) {
-      EXPECT_FALSE(trained(e.name)) << e.name;
-      continue;
-    }
-    ASSERT_TRUE(trained(e.name)) << e.name << " is trainable";
-    std::vector<float> ours = test::tensor_values<float>(*run.ex, e.grad);
-    const std::vector<float> theirs = read_all(expected, "grad." + peft_tensor_name(run.spec, e.name));
-    // An output head holds the padded vocabulary's rows too: HF's are the first.
-    if (e.name == "lm_head.weight" && ours.size() > theirs.size()) ours.resize(theirs.size());
-    ASSERT_EQ(ours.size(), theirs.size()) << e.name;
-    const double err = normalised_error(ours, theirs);
-    EXPECT_LE(err, 1e-4) << e.name;
-    worst = std::max(worst, err);
-    ++compared;
-  }
-  int grads = 0;
-  for (const SafetensorsEntry& e : expected.entries()) grads += e.name.starts_with("grad.");
-  EXPECT_EQ(compared, grads);
-  EXPECT_GT(compared, 0);
+  expect_step_matches(run, "");
   EXPECT_EQ(saved_whole.size(), family == "llama_extras" ? 7u : 0u);  // 2 o_proj, norm, 2 x 2 layer norms
-  std::printf("%d adapter gradients, largest normalised error %.3g\n", compared, worst);
+}
+
+// DoRA with lora_dropout: PEFT's form, where the dropped input gets its own base product
+// (graph/lora.cpp), against PEFT run on memfit's own masks (tools/make_lora_fixtures.py draws
+// them as core/dropout_mask.hpp does, for seed 0, step 1, micro-step 0). Llama's q and v are
+// windows of the fused q/k/v weight; GPT-2's layers have biases, which only the undropped
+// product adds.
+class DoraDropoutParity : public LoraParity {};
+
+TEST_P(DoraDropoutParity, MatchesPeftOnTheSameMasks) {
+  float p = 0;
+  expected.read_f32("dropout_p", Shape{}, &p);
+  fs::create_directories(out);
+  fs::copy_file(adapter + "/adapter_model.safetensors", out + "/adapter_model.safetensors");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(adapter + "/adapter_config.json"));
+  config["lora_dropout"] = p;
+  std::ofstream(out + "/adapter_config.json") << config.dump();
+  LoraRun dropped(base, out);
+  ASSERT_EQ(float(dropped.lora.dropout), p);
+  expect_step_matches(dropped, "dropout.");
+  float plain = 0;
+  expected.read_f32("loss", Shape{}, &plain);
+  EXPECT_GT(std::fabs(dropped.ex->read_scalar<float>(dropped.compiled.program.find_tensor(kLoss)) - plain),
+            1e-5 * plain);  // the masks did drop something
 }
 
 TEST_P(LoraParity, ThreeAdamWStepsAndTheSavedAdapterMatchPeft) {
@@ -207,6 +237,9 @@ TEST_P(LoraParity, ThreeAdamWStepsAndTheSavedAdapterMatchPeft) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::Values("llama", "gpt2", "llama_extras", "llama_select",
                                                                        "llama_patterns", "llama_dora", "gpt2_dora"),
+                         [](const auto& info) { return std::string(info.param); });
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DoraDropoutParity, ::testing::Values("llama_dora", "gpt2_dora"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference) {

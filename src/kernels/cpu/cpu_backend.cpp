@@ -37,7 +37,7 @@ OpCapabilities make_cpu_capabilities() {
            OpKind::dropout_forward, OpKind::dropout_backward, OpKind::accumulate, OpKind::loss_mean,
            OpKind::cast, OpKind::check_finite, OpKind::flash_attention_forward, OpKind::flash_attention_backward,
            OpKind::grad_norm, OpKind::adamw, OpKind::adamw8bit, OpKind::load_input, OpKind::dora_norm,
-           OpKind::dora_scale, OpKind::dora_scale_backward},
+           OpKind::dora_scale, OpKind::dora_scale_backward, OpKind::dora_blend, OpKind::dora_blend_backward},
           {DType::bf16, DType::f16});
   c.allow(OpKind::load_input, {DType::f32});
   c.allow({OpKind::comm_quantize, OpKind::comm_dequantize}, {DType::f32, DType::bf16, DType::f16});
@@ -118,7 +118,9 @@ class CpuBackend final : public Backend {
       case OpKind::bias_grad: return prepare_bias_grad(program, op, binding);
       case OpKind::dora_norm:
       case OpKind::dora_scale:
-      case OpKind::dora_scale_backward: return prepare_dora(program, op, binding);
+      case OpKind::dora_scale_backward:
+      case OpKind::dora_blend:
+      case OpKind::dora_blend_backward: return prepare_dora(program, op, binding);
       case OpKind::attention_forward:
       case OpKind::attention_backward: return prepare_attention(env_, program, op, binding);
       case OpKind::flash_attention_forward:

@@ -209,6 +209,94 @@ void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& 
   });
 }
 
+template <class T>
+void dora_blend_forward(const T* y0, const std::vector<DoraBlock>& blocks, T* y, int64_t m, int64_t n, bool acc) {
+  parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)), [&](int64_t lo, int64_t hi) {
+    auto put = [acc](T& o, float v) { o = narrow<T>(acc ? widen(o) + v : v); };
+    int64_t c = 0;
+    auto copy_to = [&](int64_t stop) {  // y0's columns outside the blocks (nothing to do in place)
+      if (y != y0 || acc)
+        for (int64_t i = lo; i < hi; ++i)
+          for (int64_t k = c; k < stop; ++k) put(y[i * n + k], widen(y0[i * n + k]));
+      c = stop;
+    };
+    float f[kChunk], unused[kChunk];
+    for (const DoraBlock& blk : blocks) {
+      copy_to(blk.begin);
+      const T* p = static_cast<const T*>(blk.p);
+      const T* q = static_cast<const T*>(blk.q);
+      for (int64_t c0 = 0; c0 < blk.width; c0 += kChunk) {
+        const int64_t len = std::min(kChunk, blk.width - c0);
+        chunk_factors(blk, AnyFloats{}, c0, len, f, unused);
+        for (int64_t i = lo; i < hi; ++i) {
+          const T* base = y0 + i * n + blk.begin + c0;
+          const T* pr = p + i * blk.width + c0;
+          const T* qr = q + i * blk.width + c0;
+          T* o = y + i * n + blk.begin + c0;
+          T* zr = static_cast<T*>(blk.z_out) + i * blk.width + c0;  // may be pr
+          for (int64_t k = 0; k < len; ++k) {
+            const float pv = widen(pr[k]), qv = widen(qr[k]);
+            put(o[k], widen(base[k]) + (f[k] - 1.0f) * pv + f[k] * qv);
+            zr[k] = narrow<T>(pv + qv);
+          }
+        }
+      }
+      c = blk.begin + blk.width;
+    }
+    copy_to(n);
+  });
+}
+
+template <class T>
+void dora_blend_backward(const T* dy, const std::vector<DoraBlock>& blocks, int64_t m, int64_t n) {
+  for (const DoraBlock& blk : blocks) {
+    const T* z = static_cast<const T*>(blk.z);
+    parallel_for(blk.width, kChunk / 4, [&](int64_t lo, int64_t hi) {  // dm: columns over threads, all rows
+      double sums[kChunk];
+      for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
+        const int64_t len = std::min(kChunk, hi - c0);
+        std::fill(sums, sums + len, 0.0);
+        for (int64_t i = 0; i < m; ++i) {
+          const T* dyr = dy + i * n + blk.begin + c0;
+          const T* zr = z + i * blk.width + c0;
+          for (int64_t c = 0; c < len; ++c) sums[c] += double(widen(dyr[c]) * widen(zr[c]));
+        }
+        visit_float_type(blk.dm_dtype, [&](auto t) {
+          using G = decltype(t);
+          G* dm = static_cast<G*>(blk.dm) + c0;
+          for (int64_t c = 0; c < len; ++c) {
+            const float g = float(sums[c] / double(blk.norm[c0 + c]));
+            dm[c] = narrow<G>(blk.dm_accumulate ? widen(dm[c]) + g : g);
+          }
+        });
+      }
+    });
+    parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(blk.width, 1)), [&](int64_t lo, int64_t hi) {
+      float f[kChunk], unused[kChunk];
+      T* dp = static_cast<T*>(blk.dp);
+      T* dq = static_cast<T*>(blk.dq);
+      for (int64_t c0 = 0; c0 < blk.width; c0 += kChunk) {
+        const int64_t len = std::min(kChunk, blk.width - c0);
+        chunk_factors(blk, AnyFloats{}, c0, len, f, unused);
+        for (int64_t i = lo; i < hi; ++i) {
+          const T* g = dy + i * n + blk.begin + c0;
+          const int64_t at = i * blk.width + c0;
+          if (dp)
+            for (int64_t k = 0; k < len; ++k) {
+              const float v = (f[k] - 1.0f) * widen(g[k]);
+              dp[at + k] = narrow<T>(blk.dp_accumulate ? widen(dp[at + k]) + v : v);
+            }
+          if (dq)
+            for (int64_t k = 0; k < len; ++k) {
+              const float v = f[k] * widen(g[k]);
+              dq[at + k] = narrow<T>(blk.dq_accumulate ? widen(dq[at + k]) + v : v);
+            }
+        }
+      }
+    });
+  }
+}
+
 #define MEMFIT_DORA(T)                                                                                              \
   template void dora_norm_rows<T>(const T*, const T*, const T*, float*, int64_t, int64_t, int64_t, int64_t, float); \
   template void dora_norm_rows_quantized<T>(std::span<const QuantizedWeight>, DType, const T*, const T*, float*,    \
@@ -216,7 +304,9 @@ void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& 
   template void dora_scale_forward<T>(const T*, const std::vector<DoraBlock>&, AnyFloats, T*, int64_t, int64_t,    \
                                       bool);                                                                       \
   template void dora_scale_backward<T>(const T*, const T*, const std::vector<DoraBlock>&, AnyFloats, T*, int64_t,  \
-                                       int64_t, bool);
+                                       int64_t, bool);                                                      \
+  template void dora_blend_forward<T>(const T*, const std::vector<DoraBlock>&, T*, int64_t, int64_t, bool);       \
+  template void dora_blend_backward<T>(const T*, const std::vector<DoraBlock>&, int64_t, int64_t);
 MEMFIT_DORA(float)
 MEMFIT_DORA(bf16_t)
 MEMFIT_DORA(fp16_t)

@@ -27,6 +27,15 @@ struct DoraBlock {
   void* dm = nullptr;
   DType dm_dtype = DType::f32;
   bool dm_accumulate = false;
+  // dora_blend: the block's p and q [rows, width] (the op's T); z = p + q, which the forward
+  // writes (maybe over p) and the backward reads; the backward's gradients of p and q.
+  const void* p = nullptr;
+  const void* q = nullptr;
+  void* z_out = nullptr;
+  const void* z = nullptr;
+  void* dp = nullptr;
+  void* dq = nullptr;
+  bool dp_accumulate = false, dq_accumulate = false;
 };
 
 // norm[j] = || W[row_begin + j, :] + scale (B A)[j, :] ||, W [*, k], A [rank, k], B [rows, rank].
@@ -47,5 +56,15 @@ void dora_scale_forward(const T* z, const std::vector<DoraBlock>& blocks, AnyFlo
 template <class T>
 void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* dz,
                          int64_t m, int64_t n, bool dz_acc);
+
+// DoRA with dropout: y (+)= y0, and in each block (m / norm - 1) p + (m / norm) q as well;
+// z = p + q (z may be p).
+template <class T>
+void dora_blend_forward(const T* y0, const std::vector<DoraBlock>& blocks, T* y, int64_t m, int64_t n, bool acc);
+
+// dp (+)= dy (m / norm - 1), dq (+)= dy m / norm, dm (+)= column sums of dy z / norm, per block;
+// a null dp or dq is not wanted.
+template <class T>
+void dora_blend_backward(const T* dy, const std::vector<DoraBlock>& blocks, int64_t m, int64_t n);
 
 }  // namespace memfit

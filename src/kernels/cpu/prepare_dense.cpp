@@ -189,7 +189,8 @@ Prepared prepare_matmul(const DnnlEnv& env, const Program& p, const Op& op, cons
   const MatmulAttrs& a = attrs_of<MatmulAttrs>(op);
   const bool has_bias = op.inputs.size() == 3;
   MatmulKernel kernel(env, a, has_bias, WriteVariants::of(op.modes[0]), matmul_types(p, op));
-  kernel.bind(b.inputs[0], b.inputs[1], has_bias ? b.inputs[2] : nullptr, b.outputs[0], scratch_of(p, op, b));
+  const void* B = static_cast<const std::byte*>(b.inputs[1]) + dtype_bytes(dtype_of(p, op.inputs[1]), a.b_offset);
+  kernel.bind(b.inputs[0], B, has_bias ? b.inputs[2] : nullptr, b.outputs[0], scratch_of(p, op, b));
   return make_op([kernel = std::move(kernel), mode = op.modes[0]](const StepContext& ctx) {
     kernel.run(accumulates(mode, ctx));
   });

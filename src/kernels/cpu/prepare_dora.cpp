@@ -28,6 +28,57 @@ std::vector<DoraBlock> blocks_of(const Program& p, const Op& op, const OpBinding
   return blocks;
 }
 
+// The blocks of a dora_blend op (inputs [y0, (m, norm, p, q) per block], outputs [y, z per
+// block]) or of its backward (inputs [dy, (m, norm, z) per block], outputs [(dp, dq, dm) per
+// block]).
+std::vector<DoraBlock> blend_blocks_of(const Program& p, const Op& op, const OpBinding& b) {
+  const DoraScaleAttrs& a = attrs_of<DoraScaleAttrs>(op);
+  const bool fwd = op.kind == OpKind::dora_blend;
+  std::vector<DoraBlock> blocks(a.begins.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    DoraBlock& blk = blocks[i];
+    blk.begin = a.begins[i], blk.width = a.widths[i];
+    const size_t in = 1 + (fwd ? 4 : 3) * i;
+    blk.m = {b.inputs[in], p.tensor(op.inputs[in]).dtype};
+    blk.norm = {b.inputs[in + 1], p.tensor(op.inputs[in + 1]).dtype};
+    if (fwd) {
+      blk.p = b.inputs[in + 2], blk.q = b.inputs[in + 3], blk.z_out = b.outputs[1 + i];
+    } else {
+      blk.z = b.inputs[in + 2];
+      blk.dp = b.outputs[3 * i], blk.dq = b.outputs[3 * i + 1], blk.dm = b.outputs[3 * i + 2];
+      blk.dm_dtype = p.tensor(op.outputs[3 * i + 2]).dtype;
+    }
+  }
+  return blocks;
+}
+
+Prepared prepare_dora_blend(const Program& p, const Op& op, const OpBinding& b) {
+  const DoraScaleAttrs& a = attrs_of<DoraScaleAttrs>(op);
+  const int64_t m = a.m, n = a.n;
+  Prepared out;
+  dispatch_t(op, dtype_of(p, op.inputs[0]), [&](auto t) {
+    using T = decltype(t);
+    if (op.kind == OpKind::dora_blend) {
+      out = make_op([=, blocks = blend_blocks_of(p, op, b), y0 = in_t<T>(b, 0), y = out_t<T>(b, 0),
+                     mode = op.modes[0]](const StepContext& ctx) {
+        dora_blend_forward(y0, blocks, y, m, n, accumulates(mode, ctx));
+      });
+      return;
+    }
+    // The accumulate flags change with the micro-step; the closure's own copy is updated in place.
+    out = make_op([=, blocks = blend_blocks_of(p, op, b), dy = in_t<T>(b, 0), modes = op.modes](
+                      const StepContext& ctx) mutable {
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        blocks[i].dp_accumulate = accumulates(modes[3 * i], ctx);
+        blocks[i].dq_accumulate = accumulates(modes[3 * i + 1], ctx);
+        blocks[i].dm_accumulate = accumulates(modes[3 * i + 2], ctx);
+      }
+      dora_blend_backward(dy, blocks, m, n);
+    });
+  });
+  return out;
+}
+
 AnyFloats bias_of(const Program& p, const Op& op, const OpBinding& b) {
   if (!attrs_of<DoraScaleAttrs>(op).has_bias) return {};
   return {b.inputs.back(), p.tensor(op.inputs.back()).dtype};
@@ -65,6 +116,7 @@ Prepared prepare_dora(const Program& p, const Op& op, const OpBinding& b) {
     });
     return out;
   }
+  if (op.kind == OpKind::dora_blend || op.kind == OpKind::dora_blend_backward) return prepare_dora_blend(p, op, b);
   const DoraScaleAttrs& a = attrs_of<DoraScaleAttrs>(op);
   const bool fwd = op.kind == OpKind::dora_scale;
   const AnyFloats bias = bias_of(p, op, b);

@@ -102,8 +102,12 @@ class QuantLinearOp final : public PreparedOp {
     SegmentedStorage st{static_cast<const uint8_t*>(b.inputs[1]), b.inputs[2],
                         a_.spec.double_quant ? static_cast<const float*>(b.inputs[3]) : nullptr,
                         a_.spec.double_quant ? static_cast<const float*>(b.inputs[4]) : nullptr};
-    for (size_t s = 0; s < a_.segments.size(); ++s) weights_.push_back(segment_weight(spec, a_.k, a_.segments, s, st));
-    offsets_ = st.offset;
+    for (size_t s = 0; s < a_.segments.size(); ++s)
+      if (a_.piece < 0 || s == size_t(a_.piece)) weights_.push_back(segment_weight(spec, a_.k, a_.segments, s, st));
+    offsets_ = st.offset ? st.offset + std::max<int64_t>(a_.piece, 0) : nullptr;
+    // From here on the op multiplies its pieces only (a row window: one piece).
+    a_.segments = multiplied_segments(a_);
+    a_.piece = -1;
     tile_ = b.workspace[0];
     wide_ = !forward_ && a_.compute != DType::f32;
     dx32_ = wide_ ? static_cast<float*>(b.workspace[1]) : nullptr;
@@ -199,7 +203,8 @@ class QuantLinearOp final : public PreparedOp {
 }  // namespace
 
 uint64_t quant_linear_scratch_bytes(const DnnlEnv& env, const Program& p, const Op& op) {
-  const QuantLinearAttrs& a = attrs_of<QuantLinearAttrs>(op);
+  QuantLinearAttrs a = attrs_of<QuantLinearAttrs>(op);
+  a.segments = multiplied_segments(a);
   const bool forward = op.kind == OpKind::quant_linear, bias = forward && a.has_bias;
   const DType bias_dtype = bias ? dtype_of(p, op.inputs.back()) : DType::f32;
   uint64_t most = 0;

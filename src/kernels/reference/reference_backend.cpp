@@ -75,7 +75,7 @@ Prepared prepare_dense(const Program& p, const Op& op, const OpBinding& b) {
     case OpKind::matmul: {
       const MatmulAttrs a = attrs_of<MatmulAttrs>(op);
       return make_op([=, bias = op.inputs.size() == 3 ? in(b, 2) : nullptr](const StepContext& ctx) {
-        ref::matmul(in(b, 0), in(b, 1), bias, out(b, 0), a.m, a.n, a.k, a.trans_a, a.trans_b, double(a.alpha),
+        ref::matmul(in(b, 0), in(b, 1) + a.b_offset, bias, out(b, 0), a.m, a.n, a.k, a.trans_a, a.trans_b, double(a.alpha),
                     accumulates(m0, ctx));
       });
     }
@@ -336,7 +336,9 @@ class ReferenceBackend final : public Backend {
       case OpKind::cached_attention: return prepare_generation(program, op, binding);
       case OpKind::dora_norm:
       case OpKind::dora_scale:
-      case OpKind::dora_scale_backward: return ref::prepare_dora(program, op, binding);
+      case OpKind::dora_scale_backward:
+      case OpKind::dora_blend:
+      case OpKind::dora_blend_backward: return ref::prepare_dora(program, op, binding);
       default: return prepare_dense(program, op, binding);
     }
   }

@@ -44,6 +44,48 @@ double factor(const OpBinding& b, const DoraScaleAttrs& a, size_t first, int64_t
   return 1.0;
 }
 
+// dora_blend(_backward), element by element in double: the forward's block i has inputs m,
+// norm, p, q at 1 + 4 i and output z at 1 + i; the backward's has inputs m, norm, z at 1 + 3 i
+// and outputs dp, dq, dm at 3 i.
+std::unique_ptr<PreparedOp> prepare_blend(const Op& op, const OpBinding& b) {
+  const DoraScaleAttrs a = attrs_of<DoraScaleAttrs>(op);
+  const bool fwd = op.kind == OpKind::dora_blend;
+  const std::vector<WriteMode> modes = op.modes;
+  return make_op([=](const StepContext& ctx) {
+    auto put = [&](float* o, double v, size_t output) {
+      if (o) *o = accumulates(modes[output], ctx) ? float(*o + v) : float(v);  // null: not wanted
+    };
+    auto at = [&](size_t output, int64_t i) { return b.outputs[output] ? out(b, output) + i : nullptr; };
+    const float* first = in(b, 0);  // y0 or dy
+    if (fwd)
+      for (int64_t i = 0; i < a.m * a.n; ++i) put(at(0, i), double(first[i]), 0);
+    for (size_t blk = 0; blk < a.begins.size(); ++blk) {
+      const size_t base = 1 + (fwd ? 4 : 3) * blk;
+      const float *m = in(b, base), *norm = in(b, base + 1);
+      const int64_t w = a.widths[blk];
+      for (int64_t j = 0; j < w; ++j) {
+        const double f = double(m[j]) / double(norm[j]);
+        double dm = 0;
+        for (int64_t r = 0; r < a.m; ++r) {
+          const int64_t e = r * w + j;
+          if (fwd) {
+            const double pv = double(in(b, base + 2)[e]), qv = double(in(b, base + 3)[e]);
+            float& y = out(b, 0)[r * a.n + a.begins[blk] + j];
+            y = float(double(y) + (f - 1.0) * pv + f * qv);
+            out(b, 1 + blk)[e] = float(pv + qv);
+            continue;
+          }
+          const double g = double(first[r * a.n + a.begins[blk] + j]);
+          put(at(3 * blk, e), g * (f - 1.0), 3 * blk);
+          put(at(3 * blk + 1, e), g * f, 3 * blk + 1);
+          dm += g * double(in(b, base + 2)[e]);
+        }
+        if (!fwd) put(at(3 * blk + 2, j), dm / double(norm[j]), 3 * blk + 2);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 std::unique_ptr<PreparedOp> prepare_dora(const Program&, const Op& op, const OpBinding& b) {
@@ -72,6 +114,7 @@ std::unique_ptr<PreparedOp> prepare_dora(const Program&, const Op& op, const OpB
       norm_rows([&](int64_t j) { return w + (a.row_begin + j) * a.k; }, in(b, 1), in(b, 2), out(b, 0), a);
     });
   }
+  if (op.kind == OpKind::dora_blend || op.kind == OpKind::dora_blend_backward) return prepare_blend(op, b);
   const DoraScaleAttrs a = attrs_of<DoraScaleAttrs>(op);
   const bool fwd = op.kind == OpKind::dora_scale;
   const std::vector<WriteMode> modes = op.modes;

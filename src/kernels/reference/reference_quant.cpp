@@ -18,7 +18,12 @@ std::unique_ptr<PreparedOp> prepare_quant_linear(const Program& p, const Op& op,
                             a.spec.double_quant ? static_cast<const float*>(b.inputs[3]) : nullptr,
                             a.spec.double_quant ? static_cast<const float*>(b.inputs[4]) : nullptr};
   std::vector<QuantizedWeight> weights;
-  for (size_t s = 0; s < a.segments.size(); ++s) weights.push_back(segment_weight(spec, a.k, a.segments, s, st));
+  std::vector<size_t> stored;  // each multiplied piece's index in the storage
+  for (size_t s = 0; s < a.segments.size(); ++s) {
+    if (a.piece >= 0 && s != size_t(a.piece)) continue;
+    weights.push_back(segment_weight(spec, a.k, a.segments, s, st));
+    stored.push_back(s);
+  }
   const float* in = static_cast<const float*>(b.inputs[0]);
   const float* bias = forward && a.has_bias ? static_cast<const float*>(b.inputs.back()) : nullptr;
   float* out = static_cast<float*>(b.outputs[0]);
@@ -28,7 +33,7 @@ std::unique_ptr<PreparedOp> prepare_quant_linear(const Program& p, const Op& op,
   // filled (initialised, loaded, resumed) after the program is prepared.
   return make_op([=](const StepContext& ctx) mutable {
     if (a.spec.double_quant)
-      for (size_t s = 0; s < weights.size(); ++s) weights[s].offset = st.offset[s];
+      for (size_t s = 0; s < weights.size(); ++s) weights[s].offset = st.offset[stored[s]];
     const int64_t M = a.m, N = a.n, K = a.k;
     if (!forward && !accumulates(mode, ctx)) std::fill(out, out + M * K, 0.0f);
     int64_t row = 0;
