@@ -75,6 +75,27 @@ std::vector<std::byte> loss_bytes(const test::TinyRun& r) {
   return test::tensor_bytes(*r.ex, r.compiled.program.find_tensor(kLoss));
 }
 
+// Every trained gradient of `run` against `recomputed`'s and the naive backend's
+// `reference`'s: the largest difference within the tolerance times the largest element.
+void expect_gradients_agree(const test::TinyRun& run, const test::TinyRun& recomputed,
+                            const test::TinyRun& reference, double recompute_tol, double reference_tol) {
+  for (const ParamEntry& e : run.compiled.program.params()) {
+    if (e.frozen()) continue;
+    const std::vector<double> g = doubles(run, e.grad);
+    const std::vector<double> gr = doubles(recomputed, param(recomputed.compiled.program, e.name).grad);
+    const std::vector<double> gref = doubles(reference, param(reference.compiled.program, e.name).grad);
+    double scale = 0, err = 0, err_ref = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      scale = std::max(scale, std::abs(g[i]));
+      err = std::max(err, std::abs(g[i] - gr[i]));
+      err_ref = std::max(err_ref, std::abs(g[i] - gref[i]));
+    }
+    EXPECT_GT(scale, 0) << e.name;
+    EXPECT_LE(err, recompute_tol * scale) << e.name;
+    EXPECT_LE(err_ref, reference_tol * scale) << e.name;
+  }
+}
+
 void fill_adapters(test::TinyRun& r) {
   int salt = 0;
   for (const ParamEntry& e : r.compiled.program.params()) {
@@ -167,6 +188,19 @@ std::map<std::string, std::vector<std::byte>> values(const Executor& ex) {
   return out;
 }
 
+// Steps 1 and 2 of `run`; step 2 allocates nothing and peaks where planned. The parameters'
+// values before step 1 and after step 2.
+std::pair<std::map<std::string, std::vector<std::byte>>, std::map<std::string, std::vector<std::byte>>>
+two_steps_within_the_plan(test::TinyRun& run) {
+  auto before = values(*run.ex);
+  run.step(1);
+  test::alloc_counter_start();
+  run.step(2);
+  EXPECT_EQ(test::alloc_counter_stop().memfit_allocations, 0);
+  EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
+  return {std::move(before), values(*run.ex)};
+}
+
 TEST(Lora, AStepMovesOnlyTheAdaptersWithinThePlan) {
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
     SCOPED_TRACE(precision_name(precision));
@@ -182,13 +216,7 @@ TEST(Lora, AStepMovesOnlyTheAdaptersWithinThePlan) {
       pol.attention = AttentionKind::flash;
     }
     test::TinyRun run(test::compile_tiny(pol));
-    const auto before = values(*run.ex);
-    run.step(1);
-    test::alloc_counter_start();
-    run.step(2);
-    EXPECT_EQ(test::alloc_counter_stop().memfit_allocations, 0);
-    EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
-    const auto after = values(*run.ex);
+    const auto [before, after] = two_steps_within_the_plan(run);
     for (const ParamEntry& e : run.compiled.program.params()) {
       const bool trains = e.name.find(".lora_") != std::string::npos || e.name.ends_with(".bias");
       EXPECT_EQ(e.trainable, trains) << e.name;
@@ -300,20 +328,7 @@ TEST(Lora, DropoutKeepsOneMinusPScaledAndRedrawsTheSameMask) {
   const auto rec = one_micro_step("gpt2-tiny", recompute, fill_adapters);
   const auto reference = one_micro_step("gpt2-tiny", pol, fill_adapters, true);
   EXPECT_NEAR(reference->loss(), with->loss(), 1e-5 * std::abs(with->loss()));
-  for (const ParamEntry& e : with->compiled.program.params()) {
-    if (e.frozen()) continue;
-    const std::vector<double> g = doubles(*with, e.grad), gr = doubles(*rec, param(rec->compiled.program, e.name).grad);
-    const std::vector<double> gref = doubles(*reference, param(reference->compiled.program, e.name).grad);
-    double scale = 0, err = 0, err_ref = 0;
-    for (size_t i = 0; i < g.size(); ++i) {
-      scale = std::max(scale, std::abs(g[i]));
-      err = std::max(err, std::abs(g[i] - gr[i]));
-      err_ref = std::max(err_ref, std::abs(g[i] - gref[i]));
-    }
-    EXPECT_GT(scale, 0) << e.name;
-    EXPECT_LE(err, 1e-5 * scale) << e.name;
-    EXPECT_LE(err_ref, 1e-3 * scale) << e.name;
-  }
+  expect_gradients_agree(*with, *rec, *reference, 1e-5, 1e-3);
 }
 
 // QLoRA computes in bf16 unless told otherwise (bitsandbytes' compute dtype); a given
@@ -434,20 +449,7 @@ TEST(Lora, DoraWithDropoutAgreesAcrossBackendsAndRecomputationWithinThePlan) {
                  : op.kind == OpKind::matmul ? std::get<MatmulAttrs>(op.attrs).b_window
                  : op.kind == OpKind::quant_linear ? std::get<QuantLinearAttrs>(op.attrs).piece >= 0 : 0;
     EXPECT_EQ(windows, 2 * 3);  // q, k and v of each of the two layers
-    for (const ParamEntry& e : with->compiled.program.params()) {
-      if (e.frozen()) continue;
-      const std::vector<double> g = doubles(*with, e.grad), gr = doubles(*rec, param(rec->compiled.program, e.name).grad);
-      const std::vector<double> gref = doubles(*reference, param(reference->compiled.program, e.name).grad);
-      double scale = 0, err = 0, err_ref = 0;
-      for (size_t i = 0; i < g.size(); ++i) {
-        scale = std::max(scale, std::abs(g[i]));
-        err = std::max(err, std::abs(g[i] - gr[i]));
-        err_ref = std::max(err_ref, std::abs(g[i] - gref[i]));
-      }
-      EXPECT_GT(scale, 0) << e.name;
-      EXPECT_EQ(err, 0) << e.name;
-      EXPECT_LE(err_ref, 1e-4 * scale) << e.name;
-    }
+    expect_gradients_agree(*with, *rec, *reference, 0, 1e-4);  // recomputation: bit for bit
     for (const Precision precision : {Precision::fp32, Precision::bf16}) {
       Policy stepped = pol;
       stepped.grad_accum = 2;
@@ -457,13 +459,7 @@ TEST(Lora, DoraWithDropoutAgreesAcrossBackendsAndRecomputationWithinThePlan) {
                                                                cpu_capabilities()),
                                         *make_cpu_backend()),
                         7, {}, "llama-tiny");
-      const auto before = values(*run.ex);
-      run.step(1);
-      test::alloc_counter_start();
-      run.step(2);
-      EXPECT_EQ(test::alloc_counter_stop().memfit_allocations, 0);
-      EXPECT_EQ(run.compiled.plan.tier(Tier::device).peak_bytes, run.ex->arena(Tier::device).measured_high_water());
-      const auto after = values(*run.ex);
+      const auto [before, after] = two_steps_within_the_plan(run);
       for (const ParamEntry& e : run.compiled.program.params())
         if (e.name.ends_with(".lora_magnitude_vector")) EXPECT_NE(after.at(e.name), before.at(e.name)) << e.name;
     }

@@ -139,21 +139,35 @@ static void chunk_factors(const DoraBlock& blk, AnyFloats bias, int64_t c0, int6
   }
 }
 
+// Rows [lo, hi) of out (+)= in, in the columns outside every block (sorted, disjoint).
+template <class T>
+static void copy_outside_blocks(const T* in, const std::vector<DoraBlock>& blocks, T* out, int64_t n, int64_t lo,
+                                int64_t hi, bool acc) {
+  int64_t c = 0;
+  auto copy_to = [&](int64_t stop) {
+    for (int64_t i = lo; i < hi; ++i)
+      for (int64_t k = c; k < stop; ++k) {
+        const float v = widen(in[i * n + k]);
+        out[i * n + k] = narrow<T>(acc ? widen(out[i * n + k]) + v : v);
+      }
+    c = stop;
+  };
+  for (const DoraBlock& blk : blocks) {
+    copy_to(blk.begin);
+    c = blk.begin + blk.width;
+  }
+  copy_to(n);
+}
+
 // Rows [lo, hi): out = in outside the blocks; inside, out = apply(in, factor, bias) per element
 // (the forward's (z - b) f + b, the backward's dy f); out (+)= when acc.
 template <class T, class Apply>
 static void scale_rows(const T* in, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* out, int64_t n,
                        int64_t lo, int64_t hi, bool acc, const Apply& apply) {
   auto put = [acc](T& o, float v) { o = narrow<T>(acc ? widen(o) + v : v); };
-  int64_t c = 0;
-  auto copy_to = [&](int64_t stop) {
-    for (int64_t i = lo; i < hi; ++i)
-      for (int64_t k = c; k < stop; ++k) put(out[i * n + k], widen(in[i * n + k]));
-    c = stop;
-  };
+  copy_outside_blocks(in, blocks, out, n, lo, hi, acc);
   float f[kChunk], b[kChunk];
   for (const DoraBlock& blk : blocks) {
-    copy_to(blk.begin);
     for (int64_t c0 = 0; c0 < blk.width; c0 += kChunk) {
       const int64_t len = std::min(kChunk, blk.width - c0);
       chunk_factors(blk, bias, c0, len, f, b);
@@ -163,9 +177,37 @@ static void scale_rows(const T* in, const std::vector<DoraBlock>& blocks, AnyFlo
         for (int64_t k = 0; k < len; ++k) put(o[k], apply(widen(x[k]), f[k], b[k]));
       }
     }
-    c = blk.begin + blk.width;
   }
-  copy_to(n);
+}
+
+// dm (+)= column sums of dy (z - bias) / norm over the block: dy [m, n], whose block starts at
+// column blk.begin; z the block's first column of rows z_stride apart. Columns over threads,
+// each summing all rows.
+template <class T>
+static void magnitude_gradient(const T* dy, int64_t n, const T* z, int64_t z_stride, const DoraBlock& blk,
+                               AnyFloats bias, int64_t m) {
+  parallel_for(blk.width, kChunk / 4, [&](int64_t lo, int64_t hi) {
+    double sums[kChunk];
+    float f[kChunk], b[kChunk];
+    for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
+      const int64_t len = std::min(kChunk, hi - c0);
+      chunk_factors(blk, bias, c0, len, f, b);
+      std::fill(sums, sums + len, 0.0);
+      for (int64_t i = 0; i < m; ++i) {
+        const T* dyr = dy + i * n + blk.begin + c0;
+        const T* zr = z + i * z_stride + c0;
+        for (int64_t c = 0; c < len; ++c) sums[c] += double(widen(dyr[c]) * (widen(zr[c]) - b[c]));
+      }
+      visit_float_type(blk.dm_dtype, [&](auto t) {
+        using G = decltype(t);
+        G* dm = static_cast<G*>(blk.dm) + c0;
+        for (int64_t c = 0; c < len; ++c) {
+          const float g = float(sums[c] / double(blk.norm[c0 + c]));
+          dm[c] = narrow<G>(blk.dm_accumulate ? widen(dm[c]) + g : g);
+        }
+      });
+    }
+  });
 }
 
 template <class T>
@@ -179,31 +221,7 @@ void dora_scale_forward(const T* z, const std::vector<DoraBlock>& blocks, AnyFlo
 template <class T>
 void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* dz,
                          int64_t m, int64_t n, bool dz_acc) {
-  // dm first: dz may overwrite dy. Columns split over threads, each summing all rows.
-  for (const DoraBlock& blk : blocks) {
-    parallel_for(blk.width, kChunk / 4, [&](int64_t lo, int64_t hi) {
-      double sums[kChunk];
-      float f[kChunk], b[kChunk];
-      for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
-        const int64_t len = std::min(kChunk, hi - c0);
-        chunk_factors(blk, bias, c0, len, f, b);
-        std::fill(sums, sums + len, 0.0);
-        for (int64_t i = 0; i < m; ++i) {
-          const T* dyr = dy + i * n + blk.begin + c0;
-          const T* zr = z + i * n + blk.begin + c0;
-          for (int64_t c = 0; c < len; ++c) sums[c] += double(widen(dyr[c]) * (widen(zr[c]) - b[c]));
-        }
-        visit_float_type(blk.dm_dtype, [&](auto t) {
-          using G = decltype(t);
-          G* dm = static_cast<G*>(blk.dm) + c0;
-          for (int64_t c = 0; c < len; ++c) {
-            const float g = float(sums[c] / double(blk.norm[c0 + c]));
-            dm[c] = narrow<G>(blk.dm_accumulate ? widen(dm[c]) + g : g);
-          }
-        });
-      }
-    });
-  }
+  for (const DoraBlock& blk : blocks) magnitude_gradient(dy, n, z + blk.begin, n, blk, bias, m);  // dz may be dy
   parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)), [&](int64_t lo, int64_t hi) {
     scale_rows(dy, blocks, AnyFloats{}, dz, n, lo, hi, dz_acc, [](float g, float f, float) { return g * f; });
   });
@@ -213,16 +231,9 @@ template <class T>
 void dora_blend_forward(const T* y0, const std::vector<DoraBlock>& blocks, T* y, int64_t m, int64_t n, bool acc) {
   parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)), [&](int64_t lo, int64_t hi) {
     auto put = [acc](T& o, float v) { o = narrow<T>(acc ? widen(o) + v : v); };
-    int64_t c = 0;
-    auto copy_to = [&](int64_t stop) {  // y0's columns outside the blocks (nothing to do in place)
-      if (y != y0 || acc)
-        for (int64_t i = lo; i < hi; ++i)
-          for (int64_t k = c; k < stop; ++k) put(y[i * n + k], widen(y0[i * n + k]));
-      c = stop;
-    };
+    if (y != y0 || acc) copy_outside_blocks(y0, blocks, y, n, lo, hi, acc);  // nothing to do in place
     float f[kChunk], unused[kChunk];
     for (const DoraBlock& blk : blocks) {
-      copy_to(blk.begin);
       const T* p = static_cast<const T*>(blk.p);
       const T* q = static_cast<const T*>(blk.q);
       for (int64_t c0 = 0; c0 < blk.width; c0 += kChunk) {
@@ -241,36 +252,14 @@ void dora_blend_forward(const T* y0, const std::vector<DoraBlock>& blocks, T* y,
           }
         }
       }
-      c = blk.begin + blk.width;
     }
-    copy_to(n);
   });
 }
 
 template <class T>
 void dora_blend_backward(const T* dy, const std::vector<DoraBlock>& blocks, int64_t m, int64_t n) {
   for (const DoraBlock& blk : blocks) {
-    const T* z = static_cast<const T*>(blk.z);
-    parallel_for(blk.width, kChunk / 4, [&](int64_t lo, int64_t hi) {  // dm: columns over threads, all rows
-      double sums[kChunk];
-      for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
-        const int64_t len = std::min(kChunk, hi - c0);
-        std::fill(sums, sums + len, 0.0);
-        for (int64_t i = 0; i < m; ++i) {
-          const T* dyr = dy + i * n + blk.begin + c0;
-          const T* zr = z + i * blk.width + c0;
-          for (int64_t c = 0; c < len; ++c) sums[c] += double(widen(dyr[c]) * widen(zr[c]));
-        }
-        visit_float_type(blk.dm_dtype, [&](auto t) {
-          using G = decltype(t);
-          G* dm = static_cast<G*>(blk.dm) + c0;
-          for (int64_t c = 0; c < len; ++c) {
-            const float g = float(sums[c] / double(blk.norm[c0 + c]));
-            dm[c] = narrow<G>(blk.dm_accumulate ? widen(dm[c]) + g : g);
-          }
-        });
-      }
-    });
+    magnitude_gradient(dy, n, static_cast<const T*>(blk.z), blk.width, blk, AnyFloats{}, m);
     parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(blk.width, 1)), [&](int64_t lo, int64_t hi) {
       float f[kChunk], unused[kChunk];
       T* dp = static_cast<T*>(blk.dp);
