@@ -19,6 +19,9 @@ What each fixture directory holds (float32, CPU, 1 thread, deterministic):
                         gradients (before any step) with lora_dropout 0.1 in training mode, each
                         LoRA layer's PEFT dropout mask replaced by memfit's (src/core/dropout_mask.hpp:
                         seed 0, step 1, micro-step 0, salt FNV-1a("<memfit module>.lora_dropout")).
+                        For gpt2_dora also bias_all.loss [] and bias_all.grad.<PEFT tensor name>:
+                        the first step with LoraConfig bias="all" (every bias of the model trained
+                        beside the same adapter), a separate PeftModel built after the rest.
   README.md             provenance
 
 Run from the repository root: /work/venv/bin/python tools/make_lora_fixtures.py
@@ -64,6 +67,9 @@ RANK, ALPHA, B_STD, LR, DECAY, STEPS = 4, 8, 0.1, 1e-3, 0.1, 3
 # PEFT LoRA layer's path loses to become memfit's module name ("layers.0.self_attn.q_proj").
 DROPOUT = {"llama_dora": "base_model.model.model.", "gpt2_dora": "base_model.model.transformer."}
 DROPOUT_P, DROPOUT_SEED, DROPOUT_STEP, DROPOUT_MICRO = 0.1, 0, 1, 0
+# Families that also record the first step with LoraConfig bias="all": PEFT trains every
+# parameter whose name holds "bias" (targets' base_layer.bias, the other linears', LayerNorms').
+BIAS_ALL = {"gpt2_dora"}
 U64 = 0xFFFFFFFFFFFFFFFF
 GOLDEN = 0x9E3779B97F4A7C15
 
@@ -155,14 +161,14 @@ def peft_name(param_name):
     return name.replace(".lora_magnitude_vector.weight", ".lora_magnitude_vector")
 
 
-def build(family, seed):
+def build(family, seed, bias="none"):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     base_dir, targets = CASES[family]
     base = AutoModelForCausalLM.from_pretrained(FIXTURES / base_dir, attn_implementation="eager", dtype=torch.float32)
     base.train()
-    config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets, bias="none",
+    config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets, bias=bias,
                         task_type="CAUSAL_LM", fan_in_fan_out=family.startswith("gpt2"), **EXTRAS.get(family, {}))
     torch.manual_seed(seed)  # A: PEFT's kaiming-uniform draw
     model = get_peft_model(base, config)
@@ -289,6 +295,56 @@ def check_dropout(expected, p0):
     return worst
 
 
+def bias_all_reference(family, seed, saved, expected, tokens, targets):
+    """The first step's loss and gradients of every trainable tensor with bias="all": a fresh
+    PeftModel of the same adapter (checked bit-equal to the saved one), built after the other
+    runs so that they are undisturbed. Checked against the bias="none" reference: the same loss,
+    the same adapter gradients; every bias gradient nonzero."""
+    model = build(family, seed, bias="all")
+    params = dict(model.named_parameters())
+    adapters, biases = [], []
+    for name, p in trainable(model):
+        if "lora_" in name:
+            adapters.append(name)
+        elif name.endswith(".bias"):
+            biases.append(name)
+        else:
+            sys.exit(f"bias_all: trainable parameter {name} is neither an adapter nor a bias")
+    # PEFT's bias="all": every parameter named "...bias..." trained, none left frozen.
+    frozen = [n for n, p in params.items() if "bias" in n and not p.requires_grad]
+    if frozen or not biases:
+        sys.exit(f"bias_all: frozen biases {frozen}, trained biases {biases}")
+    if {peft_name(n) for n in adapters} != set(saved):
+        sys.exit(f"bias_all: adapter names differ: {sorted({peft_name(n) for n in adapters} ^ set(saved))}")
+    for n in adapters:
+        if not torch.equal(params[n].detach(), saved[peft_name(n)]):
+            sys.exit(f"bias_all: {n} differs from the saved adapter")
+    model.zero_grad(set_to_none=True)
+    _, loss = loss_of(model, tokens, targets)
+    loss.backward()
+    out = {"bias_all.loss": loss.detach().reshape(()).clone()}
+    for name, p in trainable(model):
+        if p.grad is None or not p.grad.abs().max() > 0:
+            sys.exit(f"bias_all: no gradient for {name}")
+        out["bias_all.grad." + peft_name(name)] = p.grad.detach().clone().contiguous()
+    ref = expected["loss"].item()
+    if abs(loss.item() - ref) > 1e-6 * abs(ref):
+        sys.exit(f"bias_all.loss {loss.item()} != loss {ref}")
+    worst = 0.0
+    for n in adapters:
+        g, r = out["bias_all.grad." + peft_name(n)], expected["grad." + peft_name(n)]
+        err = (g - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+        if err > 1e-6:
+            sys.exit(f"bias_all grad {n} differs from grad by {err:.3g} (relative to its max)")
+        worst = max(worst, err)
+    print(f"  bias_all: loss {loss.item():.6f} (loss {ref:.6f}); adapter gradients worst difference {worst:.3g}; "
+          f"{len(biases)} biases:")
+    for n in biases:
+        g = out["bias_all.grad." + peft_name(n)]
+        print(f"    bias_all.grad.{peft_name(n)} {list(g.shape)} max|g| {g.abs().max().item():.3g}")
+    return out
+
+
 def make(family, seed=1234):
     import peft
     import transformers
@@ -325,6 +381,10 @@ def make(family, seed=1234):
         print(f"  p=0 through the dropout branch: worst difference {worst:.3g}; mean kept {frac:.4f}; "
               f"dropout.loss {dropout['dropout.loss'].item():.6f}")
         expected.update(dropout)
+    bias_all = None
+    if family in BIAS_ALL:
+        bias_all = bias_all_reference(family, seed, saved, expected, tokens, targets)
+        expected.update(bias_all)
     meta = {"source": f"tools/make_lora_fixtures.py torch={torch.__version__} transformers={transformers.__version__} "
                       f"peft={peft.__version__} seed={seed}"}
     save_file(expected, str(out / "expected.safetensors"), metadata=meta)
@@ -336,6 +396,11 @@ def make(family, seed=1234):
         f"{DROPOUT_MICRO}, salt the FNV-1a of `<memfit module>.lora_dropout`, e.g. "
         f"`{'layers.0.self_attn.q_proj' if family.startswith('llama') else 'h.0.attn.c_attn'}.lora_dropout`, over the "
         f"flat index of the layer's whole [B, T, in] input), other dropout off.")
+    if bias_all is not None:
+        dropout_text += (
+            "\nAlso `bias_all.loss` [] and `bias_all.grad.<tensor>`: the first step (before any step, lora_dropout 0) "
+            "with LoraConfig bias=\"all\" (the same adapter, every bias of the model trained, PEFT's names, e.g. "
+            "`base_model.model.transformer.h.0.attn.c_attn.base_layer.bias`).")
     (out / "README.md").write_text(f"""# {out.name}
 
 PEFT {peft.__version__} LoRA adapter on `tests/fixtures/{base_dir}` (its model.safetensors and batch.safetensors),

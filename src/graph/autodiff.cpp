@@ -336,18 +336,22 @@ void Autodiff::quant_linear_backward(const Op& fwd, TensorId dy) {
   }
 }
 
-// DoRA's rescaling, inputs [z, (m, norm) per block, (bias)]: gradients for z and the
-// magnitudes (a trained bias is refused with DoRA by the LoRA pass, graph/lora.cpp).
+// DoRA's rescaling, inputs [z, (m, norm) per block, (bias)]: gradients for z, the magnitudes
+// and a trained bias's direct part. y = (z - b) m / norm + b with z = x W^T + b + ..., so the
+// bias's gradient is dy: m / norm of it through z (the base product's bias gradient, from dz)
+// and the rest, dy (1 - m / norm) in the blocks, here.
 void Autodiff::dora_scale_backward(const Op& fwd, TensorId dy) {
   auto needs = [&](TensorId t) { return t != kNoTensor && p_.tensor(t).requires_grad; };
   const std::string bname = fwd.name + ".bwd";
   const auto& a = std::get<DoraScaleAttrs>(fwd.attrs);
   const TensorId z = fwd.inputs[0];
-  std::vector<TensorId> outs(1 + a.begins.size(), kNoTensor);
+  const bool bias_trains = a.has_bias && needs(fwd.inputs.back());
+  std::vector<TensorId> outs(1 + a.begins.size() + (bias_trains ? 1 : 0), kNoTensor);
   std::vector<WriteMode> modes(outs.size(), WriteMode::overwrite);
   if (needs(z)) std::tie(outs[0], modes[0]) = contribute(z);
   for (size_t i = 0; i < a.begins.size(); ++i)
     if (needs(fwd.inputs[1 + 2 * i])) std::tie(outs[1 + i], modes[1 + i]) = contribute(fwd.inputs[1 + 2 * i]);
+  if (bias_trains) std::tie(outs.back(), modes.back()) = contribute(fwd.inputs.back());
   std::vector<TensorId> ins{dy};
   ins.insert(ins.end(), fwd.inputs.begin(), fwd.inputs.end());
   std::vector<std::pair<int, int>> inplace;

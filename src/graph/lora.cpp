@@ -134,13 +134,7 @@ void LoraRewrite::declare(GraphBuilder& b) {
     if (e.trainable && !keep) freeze_parameter(p, e);
   }
   const TensorParallel& tp = b.tensor_parallel();
-  if (lora_.dora) {
-    MEMFIT_CHECK(!tp.on(), "policy", "DoRA (use_dora) with tensor parallelism: not supported");
-    for (const LinearModule& m : targets)
-      MEMFIT_CHECK(m.bias.empty() || lora_.bias == LoraBias::none, "policy",
-                   "DoRA (use_dora) with LoRA bias '{}' on {}, a biased layer: not supported", lora_bias_name(lora_.bias),
-                   m.name);
-  }
+  MEMFIT_CHECK(!lora_.dora || !tp.on(), "policy", "DoRA (use_dora) with tensor parallelism: not supported");
   for (const LinearModule& m : targets) {
     // Copies: declaring parameters grows the parameter and tensor tables.
     const ParamEntry* base = find_param(p, m.weight);

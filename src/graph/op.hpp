@@ -72,9 +72,10 @@ enum class OpKind : uint16_t {
                        //   scales, (scales2, offset), A, B] (DoraNormAttrs::quantized)
   dora_scale,          // in [z (M,N), (m (W_i), norm (W_i)) per block, (bias (N))] out [y (M,N)]: y = z,
                        //   then y[:, block] = (z[:, block] - bias) * m / norm + bias; DoraScaleAttrs
-  dora_scale_backward,  // in [dy, z, (m, norm) per block, (bias)] out [dz, dm per block]: dz = dy, then
-                       //   dz[:, block] *= m / norm; dm = column sums of dy (z - bias) / norm over the
-                       //   block; dz may overwrite dy
+  dora_scale_backward,  // in [dy, z, (m, norm) per block, (bias)] out [dz, dm per block, (db)]: dz = dy,
+                       //   then dz[:, block] *= m / norm; dm = column sums of dy (z - bias) / norm over the
+                       //   block; a trained bias's db = column sums of dy (1 - m / norm) in the blocks, 0
+                       //   elsewhere (the rest of its gradient comes through dz); dz may overwrite dy
   dora_blend,          // in [y0 (M,N), (m (W_i), norm (W_i), p_i (M,W_i), q_i (M,W_i)) per block]
                        //   out [y (M,N), z_i (M,W_i) per block]: DoRA with dropout (PEFT's form, where the
                        //   dropped input has its own base product): y = y0, then y[:, block] += (m / norm - 1)

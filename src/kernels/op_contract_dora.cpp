@@ -117,7 +117,9 @@ void check_dora(const Program& p, const Op& op) {
   const DoraScaleAttrs& a = std::get<DoraScaleAttrs>(op.attrs);
   const size_t blocks = a.begins.size(), first = fwd ? 1 : 2;
   check_blocks(op, a);
-  check_arity(op, first + 2 * blocks + (a.has_bias ? 1 : 0), fwd ? 1 : 1 + blocks);
+  // The backward's last output, when there is one more, is a trained bias's gradient.
+  const bool db = !fwd && a.has_bias && op.outputs.size() == 2 + blocks;
+  check_arity(op, first + 2 * blocks + (a.has_bias ? 1 : 0), fwd ? 1 : 1 + blocks + (db ? 1 : 0));
   const DType dt = p.tensor(op.outputs[0]).dtype;
   for (size_t i = 0; i < first; ++i) {
     check_numel(p, op, op.inputs[i], a.m * a.n, i == 0 && !fwd ? "dy" : "z");
@@ -131,6 +133,7 @@ void check_dora(const Program& p, const Op& op) {
     if (!fwd) check_numel(p, op, op.outputs[1 + i], a.widths[i], "magnitude gradient");
   }
   if (a.has_bias) check_numel(p, op, op.inputs.back(), a.n, "bias");
+  if (db) check_numel(p, op, op.outputs.back(), a.n, "bias gradient");
 }
 
 }  // namespace memfit

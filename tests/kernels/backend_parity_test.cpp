@@ -209,8 +209,9 @@ int build_case(OpKind kind, ProgramFixture& f) {
       in.push_back(t.floats("bias", {3 * C}));
       const DoraScaleAttrs a{N, 3 * C, {0, 2 * C}, {C, C}, true};
       if (forward) return f.op(kind, in, {t.floats("y", {N, 3 * C})}, a, {acc});
-      return f.op(kind, in, {t.floats("dz", {N, 3 * C}), t.floats("dm0", {C}), t.floats("dm1", {C})}, a,
-                  {acc, acc, ow});
+      return f.op(kind, in,  // with a trained bias's gradient (0 outside the blocks)
+                  {t.floats("dz", {N, 3 * C}), t.floats("dm0", {C}), t.floats("dm1", {C}), t.floats("db", {3 * C})}, a,
+                  {acc, acc, ow, ow});
     }
     case OpKind::dora_blend:
     case OpKind::dora_blend_backward: {  // blocks [0, C) and [2C, 3C) of 3C columns

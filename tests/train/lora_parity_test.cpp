@@ -86,13 +86,14 @@ class LoraParity : public ::testing::TestWithParam<const char*> {
   SafetensorsReader expected{adapter + "/expected.safetensors"};
   LoraRun run{base, adapter};
   std::vector<std::string> saved_whole = lora_modules_to_save(run.compiled.program, run.lora);
-  bool trained(const std::string& param) const {
-    return is_lora_adapter(param) || std::count(saved_whole.begin(), saved_whole.end(), param) > 0;
+  // What `r` trains: the adapters, modules_to_save's parameters, and with bias "all" every bias.
+  bool trained(const LoraRun& r, const std::string& param) const {
+    return is_lora_adapter(param) || std::count(saved_whole.begin(), saved_whole.end(), param) > 0 ||
+           (r.lora.bias == LoraBias::all && param.ends_with(".bias"));
   }
   std::string out = (fs::temp_directory_path() / ("memfit_lora_parity_" + family + "_" +
                                                   std::to_string(::getpid()))).string();
   ~LoraParity() override { fs::remove_all(out); }
-
 
   // One micro-step of `r` against the fixture's `prefix`loss and `prefix`grad.<tensor>: the loss
   // to 1e-5 relative, every trained tensor's gradient to 1e-4 of its largest element.
@@ -106,12 +107,15 @@ class LoraParity : public ::testing::TestWithParam<const char*> {
     double worst = 0;
     for (const ParamEntry& e : r.compiled.program.params()) {
       if (e.grad == kNoTensor) {
-        EXPECT_FALSE(trained(e.name)) << e.name;
+        EXPECT_FALSE(trained(r, e.name)) << e.name;
         continue;
       }
-      ASSERT_TRUE(trained(e.name)) << e.name << " is trainable";
+      ASSERT_TRUE(trained(r, e.name)) << e.name << " is trainable";
       std::vector<float> ours = test::tensor_values<float>(*r.ex, e.grad);
-      const std::vector<float> theirs = read_all(expected, prefix + "grad." + peft_tensor_name(r.spec, e.name));
+      std::string name = prefix + "grad." + peft_tensor_name(r.spec, e.name);
+      if (!expected.find(name) && name.ends_with(".bias"))  // an adapted layer's own bias, as PEFT names it
+        name = name.substr(0, name.size() - 5) + ".base_layer.bias";
+      const std::vector<float> theirs = read_all(expected, name);
       // An output head holds the padded vocabulary's rows too: HF's are the first.
       if (e.name == "lm_head.weight" && ours.size() > theirs.size()) ours.resize(theirs.size());
       ASSERT_EQ(ours.size(), theirs.size()) << e.name;
@@ -138,17 +142,23 @@ TEST_P(LoraParity, LossAndEveryAdapterGradientMatchPeft) {
 // them as core/dropout_mask.hpp does, for seed 0, step 1, micro-step 0). Llama's q and v are
 // windows of the fused q/k/v weight; GPT-2's layers have biases, which only the undropped
 // product adds.
-class DoraDropoutParity : public LoraParity {};
+class DoraParity : public LoraParity {
+ protected:
+  // The fixture's adapter with its adapter_config.json's `key` set to `value`, in `out`.
+  std::string adapter_with(const std::string& key, const nlohmann::json& value) {
+    fs::create_directories(out);
+    fs::copy_file(adapter + "/adapter_model.safetensors", out + "/adapter_model.safetensors");
+    nlohmann::json config = nlohmann::json::parse(std::ifstream(adapter + "/adapter_config.json"));
+    config[key] = value;
+    std::ofstream(out + "/adapter_config.json") << config.dump();
+    return out;
+  }
+};
 
-TEST_P(DoraDropoutParity, MatchesPeftOnTheSameMasks) {
+TEST_P(DoraParity, WithDropoutMatchesPeftOnTheSameMasks) {
   float p = 0;
   expected.read_f32("dropout_p", Shape{}, &p);
-  fs::create_directories(out);
-  fs::copy_file(adapter + "/adapter_model.safetensors", out + "/adapter_model.safetensors");
-  nlohmann::json config = nlohmann::json::parse(std::ifstream(adapter + "/adapter_config.json"));
-  config["lora_dropout"] = p;
-  std::ofstream(out + "/adapter_config.json") << config.dump();
-  LoraRun dropped(base, out);
+  LoraRun dropped(base, adapter_with("lora_dropout", p));
   ASSERT_EQ(float(dropped.lora.dropout), p);
   expect_step_matches(dropped, "dropout.");
   float plain = 0;
@@ -239,7 +249,41 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::Values("llama", "gpt2"
                                                                        "llama_patterns", "llama_dora", "gpt2_dora"),
                          [](const auto& info) { return std::string(info.param); });
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, DoraDropoutParity, ::testing::Values("llama_dora", "gpt2_dora"),
+// DoRA with bias "all" (GPT-2's c_attn and c_fc are biased): a trained bias's gradient is dy,
+// part through the rescaled product and part past it (graph/autodiff.cpp).
+class DoraBiasParity : public DoraParity {};
+
+TEST_P(DoraBiasParity, TrainedBiasesMatchPeft) {
+  // PEFT's bias="all" adapter also holds every bias (saved as the base's: they have not trained).
+  const std::string dir = adapter_with("bias", "all");
+  const SafetensorsReader weights(test::fixture_path(base) + "/model.safetensors"), lora(adapter + "/adapter_model.safetensors");
+  std::vector<std::vector<float>> values;
+  std::vector<SafetensorsTensor> tensors;
+  auto add = [&](const SafetensorsReader& from, const std::string& name, const std::string& as) {
+    const SafetensorsEntry* e = from.find(name);
+    ASSERT_NE(e, nullptr) << name;
+    values.emplace_back(size_t(e->shape.numel()));
+    from.read_f32(name, e->shape, values.back().data());
+    tensors.push_back({as, DType::f32, e->shape, nullptr});
+  };
+  values.reserve(lora.entries().size() + weights.entries().size());
+  for (const SafetensorsEntry& e : lora.entries()) add(lora, e.name, e.name);
+  for (const SafetensorsEntry& e : weights.entries()) {
+    if (!e.name.ends_with(".bias")) continue;
+    const std::string module = "base_model.model." + e.name.substr(0, e.name.size() - 5);
+    const bool adapted = lora.find(module + ".lora_A.weight") != nullptr;  // PEFT's name: the wrapped layer's
+    add(weights, e.name, module + (adapted ? ".base_layer.bias" : ".bias"));
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = values[i].data();
+  write_safetensors(dir + "/adapter_model.safetensors", tensors);
+  LoraRun biased(base, dir);
+  ASSERT_EQ(biased.lora.bias, LoraBias::all);
+  expect_step_matches(biased, "bias_all.");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DoraParity, ::testing::Values("llama_dora", "gpt2_dora"),
+                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Fixtures, DoraBiasParity, ::testing::Values("gpt2_dora"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(LoraAdapterFiles, AnAdapterForAnotherBaseIsRefusedNamingTheFirstDifference) {

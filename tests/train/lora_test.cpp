@@ -503,8 +503,6 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
     return path;
   };
   refused({"train", "--config", with_lora("dora", R"("use_dora": 1)")}, "lora.use_dora");
-  refused({"train", "--lora-rank", "4", "--lora-dora", "--lora-bias", "all"},
-          "DoRA (use_dora) with LoRA bias 'all' on h.0.attn.c_attn, a biased layer: not supported");
   refused({"plan", "--world-size", "2", "--tensor-parallel", "2", "--lora-rank", "4", "--lora-dora"},
           "DoRA (use_dora) with tensor parallelism: not supported");
   refused({"train", "--config", with_lora("rslora", R"("use_rslora": "yes")")}, "lora.use_rslora");

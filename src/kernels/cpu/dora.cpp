@@ -210,6 +210,37 @@ static void magnitude_gradient(const T* dy, int64_t n, const T* z, int64_t z_str
   });
 }
 
+// db (+)= column sums of dy (1 - m / norm) in the blocks, 0 elsewhere: the part of a trained
+// bias's gradient that does not come through z.
+template <class T>
+static void bias_gradient(const T* dy, const std::vector<DoraBlock>& blocks, const BiasGradient& db, int64_t m,
+                          int64_t n) {
+  visit_float_type(db.dtype, [&](auto t) {
+    using G = decltype(t);
+    G* out = static_cast<G*>(db.data);
+    if (!db.accumulate) std::fill(out, out + n, narrow<G>(0.0f));
+    for (const DoraBlock& blk : blocks)
+      parallel_for(blk.width, kChunk / 4, [&](int64_t lo, int64_t hi) {
+        double sums[kChunk];
+        float f[kChunk], unused[kChunk];
+        for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
+          const int64_t len = std::min(kChunk, hi - c0);
+          chunk_factors(blk, AnyFloats{}, c0, len, f, unused);
+          std::fill(sums, sums + len, 0.0);
+          for (int64_t i = 0; i < m; ++i) {
+            const T* row = dy + i * n + blk.begin + c0;
+            for (int64_t c = 0; c < len; ++c) sums[c] += double(widen(row[c]));
+          }
+          for (int64_t c = 0; c < len; ++c) {
+            G& o = out[blk.begin + c0 + c];
+            const float v = float(sums[c] * (1.0 - double(f[c])));
+            o = narrow<G>(db.accumulate ? widen(o) + v : v);
+          }
+        }
+      });
+  });
+}
+
 template <class T>
 void dora_scale_forward(const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* y, int64_t m, int64_t n,
                         bool acc) {
@@ -220,8 +251,10 @@ void dora_scale_forward(const T* z, const std::vector<DoraBlock>& blocks, AnyFlo
 
 template <class T>
 void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* dz,
-                         int64_t m, int64_t n, bool dz_acc) {
-  for (const DoraBlock& blk : blocks) magnitude_gradient(dy, n, z + blk.begin, n, blk, bias, m);  // dz may be dy
+                         int64_t m, int64_t n, bool dz_acc, const BiasGradient& db) {
+  // dm and db first: dz may overwrite dy.
+  for (const DoraBlock& blk : blocks) magnitude_gradient(dy, n, z + blk.begin, n, blk, bias, m);
+  if (db.data) bias_gradient(dy, blocks, db, m, n);
   parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)), [&](int64_t lo, int64_t hi) {
     scale_rows(dy, blocks, AnyFloats{}, dz, n, lo, hi, dz_acc, [](float g, float f, float) { return g * f; });
   });
@@ -293,7 +326,7 @@ void dora_blend_backward(const T* dy, const std::vector<DoraBlock>& blocks, int6
   template void dora_scale_forward<T>(const T*, const std::vector<DoraBlock>&, AnyFloats, T*, int64_t, int64_t,    \
                                       bool);                                                                       \
   template void dora_scale_backward<T>(const T*, const T*, const std::vector<DoraBlock>&, AnyFloats, T*, int64_t,  \
-                                       int64_t, bool);                                                      \
+                                       int64_t, bool, const BiasGradient&);                                                      \
   template void dora_blend_forward<T>(const T*, const std::vector<DoraBlock>&, T*, int64_t, int64_t, bool);       \
   template void dora_blend_backward<T>(const T*, const std::vector<DoraBlock>&, int64_t, int64_t);
 MEMFIT_DORA(float)

@@ -53,9 +53,18 @@ template <class T>
 void dora_scale_forward(const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* y, int64_t m, int64_t n,
                         bool acc);
 
+// A trained bias's gradient, dora_scale_backward's last output (no data: the bias is frozen).
+struct BiasGradient {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  bool accumulate = false;
+};
+
+// dz (+)= dy scaled in the blocks; dm per block; db (+)= column sums of dy (1 - m / norm) in the
+// blocks, 0 elsewhere.
 template <class T>
 void dora_scale_backward(const T* dy, const T* z, const std::vector<DoraBlock>& blocks, AnyFloats bias, T* dz,
-                         int64_t m, int64_t n, bool dz_acc);
+                         int64_t m, int64_t n, bool dz_acc, const BiasGradient& db);
 
 // DoRA with dropout: y (+)= y0, and in each block (m / norm - 1) p + (m / norm) q as well;
 // z = p + q (z may be p).

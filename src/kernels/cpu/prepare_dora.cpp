@@ -129,10 +129,14 @@ Prepared prepare_dora(const Program& p, const Op& op, const OpBinding& b) {
       return;
     }
     // The accumulate flags change with the micro-step; the closure's own copy is updated in place.
+    // A trained bias's gradient is the output after the magnitudes'.
+    BiasGradient db;
+    if (op.outputs.size() == 2 + a.begins.size()) db = {b.outputs.back(), p.tensor(op.outputs.back()).dtype, false};
     out = make_op([=, blocks = blocks_of(p, op, b, 2), dy = in_t<T>(b, 0), z = in_t<T>(b, 1), dz = out_t<T>(b, 0),
                    modes = op.modes](const StepContext& ctx) mutable {
       for (size_t i = 0; i < blocks.size(); ++i) blocks[i].dm_accumulate = accumulates(modes[1 + i], ctx);
-      dora_scale_backward(dy, z, blocks, bias, dz, m, n, accumulates(modes[0], ctx));
+      db.accumulate = accumulates(modes.back(), ctx);
+      dora_scale_backward(dy, z, blocks, bias, dz, m, n, accumulates(modes[0], ctx), db);
     });
   });
   return out;

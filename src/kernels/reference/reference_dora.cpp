@@ -118,6 +118,7 @@ std::unique_ptr<PreparedOp> prepare_dora(const Program&, const Op& op, const OpB
   const DoraScaleAttrs a = attrs_of<DoraScaleAttrs>(op);
   const bool fwd = op.kind == OpKind::dora_scale;
   const std::vector<WriteMode> modes = op.modes;
+  const size_t op_outputs = op.outputs.size();
   return make_op([=](const StepContext& ctx) {
     const size_t first = fwd ? 1 : 2;
     const float* bias = a.has_bias ? static_cast<const float*>(b.inputs.back()) : nullptr;
@@ -125,6 +126,17 @@ std::unique_ptr<PreparedOp> prepare_dora(const Program&, const Op& op, const OpB
     const float* dy = fwd ? nullptr : in(b, 0);
     float* y = out(b, 0);
     const bool acc = accumulates(modes[0], ctx);
+    if (!fwd && op_outputs == 2 + a.begins.size()) {  // a trained bias: dy (1 - m / norm) in the blocks
+      float* db = out(b, op_outputs - 1);
+      const bool db_acc = accumulates(modes.back(), ctx);
+      for (int64_t c = 0; c < a.n; ++c) {
+        int block = -1;
+        const double f = factor(b, a, first, c, &block);
+        double sum = 0;
+        for (int64_t r = 0; block >= 0 && r < a.m; ++r) sum += double(dy[r * a.n + c]) * (1.0 - f);
+        db[c] = db_acc ? float(double(db[c]) + sum) : float(sum);
+      }
+    }
     if (!fwd) {  // dm before dz: dz may overwrite dy
       for (size_t i = 0; i < a.begins.size(); ++i)
         for (int64_t j = 0; j < a.widths[i]; ++j) {
