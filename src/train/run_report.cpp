@@ -56,9 +56,15 @@ void save_if_asked(RunState& s) {
   if (c.save.empty()) return;
   // The ZeRO pass shards masters (and at stage 3 parameters) at any world size, one rank
   // included: then every rank takes part in the gathers. Rank 0 writes.
+  // Under tensor parallelism ZeRO shards each tensor rank's slices over its data group: those
+  // are gathered first, then the slices over the tensor group.
   std::vector<std::vector<float>> whole;
-  if (s.run.policy.zero_stage >= 1) whole = gather_whole_parameters(s.ex(), *s.comm, s.staging);
-  else if (c.topology.tensor > 1) whole = gather_tensor_parallel_trainable(s.ex(), (*s.groups)[CommGroup::tensor], s.staging);
+  const bool tp = c.topology.tensor > 1;
+  if (s.run.policy.zero_stage >= 1)
+    whole = gather_whole_parameters(s.ex(), tp ? (*s.groups)[CommGroup::data] : *s.comm, s.staging);
+  if (tp)
+    whole = gather_tensor_parallel_trainable(s.ex(), (*s.groups)[CommGroup::tensor], s.staging,
+                                             whole.empty() ? nullptr : &whole);
   if (s.rank == 0 && s.run.policy.lora.enabled()) {
     save_adapter(c.save, s.ex(), s.run.spec, s.run.policy.lora, adapter_base_name(c), s.staging,
                  whole.empty() ? nullptr : &whole);

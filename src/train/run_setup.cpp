@@ -52,11 +52,11 @@ void settle_ranks(RunState& s, const RunConfig& config, std::ostream& rank_log, 
   RunConfig& c = s.config;
   if (!c.load_adapter.empty()) apply_adapter_config(c.load_adapter, c.policy.lora);
   c.topology = Topology{.data = W / tensor, .tensor = tensor, .rank = rank};
-  // A LoRA run's adapter is small: its tensor-parallel slices are gathered whole to save it.
-  MEMFIT_CHECK(tensor == 1 || c.save.empty() || (c.policy.lora.enabled() && c.policy.zero_stage == 0), "train",
-               "--save of {} with tensor parallelism is not supported by this build yet: checkpoint with "
-               "--checkpoint-dir (it resumes on any layout) and write HF weights with `memfit consolidate`",
-               c.policy.lora.enabled() ? "a LoRA adapter under ZeRO" : "HF weights");
+  // A LoRA run's adapter is small: its tensor-parallel slices (under ZeRO, its data group's
+  // shards of them first) are gathered whole to save it.
+  MEMFIT_CHECK(tensor == 1 || c.save.empty() || c.policy.lora.enabled(), "train",
+               "--save of HF weights with tensor parallelism is not supported by this build yet: checkpoint with "
+               "--checkpoint-dir (it resumes on any layout) and write HF weights with `memfit consolidate`");
   comm->set_timeout(c.comm_timeout);
   if (c.ranks_per_node == 0) c.ranks_per_node = comm->ranks_on_node();
   c.topology.ranks_per_node = c.ranks_per_node;  // --ranks-per-node overrides the node (tests force qgZ's hops)

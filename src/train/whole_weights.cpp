@@ -68,7 +68,8 @@ std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Comm
 }
 
 std::vector<std::vector<float>> gather_tensor_parallel_trainable(const Executor& ex, Communicator& tensor_group,
-                                                                 TensorStaging& staging) {
+                                                                 TensorStaging& staging,
+                                                                 const std::vector<std::vector<float>>* slices) {
   const Program& p = ex.program();
   std::vector<std::vector<float>> out(p.params().size());
   for (size_t i = 0; i < p.params().size(); ++i) {
@@ -76,7 +77,13 @@ std::vector<std::vector<float>> gather_tensor_parallel_trainable(const Executor&
     if (!e.trainable || e.value == kNoTensor) continue;
     const Shape local = p.tensor(e.value).shape;
     std::vector<float> mine(size_t(local.numel()));
-    load_parameter_range(ex, e, 0, mine, staging);
+    if (slices) {
+      MEMFIT_CHECK((*slices)[i].size() == mine.size(), "train", "'{}': {} gathered elements for a slice of {}", e.name,
+                   (*slices)[i].size(), mine.size());
+      mine = (*slices)[i];
+    } else {
+      load_parameter_range(ex, e, 0, mine, staging);
+    }
     if (!e.split.split()) {
       out[i] = std::move(mine);
       continue;

@@ -19,13 +19,16 @@ namespace memfit {
 // Each rank's pieces are read through `staging` (Executor::read, never by address).
 std::vector<std::vector<float>> gather_whole_parameters(const Executor& ex, Communicator& comm, TensorStaging& staging);
 
-// The trainable parameters' one-rank fp32 values under tensor parallelism without ZeRO, for a
-// LoRA run's `--save` (the adapters, trained biases and modules_to_save: small next to the
-// base, which stays where it is). Each rank places its slice (graph/tensor_parallel.hpp's runs)
-// into zeros of the global shape and one sum over its tensor group (the run's, so no
-// communicator is split for it) completes it; a parameter the group replicates is read whole.
-// Frozen parameters stay empty. Every rank of the group calls it.
+// The trainable parameters' one-rank fp32 values under tensor parallelism, for a LoRA run's
+// `--save` (the adapters, trained biases and modules_to_save: small next to the base, which
+// stays where it is). Each rank places its slice (graph/tensor_parallel.hpp's runs) into zeros
+// of the global shape and one sum over its tensor group (the run's, so no communicator is split
+// for it) completes it; a parameter the group replicates is read whole. The slices are read
+// from the executor, or under ZeRO taken from `slices` (gather_whole_parameters over the data
+// group: this tensor rank's whole slices). Frozen parameters stay empty. Every rank of the
+// group calls it.
 std::vector<std::vector<float>> gather_tensor_parallel_trainable(const Executor& ex, Communicator& tensor_group,
-                                                                 TensorStaging& staging);
+                                                                 TensorStaging& staging,
+                                                                 const std::vector<std::vector<float>>* slices = nullptr);
 
 }  // namespace memfit

@@ -387,8 +387,11 @@ TEST(TensorParallel, LoadsHfWeightsAsOneRankDoes) {
 // slices summed into the global tensors over its tensor group) is the one-rank run's adapter:
 // the same tensors, values to 1e-3 of each tensor's largest, modules_to_save (lm_head, the
 // norms) and rsLoRA included. Loaded back with --load-adapter (each rank storing its slices),
-// the next steps give the one-rank continuation's losses.
-TEST(TensorParallel, SavesAndLoadsALoraAdapterAsOneRankDoes) {
+// the next steps give the one-rank continuation's losses. Under ZeRO-3 each tensor rank's
+// slices are sharded over its data group too, and gathered there first.
+class TensorParallelAdapter : public ::testing::TestWithParam<int> {};
+
+TEST_P(TensorParallelAdapter, SavesAndLoadsALoraAdapterAsOneRankDoes) {
   const std::string dir = test::unique_dir("tp-adapter");
   auto single = make_single_process_communicator();
   Policy p;
@@ -403,6 +406,7 @@ TEST(TensorParallel, SavesAndLoadsALoraAdapterAsOneRankDoes) {
   one.save = dir + "/one";
   if (world().rank() == 0) run_training(one, log, nullptr, single.get());
   RunConfig tp = run_config("llama-tiny", p, kTensor, kRowsPerRank);
+  tp.policy.zero_stage = GetParam();
   tp.steps = 3;
   tp.save = dir + "/tp";
   test::run_on_world(tp);
@@ -446,6 +450,9 @@ TEST(TensorParallel, SavesAndLoadsALoraAdapterAsOneRankDoes) {
   world().barrier();
   if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(ZeroStages, TensorParallelAdapter, ::testing::Values(0, 3),
+                         [](const auto& info) { return "zero" + std::to_string(info.param); });
 
 }  // namespace
 }  // namespace memfit
