@@ -118,6 +118,8 @@ class LoraRewrite final : public ForwardRewrite {
   TensorId dropped_input(const Op& op, const Branch& br, GraphBuilder& b);
   TensorId dora_norm(const Op& op, const Branch& br, GraphBuilder& b);
   TensorId lora_a_product(const Op& op, const Branch& br, TensorId in, GraphBuilder& b);
+  TensorId lora_b_product(const Op& op, const Branch& br, TensorId xa, GraphBuilder& b, TensorId into = kNoTensor);
+  TensorId branch_tensor(const Op& op, const Branch& br, const char* suffix, GraphBuilder& b);
 };
 
 void LoraRewrite::declare(GraphBuilder& b) {
@@ -201,18 +203,12 @@ bool LoraRewrite::rewrite(const Op& op, GraphBuilder& b) {
     const Branch& br = branches[i];
     const std::string site = site_of(op, br.module);
     const TensorId in = lora_.dropout > 0 && b.grad_enabled() ? dropped_input(op, br, b) : x;
-    const int64_t r = br.rank;
     const TensorId xa = lora_a_product(op, br, in, b);
-    const MatmulAttrs b_attrs{a.m, br.module.rows, r, false, true, float(br.scale)};
-    const double b_flops = 2.0 * double(a.m) * double(br.module.rows) * double(r);
     if (into_y) {
-      b.emit({OpKind::matmul, site + ".lora_B", {xa, br.b}, {y}, b_attrs, b_flops, {WriteMode::update}});
+      lora_b_product(op, br, xa, b, y);
       break;
     }
-    std::vector<int64_t> out = ys.dims();
-    out.back() = br.module.rows;
-    const TensorId d = b.transient(site + ".lora_B.y", Shape(out), Category::activations, dt);
-    b.emit({OpKind::matmul, site + ".lora_B", {xa, br.b}, {d}, b_attrs, b_flops});
+    const TensorId d = lora_b_product(op, br, xa, b);
     const bool last = i + 1 == branches.size();
     const TensorId next = last ? y : b.transient(site + ".lora_sum", ys, Category::activations, dt);
     if (br.module.whole())
@@ -258,6 +254,27 @@ TensorId LoraRewrite::lora_a_product(const Op& op, const Branch& br, TensorId in
   return xa;
 }
 
+// scale (x A^T) B^T: added into `into` (update mode), or into a new [tokens, the branch's
+// rows] tensor, which is returned.
+TensorId LoraRewrite::lora_b_product(const Op& op, const Branch& br, TensorId xa, GraphBuilder& b, TensorId into) {
+  const MatmulAttrs& a = std::get<MatmulAttrs>(op.attrs);
+  const int64_t rows = br.module.rows;
+  const TensorId out = into != kNoTensor ? into : branch_tensor(op, br, ".lora_B.y", b);
+  b.emit({OpKind::matmul, site_of(op, br.module) + ".lora_B", {xa, br.b}, {out},
+          MatmulAttrs{a.m, rows, br.rank, false, true, float(br.scale)},
+          2.0 * double(a.m) * double(rows) * double(br.rank), {into != kNoTensor ? WriteMode::update : WriteMode::overwrite}});
+  return out;
+}
+
+// A new activation [tokens, the branch's rows] of the linear's dtype, named site + suffix.
+TensorId LoraRewrite::branch_tensor(const Op& op, const Branch& br, const char* suffix, GraphBuilder& b) {
+  const TensorDesc& y = b.program().tensor(op.outputs[0]);
+  std::vector<int64_t> dims = y.shape.dims();
+  dims.back() = br.module.rows;
+  const DType dt = y.dtype;
+  return b.transient(site_of(op, br.module) + suffix, Shape(dims), Category::activations, dt);
+}
+
 // ||W + scale B A|| of the branch's rows, from the weights of this step.
 TensorId LoraRewrite::dora_norm(const Op& op, const Branch& br, GraphBuilder& b) {
   const MatmulAttrs& a = std::get<MatmulAttrs>(op.attrs);
@@ -288,24 +305,18 @@ void LoraRewrite::rewrite_dora_with_dropout(const Op& op, std::vector<Branch> br
   std::vector<TensorId> inputs{y0}, outputs{op.outputs[0]};
   std::vector<std::pair<int, int>> inplace{{0, 0}};
   for (const Branch& br : branches) {
-    const std::string site = site_of(op, br.module);
-    const int64_t rows = br.module.rows, r = br.rank;
-    std::vector<int64_t> dims = ys.dims();
-    dims.back() = rows;
+    const int64_t rows = br.module.rows;
     const TensorId in = dropped_input(op, br, b);
-    const TensorId pd = b.transient(site + ".dora_dropped.y", Shape(dims), Category::activations, dt);
-    b.emit({OpKind::matmul, site + ".dora_dropped", {in, op.inputs[1]}, {pd},
+    const TensorId pd = branch_tensor(op, br, ".dora_dropped.y", b);
+    b.emit({OpKind::matmul, site_of(op, br.module) + ".dora_dropped", {in, op.inputs[1]}, {pd},
             MatmulAttrs{a.m, rows, a.k, false, true, 1.0f, br.module.row_begin * a.k, !br.module.whole()},
             2.0 * double(a.m) * double(rows) * double(a.k)});
-    const TensorId xa = lora_a_product(op, br, in, b);
-    const TensorId q = b.transient(site + ".lora_B.y", Shape(dims), Category::activations, dt);
-    b.emit({OpKind::matmul, site + ".lora_B", {xa, br.b}, {q}, MatmulAttrs{a.m, rows, r, false, true, float(br.scale)},
-            2.0 * double(a.m) * double(rows) * double(r)});
+    const TensorId q = lora_b_product(op, br, lora_a_product(op, br, in, b), b);
     blend.begins.push_back(br.module.row_begin);
     blend.widths.push_back(rows);
     inplace.push_back({int(outputs.size()), int(inputs.size()) + 2});  // z over p
     inputs.insert(inputs.end(), {br.magnitude, dora_norm(op, br, b), pd, q});
-    outputs.push_back(b.transient(site + ".dora_blend.z", Shape(dims), Category::activations, dt));
+    outputs.push_back(branch_tensor(op, br, ".dora_blend.z", b));
   }
   b.emit({OpKind::dora_blend, op.name + ".dora_blend", std::move(inputs), std::move(outputs), std::move(blend),
           5.0 * double(ys.numel()), {}, {}, std::move(inplace)});

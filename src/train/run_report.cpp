@@ -56,13 +56,12 @@ void save_if_asked(RunState& s) {
   if (c.save.empty()) return;
   // The ZeRO pass shards masters (and at stage 3 parameters) at any world size, one rank
   // included: then every rank takes part in the gathers. Rank 0 writes.
-  // Under tensor parallelism ZeRO shards each tensor rank's slices over its data group: those
-  // are gathered first, then the slices over the tensor group.
+  // ZeRO shards over the data group (the world without tensor parallelism, where it is the
+  // world's communicator itself): a tensor rank's slices are gathered there first, then the
+  // slices over the tensor group.
   std::vector<std::vector<float>> whole;
-  const bool tp = c.topology.tensor > 1;
-  if (s.run.policy.zero_stage >= 1)
-    whole = gather_whole_parameters(s.ex(), tp ? (*s.groups)[CommGroup::data] : *s.comm, s.staging);
-  if (tp)
+  if (s.run.policy.zero_stage >= 1) whole = gather_whole_parameters(s.ex(), (*s.groups)[CommGroup::data], s.staging);
+  if (c.topology.tensor > 1)
     whole = gather_tensor_parallel_trainable(s.ex(), (*s.groups)[CommGroup::tensor], s.staging,
                                              whole.empty() ? nullptr : &whole);
   if (s.rank == 0 && s.run.policy.lora.enabled()) {

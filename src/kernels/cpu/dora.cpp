@@ -180,12 +180,14 @@ static void scale_rows(const T* in, const std::vector<DoraBlock>& blocks, AnyFlo
   }
 }
 
-// dm (+)= column sums of dy (z - bias) / norm over the block: dy [m, n], whose block starts at
-// column blk.begin; z the block's first column of rows z_stride apart. Columns over threads,
-// each summing all rows.
-template <class T>
-static void magnitude_gradient(const T* dy, int64_t n, const T* z, int64_t z_stride, const DoraBlock& blk,
-                               AnyFloats bias, int64_t m) {
+// The block's column sums of dy (z - bias), or of dy alone when z is null, in double: columns
+// over threads, each walking all rows in order (as kernels/cpu/column_sums.hpp, whose
+// per-column work is fixed per element; here a chunk's factors are read once). dy is [m, n]
+// with the block from column blk.begin; z the block's first column, rows z_stride apart.
+// write(c0, len, sums, f) takes each chunk's sums and its factors m / norm.
+template <class T, class Write>
+static void block_column_sums(const T* dy, int64_t n, const T* z, int64_t z_stride, const DoraBlock& blk,
+                              AnyFloats bias, int64_t m, const Write& write) {
   parallel_for(blk.width, kChunk / 4, [&](int64_t lo, int64_t hi) {
     double sums[kChunk];
     float f[kChunk], b[kChunk];
@@ -195,18 +197,31 @@ static void magnitude_gradient(const T* dy, int64_t n, const T* z, int64_t z_str
       std::fill(sums, sums + len, 0.0);
       for (int64_t i = 0; i < m; ++i) {
         const T* dyr = dy + i * n + blk.begin + c0;
+        if (!z) {
+          for (int64_t c = 0; c < len; ++c) sums[c] += double(widen(dyr[c]));
+          continue;
+        }
         const T* zr = z + i * z_stride + c0;
         for (int64_t c = 0; c < len; ++c) sums[c] += double(widen(dyr[c]) * (widen(zr[c]) - b[c]));
       }
-      visit_float_type(blk.dm_dtype, [&](auto t) {
-        using G = decltype(t);
-        G* dm = static_cast<G*>(blk.dm) + c0;
-        for (int64_t c = 0; c < len; ++c) {
-          const float g = float(sums[c] / double(blk.norm[c0 + c]));
-          dm[c] = narrow<G>(blk.dm_accumulate ? widen(dm[c]) + g : g);
-        }
-      });
+      write(c0, len, sums, f);
     }
+  });
+}
+
+// dm (+)= column sums of dy (z - bias) / norm over the block.
+template <class T>
+static void magnitude_gradient(const T* dy, int64_t n, const T* z, int64_t z_stride, const DoraBlock& blk,
+                               AnyFloats bias, int64_t m) {
+  block_column_sums(dy, n, z, z_stride, blk, bias, m, [&](int64_t c0, int64_t len, const double* sums, const float*) {
+    visit_float_type(blk.dm_dtype, [&](auto t) {
+      using G = decltype(t);
+      G* dm = static_cast<G*>(blk.dm) + c0;
+      for (int64_t c = 0; c < len; ++c) {
+        const float g = float(sums[c] / double(blk.norm[c0 + c]));
+        dm[c] = narrow<G>(blk.dm_accumulate ? widen(dm[c]) + g : g);
+      }
+    });
   });
 }
 
@@ -220,24 +235,14 @@ static void bias_gradient(const T* dy, const std::vector<DoraBlock>& blocks, con
     G* out = static_cast<G*>(db.data);
     if (!db.accumulate) std::fill(out, out + n, narrow<G>(0.0f));
     for (const DoraBlock& blk : blocks)
-      parallel_for(blk.width, kChunk / 4, [&](int64_t lo, int64_t hi) {
-        double sums[kChunk];
-        float f[kChunk], unused[kChunk];
-        for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
-          const int64_t len = std::min(kChunk, hi - c0);
-          chunk_factors(blk, AnyFloats{}, c0, len, f, unused);
-          std::fill(sums, sums + len, 0.0);
-          for (int64_t i = 0; i < m; ++i) {
-            const T* row = dy + i * n + blk.begin + c0;
-            for (int64_t c = 0; c < len; ++c) sums[c] += double(widen(row[c]));
-          }
-          for (int64_t c = 0; c < len; ++c) {
-            G& o = out[blk.begin + c0 + c];
-            const float v = float(sums[c] * (1.0 - double(f[c])));
-            o = narrow<G>(db.accumulate ? widen(o) + v : v);
-          }
-        }
-      });
+      block_column_sums<T>(dy, n, nullptr, 0, blk, AnyFloats{}, m,
+                           [&](int64_t c0, int64_t len, const double* sums, const float* f) {
+                             for (int64_t c = 0; c < len; ++c) {
+                               G& o = out[blk.begin + c0 + c];
+                               const float v = float(sums[c] * (1.0 - double(f[c])));
+                               o = narrow<G>(db.accumulate ? widen(o) + v : v);
+                             }
+                           });
   });
 }
 
