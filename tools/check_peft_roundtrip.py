@@ -2,7 +2,8 @@
 """By-hand round trip of memfit's LoRA files through PEFT and transformers (needs PyTorch, so
 it is not a test; tests/train/lora_parity_test.cpp checks memfit's side).
 
-For each LoRA fixture (tools/make_lora_fixtures.py):
+For each LoRA fixture (tools/make_lora_fixtures.py, and make_lora_start_fixtures.py's OLoRA and
+PiSSA starts, which PEFT and memfit both take again from the base on loading):
  1. memfit train loads the HF base (--load) and PEFT's adapter (--load-adapter), trains 3 AdamW
     steps on the fixture's batch (its B*T+1 tokens as the whole data set, so every step sees the
     same batch, as the fixture's PyTorch run does) and saves the adapter (--save);
@@ -45,7 +46,8 @@ def check(family, memfit, work):
 
     # llama_extras (rsLoRA, modules_to_save), llama_select (exclude_modules, layers_to_transform) and
     # llama_patterns (rank_pattern, alpha_pattern), llama_dora (use_dora): llama's base; gpt2_dora: gpt2's.
-    base = family.split("_")[0]
+    # start_*: tools/make_lora_start_fixtures.py's (olora, pissa): both sides rewrite the base on loading.
+    base = family.removeprefix("start_").split("_")[0]
     base_dir, adapter_dir = FIXTURES / f"{base}_tiny_torch", FIXTURES / f"lora_{family}_tiny_torch"
     batch = load_file(str(base_dir / "batch.safetensors"))
     tokens, targets = batch["tokens"].long(), batch["targets"].long()
@@ -82,7 +84,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--memfit", default=str(ROOT / "build" / "memfit"))
     p.add_argument("families", nargs="*", default=["llama", "gpt2", "llama_extras", "llama_select", "llama_patterns", "llama_dora",
-                                                       "gpt2_dora"])
+                                                       "gpt2_dora", "start_llama_olora", "start_llama_pissa",
+                                                       "start_gpt2_pissa"])
     args = p.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as work:

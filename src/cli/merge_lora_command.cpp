@@ -1,5 +1,6 @@
 #include "cli/merge_lora_command.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,8 @@
 #include "io/safetensors.hpp"
 #include "io/safetensors_shards.hpp"
 #include "train/adapter_files.hpp"
+#include "train/lora_base_start.hpp"
+#include "train/lora_start_factors.hpp"
 #include "train/run_config.hpp"
 #include "train/weights.hpp"
 
@@ -127,10 +130,35 @@ MergeLoraCommand::MergeLoraCommand(CLI::App& app) {
   app.add_option("--out", out_, "the directory to write (model.safetensors + config.json)")->required();
 }
 
+// OLoRA / PiSSA: the adapter was trained on W - scale B0 A0, B0 and A0 the start's factors of W
+// (train/lora_base_start.hpp), which are computed again here as the run computed them.
+void subtract_start(std::vector<float>& w, const Shape& shape, int64_t rank, double scale, const LoraPolicy& lora,
+                    bool conv1d, const std::string& name) {
+  const int64_t out = conv1d ? shape[1] : shape[0], in = conv1d ? shape[0] : shape[1];
+  auto at = [&](int64_t o, int64_t i) -> float& { return w[size_t(conv1d ? i * out + o : o * in + i)]; };
+  const WeightRows read = [&](int64_t first, int64_t count, std::span<float> rows) {
+    for (int64_t o = 0; o < count; ++o)
+      for (int64_t i = 0; i < in; ++i) rows[size_t(o * in + i)] = at(first + o, i);
+  };
+  const FactorShape s{out, in, rank, std::max<int64_t>(1, (int64_t(1) << 18) / in)};
+  const LowRankFactors f =
+      lora.init == LoraInit::pissa ? pissa_factors(s, scale, -1, 0, read, name) : olora_factors(s, read);
+  std::vector<float> row(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    read(o, 1, row);
+    subtract_low_rank(row, o, 1, in, f, scale);
+    for (int64_t i = 0; i < in; ++i) at(o, i) = row[size_t(i)];
+  }
+}
+
 int MergeLoraCommand::run(std::ostream& log) const {
   const ModelSpec spec = resolve_model(model_);
   LoraPolicy lora;
   apply_adapter_config(adapter_, lora);
+  MEMFIT_CHECK(lora.init != LoraInit::pissa || lora.pissa_niter < 0, "merge-lora",
+               "the adapter in '{}' started as {}, from a random draw of its training run: its base cannot be "
+               "rebuilt here (train with pissa, whose start is exact, or merge in that run with --save)",
+               adapter_, lora_init_name(lora));
   const SafetensorsShards base(load_);
   const SafetensorsReader adapter((fs::path(adapter_) / "adapter_model.safetensors").string());
   std::map<std::string, Adapter> modules = adapter_modules(adapter, adapter_, lora.dora);
@@ -164,7 +192,7 @@ int MergeLoraCommand::run(std::ostream& log) const {
     const SafetensorsReader* shard = t.shard;
     tensors.push_back({name, DType::f32, e.shape, nullptr,
                        [shard, &e, ad, lora_file, scale = ad ? lora.scale_of(name.substr(0, name.size() - 7)) : 0.0,
-                        conv1d, name](const auto& emit) {
+                        conv1d, name, &lora](const auto& emit) {
                          std::vector<float> w(size_t(e.shape.numel()));
                          shard->read_f32(e.name, e.shape, w.data());
                          if (ad) {
@@ -173,6 +201,7 @@ int MergeLoraCommand::run(std::ostream& log) const {
                            std::vector<float> av(size_t(a.shape.numel())), bv(size_t(b.shape.numel()));
                            lora_file->read_f32(a.name, a.shape, av.data());
                            lora_file->read_f32(b.name, b.shape, bv.data());
+                           if (rewrites_base(lora)) subtract_start(w, e.shape, a.shape[0], scale, lora, conv1d, name);
                            merge_into(w, e.shape, av, a.shape, bv, b.shape, scale, conv1d, name);
                            if (!ad->magnitude.empty()) {
                              const SafetensorsEntry& m = *lora_file->find(ad->magnitude);
@@ -200,8 +229,10 @@ int MergeLoraCommand::run(std::ostream& log) const {
     config << hf_config(spec).dump(2) << "\n";
     MEMFIT_CHECK(config.good(), "merge-lora", "cannot write '{}/config.json'", out_);
   }
-  log << fmt::format("merge-lora: {} of {} weights merged with (lora_alpha / {}) B A = ({} / {}) B A{}{}{} into {} "
-                     "({} file{})\n", merged, tensors.size(), lora.rslora ? "sqrt(r)" : "r", lora.alpha,
+  log << fmt::format("merge-lora: {} of {} weights merged with {}(lora_alpha / {}) B A = ({} / {}) B A{}{}{} into {} "
+                     "({} file{})\n", merged, tensors.size(),
+                     rewrites_base(lora) ? fmt::format("the {} start's residual and ", lora_init_name(lora)) : "",
+                     lora.rslora ? "sqrt(r)" : "r", lora.alpha,
                      lora.rslora ? fmt::format("sqrt({})", lora.rank) : std::to_string(lora.rank),
                      lora.rank_pattern.empty() && lora.alpha_pattern.empty() ? "" : " (rank_pattern, alpha_pattern: "
                      "per module)",

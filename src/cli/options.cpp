@@ -235,13 +235,12 @@ void RunOptions::add_fine_tuning_options(CLI::App& app) {
   add<std::string>(app, "--lora-bias", "LoRA: which biases train: none | all | lora_only (as PEFT)",
                    [](RunConfig& c, std::string v) { c.policy.lora.bias = parse_lora_bias(v); });
   add<std::string>(app, "--lora-init", "LoRA: the adapters' first values, as PEFT's init_lora_weights: true (A "
-                   "Kaiming-uniform, B zero; default) | gaussian (A normal, std 1/rank) | false (B drawn too)",
+                   "Kaiming-uniform, B zero; default) | gaussian (A normal, std 1/rank) | false (B drawn too) | olora "
+                   "(W's QR) | pissa (W's top singular vectors) | pissa_niter_N (N power iterations); olora and pissa "
+                   "leave W - scale B A in the base",
                    [](RunConfig& c, std::string v) {
-                     MEMFIT_CHECK(v == "true" || v == "gaussian" || v == "false", "cli",
-                                  "--lora-init '{}': expected true, gaussian or false", v);
-                     c.policy.lora.init = v == "gaussian" ? LoraInit::gaussian
-                                          : v == "false"  ? LoraInit::random
-                                                          : LoraInit::peft_default;
+                     MEMFIT_CHECK(parse_lora_init(v, c.policy.lora), "cli",
+                                  "--lora-init '{}': expected true, gaussian, false, olora, pissa or pissa_niter_N", v);
                    });
   add_flag(app, "--lora-dora",
            "LoRA: DoRA, a trained magnitude per output rescaling each adapted weight's columns (PEFT's use_dora)",

@@ -137,6 +137,15 @@ void LoraRewrite::declare(GraphBuilder& b) {
   }
   const TensorParallel& tp = b.tensor_parallel();
   MEMFIT_CHECK(!lora_.dora || !tp.on(), "policy", "DoRA (use_dora) with tensor parallelism: not supported");
+  const bool rewrites = lora_.init == LoraInit::olora || lora_.init == LoraInit::pissa;
+  MEMFIT_CHECK(!rewrites || !tp.on(), "policy",
+               "init_lora_weights {} with tensor parallelism: not supported (the factors are the whole weight's)",
+               lora_init_name(lora_));
+  // PEFT's olora_init factors the weight as stored, which for GPT-2's Conv1D is [in, out]: the
+  // adapters it makes do not fit the layer, so there is nothing to match.
+  MEMFIT_CHECK(lora_.init != LoraInit::olora || !find_param(p, "wte.weight"), "policy",
+               "init_lora_weights olora on GPT-2's Conv1D layers: not supported (PEFT's factors the [in, out] weight "
+               "as stored); use pissa, which PEFT transposes");
   for (const LinearModule& m : targets) {
     // Copies: declaring parameters grows the parameter and tensor tables.
     const ParamEntry* base = find_param(p, m.weight);
@@ -344,6 +353,8 @@ void LoraRewrite::emit_dora(const Op& op, std::vector<Branch> branches, TensorId
 }  // namespace
 
 std::string LinearModule::short_name() const { return name.substr(name.rfind('.') + 1); }
+
+std::string lora_module_path(const Program& p, const std::string& module) { return hf_module_path(p, module); }
 
 std::vector<LinearModule> linear_modules(const Program& p) {
   std::vector<LinearModule> out;

@@ -48,6 +48,9 @@ std::vector<LinearModule> lora_targets(const Program& p, const LoraPolicy& lora)
 // q/k/v, or an embedding tied to the output head.
 std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy& lora);
 
+// The module's path in the HF model PEFT wraps ("model.layers.0.mlp.up_proj"): what
+// rank_pattern and alpha_pattern match (LoraPolicy::rank_of, scale_of).
+std::string lora_module_path(const Program& p, const std::string& module);
 std::string lora_a_name(const std::string& module);  // "<module>.lora_A.weight"
 std::string lora_b_name(const std::string& module);  // "<module>.lora_B.weight"
 std::string lora_magnitude_name(const std::string& module);  // "<module>.lora_magnitude_vector" (DoRA)

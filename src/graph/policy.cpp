@@ -56,6 +56,38 @@ LoraBias parse_lora_bias(std::string_view s) {
   throw Error("policy", fmt::format("unknown LoRA bias '{}' (expected none, all or lora_only, as PEFT)", s));
 }
 
+std::string lora_init_name(const LoraPolicy& l) {
+  switch (l.init) {
+    case LoraInit::peft_default: return "true";
+    case LoraInit::gaussian: return "gaussian";
+    case LoraInit::random: return "false";
+    case LoraInit::olora: return "olora";
+    case LoraInit::pissa: return l.pissa_niter < 0 ? "pissa" : fmt::format("pissa_niter_{}", l.pissa_niter);
+  }
+  return "?";
+}
+
+bool parse_lora_init(std::string_view s, LoraPolicy& l) {
+  l.pissa_niter = -1;
+  if (s == "true") l.init = LoraInit::peft_default;
+  else if (s == "gaussian") l.init = LoraInit::gaussian;
+  else if (s == "false") l.init = LoraInit::random;
+  else if (s == "olora") l.init = LoraInit::olora;
+  else if (s == "pissa") l.init = LoraInit::pissa;
+  else if (s.starts_with("pissa_niter_")) {
+    const std::string_view n = s.substr(12);
+    int v = 0;
+    const auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), v);
+    MEMFIT_CHECK(ec == std::errc() && end == n.data() + n.size() && v >= 0 && v <= 10000, "policy",
+                 "init_lora_weights '{}': expected pissa_niter_N with N a count of iterations in [0, 10000]", s);
+    l.init = LoraInit::pissa;
+    l.pissa_niter = v;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 namespace {
 
 // The value of the one pattern key matching `path` as PEFT's get_pattern_key matches, else `fallback`.

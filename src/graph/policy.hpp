@@ -66,7 +66,9 @@ LoraBias parse_lora_bias(std::string_view s);  // PEFT's "none" | "all" | "lora_
 // PEFT's init_lora_weights: true (A Kaiming-uniform, B zero: the run starts at the base model),
 // "gaussian" (A normal with std 1 / r, B zero) or false (A and B as nn.Linear draws them,
 // U(+-1/sqrt(fan_in)): the run starts away from the base).
-enum class LoraInit : uint8_t { peft_default, gaussian, random };
+// "olora" and "pissa" / "pissa_niter_N" (LoraPolicy::pissa_niter) take the adapters from the base
+// weight and leave its residual in the base (train/lora_base_start.hpp).
+enum class LoraInit : uint8_t { peft_default, gaussian, random, olora, pissa };
 struct LoraPolicy {
   int64_t rank = 0;  // 0: no LoRA
   double alpha = 8;
@@ -79,6 +81,7 @@ struct LoraPolicy {
   std::string target_regex;
   LoraBias bias = LoraBias::none;
   LoraInit init = LoraInit::peft_default;
+  int pissa_niter = -1;  // LoraInit::pissa: -1 for "pissa" (the exact top r), N for "pissa_niter_N"
   // PEFT's use_rslora (Kalajdzievski 2023): the branch is scaled by alpha / sqrt(r), which
   // keeps its output's size from shrinking as the rank grows.
   bool rslora = false;
@@ -104,6 +107,10 @@ struct LoraPolicy {
   int64_t rank_of(const std::string& hf_path) const;
   double scale_of(const std::string& hf_path) const;
 };
+// PEFT's init_lora_weights value ("true", "gaussian", "false", "olora", "pissa", "pissa_niter_4"),
+// and its parse into `l` (false for a name memfit does not build; throws [policy] for a bad N).
+std::string lora_init_name(const LoraPolicy& l);
+bool parse_lora_init(std::string_view s, LoraPolicy& l);
 
 // Frozen base weights stored quantised (QLoRA; kernels/quant/quant_format.hpp has the formats).
 enum class BaseQuant : uint8_t { none, nf4, fp4, int8 };

@@ -12,6 +12,7 @@
 #include "train/dora_init.hpp"
 #include "train/master_weights.hpp"
 #include "train/init.hpp"
+#include "train/lora_base_start.hpp"
 #include "train/run_config.hpp"
 #include "train/weights.hpp"
 
@@ -140,8 +141,9 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
               {"bias", std::string(lora_bias_name(lora.bias))},
               {"fan_in_fan_out", spec.arch == Arch::gpt2},
               {"inference_mode", true},
-              {"init_lora_weights", lora.init == LoraInit::gaussian ? json("gaussian")
-                                    : json(lora.init == LoraInit::peft_default)},
+              {"init_lora_weights", lora.init == LoraInit::peft_default ? json(true)
+                                    : lora.init == LoraInit::random     ? json(false)
+                                                                        : json(lora_init_name(lora))},
               {"layers_pattern", lora.layers_pattern.empty() ? json(nullptr) : json(lora.layers_pattern)},
               {"layers_to_transform", lora.layers_to_transform.empty() ? json(nullptr) : json(lora.layers_to_transform)},
               {"lora_alpha", number(lora.alpha)},
@@ -321,6 +323,8 @@ void load_inference_weights(const RunConfig& config, Executor& ex, const ModelSp
     // A base checkpoint has no adapters: without --load-adapter they start as PEFT's (B = 0).
     initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); });
   }
+  // OLoRA / PiSSA: the base's residual, then (with an adapter) the trained factors over the started ones.
+  start_adapters_from_base(ex, config.policy.lora, config.seed, staging);
   if (config.load_adapter.empty()) initialize_dora_magnitudes(ex, staging);
   if (!config.load_adapter.empty()) {
     load_adapter(config.load_adapter, ex, spec, config.policy.lora, staging);

@@ -6,6 +6,7 @@
 
 #include "core/bytes.hpp"
 #include "runtime/rss.hpp"
+#include "train/lora_base_start.hpp"
 #include "train/run_setup.hpp"
 
 namespace memfit {
@@ -25,7 +26,8 @@ ProcessPlan plan_process(const RunState& s) {
     if (t != Tier::disk && s.backend->buffer_type(t).host_readable()) p.tiers += s.run.compiled.plan.tier(t).peak_bytes;
   // The staging buffer is mapped but untouched until initialisation writes through it.
   p.staging = 3 * TensorStaging::kElements * sizeof(float) +
-              2 * uint64_t(s.run.policy.batch * s.run.policy.seq) * sizeof(int32_t);
+              2 * uint64_t(s.run.policy.batch * s.run.policy.seq) * sizeof(int32_t) +
+              base_start_scratch_bytes(s.program(), s.run.policy.lora);
   return p;
 }
 

@@ -21,7 +21,7 @@ struct ProcessPlan {
   uint64_t before_tiers = 0;   // RSS once the communicators exist, before any tier is allocated
   uint64_t communication = 0;  // of which: the communicators' ring scratch
   uint64_t tiers = 0;          // planned peaks of the tiers held in process memory
-  uint64_t staging = 0;        // the tensor staging buffer and the batch buffers
+  uint64_t staging = 0;        // the tensor staging buffer, the batch buffers and an OLoRA / PiSSA start's panels
   uint64_t planned() const { return before_tiers + tiers + staging; }
 };
 

@@ -133,19 +133,23 @@ using json = nlohmann::json;
 
 namespace {
 
-// PEFT's init_lora_weights: true, "gaussian" and false are drawn as PEFT draws them
-// (graph/policy.hpp LoraInit); "orthogonal" only draws other starting adapters, which an
-// adapter's file replaces; the others (pissa*, olora, corda, eva, loftq) also rewrite the base.
-LoraInit parse_lora_init(const json& v, bool weights_from_file) {
-  if (v.is_null() || (v.is_boolean() && v.get<bool>())) return LoraInit::peft_default;
-  if (v.is_boolean()) return LoraInit::random;
+// PEFT's init_lora_weights: true, "gaussian" and false are drawn as PEFT draws them; "olora",
+// "pissa" and "pissa_niter_N" also rewrite the base (train/lora_base_start.hpp); "orthogonal"
+// only draws other starting adapters, which an adapter's file replaces; the others (corda,
+// eva, loftq, ...) need data or a quantiser memfit does not have.
+void parse_lora_init_value(const json& v, bool weights_from_file, LoraPolicy& l) {
+  if (v.is_null() || v.is_boolean()) {
+    parse_lora_init(v.is_null() || v.get<bool>() ? "true" : "false", l);
+    return;
+  }
   const std::string name = v.is_string() ? v.get<std::string>() : v.dump();
-  if (name == "gaussian") return LoraInit::gaussian;
+  if (parse_lora_init(name, l)) return;
   MEMFIT_CHECK(name == "orthogonal", "config",
-               "lora.init_lora_weights '{}' changes the base weights as well as the adapters: not supported", name);
+               "lora.init_lora_weights '{}' is not supported: memfit builds true, \"gaussian\", false, \"olora\", "
+               "\"pissa\" and \"pissa_niter_N\"", name);
   MEMFIT_CHECK(weights_from_file, "config",
                "lora.init_lora_weights {} is not supported: memfit draws PEFT's true, \"gaussian\" or false", name);
-  return LoraInit::peft_default;
+  l.init = LoraInit::peft_default;
 }
 
 }  // namespace
@@ -191,7 +195,7 @@ void apply_lora_config(const json& j, RunConfig& c, bool weights_from_file) {
       if (key != "fan_in_fan_out")
         MEMFIT_CHECK(!v.is_boolean() || !v.get<bool>(), "config", "lora.{}: true is not supported", key);
     } else if (key == "init_lora_weights") {
-      l.init = parse_lora_init(v, weights_from_file);
+      parse_lora_init_value(v, weights_from_file, l);
     } else if (key == "exclude_modules") {
       l.exclude_modules.clear();
       l.exclude_regex.clear();

@@ -10,6 +10,7 @@
 #include "train/checkpoint_agree.hpp"
 #include "train/dora_init.hpp"
 #include "train/init.hpp"
+#include "train/lora_base_start.hpp"
 #include "train/run_checks.hpp"
 #include "train/synthetic_corpus.hpp"
 #include "train/token_cache.hpp"
@@ -120,6 +121,9 @@ void build_executor(RunState& s, RunHooks* hooks) {
                           [](const ParamEntry& e) { return is_lora_adapter(e.name); });
     log << fmt::format("loaded weights from {}\n", c.load);
   }
+  // OLoRA / PiSSA rewrite the base and start the adapters (an adapter's file then replaces
+  // them); a checkpoint holds the rewritten base already.
+  if (c.resume.empty()) start_adapters_from_base(ex, c.policy.lora, c.seed, s.staging);
   // DoRA's magnitudes: from the base weights, unless an adapter or a checkpoint brings them.
   if (c.load_adapter.empty() && c.resume.empty()) initialize_dora_magnitudes(ex, s.staging);
   if (!c.load_adapter.empty()) {

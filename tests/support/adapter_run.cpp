@@ -5,11 +5,13 @@
 #include "kernels/backend.hpp"
 #include "train/adapter_files.hpp"
 #include "train/init.hpp"
+#include "train/lora_base_start.hpp"
 #include "train/weights.hpp"
 
 namespace memfit::test {
 
-AdapterRun::AdapterRun(const std::string& base_dir, const std::string& adapter_dir, Policy pol)
+AdapterRun::AdapterRun(const std::string& base_dir, const std::string& adapter_dir, Policy pol,
+                       bool load_adapter_weights)
     : dir(base_dir), spec(read_hf_config(base_dir + "/config.json")), backend(make_cpu_backend()),
       batch(base_dir + "/batch.safetensors") {
   const Shape bt = batch.find("tokens")->shape;
@@ -22,7 +24,8 @@ AdapterRun::AdapterRun(const std::string& base_dir, const std::string& adapter_d
   compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
   ex = std::make_unique<Executor>(compiled, *backend);
   load_weights(base_dir + "/model.safetensors", *ex, spec, staging);
-  load_adapter(adapter_dir, *ex, spec, lora, staging);
+  start_adapters_from_base(*ex, lora, 0, staging);
+  if (load_adapter_weights) load_adapter(adapter_dir, *ex, spec, lora, staging);
   zero_persistent_state(*ex, staging);
   const TensorId tokens = compiled.program.find_tensor(kTokens), targets = compiled.program.find_tensor(kTargets);
   ex->set_input_handler([this, tokens, targets](const Op&, const StepContext&) {

@@ -18,7 +18,10 @@ struct AdapterRun {
   // `base_dir` holds config.json, model.safetensors and batch.safetensors; `policy` gives what
   // the run chooses (precision, attention, a quantised base, AdamW); batch, sequence and LoRA
   // come from the fixture and the adapter.
-  AdapterRun(const std::string& base_dir, const std::string& adapter_dir, Policy policy);
+  // An adapter whose init_lora_weights rewrites the base (olora, pissa) starts from it first, as
+  // PEFT loads one; load_adapter_weights false keeps that start instead of the file's A and B.
+  AdapterRun(const std::string& base_dir, const std::string& adapter_dir, Policy policy,
+             bool load_adapter_weights = true);
   AdapterRun(const AdapterRun&) = delete;  // the executor refers to `compiled`
   AdapterRun& operator=(const AdapterRun&) = delete;
   float micro_step();  // forward and backward of the batch: the loss (gradients in place)

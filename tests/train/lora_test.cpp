@@ -537,11 +537,11 @@ TEST(Lora, BadInputIsRefusedInOneLine) {
           "LoRA exclude_modules '(' is not a valid regular expression");
   refused({"train", "--model", "llama-tiny", "--lora-rank", "4", "--lora-modules-to-save", "'norm('"},
           "LoRA modules_to_save 'norm(' is not a valid regular expression");
-  refused({"train", "--config", with_lora("pissa", R"("init_lora_weights": "pissa")")},
-          "lora.init_lora_weights 'pissa' changes the base weights");
+  refused({"train", "--config", with_lora("corda", R"("init_lora_weights": "corda")")},
+          "lora.init_lora_weights 'corda' is not supported: memfit builds true");
   refused({"train", "--config", with_lora("orthogonal", R"("init_lora_weights": "orthogonal")")},
           "lora.init_lora_weights orthogonal is not supported: memfit draws PEFT's true, \"gaussian\" or false");
-  refused({"train", "--lora-rank", "4", "--lora-init", "zeros"}, "--lora-init 'zeros': expected true, gaussian or false");
+  refused({"train", "--lora-rank", "4", "--lora-init", "zeros"}, "--lora-init 'zeros': expected true, gaussian, false, olora, pissa");
   const test::CliResult plain = test::run_memfit("train --steps 1 --config " + with_lora("default", R"("init_lora_weights": true)"));
   EXPECT_EQ(plain.status, 0) << plain.err;
   // transformers' BitsAndBytesConfig names the compute dtype as torch does; fp16 is QLoRA's on

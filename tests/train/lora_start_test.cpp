@@ -1,0 +1,345 @@
+// LoRA starts that rewrite the base (init_lora_weights olora, pissa, pissa_niter_N):
+// - the factors against closed forms: PiSSA on a weight built from a known SVD recovers its top
+//   r triplets, and OLoRA's B A is the projection of W onto its first r columns' span (a
+//   Gram-Schmidt reference), B orthonormal;
+// - against PEFT (tools/make_lora_start_fixtures.py): the started A and B (PiSSA's up to each
+//   pair's sign), the first loss and every adapter gradient, three AdamW steps; PEFT's saved
+//   start loads on the rewritten base; merge-lora of the started adapter gives back the base;
+// - the CLI: the first loss is the base model's, planned == measured, and the refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include <lapacke.h>
+
+#include "core/error.hpp"
+#include "graph/training_program.hpp"
+#include "io/safetensors.hpp"
+#include "support/adapter_run.hpp"
+#include "support/paths.hpp"
+#include "support/run_cli.hpp"
+#include "support/tensor_values.hpp"
+#include "train/adapter_files.hpp"
+#include "train/lora_start_factors.hpp"
+#include "train/rng.hpp"
+
+namespace memfit {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<float> gaussian(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = float(rng.normal());
+  return v;
+}
+
+// Orthonormal columns [n, k] from a Gaussian draw (modified Gram-Schmidt in double).
+std::vector<double> orthonormal(int64_t n, int64_t k, uint64_t seed) {
+  const std::vector<float> g = gaussian(n * k, seed);
+  std::vector<double> q(g.begin(), g.end());
+  for (int64_t j = 0; j < k; ++j) {
+    for (int64_t p = 0; p < j; ++p) {
+      double d = 0;
+      for (int64_t i = 0; i < n; ++i) d += q[size_t(i * k + p)] * q[size_t(i * k + j)];
+      for (int64_t i = 0; i < n; ++i) q[size_t(i * k + j)] -= d * q[size_t(i * k + p)];
+    }
+    double norm = 0;
+    for (int64_t i = 0; i < n; ++i) norm += q[size_t(i * k + j)] * q[size_t(i * k + j)];
+    for (int64_t i = 0; i < n; ++i) q[size_t(i * k + j)] /= std::sqrt(norm);
+  }
+  return q;
+}
+
+WeightRows rows_of(const std::vector<float>& w, int64_t cols) {
+  return [&w, cols](int64_t first, int64_t count, std::span<float> out) {
+    std::copy_n(w.data() + first * cols, count * cols, out.data());
+  };
+}
+
+// scale B A [rows, cols].
+std::vector<double> product(const LowRankFactors& f, int64_t rows, int64_t cols, double scale) {
+  std::vector<double> m(size_t(rows * cols), 0.0);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      for (int64_t k = 0; k < f.rank; ++k)
+        m[size_t(i * cols + j)] += scale * double(f.b[size_t(i * f.rank + k)]) * f.a[size_t(k * cols + j)];
+  return m;
+}
+
+TEST(LoraStartFactors, PissaRecoversTheTopTripletsOfAKnownSpectrum) {
+  const int64_t rows = 48, cols = 80, r = 4, n = 40;
+  const std::vector<double> u = orthonormal(rows, n, 1), v = orthonormal(cols, n, 2);
+  std::vector<double> sigma(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) sigma[size_t(i)] = 10.0 * std::pow(0.85, double(i));
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < n; ++k) s += u[size_t(i * n + k)] * sigma[size_t(k)] * v[size_t(j * n + k)];
+      w[size_t(i * cols + j)] = float(s);
+    }
+  const double scale = 2.0;
+  for (int64_t chunk : {int64_t(5), rows}) {
+    const LowRankFactors f = pissa_factors({rows, cols, r, chunk}, scale, -1, 7, rows_of(w, cols), "w");
+    const std::vector<double> got = product(f, rows, cols, scale);
+    double err = 0;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        double want = 0;
+        for (int64_t k = 0; k < r; ++k) want += u[size_t(i * n + k)] * sigma[size_t(k)] * v[size_t(j * n + k)];
+        err = std::max(err, std::fabs(got[size_t(i * cols + j)] - want));
+      }
+    EXPECT_LT(err, 2e-5 * sigma[0]) << "chunk " << chunk;
+    // A's rows are sqrt(sigma_i / scale) times unit right vectors.
+    for (int64_t k = 0; k < r; ++k) {
+      double norm = 0;
+      for (int64_t j = 0; j < cols; ++j) norm += double(f.a[size_t(k * cols + j)]) * f.a[size_t(k * cols + j)];
+      EXPECT_NEAR(norm, sigma[size_t(k)] / scale, 1e-4 * sigma[0]) << k;
+    }
+  }
+  // Two power iterations from r columns (pissa_niter_2) are near, not at, the top triplets.
+  const LowRankFactors rough = pissa_factors({rows, cols, r, rows}, scale, 2, 7, rows_of(w, cols), "w");
+  const std::vector<double> approx = product(rough, rows, cols, scale);
+  double err = 0;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      double want = 0;
+      for (int64_t k = 0; k < r; ++k) want += u[size_t(i * n + k)] * sigma[size_t(k)] * v[size_t(j * n + k)];
+      err = std::max(err, std::fabs(approx[size_t(i * cols + j)] - want));
+    }
+  EXPECT_GT(err, 1e-4 * sigma[0]);
+  EXPECT_LT(err, 0.5 * sigma[0]);
+}
+
+TEST(LoraStartFactors, PissaOnATiedSpectrumStillLeavesTheSmallestResidual) {
+  // sigma_4 == sigma_5: the top 4 singular vectors are not unique (PEFT's SVD picks one), but any
+  // choice leaves a residual of sum_{i > 4} sigma_i^2.
+  const int64_t rows = 16, cols = 16, r = 4;
+  std::vector<float> w(static_cast<size_t>(rows * cols), 0.0f);
+  double rest = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float s = i < 3 ? float(10 - i) : 1.0f;
+    w[size_t(i * cols + i)] = s;
+    if (i >= r) rest += double(s) * s;
+  }
+  const LowRankFactors f = pissa_factors({rows, cols, r, rows}, 1.0, -1, 3, rows_of(w, cols), "w");
+  std::vector<float> residual = w;
+  subtract_low_rank(residual, 0, rows, cols, f, 1.0);
+  double sum = 0;
+  for (float v : residual) sum += double(v) * v;
+  EXPECT_NEAR(sum, rest, 1e-4 * rest);
+}
+
+TEST(LoraStartFactors, OloraIsTheProjectionOntoTheFirstColumnsWithOrthonormalB) {
+  const int64_t rows = 40, cols = 24, r = 3;
+  const std::vector<float> w = gaussian(rows * cols, 5);
+  const LowRankFactors f = olora_factors({rows, cols, r, 7}, rows_of(w, cols));
+  // Reference: Gram-Schmidt of W's first r columns, then Q Q^T W.
+  std::vector<double> q(static_cast<size_t>(rows * r));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < r; ++j) q[size_t(i * r + j)] = w[size_t(i * cols + j)];
+  for (int64_t j = 0; j < r; ++j) {
+    for (int64_t p = 0; p < j; ++p) {
+      double d = 0;
+      for (int64_t i = 0; i < rows; ++i) d += q[size_t(i * r + p)] * q[size_t(i * r + j)];
+      for (int64_t i = 0; i < rows; ++i) q[size_t(i * r + j)] -= d * q[size_t(i * r + p)];
+    }
+    double norm = 0;
+    for (int64_t i = 0; i < rows; ++i) norm += q[size_t(i * r + j)] * q[size_t(i * r + j)];
+    for (int64_t i = 0; i < rows; ++i) q[size_t(i * r + j)] /= std::sqrt(norm);
+  }
+  const std::vector<double> got = product(f, rows, cols, 1.0);
+  double err = 0;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      double want = 0;
+      for (int64_t k = 0; k < r; ++k)
+        for (int64_t m = 0; m < rows; ++m)
+          want += q[size_t(i * r + k)] * q[size_t(m * r + k)] * w[size_t(m * cols + j)];
+      err = std::max(err, std::fabs(got[size_t(i * cols + j)] - want));
+    }
+  EXPECT_LT(err, 1e-5);
+  for (int64_t a = 0; a < r; ++a)
+    for (int64_t b = 0; b < r; ++b) {
+      double d = 0;
+      for (int64_t i = 0; i < rows; ++i) d += double(f.b[size_t(i * r + a)]) * f.b[size_t(i * r + b)];
+      EXPECT_NEAR(d, a == b ? 1.0 : 0.0, 1e-5) << a << "," << b;
+    }
+  // A's first r columns are R's upper triangle.
+  for (int64_t i = 1; i < r; ++i)
+    for (int64_t j = 0; j < i; ++j) EXPECT_EQ(f.a[size_t(i * cols + j)], 0.0f);
+}
+
+// Largest |a - s b| over the largest |b|, s each row's sign (rows of `cols` elements) or 1.
+double aligned_error(std::span<const float> a, std::span<const float> b, const std::vector<double>& sign,
+                     bool by_rows, int64_t rank) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const size_t component = by_rows ? i / (b.size() / size_t(rank)) : i % size_t(rank);
+    err = std::max(err, std::fabs(double(a[i]) - sign[component] * b[i]));
+    scale = std::max(scale, double(std::fabs(b[i])));
+  }
+  return err / scale;
+}
+
+std::vector<float> read_all(const SafetensorsReader& r, const std::string& name) {
+  const SafetensorsEntry* e = r.find(name);
+  EXPECT_NE(e, nullptr) << name;
+  if (!e) return {};
+  std::vector<float> v(static_cast<size_t>(e->shape.numel()));
+  r.read_f32(name, e->shape, v.data());
+  return v;
+}
+
+Policy fixture_policy() {
+  Policy pol;
+  pol.adamw = AdamWConfig{0.9f, 0.999f, 1e-8f, 0.1f};
+  return pol;
+}
+
+class LoraStartParity : public ::testing::TestWithParam<const char*> {
+ protected:
+  std::string family = GetParam();
+  std::string base = family.substr(0, family.find('_')) + "_tiny_torch";
+  std::string adapter = test::fixture_path("lora_start_" + family + "_tiny_torch");
+  SafetensorsReader expected{adapter + "/expected.safetensors"};
+  SafetensorsReader peft{adapter + "/adapter_model.safetensors"};
+  test::AdapterRun run{test::fixture_path(base), adapter, fixture_policy(), false};  // memfit's own start
+  bool pissa = family.ends_with("_pissa");
+
+  // Each PiSSA pair's sign against PEFT's (the SVD leaves it free); OLoRA's are fixed.
+  std::vector<double> signs(const std::string& a_name) {
+    const std::vector<float> ours = test::tensor_values<float>(*run.ex, run.compiled.program.find_tensor(a_name));
+    const std::vector<float> theirs = read_all(peft, peft_tensor_name(run.spec, a_name));
+    const size_t per = theirs.size() / 4;
+    std::vector<double> s(4, 1.0);
+    for (size_t k = 0; k < 4 && pissa; ++k) {
+      double d = 0;
+      for (size_t j = 0; j < per; ++j) d += double(ours[k * per + j]) * theirs[k * per + j];
+      s[k] = d < 0 ? -1.0 : 1.0;
+    }
+    return s;
+  }
+};
+
+TEST_P(LoraStartParity, TheStartAndTheFirstStepMatchPeft) {
+  std::map<std::string, std::vector<double>> sign;  // by module
+  int compared = 0;
+  double worst = 0;
+  for (const ParamEntry& e : run.compiled.program.params()) {
+    if (!is_lora_adapter(e.name)) continue;
+    const std::string module = e.name.substr(0, e.name.rfind(".lora_"));
+    if (!sign.count(module)) sign[module] = signs(module + ".lora_A.weight");
+    const std::vector<float> ours = test::tensor_values<float>(*run.ex, e.value);
+    const double err = aligned_error(ours, read_all(peft, peft_tensor_name(run.spec, e.name)), sign[module],
+                                     e.name.ends_with(".lora_A.weight"), 4);
+    EXPECT_LE(err, 1e-4) << e.name;
+    worst = std::max(worst, err);
+    ++compared;
+  }
+  EXPECT_EQ(compared, int(peft.entries().size()));
+  std::printf("started adapters: %d tensors, largest normalised error %.3g\n", compared, worst);
+  std::vector<float> ref(1);
+  expected.read_f32("loss", Shape{}, ref.data());
+  const float loss = run.micro_step();
+  EXPECT_NEAR(loss, ref[0], 1e-5 * ref[0]);
+  worst = 0;
+  for (const ParamEntry& e : run.compiled.program.params()) {
+    if (e.grad == kNoTensor) continue;
+    const std::string module = e.name.substr(0, e.name.rfind(".lora_"));
+    const double err = aligned_error(test::tensor_values<float>(*run.ex, e.grad),
+                                     read_all(expected, "grad." + peft_tensor_name(run.spec, e.name)), sign[module],
+                                     e.name.ends_with(".lora_A.weight"), 4);
+    EXPECT_LE(err, 1e-4) << e.name;
+    worst = std::max(worst, err);
+  }
+  std::printf("first loss: memfit %.7f, PEFT %.7f; gradients' largest normalised error %.3g\n", loss, ref[0], worst);
+}
+
+TEST_P(LoraStartParity, ThreeAdamWStepsMatchPeftAndTheSavedAdapterStartsAgainOnLoading) {
+  std::vector<float> ref(4);
+  expected.read_f32("losses_adamw", Shape{4}, ref.data());
+  const TensorId loss_id = run.compiled.program.find_tensor(kLoss);
+  StepContext ctx;
+  ctx.lr = 1e-3f;
+  for (int step = 1; step <= 3; ++step) {
+    ctx.step = step;
+    run.ex->run_step(ctx);
+    EXPECT_NEAR(run.ex->read_scalar<float>(loss_id), ref[size_t(step - 1)], 1e-5 * ref[0]) << step;
+  }
+  const float after = run.micro_step();
+  EXPECT_NEAR(after, ref[3], 1e-5 * ref[3]);
+  std::printf("after 3 updates: memfit %.7f, PEFT %.7f\n", after, ref[3]);
+  // Saved, the adapter names its start; loaded, the base is rewritten again under it.
+  const std::string out = test::temp_dir() + "/adapter";
+  save_adapter(out, *run.ex, run.spec, run.lora, base, run.staging);
+  EXPECT_NE(test::read_file(out + "/adapter_config.json").find(pissa ? "\"pissa\"" : "\"olora\""), std::string::npos);
+  test::AdapterRun reloaded(test::fixture_path(base), out, fixture_policy());
+  EXPECT_EQ(reloaded.micro_step(), after);
+  // PEFT's own saved start, loaded the same way, is PEFT's first step.
+  test::AdapterRun theirs(test::fixture_path(base), adapter, fixture_policy());
+  EXPECT_NEAR(theirs.micro_step(), ref[0], 1e-5 * ref[0]);
+}
+
+TEST_P(LoraStartParity, MergingTheStartedAdapterGivesBackTheBase) {
+  const std::string base_dir = test::fixture_path(base), out = test::temp_dir() + "/merged";
+  const test::CliResult r = test::run_memfit("merge-lora --model " + base_dir + " --load " + base_dir +
+                                             " --adapter " + adapter + " --out " + out);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const SafetensorsReader merged(out + "/model.safetensors"), w(base_dir + "/model.safetensors");
+  int adapted = 0;
+  for (const SafetensorsEntry& e : w.entries()) {
+    const std::string name = base == "gpt2_tiny_torch" && !e.name.starts_with("transformer.") ? "transformer." + e.name
+                                                                                              : e.name;
+    const std::vector<float> want = read_all(w, e.name), got = read_all(merged, name);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      err = std::max(err, double(std::fabs(got[i] - want[i])));
+      scale = std::max(scale, double(std::fabs(want[i])));
+    }
+    // (W - scale B A) + scale B A: OLoRA's QR is PEFT's to rounding; PiSSA's start agrees with
+    // PEFT's SVD to ~5e-5 of the adapter's size (the first test), so to ~1e-4 of W here.
+    EXPECT_LE(err, (pissa ? 1e-4 : 1e-5) * scale) << name;
+    adapted += peft.find("base_model.model." + name.substr(0, name.size() - 7) + ".lora_A.weight") != nullptr;
+  }
+  EXPECT_EQ(adapted, int(peft.entries().size()) / 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraStartParity, ::testing::Values("llama_olora", "llama_pissa", "gpt2_pissa"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(LoraStartRun, TheFirstLossIsTheBaseModelsAndThePlanHolds) {
+  const std::string common = "train --model llama-tiny --lora-rank 4 --lora-targets all-linear --steps 2 "
+                             "--val-fraction 0 --lora-init ";
+  auto first_loss = [](const std::string& out) { return out.substr(out.find("loss ") + 5, 7); };
+  const test::CliResult plain = test::run_memfit(common + "true");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  for (const char* init : {"olora", "pissa", "pissa_niter_4"}) {
+    const test::CliResult r = test::run_memfit(common + init);
+    ASSERT_EQ(r.status, 0) << init << ": " << r.err;
+    EXPECT_EQ(first_loss(r.out), first_loss(plain.out)) << init;
+    EXPECT_NE(r.out.find(", equal;"), std::string::npos) << init << r.out;
+    EXPECT_NE(r.out.find("within 2% + 25 MiB"), std::string::npos) << init << r.out;
+  }
+}
+
+TEST(LoraStartRun, WhatItCannotStartIsRefusedInOneLine) {
+  const std::string lora = " --lora-rank 4 --steps 1 --val-fraction 0";
+  for (const auto& [args, words] : std::vector<std::pair<std::string, std::string>>{
+           {"train --model llama-tiny --lora-init pissa_niter_x" + lora, "pissa_niter_N"},
+           {"train --model llama-tiny --lora-init svd" + lora, "--lora-init 'svd'"},
+           {"train --model gpt2-tiny --lora-init olora" + lora, "GPT-2's Conv1D"},
+           {"train --model llama-tiny --lora-init olora --quantize-base nf4" + lora, "quantised base"}}) {
+    const test::CliResult r = test::run_memfit(args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_NE(r.err.find(words), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace memfit
