@@ -42,4 +42,17 @@ float AdapterRun::micro_step() {
   return ex->read_scalar<float>(compiled.program.find_tensor(kLoss));
 }
 
+std::vector<float> AdapterRun::optimizer_steps(int steps, float lr) {
+  const TensorId loss = compiled.program.find_tensor(kLoss);
+  StepContext ctx;
+  ctx.lr = lr;
+  std::vector<float> losses;
+  for (int step = 1; step <= steps; ++step) {
+    ctx.step = step;
+    ex->run_step(ctx);
+    losses.push_back(ex->read_scalar<float>(loss));
+  }
+  return losses;
+}
+
 }  // namespace memfit::test

@@ -25,6 +25,8 @@ struct AdapterRun {
   AdapterRun(const AdapterRun&) = delete;  // the executor refers to `compiled`
   AdapterRun& operator=(const AdapterRun&) = delete;
   float micro_step();  // forward and backward of the batch: the loss (gradients in place)
+  // `steps` optimizer steps on the batch at `lr`: the loss before each update.
+  std::vector<float> optimizer_steps(int steps, float lr);
 
   std::string dir;
   ModelSpec spec;

@@ -36,10 +36,8 @@ std::vector<float> gaussian(int64_t n, uint64_t seed) {
   return v;
 }
 
-// Orthonormal columns [n, k] from a Gaussian draw (modified Gram-Schmidt in double).
-std::vector<double> orthonormal(int64_t n, int64_t k, uint64_t seed) {
-  const std::vector<float> g = gaussian(n * k, seed);
-  std::vector<double> q(g.begin(), g.end());
+// Modified Gram-Schmidt (double) of the k columns of q [n, k], in place: an independent QR.
+void gram_schmidt(std::vector<double>& q, int64_t n, int64_t k) {
   for (int64_t j = 0; j < k; ++j) {
     for (int64_t p = 0; p < j; ++p) {
       double d = 0;
@@ -50,6 +48,13 @@ std::vector<double> orthonormal(int64_t n, int64_t k, uint64_t seed) {
     for (int64_t i = 0; i < n; ++i) norm += q[size_t(i * k + j)] * q[size_t(i * k + j)];
     for (int64_t i = 0; i < n; ++i) q[size_t(i * k + j)] /= std::sqrt(norm);
   }
+}
+
+// Orthonormal columns [n, k] from a Gaussian draw.
+std::vector<double> orthonormal(int64_t n, int64_t k, uint64_t seed) {
+  const std::vector<float> g = gaussian(n * k, seed);
+  std::vector<double> q(g.begin(), g.end());
+  gram_schmidt(q, n, k);
   return q;
 }
 
@@ -82,8 +87,8 @@ TEST(LoraStartFactors, PissaRecoversTheTopTripletsOfAKnownSpectrum) {
       w[size_t(i * cols + j)] = float(s);
     }
   const double scale = 2.0;
-  for (int64_t chunk : {int64_t(5), rows}) {
-    const LowRankFactors f = pissa_factors({rows, cols, r, chunk}, scale, -1, 7, rows_of(w, cols), "w");
+  // Largest distance of scale B A from the top r triplets' U_r S_r V_r^T.
+  auto distance_from_top = [&](const LowRankFactors& f) {
     const std::vector<double> got = product(f, rows, cols, scale);
     double err = 0;
     for (int64_t i = 0; i < rows; ++i)
@@ -92,7 +97,11 @@ TEST(LoraStartFactors, PissaRecoversTheTopTripletsOfAKnownSpectrum) {
         for (int64_t k = 0; k < r; ++k) want += u[size_t(i * n + k)] * sigma[size_t(k)] * v[size_t(j * n + k)];
         err = std::max(err, std::fabs(got[size_t(i * cols + j)] - want));
       }
-    EXPECT_LT(err, 2e-5 * sigma[0]) << "chunk " << chunk;
+    return err;
+  };
+  for (int64_t chunk : {int64_t(5), rows}) {
+    const LowRankFactors f = pissa_factors({rows, cols, r, chunk}, scale, -1, 7, rows_of(w, cols), "w");
+    EXPECT_LT(distance_from_top(f), 2e-5 * sigma[0]) << "chunk " << chunk;
     // A's rows are sqrt(sigma_i / scale) times unit right vectors.
     for (int64_t k = 0; k < r; ++k) {
       double norm = 0;
@@ -101,15 +110,8 @@ TEST(LoraStartFactors, PissaRecoversTheTopTripletsOfAKnownSpectrum) {
     }
   }
   // Two power iterations from r columns (pissa_niter_2) are near, not at, the top triplets.
-  const LowRankFactors rough = pissa_factors({rows, cols, r, rows}, scale, 2, 7, rows_of(w, cols), "w");
-  const std::vector<double> approx = product(rough, rows, cols, scale);
-  double err = 0;
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) {
-      double want = 0;
-      for (int64_t k = 0; k < r; ++k) want += u[size_t(i * n + k)] * sigma[size_t(k)] * v[size_t(j * n + k)];
-      err = std::max(err, std::fabs(approx[size_t(i * cols + j)] - want));
-    }
+  const double err =
+      distance_from_top(pissa_factors({rows, cols, r, rows}, scale, 2, 7, rows_of(w, cols), "w"));
   EXPECT_GT(err, 1e-4 * sigma[0]);
   EXPECT_LT(err, 0.5 * sigma[0]);
 }
@@ -141,16 +143,7 @@ TEST(LoraStartFactors, OloraIsTheProjectionOntoTheFirstColumnsWithOrthonormalB) 
   std::vector<double> q(static_cast<size_t>(rows * r));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < r; ++j) q[size_t(i * r + j)] = w[size_t(i * cols + j)];
-  for (int64_t j = 0; j < r; ++j) {
-    for (int64_t p = 0; p < j; ++p) {
-      double d = 0;
-      for (int64_t i = 0; i < rows; ++i) d += q[size_t(i * r + p)] * q[size_t(i * r + j)];
-      for (int64_t i = 0; i < rows; ++i) q[size_t(i * r + j)] -= d * q[size_t(i * r + p)];
-    }
-    double norm = 0;
-    for (int64_t i = 0; i < rows; ++i) norm += q[size_t(i * r + j)] * q[size_t(i * r + j)];
-    for (int64_t i = 0; i < rows; ++i) q[size_t(i * r + j)] /= std::sqrt(norm);
-  }
+  gram_schmidt(q, rows, r);
   const std::vector<double> got = product(f, rows, cols, 1.0);
   double err = 0;
   for (int64_t i = 0; i < rows; ++i)
@@ -262,14 +255,8 @@ TEST_P(LoraStartParity, TheStartAndTheFirstStepMatchPeft) {
 TEST_P(LoraStartParity, ThreeAdamWStepsMatchPeftAndTheSavedAdapterStartsAgainOnLoading) {
   std::vector<float> ref(4);
   expected.read_f32("losses_adamw", Shape{4}, ref.data());
-  const TensorId loss_id = run.compiled.program.find_tensor(kLoss);
-  StepContext ctx;
-  ctx.lr = 1e-3f;
-  for (int step = 1; step <= 3; ++step) {
-    ctx.step = step;
-    run.ex->run_step(ctx);
-    EXPECT_NEAR(run.ex->read_scalar<float>(loss_id), ref[size_t(step - 1)], 1e-5 * ref[0]) << step;
-  }
+  const std::vector<float> losses = run.optimizer_steps(3, 1e-3f);
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], ref[i], 1e-5 * ref[i]) << "before update " << i + 1;
   const float after = run.micro_step();
   EXPECT_NEAR(after, ref[3], 1e-5 * ref[3]);
   std::printf("after 3 updates: memfit %.7f, PEFT %.7f\n", after, ref[3]);
