@@ -315,16 +315,18 @@ void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, c
 
 void load_inference_weights(const RunConfig& config, Executor& ex, const ModelSpec& spec, TensorStaging& staging,
                             std::ostream& log) {
+  // OLoRA / PiSSA: the base's residual, then (with an adapter) the trained factors over the started ones.
+  BaseStart start(config.policy.lora, config.seed);
   if (config.load.empty()) {
-    initialize_parameters(ex, spec, config.seed, staging);
+    initialize_parameters(ex, spec, config.seed, staging, {}, &start);
     log << fmt::format("no --load: model '{}' at its seeded initialisation (seed {})\n", spec.name, config.seed);
   } else {
-    load_weights(config.load, ex, spec, staging);
+    load_weights(config.load, ex, spec, staging, &start);
     // A base checkpoint has no adapters: without --load-adapter they start as PEFT's (B = 0).
-    initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); });
+    initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); },
+                          &start);
   }
-  // OLoRA / PiSSA: the base's residual, then (with an adapter) the trained factors over the started ones.
-  start_adapters_from_base(ex, config.policy.lora, config.seed, staging);
+  start.start(ex, staging);
   if (config.load_adapter.empty()) initialize_dora_magnitudes(ex, staging);
   if (!config.load_adapter.empty()) {
     load_adapter(config.load_adapter, ex, spec, config.policy.lora, staging);

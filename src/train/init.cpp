@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "train/lora_base_start.hpp"
 #include "train/master_weights.hpp"
 #include "train/quantized_weights.hpp"
 #include "train/rng.hpp"
@@ -87,19 +88,21 @@ void draw_slice(const ParamEntry& e, uint64_t base, const std::vector<SliceRun>&
 }  // namespace
 
 void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, TensorStaging& staging,
-                           const std::function<bool(const ParamEntry&)>& only) {
+                           const std::function<bool(const ParamEntry&)>& only, BaseStart* start) {
   const Program& p = ex.program();
   const std::span<float> x = staging.values();
   for (const ParamEntry& e : p.params()) {
-    if (only && !only(e)) continue;
+    if ((only && !only(e)) || (start && start->stored(e.name))) continue;
     const uint64_t base = derive_seed(seed, e.name);
     if (is_quantized_param(e)) {
       // Drawn a chunk at a time (the same values as unquantised, stream by stream) as the
       // quantiser asks: a whole fp32 copy of the largest weight (46 MiB for a TinyLlama
       // gate_proj) would lift the process's peak RSS above its plan.
-      store_quantized_parameter(ex, e, ParameterValues([&](int64_t first, std::span<float> out) {
+      SegmentValues values = segment_values(p, e, [&](int64_t first, std::span<float> out) {
         draw_values(e, base, first, out);
-      }), staging);
+      });
+      if (start) values = start->quantized_values(ex, e, std::move(values), staging);
+      store_quantized_parameter(ex, e, values, staging);
       continue;
     }
     require_float_values(e);

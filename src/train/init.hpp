@@ -17,9 +17,13 @@
 
 namespace memfit {
 
-// `only`: when set, the parameters it accepts (the others keep their values).
+class BaseStart;
+
+// `only`: when set, the parameters it accepts (the others keep their values). `start`: an
+// OLoRA / PiSSA start (train/lora_base_start.hpp), made as a quantised base is quantised; the
+// adapters it stores are not drawn.
 void initialize_parameters(Executor& ex, const ModelSpec& spec, uint64_t seed, TensorStaging& staging,
-                           const std::function<bool(const ParamEntry&)>& only = {});
+                           const std::function<bool(const ParamEntry&)>& only = {}, BaseStart* start = nullptr);
 // Every persistent tensor that is not a parameter, and the padding of parameter buckets.
 void zero_persistent_state(Executor& ex, TensorStaging& staging);
 void zero_padded_vocab_rows(Executor& ex, const ModelSpec& spec, TensorStaging& staging);

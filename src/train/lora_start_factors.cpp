@@ -194,6 +194,27 @@ void subtract_low_rank(std::span<float> rows, int64_t first, int64_t count, int6
   gemm('N', 'N', count, cols, f.rank, float(-scale), f.b.data() + first * f.rank, f.a.data(), true, rows.data());
 }
 
+void subtract_low_rank_elements(std::span<float> values, int64_t first, int64_t cols, const LowRankFactors& f,
+                                double scale) {
+  const int64_t end = first + int64_t(values.size());
+  for (int64_t e = first; e < end;) {
+    const int64_t row = e / cols, c0 = e % cols;
+    if (c0 == 0 && end - e >= cols) {  // whole rows: one product
+      const int64_t h = (end - e) / cols;
+      subtract_low_rank(values.subspan(size_t(e - first), size_t(h * cols)), row, h, cols, f, scale);
+      e += h * cols;
+      continue;
+    }
+    const int64_t c1 = std::min(cols, c0 + (end - e));
+    for (int64_t c = c0; c < c1; ++c) {
+      double d = 0;
+      for (int64_t k = 0; k < f.rank; ++k) d += double(f.b[size_t(row * f.rank + k)]) * f.a[size_t(k * cols + c)];
+      values[size_t(e - first + (c - c0))] -= float(scale * d);
+    }
+    e += c1 - c0;
+  }
+}
+
 uint64_t factor_scratch_bytes(int64_t rows, int64_t cols, int64_t rank, bool pissa, int niter) {
   const int64_t b = !pissa || niter >= 0 ? rank : std::min(std::min(rows, cols), 2 * rank + 4);
   // The factors (A, B) and, for PiSSA, the start, Q, Y, U, P, its SVD's right vectors and

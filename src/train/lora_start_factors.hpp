@@ -46,6 +46,11 @@ LowRankFactors pissa_factors(const FactorShape& s, double scale, int niter, uint
 void subtract_low_rank(std::span<float> rows, int64_t first, int64_t count, int64_t cols, const LowRankFactors& f,
                        double scale);
 
+// The same for elements [first, first + values.size()) of W (row-major), which may begin and end
+// inside rows: a quantiser's chunk of whole blocks.
+void subtract_low_rank_elements(std::span<float> values, int64_t first, int64_t cols, const LowRankFactors& f,
+                                double scale);
+
 // Bytes the factorisation holds beside the chunk it reads (its panels and LAPACK's copies).
 uint64_t factor_scratch_bytes(int64_t rows, int64_t cols, int64_t rank, bool pissa, int niter);
 

@@ -105,14 +105,18 @@ void store_quantized_parameter(Executor& ex, const ParamEntry& e, const SegmentV
   }
 }
 
-void store_quantized_parameter(Executor& ex, const ParamEntry& e, const ParameterValues& values,
-                               TensorStaging& staging) {
-  const QuantizedParam qp = quantized_param_of(ex.program(), e);
+SegmentValues segment_values(const Program& p, const ParamEntry& e, ParameterValues values) {
+  const QuantizedParam qp = quantized_param_of(p, e);
   std::vector<int64_t> starts{0};  // each piece's first element in the parameter
   for (int64_t rows : qp.segments) starts.push_back(starts.back() + rows * qp.cols);
-  store_quantized_parameter(ex, e, [&](size_t s, int64_t first, std::span<float> out) {
+  return [starts, values = std::move(values)](size_t s, int64_t first, std::span<float> out) {
     values(starts[s] + first, out);
-  }, staging);
+  };
+}
+
+void store_quantized_parameter(Executor& ex, const ParamEntry& e, const ParameterValues& values,
+                               TensorStaging& staging) {
+  store_quantized_parameter(ex, e, segment_values(ex.program(), e, values), staging);
 }
 
 void read_dequantized_rows(const Executor& ex, const ParamEntry& e, size_t segment, const DequantizedRows& fn,

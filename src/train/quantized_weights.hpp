@@ -38,6 +38,9 @@ using ParameterValues = std::function<void(int64_t first, std::span<float> out)>
 void store_quantized_parameter(Executor& ex, const ParamEntry& e, const ParameterValues& values,
                                TensorStaging& staging);
 
+// `values` asked for by piece: element `first` of piece s is element (piece s's start + first).
+SegmentValues segment_values(const Program& p, const ParamEntry& e, ParameterValues values);
+
 // The rows of piece `segment` of a quantised parameter dequantised as its products see them
 // (rounded to the compute dtype), a chunk of whole rows at a time through the staging:
 // fn(first row, rows, their values). Throws [train] for a parameter sharded by ZeRO-3.

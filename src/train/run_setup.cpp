@@ -112,18 +112,21 @@ void build_executor(RunState& s, RunHooks* hooks) {
   if (const std::string where = ex.buffer(Tier::disk).describe(); !where.empty())
     log << fmt::format("disk tier: {}\n", where);
   ex.set_timing(true);  // two clock reads per op: the report's time per phase
+  // OLoRA / PiSSA rewrite the base and start the adapters (an adapter's file then replaces
+  // them): a quantised base as it is quantised, a float one once loaded. A checkpoint holds the
+  // rewritten base already.
+  BaseStart start(c.policy.lora, c.seed);
+  BaseStart* starting = c.resume.empty() ? &start : nullptr;
   if (c.load.empty()) {
-    initialize_parameters(ex, s.run.spec, c.seed, s.staging);
+    initialize_parameters(ex, s.run.spec, c.seed, s.staging, {}, starting);
   } else {
-    load_weights(c.load, ex, s.run.spec, s.staging);
+    load_weights(c.load, ex, s.run.spec, s.staging, starting);
     // A base checkpoint has no adapters: they start as PEFT starts them.
     initialize_parameters(ex, s.run.spec, c.seed, s.staging,
-                          [](const ParamEntry& e) { return is_lora_adapter(e.name); });
+                          [](const ParamEntry& e) { return is_lora_adapter(e.name); }, starting);
     log << fmt::format("loaded weights from {}\n", c.load);
   }
-  // OLoRA / PiSSA rewrite the base and start the adapters (an adapter's file then replaces
-  // them); a checkpoint holds the rewritten base already.
-  if (c.resume.empty()) start_adapters_from_base(ex, c.policy.lora, c.seed, s.staging);
+  if (starting) start.start(ex, s.staging);
   // DoRA's magnitudes: from the base weights, unless an adapter or a checkpoint brings them.
   if (c.load_adapter.empty() && c.resume.empty()) initialize_dora_magnitudes(ex, s.staging);
   if (!c.load_adapter.empty()) {

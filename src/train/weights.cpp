@@ -12,6 +12,7 @@
 #include "io/safetensors.hpp"
 #include "io/safetensors_shards.hpp"
 #include "train/adapter_files.hpp"
+#include "train/lora_base_start.hpp"
 #include "train/master_weights.hpp"
 #include "train/quantized_weights.hpp"
 
@@ -167,7 +168,7 @@ using TensorsByName = std::map<std::string, const SafetensorsShards::Located*>;
 // A quantised parameter from its HF tensors (Llama's q, k and v are its pieces), quantised a
 // chunk at a time as they are read (train/quantized_weights.hpp).
 void load_quantized(const TensorsByName& by_name, const std::string& file, const ModelSpec& spec, Executor& ex,
-                    const ParamEntry& param, TensorStaging& staging, std::set<std::string>& used) {
+                    const ParamEntry& param, TensorStaging& staging, std::set<std::string>& used, BaseStart* start) {
   const QuantizedParam qp = quantized_param_of(ex.program(), param);
   const std::vector<HfPiece> pieces = hf_pieces(spec, param.name, Shape{qp.rows, qp.cols});
   MEMFIT_CHECK(pieces.size() == qp.segments.size(), "train", "parameter '{}' is quantised as {} pieces, not the {} HF "
@@ -182,17 +183,20 @@ void load_quantized(const TensorsByName& by_name, const std::string& file, const
     sources.push_back(it->second);
   }
   const bool transpose = spec.arch == Arch::gpt2 && is_conv1d_weight(param.name);
-  store_quantized_parameter(ex, param, [&](size_t s, int64_t first, std::span<float> out) {
+  SegmentValues values = [&](size_t s, int64_t first, std::span<float> out) {
     const SafetensorsReader& reader = *sources[s]->shard;
     const std::string& name = sources[s]->entry->name;
     if (transpose) read_transposed_range(reader, name, Shape{qp.cols, qp.segments[s]}, first, out, staging.gather());
     else reader.read_f32_range(name, Shape{qp.segments[s], qp.cols}, first, out);
-  }, staging);
+  };
+  if (start) values = start->quantized_values(ex, param, std::move(values), staging);
+  store_quantized_parameter(ex, param, values, staging);
 }
 
 }  // namespace
 
-void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, TensorStaging& staging) {
+void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, TensorStaging& staging,
+                  BaseStart* start) {
   const SafetensorsShards shards(path);  // one file, or an index and its shards
   const std::string& file = shards.description();
   const Program& p = ex.program();
@@ -209,7 +213,7 @@ void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, 
   for (const ParamEntry& param : p.params()) {
     if (is_lora_adapter(param.name)) continue;  // not in a base checkpoint: initialised, or --load-adapter
     if (is_quantized_param(param)) {
-      load_quantized(by_name, file, spec, ex, param, staging, used);
+      load_quantized(by_name, file, spec, ex, param, staging, used, start);
       continue;
     }
     require_float_values(param);

@@ -29,7 +29,10 @@ inline constexpr uint64_t kDefaultShardBytes = 5'000'000'000;  // transformers' 
 // directory holding either (io/safetensors_shards.hpp); bf16, fp16 and fp32 files are converted
 // to the run's precision. The embedding table's padded rows are zeroed. Throws [safetensors] naming a missing or
 // mis-shaped tensor, or a tensor the model does not have.
-void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, TensorStaging& staging);
+// `start`: an OLoRA / PiSSA start (train/lora_base_start.hpp), made as a quantised base is quantised.
+class BaseStart;
+void load_weights(const std::string& path, Executor& ex, const ModelSpec& spec, TensorStaging& staging,
+                  BaseStart* start = nullptr);
 
 // Writes the parameters: into DIR plus DIR/config.json when `path` is a directory (created if
 // needed): model.safetensors, or transformers' shards and index when the model exceeds

@@ -23,8 +23,9 @@ AdapterRun::AdapterRun(const std::string& base_dir, const std::string& adapter_d
   lora = pol.lora;
   compiled = compile_program(build_training_program(spec, pol, {}, cpu_capabilities()), *backend);
   ex = std::make_unique<Executor>(compiled, *backend);
-  load_weights(base_dir + "/model.safetensors", *ex, spec, staging);
-  start_adapters_from_base(*ex, lora, 0, staging);
+  BaseStart start(lora, 0);
+  load_weights(base_dir + "/model.safetensors", *ex, spec, staging, &start);
+  start.start(*ex, staging);
   if (load_adapter_weights) load_adapter(adapter_dir, *ex, spec, lora, staging);
   zero_persistent_state(*ex, staging);
   const TensorId tokens = compiled.program.find_tensor(kTokens), targets = compiled.program.find_tensor(kTargets);

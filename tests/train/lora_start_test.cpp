@@ -11,17 +11,22 @@
 #include <cmath>
 #include <filesystem>
 
-#include <lapacke.h>
-
 #include "core/error.hpp"
+#include "core/half.hpp"
+#include "graph/lora.hpp"
+#include "graph/quantize_base.hpp"
 #include "graph/training_program.hpp"
 #include "io/safetensors.hpp"
+#include "kernels/quant/blockwise.hpp"
+#include "kernels/quant/quant_segments.hpp"
 #include "support/adapter_run.hpp"
 #include "support/paths.hpp"
 #include "support/run_cli.hpp"
 #include "support/tensor_values.hpp"
 #include "train/adapter_files.hpp"
 #include "train/lora_start_factors.hpp"
+#include "train/master_weights.hpp"
+#include "train/quantized_weights.hpp"
 #include "train/rng.hpp"
 
 namespace memfit {
@@ -299,6 +304,116 @@ TEST_P(LoraStartParity, MergingTheStartedAdapterGivesBackTheBase) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraStartParity, ::testing::Values("llama_olora", "llama_pissa", "gpt2_pissa"),
                          [](const auto& info) { return std::string(info.param); });
 
+// QPiSSA / QOLoRA: a quantised base starts from its float values as they are quantised, so NF4
+// holds the residual, and W - (dequantised base + scale B A) is the residual's quantisation
+// error: for PiSSA smaller than plain QLoRA's W - dequantised W, by the share of W that B A
+// carries (QPiSSA's point; a start made from the dequantised base would keep W's whole error).
+class LoraStartQuantized : public ::testing::TestWithParam<const char*> {};
+
+const ParamEntry* param_of(const Program& p, const std::string& name) {
+  for (const ParamEntry& e : p.params())
+    if (e.name == name) return &e;
+  ADD_FAILURE() << "no parameter " << name;
+  return &p.params().front();
+}
+
+TEST_P(LoraStartQuantized, TheResidualIsWhatIsQuantisedAndWsErrorShrinks) {
+  Policy pol = fixture_policy();
+  pol.precision = Precision::bf16;
+  pol.attention = AttentionKind::flash;
+  pol.quantize_base = BaseQuantPolicy{BaseQuant::nf4, 64, true};
+  const std::string base = test::fixture_path("llama_tiny_torch");
+  test::AdapterRun started(base, test::fixture_path(std::string("lora_start_") + GetParam() + "_tiny_torch"), pol,
+                           false);
+  test::AdapterRun plain(base, test::fixture_path("lora_llama_tiny_torch"), pol);
+  const SafetensorsReader hf(base + "/model.safetensors");
+  const Program& p = started.compiled.program;
+  double err_started = 0, err_plain = 0, adapter_share = 0;
+  int modules = 0;
+  int64_t codes = 0, codes_differ = 0;
+  for (const LinearModule& m : lora_targets(p, started.lora)) {
+    const std::string hf_name = "model." + m.name + ".weight";
+    std::vector<float> w = read_all(hf, hf_name);
+    for (float& v : w) v = widen(narrow<bf16_t>(v));  // the bf16 model PEFT would start
+    auto param_values = [&](test::AdapterRun& r, const std::string& name) {
+      const ParamEntry* e = param_of(r.compiled.program, name);
+      std::vector<float> v(static_cast<size_t>(r.compiled.program.tensor(e->value).numel()));
+      load_parameter_range(*r.ex, *e, 0, v, r.staging);
+      return v;
+    };
+    const std::vector<float> a = param_values(started, lora_a_name(m.name));
+    const std::vector<float> b = param_values(started, lora_b_name(m.name));
+    const int64_t r = int64_t(a.size()) / m.cols;
+    // Each run's dequantised piece (llama's q, v are pieces of the fused weight).
+    auto dequantised = [&](test::AdapterRun& run) {
+      const Program& rp = run.compiled.program;
+      const ParamEntry* e = param_of(rp, m.weight);
+      const QuantizedParam qp = quantized_param_of(rp, *e);
+      size_t piece = 0;
+      for (int64_t rows = 0; rows < m.row_begin; ++piece) rows += qp.segments[piece];
+      std::vector<float> out(static_cast<size_t>(m.rows * m.cols));
+      read_dequantized_rows(*run.ex, *e, piece, [&](int64_t first, int64_t rows, std::span<const float> v) {
+        std::copy_n(v.data(), rows * m.cols, out.data() + first * m.cols);
+      }, run.staging);
+      return out;
+    };
+    const std::vector<float> q_started = dequantised(started), q_plain = dequantised(plain);
+    // The piece's codes are those of bf16(W - scale B A) quantised here (fp32 sums in another
+    // order may round a few elements to the neighbouring bf16).
+    std::vector<bf16_t> residual(w.size());
+    for (int64_t i = 0; i < m.rows; ++i)
+      for (int64_t j = 0; j < m.cols; ++j) {
+        double d = 0;
+        for (int64_t k = 0; k < r; ++k) d += double(b[size_t(i * r + k)]) * a[size_t(k * m.cols + j)];
+        residual[size_t(i * m.cols + j)] = narrow<bf16_t>(float(w[size_t(i * m.cols + j)] - 2.0 * d));
+      }
+    {
+      const ParamEntry* e = param_of(p, m.weight);
+      const QuantizedParam qp = quantized_param_of(p, *e);
+      size_t piece = 0;
+      for (int64_t rows = 0; rows < m.row_begin; ++piece) rows += qp.segments[piece];
+      std::vector<uint8_t> want((residual.size() + 1) / 2), got(want.size());
+      std::vector<float> absmax(static_cast<size_t>(quant_blocks(int64_t(residual.size()), 64)));
+      quantize_4bit<bf16_t>(residual, QuantSpec{QuantKind::nf4, 64, false}, want, absmax);
+      started.ex->read(qp.codes, segment_offset(qp.spec, qp.cols, qp.segments, piece).codes,
+                       std::as_writable_bytes(std::span<uint8_t>(got)));
+      int64_t differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) differ += (want[i] & 15) != (got[i] & 15);
+      for (size_t i = 0; i < want.size(); ++i) differ += (want[i] >> 4) != (got[i] >> 4);
+      EXPECT_LE(differ, int64_t(residual.size()) / 1000) << m.name;
+      codes_differ += differ;
+      codes += int64_t(residual.size());
+    }
+    double e1 = 0, e2 = 0, ba = 0;
+    for (int64_t i = 0; i < m.rows; ++i)
+      for (int64_t j = 0; j < m.cols; ++j) {
+        double d = 0;
+        for (int64_t k = 0; k < r; ++k) d += double(b[size_t(i * r + k)]) * a[size_t(k * m.cols + j)];
+        d *= 2.0;  // alpha / r = 8 / 4
+        const double x = w[size_t(i * m.cols + j)];
+        e1 += std::pow(x - (q_started[size_t(i * m.cols + j)] + d), 2);
+        e2 += std::pow(x - q_plain[size_t(i * m.cols + j)], 2);
+        ba += d * d;
+      }
+    err_started += e1, err_plain += e2, adapter_share += ba;
+    ++modules;
+  }
+  std::printf("%s on NF4: ||W - (Q(W - sBA) + sBA)||^2 %.4g against QLoRA's ||W - Q(W)||^2 %.4g (ratio %.3f); "
+              "||sBA||^2 %.4g over %d modules\n", GetParam(), err_started, err_plain, err_started / err_plain,
+              adapter_share, modules);
+  std::printf("%lld of %lld codes differ from quantising bf16(W - sBA) here\n", (long long)codes_differ,
+              (long long)codes);
+  EXPECT_EQ(modules, 6);
+  // PiSSA takes W's top energy out before quantising; PEFT's OLoRA subtracts scale Q_r R_r, which
+  // at scale 2 reflects W's part in span(Q_r) instead of removing it, so its residual is as large
+  // as W and its error is QLoRA's.
+  EXPECT_LT(err_started, (std::string(GetParam()) == "llama_pissa" ? 0.9 : 1.05) * err_plain);
+  EXPECT_LT(err_started, 0.1 * adapter_share);  // B A is in the sum: without it W would be far off
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraStartQuantized, ::testing::Values("llama_pissa", "llama_olora"),
+                         [](const auto& info) { return std::string(info.param); });
+
 TEST(LoraStartRun, TheFirstLossIsTheBaseModelsAndThePlanHolds) {
   const std::string common = "train --model llama-tiny --lora-rank 4 --lora-targets all-linear --steps 2 "
                              "--val-fraction 0 --lora-init ";
@@ -312,6 +427,11 @@ TEST(LoraStartRun, TheFirstLossIsTheBaseModelsAndThePlanHolds) {
     EXPECT_NE(r.out.find(", equal;"), std::string::npos) << init << r.out;
     EXPECT_NE(r.out.find("within 2% + 25 MiB"), std::string::npos) << init << r.out;
   }
+  // On an NF4 base (QPiSSA) the start is made as the base is quantised: the plan holds too.
+  const test::CliResult q = test::run_memfit(common + "pissa --quantize-base nf4 --double-quant");
+  ASSERT_EQ(q.status, 0) << q.err;
+  EXPECT_NE(q.out.find(", equal;"), std::string::npos) << q.out;
+  EXPECT_NE(q.out.find("within 2% + 25 MiB"), std::string::npos) << q.out;
 }
 
 TEST(LoraStartRun, WhatItCannotStartIsRefusedInOneLine) {
@@ -319,8 +439,7 @@ TEST(LoraStartRun, WhatItCannotStartIsRefusedInOneLine) {
   for (const auto& [args, words] : std::vector<std::pair<std::string, std::string>>{
            {"train --model llama-tiny --lora-init pissa_niter_x" + lora, "pissa_niter_N"},
            {"train --model llama-tiny --lora-init svd" + lora, "--lora-init 'svd'"},
-           {"train --model gpt2-tiny --lora-init olora" + lora, "GPT-2's Conv1D"},
-           {"train --model llama-tiny --lora-init olora --quantize-base nf4" + lora, "quantised base"}}) {
+           {"train --model gpt2-tiny --lora-init olora" + lora, "GPT-2's Conv1D"}}) {
     const test::CliResult r = test::run_memfit(args);
     EXPECT_NE(r.status, 0) << args;
     EXPECT_NE(r.err.find(words), std::string::npos) << args << ": " << r.err;
