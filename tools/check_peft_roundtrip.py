@@ -77,6 +77,20 @@ def check(family, memfit, work):
     print(f"{family}: transformers loads merge-lora's weights: loss {merged_loss:.7f}, base + adapter in PEFT "
           f"{peft_loss:.7f} (rel. diff {abs(merged_loss - peft_loss) / peft_loss:.2e})")
     ok = abs(peft_loss - expected[3].item()) <= 1e-5 * expected[3].item() and abs(merged_loss - peft_loss) <= 1e-5 * peft_loss
+    if family.startswith("start_"):
+        # memfit convert-lora: the same model as a plain rank-2r LoRA of the untouched base.
+        converted = work / f"{family}_converted"
+        subprocess.run([memfit, "convert-lora", "--model", str(base_dir), "--load", str(base_dir), "--adapter",
+                        str(saved), "--out", str(converted)], check=True)
+        base = AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager", dtype=torch.float32)
+        plain = PeftModel.from_pretrained(base, converted).eval()
+        if plain.peft_config["default"].init_lora_weights is not True:
+            sys.exit(f"{family}: the converted adapter's init_lora_weights is not true")
+        with torch.no_grad():
+            plain_loss = loss_of(plain, tokens, targets)[1].item()
+        print(f"{family}: PEFT loads convert-lora's rank-{plain.peft_config['default'].r} LoRA on the untouched base: "
+              f"loss {plain_loss:.7f} (rel. diff to the started adapter's {abs(plain_loss - peft_loss) / peft_loss:.2e})")
+        ok = ok and abs(plain_loss - peft_loss) <= 1e-5 * peft_loss
     return ok
 
 

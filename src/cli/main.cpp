@@ -9,6 +9,7 @@
 //   memfit generate ...   text from a model over a KV cache, in planned memory (cli/generate_command.hpp)
 //   memfit tokenize ...   text -> llm.c token files with an HF tokenizer.json (cli/tokenize_command.hpp)
 //   memfit merge-lora ... HF weights with a PEFT LoRA adapter merged in (cli/merge_lora_command.hpp)
+//   memfit convert-lora ... an OLoRA / PiSSA adapter as plain LoRA of the original base (cli/convert_lora_command.hpp)
 //   memfit consolidate .. HF weights from a training checkpoint of any layout (cli/consolidate_command.hpp)
 // Errors print one line, "memfit: error: [piece] message", and exit with status 1, command-line
 // usage errors included; --help exits with 0. Under mpirun with several ranks every error goes
@@ -22,6 +23,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/consolidate_command.hpp"
+#include "cli/convert_lora_command.hpp"
 #include "cli/eval_command.hpp"
 #include "cli/generate_command.hpp"
 #include "cli/hardware_plan.hpp"
@@ -154,6 +156,9 @@ int main(int argc, char** argv) {
   memfit::cli::TokenizeCommand tokenize_command(*tokenize);
   CLI::App* merge_lora = app.add_subcommand("merge-lora", "HF weights with a PEFT LoRA adapter merged in");
   memfit::cli::MergeLoraCommand merge_lora_command(*merge_lora);
+  CLI::App* convert_lora = app.add_subcommand(
+      "convert-lora", "an OLoRA / PiSSA adapter as a plain LoRA adapter of the original base (rank 2r)");
+  memfit::cli::ConvertLoraCommand convert_lora_command(*convert_lora);
   const memfit::cli::ConsolidateCommand consolidate(app);
   memfit::cli::RunOptions train_options(*train, true);
   memfit::cli::RunOptions plan_options(*plan, false);
@@ -188,6 +193,7 @@ int main(int argc, char** argv) {
       MEMFIT_CHECK(!o->seq_auto(), "policy", "--seq auto is only for max-batch; give a sequence length");
     if (tokenize->parsed()) return tokenize_command.run(std::cout);
     if (merge_lora->parsed()) return merge_lora_command.run(std::cout);
+    if (convert_lora->parsed()) return convert_lora_command.run(std::cout);
     if (consolidate.parsed()) return consolidate.run(std::cout);
     if (train->parsed()) {
       memfit::LeakCheckHooks leak_hooks;

@@ -13,6 +13,7 @@
 #include "io/hf_config.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_shards.hpp"
+#include "cli/peft_adapter_reading.hpp"
 #include "train/adapter_files.hpp"
 #include "train/lora_base_start.hpp"
 #include "train/lora_start_factors.hpp"
@@ -25,66 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::string_view kPeftPrefix = "base_model.model.";
 constexpr uint64_t kMaxShardBytes = 5'000'000'000;
-
-struct Adapter {
-  std::string a, b;   // PEFT tensor names
-  std::string magnitude;  // DoRA's lora_magnitude_vector, if any
-  bool used = false;
-};
-
-// The base checkpoint's name as PEFT's wrapped model has it: "model." (llama) or
-// "transformer." (gpt2) first; the hub's gpt2 and a bare LlamaModel store names without it.
-std::string wrapped_name(const ModelSpec& spec, const std::string& name) {
-  const std::string prefix = spec.arch == Arch::gpt2 ? "transformer." : "model.";
-  return name.starts_with(prefix) || name == "lm_head.weight" ? name : prefix + name;
-}
-
-constexpr std::string_view kMagnitude = ".lora_magnitude_vector";
-
-bool is_adapter_factor(const std::string& name) {
-  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight") || name.ends_with(kMagnitude);
-}
-
-// The tensors trained whole beside the adapters (the biases of bias all | lora_only, the
-// modules of modules_to_save), by the wrapped HF name of the base tensor they replace
-// ("transformer.h.0.attn.c_attn.bias" for PEFT's "...c_attn.base_layer.bias").
-std::map<std::string, std::string> replaced_tensors(const SafetensorsReader& r) {
-  static const std::string kWrapped = ".base_layer.bias";
-  std::map<std::string, std::string> out;
-  for (const SafetensorsEntry& e : r.entries()) {
-    if (!e.name.starts_with(kPeftPrefix) || is_adapter_factor(e.name)) continue;
-    std::string base = e.name.substr(kPeftPrefix.size());
-    if (base.ends_with(kWrapped)) base = base.substr(0, base.size() - kWrapped.size()) + ".bias";
-    out[base] = e.name;
-  }
-  return out;
-}
-
-// The adapter's modules by their wrapped HF path ("model.layers.0.self_attn.q_proj").
-std::map<std::string, Adapter> adapter_modules(const SafetensorsReader& r, const std::string& dir, bool dora) {
-  std::map<std::string, Adapter> out;
-  for (const SafetensorsEntry& e : r.entries()) {
-    MEMFIT_CHECK(e.name.starts_with(kPeftPrefix), "adapter", "the adapter in '{}' holds '{}', which is not under "
-                 "PEFT's names ({}...)", dir, e.name, kPeftPrefix);
-    if (!is_adapter_factor(e.name)) continue;  // replaced_tensors
-    if (e.name.ends_with(kMagnitude)) {
-      out[e.name.substr(kPeftPrefix.size(), e.name.size() - kPeftPrefix.size() - kMagnitude.size())].magnitude = e.name;
-      continue;
-    }
-    const bool a = e.name.ends_with(".lora_A.weight");
-    const std::string module = e.name.substr(kPeftPrefix.size(), e.name.size() - kPeftPrefix.size() - 14);
-    (a ? out[module].a : out[module].b) = e.name;
-  }
-  for (const auto& [module, ad] : out)
-    MEMFIT_CHECK(!ad.a.empty() && !ad.b.empty(), "adapter", "the adapter in '{}' has only one of lora_A and lora_B "
-                 "for '{}'", dir, module);
-  for (const auto& [module, ad] : out)
-    MEMFIT_CHECK(ad.magnitude.empty() == !dora, "adapter", "the adapter in '{}' {} a DoRA magnitude for '{}' but its "
-                 "use_dora is {}", dir, dora ? "lacks" : "holds", module, dora);
-  return out;
-}
 
 // w ([rows, cols] as the file stores it) += scale * B A, or its transpose for a Conv1D weight.
 void merge_into(std::vector<float>& w, const Shape& shape, const std::vector<float>& a, const Shape& as,
@@ -120,34 +62,22 @@ void rescale_rows(std::vector<float>& w, const Shape& shape, const std::vector<f
 
 }  // namespace
 
-MergeLoraCommand::MergeLoraCommand(CLI::App& app) {
-  app.add_option("--model", model_, "the base model: a preset, an HF config.json or a directory holding one")
-      ->required();
-  app.add_option("--load", load_, "the base weights: a .safetensors file, an HF model directory or a sharded index")
-      ->required();
-  app.add_option("--adapter", adapter_, "a PEFT LoRA adapter directory (adapter_config.json, "
-                 "adapter_model.safetensors), as memfit train --save writes for a LoRA run")->required();
-  app.add_option("--out", out_, "the directory to write (model.safetensors + config.json)")->required();
-}
+MergeLoraCommand::MergeLoraCommand(CLI::App& app)
+    : AdapterFileCommand(app, "the base weights: a .safetensors file, an HF model directory or a sharded index",
+                         "a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), as memfit "
+                         "train --save writes for a LoRA run",
+                         "the directory to write (model.safetensors + config.json)") {}
 
-// OLoRA / PiSSA: the adapter was trained on W - scale B0 A0, B0 and A0 the start's factors of W
-// (train/lora_base_start.hpp), which are computed again here as the run computed them.
+// OLoRA / PiSSA: the adapter was trained on W - scale B0 A0 (cli/peft_adapter_reading.hpp).
 void subtract_start(std::vector<float>& w, const Shape& shape, int64_t rank, double scale, const LoraPolicy& lora,
                     bool conv1d, const std::string& name) {
+  const LowRankFactors f = start_factors_of(w, shape, rank, scale, lora, conv1d, name);
   const int64_t out = conv1d ? shape[1] : shape[0], in = conv1d ? shape[0] : shape[1];
-  auto at = [&](int64_t o, int64_t i) -> float& { return w[size_t(conv1d ? i * out + o : o * in + i)]; };
-  const WeightRows read = [&](int64_t first, int64_t count, std::span<float> rows) {
-    for (int64_t o = 0; o < count; ++o)
-      for (int64_t i = 0; i < in; ++i) rows[size_t(o * in + i)] = at(first + o, i);
-  };
-  const FactorShape s{out, in, rank, std::max<int64_t>(1, (int64_t(1) << 18) / in)};
-  const LowRankFactors f =
-      lora.init == LoraInit::pissa ? pissa_factors(s, scale, -1, 0, read, name) : olora_factors(s, read);
   std::vector<float> row(static_cast<size_t>(in));
   for (int64_t o = 0; o < out; ++o) {
-    read(o, 1, row);
+    for (int64_t i = 0; i < in; ++i) row[size_t(i)] = w[size_t(conv1d ? i * out + o : o * in + i)];
     subtract_low_rank(row, o, 1, in, f, scale);
-    for (int64_t i = 0; i < in; ++i) at(o, i) = row[size_t(i)];
+    for (int64_t i = 0; i < in; ++i) w[size_t(conv1d ? i * out + o : o * in + i)] = row[size_t(i)];
   }
 }
 

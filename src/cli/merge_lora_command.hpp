@@ -7,19 +7,17 @@
 
 #include <CLI/CLI.hpp>
 
-#include <cstdint>
 #include <ostream>
 #include <string>
 
+#include "cli/adapter_file_command.hpp"
+
 namespace memfit::cli {
 
-class MergeLoraCommand {
+class MergeLoraCommand : AdapterFileCommand {
  public:
   explicit MergeLoraCommand(CLI::App& app);  // adds the subcommand's options to app
   int run(std::ostream& out) const;          // throws memfit::Error
-
- private:
-  std::string model_, load_, adapter_, out_;
 };
 
 }  // namespace memfit::cli

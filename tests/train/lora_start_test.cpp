@@ -271,6 +271,17 @@ TEST_P(LoraStartParity, ThreeAdamWStepsMatchPeftAndTheSavedAdapterStartsAgainOnL
   EXPECT_NE(test::read_file(out + "/adapter_config.json").find(pissa ? "\"pissa\"" : "\"olora\""), std::string::npos);
   test::AdapterRun reloaded(test::fixture_path(base), out, fixture_policy());
   EXPECT_EQ(reloaded.micro_step(), after);
+  // convert-lora: the same model as a rank-2r plain LoRA of the untouched base.
+  const std::string converted = test::temp_dir() + "/converted";
+  const test::CliResult c = test::run_memfit("convert-lora --model " + test::fixture_path(base) + " --load " +
+                                             test::fixture_path(base) + " --adapter " + out + " --out " + converted);
+  ASSERT_EQ(c.status, 0) << c.err;
+  const std::string config = test::read_file(converted + "/adapter_config.json");
+  EXPECT_NE(config.find("\"init_lora_weights\": true"), std::string::npos) << config;
+  EXPECT_NE(config.find("\"r\": 8"), std::string::npos) << config;
+  EXPECT_NE(config.find("\"lora_alpha\": 16"), std::string::npos) << config;
+  test::AdapterRun as_lora(test::fixture_path(base), converted, fixture_policy());
+  EXPECT_NEAR(as_lora.micro_step(), after, 2e-6 * after);
   // PEFT's own saved start, loaded the same way, is PEFT's first step.
   test::AdapterRun theirs(test::fixture_path(base), adapter, fixture_policy());
   EXPECT_NEAR(theirs.micro_step(), ref[0], 1e-5 * ref[0]);
@@ -439,7 +450,11 @@ TEST(LoraStartRun, WhatItCannotStartIsRefusedInOneLine) {
   for (const auto& [args, words] : std::vector<std::pair<std::string, std::string>>{
            {"train --model llama-tiny --lora-init pissa_niter_x" + lora, "pissa_niter_N"},
            {"train --model llama-tiny --lora-init svd" + lora, "--lora-init 'svd'"},
-           {"train --model gpt2-tiny --lora-init olora" + lora, "GPT-2's Conv1D"}}) {
+           {"train --model gpt2-tiny --lora-init olora" + lora, "GPT-2's Conv1D"},
+           {"convert-lora --model " + test::fixture_path("llama_tiny_torch") + " --load " +
+                test::fixture_path("llama_tiny_torch") + " --adapter " + test::fixture_path("lora_llama_tiny_torch") +
+                " --out " + test::temp_dir() + "/never",
+            "is a LoRA adapter of its base already"}}) {
     const test::CliResult r = test::run_memfit(args);
     EXPECT_NE(r.status, 0) << args;
     EXPECT_NE(r.err.find(words), std::string::npos) << args << ": " << r.err;
