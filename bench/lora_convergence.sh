@@ -14,6 +14,7 @@
 #       [--reuse-base]   (OUT=DIR: keep the work in DIR; --reuse-base skips pretraining when
 #                         DIR already holds the base, to try other fine-tune settings)
 #       [--dora]         (also fine-tune with DoRA, --lora-dora, at LoRA's rank, alpha and rate)
+#       [--init pissa,olora]  (also fine-tune LoRA started by each --lora-init, at LoRA's settings)
 #
 # Needs a built memfit (MEMFIT overrides build/memfit) and python3. The text is read where it
 # is and split into a temporary directory; nothing is written into the repository.
@@ -21,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${MEMFIT_TEXT:-../shared/data/tinyshakespeare.txt}
 split=0.9 pretrain_steps=1500 steps=300 batch=16 seq=128 lr_full=3e-4 lr_lora=3e-3
-rank=8 alpha=16 targets=all-linear threads=2 val_fraction=0.2 seed=1337 reuse_base=0 dora=0
+rank=8 alpha=16 targets=all-linear threads=2 val_fraction=0.2 seed=1337 reuse_base=0 dora=0 inits=
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) data=$2; shift 2 ;;
@@ -39,6 +40,7 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift 2 ;;
     --reuse-base) reuse_base=1; shift ;;
     --dora) dora=1; shift ;;
+    --init) inits=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -77,6 +79,10 @@ finetune full "$lr_full"
 finetune lora "$lr_lora" --lora-rank "$rank" --lora-alpha "$alpha" --lora-targets "$targets"
 rm -f "$out/dora.json"
 [ "$dora" = 1 ] && finetune dora "$lr_lora" --lora-rank "$rank" --lora-alpha "$alpha" --lora-targets "$targets" --lora-dora
+rm -f "$out"/init_*.json
+for init in ${inits//,/ }; do
+  finetune "init_$init" "$lr_lora" --lora-rank "$rank" --lora-alpha "$alpha" --lora-targets "$targets" --lora-init "$init"
+done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 python3 - "$out" <<'EOF'
@@ -111,4 +117,15 @@ if dora:
     m = dora["memory"]
     print(f"DoRA: planned peak {m['planned_peak_bytes']['device'] / 2**20:.2f} MiB (measured "
           f"{m['measured_peak_bytes']['device'] / 2**20:.2f} MiB), ms/step {dora['ms_per_step']:.1f}")
+for path in sorted(out.glob("init_*.json")):
+    init = json.loads(path.read_text())
+    name = path.stem[len("init_"):]
+    print()
+    print(f"| fine-tune step | LoRA | LoRA started by {name} | {name} vs full |")
+    print("|---|---|---|---|")
+    for a, b, d in zip(full["validation"]["history"], lora["validation"]["history"], init["validation"]["history"]):
+        print(f"| {a['step']} | {b['loss']:.4f} | {d['loss']:.4f} | {100 * (d['loss'] - a['loss']) / a['loss']:+.2f}% |")
+    m = init["memory"]
+    print(f"{name}: planned peak {m['planned_peak_bytes']['device'] / 2**20:.2f} MiB (measured "
+          f"{m['measured_peak_bytes']['device'] / 2**20:.2f} MiB), ms/step {init['ms_per_step']:.1f}")
 EOF

@@ -31,8 +31,6 @@ int ConvertLoraCommand::run(std::ostream& log) const {
   apply_adapter_config(adapter_, lora);
   MEMFIT_CHECK(rewrites_base(lora), "convert-lora", "the adapter in '{}' started as init_lora_weights {}: it is a "
                "LoRA adapter of its base already", adapter_, lora_init_name(lora));
-  MEMFIT_CHECK(lora.pissa_niter < 0, "convert-lora", "the adapter in '{}' started as {}, from a random draw of its "
-               "training run: its start cannot be computed again here", adapter_, lora_init_name(lora));
   MEMFIT_CHECK(!lora.dora, "convert-lora", "the adapter in '{}' is DoRA: its update is not B A alone", adapter_);
   MEMFIT_CHECK(!lora.rslora || (lora.rank_pattern.empty() && lora.alpha_pattern.empty()), "convert-lora",
                "rsLoRA with rank_pattern or alpha_pattern: doubling the ranks changes the scales (PEFT refuses it too)");

@@ -85,10 +85,6 @@ int MergeLoraCommand::run(std::ostream& log) const {
   const ModelSpec spec = resolve_model(model_);
   LoraPolicy lora;
   apply_adapter_config(adapter_, lora);
-  MEMFIT_CHECK(lora.init != LoraInit::pissa || lora.pissa_niter < 0, "merge-lora",
-               "the adapter in '{}' started as {}, from a random draw of its training run: its base cannot be "
-               "rebuilt here (train with pissa, whose start is exact, or merge in that run with --save)",
-               adapter_, lora_init_name(lora));
   const SafetensorsShards base(load_);
   const SafetensorsReader adapter((fs::path(adapter_) / "adapter_model.safetensors").string());
   std::map<std::string, Adapter> modules = adapter_modules(adapter, adapter_, lora.dora);

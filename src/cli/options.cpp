@@ -377,6 +377,10 @@ RunConfig RunOptions::resolve() const {
   // --load-adapter DIR` must size the run that `train --load-adapter DIR` executes.
   if (!c.load_adapter.empty()) apply_adapter_config(c.load_adapter, c.policy.lora);
   apply_quantised_base_defaults(c);
+  // A pissa_niter_N start drawn now is drawn from this run's seed (and recorded with the adapter).
+  LoraPolicy& lora = c.policy.lora;
+  if (lora.init == LoraInit::pissa && lora.pissa_niter >= 0 && lora.start_seed < 0)
+    lora.start_seed = int64_t(c.seed);
   return c;
 }
 

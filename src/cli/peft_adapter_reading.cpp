@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "train/lora_base_start.hpp"
 
 namespace memfit::cli {
 
@@ -52,6 +53,19 @@ std::map<std::string, Adapter> adapter_modules(const SafetensorsReader& r, const
   return out;
 }
 
+namespace {
+
+// memfit's module name of a wrapped HF weight ("model.layers.0.mlp.up_proj.weight" ->
+// "layers.0.mlp.up_proj"): what a training run's pissa_niter_N draw is seeded with.
+std::string name_of_module(const std::string& weight) {
+  const std::string module = weight.substr(0, weight.size() - std::string_view(".weight").size());
+  for (std::string_view prefix : {"model.", "transformer."})
+    if (module.starts_with(prefix)) return module.substr(prefix.size());
+  return module;
+}
+
+}  // namespace
+
 LowRankFactors start_factors_of(const std::vector<float>& w, const Shape& shape, int64_t rank, double scale,
                                 const LoraPolicy& lora, bool conv1d, const std::string& name) {
   const int64_t out = conv1d ? shape[1] : shape[0], in = conv1d ? shape[0] : shape[1];
@@ -61,7 +75,12 @@ LowRankFactors start_factors_of(const std::vector<float>& w, const Shape& shape,
         rows[size_t(o * in + i)] = w[size_t(conv1d ? i * out + first + o : (first + o) * in + i)];
   };
   const FactorShape s{out, in, rank, std::max<int64_t>(1, (int64_t(1) << 18) / in)};
-  return lora.init == LoraInit::pissa ? pissa_factors(s, scale, -1, 0, read, name) : olora_factors(s, read);
+  if (lora.init == LoraInit::olora) return olora_factors(s, read);
+  MEMFIT_CHECK(lora.pissa_niter < 0 || lora.start_seed >= 0, "adapter",
+               "a {} adapter without memfit_start_seed: its start was a draw of a run that did not record it (PEFT's "
+               "own), so it cannot be computed again", lora_init_name(lora));
+  return pissa_factors(s, scale, lora.pissa_niter, pissa_seed(uint64_t(lora.start_seed), name_of_module(name)), read,
+                       name);
 }
 
 }  // namespace memfit::cli

@@ -82,6 +82,9 @@ struct LoraPolicy {
   LoraBias bias = LoraBias::none;
   LoraInit init = LoraInit::peft_default;
   int pissa_niter = -1;  // LoraInit::pissa: -1 for "pissa" (the exact top r), N for "pissa_niter_N"
+  // pissa_niter_N's Gaussian start is drawn from this seed (the training run's, which memfit
+  // records in the adapter's config as "memfit_start_seed"); -1: the run's --seed.
+  int64_t start_seed = -1;
   // PEFT's use_rslora (Kalajdzievski 2023): the branch is scaled by alpha / sqrt(r), which
   // keeps its output's size from shrinking as the rank grows.
   bool rslora = false;

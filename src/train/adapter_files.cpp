@@ -135,7 +135,7 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
   json rank_pattern = json::object(), alpha_pattern = json::object();
   for (const auto& [key, r] : lora.rank_pattern) rank_pattern[key] = r;
   for (const auto& [key, a] : lora.alpha_pattern) alpha_pattern[key] = number(a);
-  return json{{"alpha_pattern", alpha_pattern},
+  json config{{"alpha_pattern", alpha_pattern},
               {"auto_mapping", nullptr},
               {"base_model_name_or_path", base_model},
               {"bias", std::string(lora_bias_name(lora.bias))},
@@ -160,6 +160,11 @@ json adapter_config_json(const Program& p, const ModelSpec& spec, const LoraPoli
               {"task_type", "CAUSAL_LM"},
               {"use_dora", lora.dora},
               {"use_rslora", lora.rslora}};
+  // pissa_niter_N's start is a draw: memfit keeps its seed so that --load-adapter, merge-lora and
+  // convert-lora rebuild the same residual (PEFT ignores the key, with a warning).
+  if (lora.init == LoraInit::pissa && lora.pissa_niter >= 0 && lora.start_seed >= 0)
+    config["memfit_start_seed"] = lora.start_seed;
+  return config;
 }
 
 void apply_adapter_config(const std::string& dir, LoraPolicy& lora) {
@@ -204,6 +209,11 @@ void apply_adapter_config(const std::string& dir, LoraPolicy& lora) {
     lora.exclude_modules = f.exclude_modules, lora.exclude_regex = f.exclude_regex;
     lora.layers_to_transform = f.layers_to_transform, lora.layers_pattern = f.layers_pattern;
     lora.rank_pattern = f.rank_pattern, lora.alpha_pattern = f.alpha_pattern;
+    // How the adapters started is the file's too (olora / pissa rewrite the base under them).
+    MEMFIT_CHECK(lora.init == LoraInit::peft_default || (lora.init == f.init && lora.pissa_niter == f.pissa_niter),
+                 "adapter", "--lora-init {} but the adapter in '{}' has init_lora_weights {}", lora_init_name(lora), dir,
+                 lora_init_name(f));
+    lora.init = f.init, lora.pissa_niter = f.pissa_niter, lora.start_seed = f.start_seed;
     return;
   }
   lora = f;

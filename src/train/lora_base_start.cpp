@@ -37,8 +37,9 @@ const char* init_title(const LoraPolicy& lora) { return lora.init == LoraInit::p
 
 LowRankFactors factors_of(const LoraPolicy& lora, uint64_t seed, const LinearModule& m, const FactorShape& shape,
                           double scale, const WeightRows& read) {
-  return lora.init == LoraInit::pissa ? pissa_factors(shape, scale, lora.pissa_niter, pissa_seed(seed, m.name), read,
-                                                      m.name)
+  const uint64_t drawn_from = lora.start_seed >= 0 ? uint64_t(lora.start_seed) : seed;
+  return lora.init == LoraInit::pissa ? pissa_factors(shape, scale, lora.pissa_niter, pissa_seed(drawn_from, m.name),
+                                                      read, m.name)
                                       : olora_factors(shape, read);
 }
 

@@ -194,6 +194,8 @@ void apply_lora_config(const json& j, RunConfig& c, bool weights_from_file) {
       // fan_in_fan_out describes GPT-2's Conv1D storage, which memfit reads as HF stores it.
       if (key != "fan_in_fan_out")
         MEMFIT_CHECK(!v.is_boolean() || !v.get<bool>(), "config", "lora.{}: true is not supported", key);
+    } else if (key == "memfit_start_seed") {
+      l.start_seed = get_as<int64_t>(v, "lora.memfit_start_seed");
     } else if (key == "init_lora_weights") {
       parse_lora_init_value(v, weights_from_file, l);
     } else if (key == "exclude_modules") {

@@ -445,6 +445,41 @@ TEST(LoraStartRun, TheFirstLossIsTheBaseModelsAndThePlanHolds) {
   EXPECT_NE(q.out.find("within 2% + 25 MiB"), std::string::npos) << q.out;
 }
 
+// pissa_niter_N's start is a draw from the run's seed, which the saved adapter records: loading
+// it (memfit's --load-adapter), merging it and converting it rebuild the same residual whatever
+// --seed they are given; without the record the residual would differ.
+TEST(LoraStartRun, ADrawnStartKeepsItsSeedWithTheAdapter) {
+  const std::string base = test::fixture_path("llama_tiny_torch"), dir = test::temp_dir(), saved = dir + "/niter";
+  const test::CliResult r = test::run_memfit(
+      "train --model " + base + " --load " + base + " --lora-rank 4 --lora-targets q_proj,v_proj --lora-init "
+      "pissa_niter_2 --seed 7 --steps 2 --lr 1e-2 --batch 2 --seq 16 --val-fraction 0 --save " + saved);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string config = test::read_file(saved + "/adapter_config.json");
+  EXPECT_NE(config.find("\"memfit_start_seed\": 7"), std::string::npos) << config;
+  EXPECT_NE(config.find("\"init_lora_weights\": \"pissa_niter_2\""), std::string::npos) << config;
+  test::AdapterRun loaded(base, saved, fixture_policy());  // its own seed is 0: the file's 7 is taken
+  const float loss = loaded.micro_step();
+  const test::CliResult c = test::run_memfit("convert-lora --model " + base + " --load " + base + " --adapter " + saved +
+                                             " --out " + dir + "/plain");
+  ASSERT_EQ(c.status, 0) << c.err;
+  test::AdapterRun plain(base, dir + "/plain", fixture_policy());
+  EXPECT_NEAR(plain.micro_step(), loss, 2e-6 * loss);
+  // The same adapter with the record removed starts from seed 0: another residual, another loss.
+  const std::string unrecorded = dir + "/unrecorded";
+  fs::create_directories(unrecorded);
+  fs::copy_file(saved + "/adapter_model.safetensors", unrecorded + "/adapter_model.safetensors");
+  std::string stripped = config;
+  const size_t at = stripped.find("\"memfit_start_seed\"");
+  stripped.erase(at, stripped.find('\n', at) - at + 1);
+  test::write_file(unrecorded + "/adapter_config.json", stripped);
+  test::AdapterRun other(base, unrecorded, fixture_policy());
+  EXPECT_GT(std::fabs(other.micro_step() - loss), 1e-4 * loss);
+  const test::CliResult refused = test::run_memfit("merge-lora --model " + base + " --load " + base + " --adapter " +
+                                                   unrecorded + " --out " + dir + "/never");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.err.find("without memfit_start_seed"), std::string::npos) << refused.err;
+}
+
 TEST(LoraStartRun, WhatItCannotStartIsRefusedInOneLine) {
   const std::string lora = " --lora-rank 4 --steps 1 --val-fraction 0";
   for (const auto& [args, words] : std::vector<std::pair<std::string, std::string>>{
