@@ -108,24 +108,16 @@ for name, r in (("full", full), ("lora", lora)):
 print()
 print(f"validation loss at step {full['steps']}: full {va:.4f}, LoRA {vb:.4f}, LoRA {100 * (vb - va) / va:+.2f}% "
       f"({'within' if vb <= va * 1.02 else 'NOT within'} 2%)")
-if dora:
+# Variants beside plain LoRA: DoRA, and LoRA started by each --init.
+variants = ([("DoRA", dora)] if dora else []) + [
+    (f"LoRA started by {p.stem[len('init_'):]}", json.loads(p.read_text())) for p in sorted(out.glob("init_*.json"))]
+for name, v in variants:
     print()
-    print("| fine-tune step | LoRA | DoRA | DoRA vs full |")
+    print(f"| fine-tune step | LoRA | {name} | {name} vs full |")
     print("|---|---|---|---|")
-    for a, b, d in zip(full["validation"]["history"], lora["validation"]["history"], dora["validation"]["history"]):
+    for a, b, d in zip(full["validation"]["history"], lora["validation"]["history"], v["validation"]["history"]):
         print(f"| {a['step']} | {b['loss']:.4f} | {d['loss']:.4f} | {100 * (d['loss'] - a['loss']) / a['loss']:+.2f}% |")
-    m = dora["memory"]
-    print(f"DoRA: planned peak {m['planned_peak_bytes']['device'] / 2**20:.2f} MiB (measured "
-          f"{m['measured_peak_bytes']['device'] / 2**20:.2f} MiB), ms/step {dora['ms_per_step']:.1f}")
-for path in sorted(out.glob("init_*.json")):
-    init = json.loads(path.read_text())
-    name = path.stem[len("init_"):]
-    print()
-    print(f"| fine-tune step | LoRA | LoRA started by {name} | {name} vs full |")
-    print("|---|---|---|---|")
-    for a, b, d in zip(full["validation"]["history"], lora["validation"]["history"], init["validation"]["history"]):
-        print(f"| {a['step']} | {b['loss']:.4f} | {d['loss']:.4f} | {100 * (d['loss'] - a['loss']) / a['loss']:+.2f}% |")
-    m = init["memory"]
+    m = v["memory"]
     print(f"{name}: planned peak {m['planned_peak_bytes']['device'] / 2**20:.2f} MiB (measured "
-          f"{m['measured_peak_bytes']['device'] / 2**20:.2f} MiB), ms/step {init['ms_per_step']:.1f}")
+          f"{m['measured_peak_bytes']['device'] / 2**20:.2f} MiB), ms/step {v['ms_per_step']:.1f}")
 EOF
