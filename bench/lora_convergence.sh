@@ -14,7 +14,8 @@
 #       [--reuse-base]   (OUT=DIR: keep the work in DIR; --reuse-base skips pretraining when
 #                         DIR already holds the base, to try other fine-tune settings)
 #       [--dora]         (also fine-tune with DoRA, --lora-dora, at LoRA's rank, alpha and rate)
-#       [--init pissa,olora]  (also fine-tune LoRA started by each --lora-init, at LoRA's settings)
+#       [--init pissa,pissa_niter_4]  (also fine-tune LoRA started by each --lora-init, at LoRA's settings;
+#                        olora is refused on GPT-2's Conv1D)
 #
 # Needs a built memfit (MEMFIT overrides build/memfit) and python3. The text is read where it
 # is and split into a temporary directory; nothing is written into the repository.
