@@ -102,10 +102,13 @@ for a, b in zip(full["validation"]["history"], lora["validation"]["history"]):
     print(f"| {a['step']} | {a['loss']:.4f} | {b['loss']:.4f} | {100 * (b['loss'] - a['loss']) / a['loss']:+.2f}% |")
 va, vb = full["validation"]["last"], lora["validation"]["last"]
 print(f"| final training loss (one batch) | {full['loss']['last']:.4f} | {lora['loss']['last']:.4f} | |")
-for name, r in (("full", full), ("lora", lora)):
+def memory(r):
     m = r["memory"]
-    print(f"| {name}: planned peak (measured) | {m['planned_peak_bytes']['device'] / 2**20:.2f} MiB "
-          f"({m['measured_peak_bytes']['device'] / 2**20:.2f} MiB), ms/step {r['ms_per_step']:.1f} | | |")
+    return (f"planned peak {m['planned_peak_bytes']['device'] / 2**20:.2f} MiB (measured "
+            f"{m['measured_peak_bytes']['device'] / 2**20:.2f} MiB), peak RSS {m['max_rss_bytes'] / 2**20:.1f} MiB "
+            f"against a {m['process']['planned_peak_rss_bytes'] / 2**20:.1f} MiB process plan")
+for name, r in (("full", full), ("lora", lora)):
+    print(f"| {name}: {memory(r)}, ms/step {r['ms_per_step']:.1f} | | |")
 print()
 print(f"validation loss at step {full['steps']}: full {va:.4f}, LoRA {vb:.4f}, LoRA {100 * (vb - va) / va:+.2f}% "
       f"({'within' if vb <= va * 1.02 else 'NOT within'} 2%)")
@@ -118,7 +121,5 @@ for name, v in variants:
     print("|---|---|---|---|")
     for a, b, d in zip(full["validation"]["history"], lora["validation"]["history"], v["validation"]["history"]):
         print(f"| {a['step']} | {b['loss']:.4f} | {d['loss']:.4f} | {100 * (d['loss'] - a['loss']) / a['loss']:+.2f}% |")
-    m = v["memory"]
-    print(f"{name}: planned peak {m['planned_peak_bytes']['device'] / 2**20:.2f} MiB (measured "
-          f"{m['measured_peak_bytes']['device'] / 2**20:.2f} MiB), ms/step {v['ms_per_step']:.1f}")
+    print(f"{name}: {memory(v)}, ms/step {v['ms_per_step']:.1f}")
 EOF

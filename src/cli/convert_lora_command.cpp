@@ -1,9 +1,9 @@
 #include "cli/convert_lora_command.hpp"
 
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -37,12 +37,12 @@ int ConvertLoraCommand::run(std::ostream& log) const {
   const SafetensorsShards base(load_);
   const SafetensorsReader adapter((fs::path(adapter_) / "adapter_model.safetensors").string());
   std::map<std::string, Adapter> modules = adapter_modules(adapter, adapter_, false);
-  // Every output tensor's values, held until the file is written (an adapter is small).
-  std::vector<std::unique_ptr<std::vector<float>>> values;
+  // Every output tensor's values, held until the file is written (an adapter is small); a
+  // deque keeps their addresses as it grows.
+  std::deque<std::vector<float>> values;
   std::vector<SafetensorsTensor> tensors;
   auto add = [&](const std::string& name, Shape shape, std::vector<float> v) {
-    values.push_back(std::make_unique<std::vector<float>>(std::move(v)));
-    tensors.push_back({name, DType::f32, std::move(shape), values.back()->data()});
+    tensors.push_back({name, DType::f32, std::move(shape), values.emplace_back(std::move(v)).data()});
   };
   auto read = [&](const std::string& name) {
     const SafetensorsEntry& e = *adapter.find(name);

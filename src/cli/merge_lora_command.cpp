@@ -73,12 +73,13 @@ void subtract_start(std::vector<float>& w, const Shape& shape, int64_t rank, dou
                     bool conv1d, const std::string& name) {
   const LowRankFactors f = start_factors_of(w, shape, rank, scale, lora, conv1d, name);
   const int64_t out = conv1d ? shape[1] : shape[0], in = conv1d ? shape[0] : shape[1];
-  std::vector<float> row(static_cast<size_t>(in));
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t i = 0; i < in; ++i) row[size_t(i)] = w[size_t(conv1d ? i * out + o : o * in + i)];
-    subtract_low_rank(row, o, 1, in, f, scale);
-    for (int64_t i = 0; i < in; ++i) w[size_t(conv1d ? i * out + o : o * in + i)] = row[size_t(i)];
-  }
+  if (!conv1d) return subtract_low_rank(w, 0, out, in, f, scale);
+  std::vector<float> rows(w.size());  // a Conv1D weight [in, out] as [out, in], then back
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) rows[size_t(o * in + i)] = w[size_t(i * out + o)];
+  subtract_low_rank(rows, 0, out, in, f, scale);
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) w[size_t(i * out + o)] = rows[size_t(o * in + i)];
 }
 
 int MergeLoraCommand::run(std::ostream& log) const {

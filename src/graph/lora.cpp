@@ -24,12 +24,6 @@ bool is_embedding_or_head(const std::string& module) {
   return last == "wte" || last == "wpe" || last == "embed_tokens" || last == "lm_head";
 }
 
-const ParamEntry* find_param(const Program& p, const std::string& name) {
-  for (const ParamEntry& e : p.params())
-    if (e.name == name) return &e;
-  return nullptr;
-}
-
 // PEFT: a target names a module when it equals the module's name or is a dotted suffix of it.
 bool matches_target(const std::string& module, const std::string& target) {
   return module == target || (module.size() > target.size() && module.ends_with(target) &&
@@ -40,7 +34,7 @@ bool matches_target(const std::string& module, const std::string& target) {
 // "transformer.h.0.attn.c_attn".
 std::string hf_module_path(const Program& p, const std::string& module) {
   if (module == "lm_head") return module;
-  return (find_param(p, "wte.weight") ? "transformer." : "model.") + module;
+  return (p.find_param("wte.weight") ? "transformer." : "model.") + module;
 }
 
 // `text` as a regular expression; `given` is the user's part of it, for the error.
@@ -143,12 +137,12 @@ void LoraRewrite::declare(GraphBuilder& b) {
                lora_init_name(lora_));
   // PEFT's olora_init factors the weight as stored, which for GPT-2's Conv1D is [in, out]: the
   // adapters it makes do not fit the layer, so there is nothing to match.
-  MEMFIT_CHECK(lora_.init != LoraInit::olora || !find_param(p, "wte.weight"), "policy",
+  MEMFIT_CHECK(lora_.init != LoraInit::olora || !p.find_param("wte.weight"), "policy",
                "init_lora_weights olora on GPT-2's Conv1D layers: not supported (PEFT's factors the [in, out] weight "
                "as stored); use pissa, which PEFT transposes");
   for (const LinearModule& m : targets) {
     // Copies: declaring parameters grows the parameter and tensor tables.
-    const ParamEntry* base = find_param(p, m.weight);
+    const ParamEntry* base = p.find_param(m.weight);
     const TensorId w = base->value;
     const TensorSplit ws = base->split;
     b.set_layer(p.tensor(w).layer);
@@ -364,7 +358,7 @@ std::vector<LinearModule> linear_modules(const Program& p) {
     const std::string module = module_of(e.name);
     if (s.rank() != 2 || is_embedding_or_head(module)) continue;
     LinearModule m{module, e.name, "", 0, s[0], s[1], s[0]};
-    if (find_param(p, module + ".bias")) m.bias = module + ".bias";
+    if (p.find_param(module + ".bias")) m.bias = module + ".bias";
     // Fused q, k, v rows (graph/quantize_base.hpp's hf_segments_of knows the layout).
     const std::vector<int64_t> rows = hf_segments_of(p, e);
     if (rows.size() == 1) {
@@ -423,7 +417,7 @@ std::vector<LinearModule> lora_targets(const Program& p, const LoraPolicy& lora)
 
 std::vector<std::string> lora_modules_to_save(const Program& p, const LoraPolicy& lora) {
   if (lora.modules_to_save.empty()) return {};
-  const bool gpt2 = find_param(p, "wte.weight") != nullptr, tied = find_param(p, "lm_head.weight") == nullptr;
+  const bool gpt2 = p.find_param("wte.weight") != nullptr, tied = p.find_param("lm_head.weight") == nullptr;
   const std::vector<LinearModule> linears = linear_modules(p);
   std::set<std::string> fused;  // memfit modules that hold several HF modules (llama's qkv_proj)
   for (const LinearModule& m : linears)

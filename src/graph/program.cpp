@@ -155,6 +155,12 @@ TensorId Program::find_tensor(std::string_view name) const {
   return kNoTensor;
 }
 
+const ParamEntry* Program::find_param(std::string_view name) const {
+  for (const ParamEntry& e : params_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
 const Section* Program::find_section(SectionKind kind) const {
   for (const Section& s : sections_)
     if (s.kind == kind) return &s;

@@ -125,6 +125,7 @@ class Program {
 
   std::vector<ParamEntry>& params() { return params_; }
   const std::vector<ParamEntry>& params() const { return params_; }
+  const ParamEntry* find_param(std::string_view name) const;  // null when absent
   // Elements of all parameters (trainable and frozen), of the whole model: a tensor-parallel
   // rank counts each split parameter whole.
   int64_t parameter_count() const;

@@ -323,25 +323,34 @@ void load_adapter(const std::string& dir, Executor& ex, const ModelSpec& spec, c
                  dir, t.name, spec.name);
 }
 
+void load_run_weights(const RunConfig& config, Executor& ex, const ModelSpec& spec, TensorStaging& staging,
+                      bool resuming) {
+  // OLoRA / PiSSA rewrite the base and start the adapters (an adapter's file then replaces
+  // them): a quantised base as it is quantised, a float one once loaded. A checkpoint to resume
+  // holds the rewritten base and the magnitudes already.
+  const bool starting = !resuming;
+  BaseStart start(config.policy.lora, config.seed);
+  BaseStart* start_at_load = starting ? &start : nullptr;
+  if (config.load.empty()) {
+    initialize_parameters(ex, spec, config.seed, staging, {}, start_at_load);
+  } else {
+    load_weights(config.load, ex, spec, staging, start_at_load);
+    // A base checkpoint has no adapters: they start as PEFT starts them.
+    initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); },
+                          start_at_load);
+  }
+  if (starting) start.start(ex, staging);
+  // DoRA's magnitudes: from the base weights, unless an adapter or a checkpoint brings them.
+  if (config.load_adapter.empty() && starting) initialize_dora_magnitudes(ex, staging);
+  if (!config.load_adapter.empty()) load_adapter(config.load_adapter, ex, spec, config.policy.lora, staging);
+}
+
 void load_inference_weights(const RunConfig& config, Executor& ex, const ModelSpec& spec, TensorStaging& staging,
                             std::ostream& log) {
-  // OLoRA / PiSSA: the base's residual, then (with an adapter) the trained factors over the started ones.
-  BaseStart start(config.policy.lora, config.seed);
-  if (config.load.empty()) {
-    initialize_parameters(ex, spec, config.seed, staging, {}, &start);
+  load_run_weights(config, ex, spec, staging, false);
+  if (config.load.empty())
     log << fmt::format("no --load: model '{}' at its seeded initialisation (seed {})\n", spec.name, config.seed);
-  } else {
-    load_weights(config.load, ex, spec, staging, &start);
-    // A base checkpoint has no adapters: without --load-adapter they start as PEFT's (B = 0).
-    initialize_parameters(ex, spec, config.seed, staging, [](const ParamEntry& e) { return is_lora_adapter(e.name); },
-                          &start);
-  }
-  start.start(ex, staging);
-  if (config.load_adapter.empty()) initialize_dora_magnitudes(ex, staging);
-  if (!config.load_adapter.empty()) {
-    load_adapter(config.load_adapter, ex, spec, config.policy.lora, staging);
-    log << fmt::format("with the LoRA adapter from {}\n", config.load_adapter);
-  }
+  if (!config.load_adapter.empty()) log << fmt::format("with the LoRA adapter from {}\n", config.load_adapter);
 }
 
 }  // namespace memfit

@@ -45,6 +45,12 @@ void save_adapter(const std::string& dir, const Executor& ex, const ModelSpec& s
                   const std::string& base_model, TensorStaging& staging,
                   const std::vector<std::vector<float>>* whole = nullptr);
 
+// A run's weights before its first step: --load's (the adapters of a base checkpoint as PEFT
+// starts them) or the seeded initialisation, an OLoRA / PiSSA start, DoRA's magnitudes, then
+// --load-adapter's. `resuming`: a checkpoint replaces them afterwards, so nothing starts.
+void load_run_weights(const RunConfig& config, Executor& ex, const ModelSpec& spec, TensorStaging& staging,
+                      bool resuming);
+
 // The weights of a program that only infers (eval, generate): --load's (the adapters of a
 // base checkpoint as PEFT starts them), else the seeded initialisation; then --load-adapter's.
 // Says on `log` what it used.

@@ -17,10 +17,9 @@ namespace memfit {
 namespace {
 
 const ParamEntry& param_named(const Program& p, const std::string& name) {
-  for (const ParamEntry& e : p.params())
-    if (e.name == name) return e;
-  MEMFIT_ASSERT(false, "no parameter {}", name);
-  return p.params().front();
+  const ParamEntry* e = p.find_param(name);
+  MEMFIT_ASSERT(e != nullptr, "no parameter {}", name);
+  return *e;
 }
 
 // A weight's values as a model in its compute dtype holds them (PEFT starts from the bf16 model).
@@ -35,15 +34,24 @@ int64_t chunk_rows(int64_t cols) { return std::max<int64_t>(1, int64_t(TensorSta
 
 const char* init_title(const LoraPolicy& lora) { return lora.init == LoraInit::pissa ? "PiSSA" : "OLoRA"; }
 
-LowRankFactors factors_of(const LoraPolicy& lora, uint64_t seed, const LinearModule& m, const FactorShape& shape,
-                          double scale, const WeightRows& read) {
-  const uint64_t drawn_from = lora.start_seed >= 0 ? uint64_t(lora.start_seed) : seed;
-  return lora.init == LoraInit::pissa ? pissa_factors(shape, scale, lora.pissa_niter, pissa_seed(drawn_from, m.name),
-                                                      read, m.name)
-                                      : olora_factors(shape, read);
-}
-
 }  // namespace
+
+BaseStart::Started BaseStart::start_module(Executor& ex, const LinearModule& m, const WeightRows& read,
+                                           TensorStaging& staging) {
+  const Program& p = ex.program();
+  const std::string path = lora_module_path(p, m.name);
+  Started st;
+  st.scale = lora_.scale_of(path);
+  const FactorShape shape{m.rows, m.cols, lora_.rank_of(path), chunk_rows(m.cols)};
+  const uint64_t drawn_from = lora_.start_seed >= 0 ? uint64_t(lora_.start_seed) : seed_;
+  st.f = lora_.init == LoraInit::pissa
+             ? pissa_factors(shape, st.scale, lora_.pissa_niter, pissa_seed(drawn_from, m.name), read, m.name)
+             : olora_factors(shape, read);
+  store_one_rank_range(ex, param_named(p, lora_a_name(m.name)), 0, st.f.a, staging);
+  store_one_rank_range(ex, param_named(p, lora_b_name(m.name)), 0, st.f.b, staging);
+  stored_.insert({lora_a_name(m.name), lora_b_name(m.name)});
+  return st;
+}
 
 bool rewrites_base(const LoraPolicy& lora) {
   return lora.rank > 0 && (lora.init == LoraInit::olora || lora.init == LoraInit::pissa);
@@ -56,11 +64,6 @@ SegmentValues BaseStart::quantized_values(Executor& ex, const ParamEntry& e, Seg
   if (!rewrites_base(lora_)) return values;
   const Program& p = ex.program();
   const QuantizedParam qp = quantized_param_of(p, e);
-  struct Started {
-    size_t piece;
-    LowRankFactors f;
-    double scale;
-  };
   auto started = std::make_shared<std::vector<Started>>();
   for (const LinearModule& m : lora_targets(p, lora_)) {
     if (m.weight != e.name) continue;
@@ -68,8 +71,6 @@ SegmentValues BaseStart::quantized_values(Executor& ex, const ParamEntry& e, Seg
     size_t s = 0;
     for (int64_t r = 0; r < m.row_begin && s < qp.segments.size(); ++s) r += qp.segments[s];
     MEMFIT_ASSERT(s < qp.segments.size() && qp.segments[s] == m.rows, "{} is no piece of {}", m.name, e.name);
-    const std::string path = lora_module_path(p, m.name);
-    const double scale = lora_.scale_of(path);
     // The values as the run's weights hold them before quantising (rounded to the compute
     // dtype, as PEFT starts a bf16 model): the factors, and the residual the quantiser rounds.
     const WeightRows read = [&, s](int64_t first, int64_t count, std::span<float> out) {
@@ -77,13 +78,9 @@ SegmentValues BaseStart::quantized_values(Executor& ex, const ParamEntry& e, Seg
       values(s, first * m.cols, rows);
       round_to_weight_dtype(rows, qp.weight_dtype);
     };
-    LowRankFactors f = factors_of(lora_, seed_, m, {m.rows, m.cols, lora_.rank_of(path), chunk_rows(m.cols)}, scale,
-                                  read);
-    store_one_rank_range(ex, param_named(p, lora_a_name(m.name)), 0, f.a, staging);
-    store_one_rank_range(ex, param_named(p, lora_b_name(m.name)), 0, f.b, staging);
-    stored_.insert({lora_a_name(m.name), lora_b_name(m.name)});
+    started->push_back(start_module(ex, m, read, staging));
+    started->back().piece = s;
     quantized_started_.insert(m.name);
-    started->push_back({s, std::move(f), scale});
   }
   if (started->empty()) return values;
   return [values = std::move(values), started, cols = qp.cols, dtype = qp.weight_dtype](size_t s, int64_t first,
@@ -113,22 +110,17 @@ void BaseStart::start(Executor& ex, TensorStaging& staging) {
     MEMFIT_CHECK(!sharded, "lora",
                  "{} with ZeRO-3: the adapters start from the whole weight {}, which no rank holds; start at --zero "
                  "0, 1 or 2 and resume its checkpoint (--resume takes any layout) at ZeRO-3", init, m.weight);
-    const std::string path = lora_module_path(p, m.name);
-    const double scale = lora_.scale_of(path);
-    const FactorShape shape{m.rows, m.cols, lora_.rank_of(path), chunk_rows(m.cols)};
     const WeightRows read = [&](int64_t first, int64_t count, std::span<float> out) {
       load_parameter_range(ex, w, (m.row_begin + first) * m.cols, out.first(size_t(count * m.cols)), staging);
     };
-    const LowRankFactors f = factors_of(lora_, seed_, m, shape, scale, read);
-    store_one_rank_range(ex, param_named(p, lora_a_name(m.name)), 0, f.a, staging);
-    store_one_rank_range(ex, param_named(p, lora_b_name(m.name)), 0, f.b, staging);
-    stored_.insert({lora_a_name(m.name), lora_b_name(m.name)});
+    const Started st = start_module(ex, m, read, staging);
     const std::span<float> chunk = staging.values();
-    for (int64_t r0 = 0; r0 < m.rows; r0 += shape.chunk_rows) {
-      const int64_t h = std::min(shape.chunk_rows, m.rows - r0);
+    const int64_t step = chunk_rows(m.cols);
+    for (int64_t r0 = 0; r0 < m.rows; r0 += step) {
+      const int64_t h = std::min(step, m.rows - r0);
       const std::span<float> rows = chunk.first(size_t(h * m.cols));
       read(r0, h, rows);
-      subtract_low_rank(rows, r0, h, m.cols, f, scale);
+      subtract_low_rank(rows, r0, h, m.cols, st.f, st.scale);
       store_parameter_range(ex, w, (m.row_begin + r0) * m.cols, rows, staging);
     }
   }
@@ -144,11 +136,8 @@ uint64_t base_start_scratch_bytes(const Program& p, const LoraPolicy& lora) {
     most = std::max(most, chunk + factor_scratch_bytes(m.rows, m.cols, rank, lora.init == LoraInit::pissa,
                                                        lora.pissa_niter));
     // A quantised weight's factors live until its pieces are quantised (all of its targets').
-    const ParamEntry* w = nullptr;
-    for (const ParamEntry& e : p.params())
-      if (e.name == m.weight) w = &e;
-    if (w && is_quantized_param(*w)) quantized = std::max<uint64_t>(quantized, uint64_t(rank * (m.rows + m.cols)) * 3 *
-                                                                                   sizeof(float));
+    if (is_quantized_param(param_named(p, m.weight)))
+      quantized = std::max<uint64_t>(quantized, uint64_t(rank * (m.rows + m.cols)) * 3 * sizeof(float));
   }
   return most + quantized;
 }

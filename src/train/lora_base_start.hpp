@@ -12,8 +12,10 @@
 #include <set>
 #include <string>
 
+#include "graph/lora.hpp"
 #include "graph/policy.hpp"
 #include "runtime/executor.hpp"
+#include "train/lora_start_factors.hpp"
 #include "train/quantized_weights.hpp"
 #include "train/tensor_staging.hpp"
 
@@ -36,6 +38,14 @@ class BaseStart {
   void start(Executor& ex, TensorStaging& staging);
 
  private:
+  struct Started {
+    LowRankFactors f;
+    double scale = 0;
+    size_t piece = 0;  // of a quantised weight
+  };
+  // The target's factors from `read` (W's rows), its A and B stored.
+  Started start_module(Executor& ex, const LinearModule& m, const WeightRows& read, TensorStaging& staging);
+
   LoraPolicy lora_;
   uint64_t seed_;
   std::set<std::string> stored_, quantized_started_;

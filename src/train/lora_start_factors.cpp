@@ -134,15 +134,22 @@ LowRankFactors pissa_factors(const FactorShape& s, double scale, int niter, uint
   double best = INFINITY;
   int64_t best_at = 0;
   Ritz ritz;
+  std::vector<float> u;  // Q left: the Ritz left vectors [rows, b]
+  auto left_vectors = [&] {
+    u.resize(size_t(s.rows * b));
+    gemm('N', 'N', s.rows, b, b, 1.0f, q.data(), ritz.left.data(), false, u.data());
+  };
   for (int64_t it = 0;; ++it) {
     transposed_times(s, read, q, b, p);  // P = Q^T W: its SVD gives the Ritz triplets
     ritz = svd_of_panel(p, b, s.cols);
-    if (niter >= 0 && it == cap) break;
+    if (niter >= 0 && it == cap) {
+      left_vectors();
+      break;
+    }
     times_rows_transposed(s, read, ritz.right, b, y);  // Y = W V: the next basis, and the residuals
     if (niter < 0) {
-      // ||W v_i - sigma_i u_i|| for the top r, u = Q left (W^T u_i - sigma_i v_i is 0 by construction).
-      std::vector<float> u(size_t(s.rows * b));
-      gemm('N', 'N', s.rows, b, b, 1.0f, q.data(), ritz.left.data(), false, u.data());
+      // ||W v_i - sigma_i u_i|| for the top r (W^T u_i - sigma_i v_i is 0 by construction).
+      left_vectors();
       double worst = 0;
       for (int64_t i = 0; i < r; ++i) {
         double sum = 0;
@@ -167,10 +174,8 @@ LowRankFactors pissa_factors(const FactorShape& s, double scale, int niter, uint
     q = std::move(y);
     orthonormalize(q, s.rows, b);
   }
-  // B = (Q left)[:, :r] sqrt(S_r / scale), A = sqrt(S_r / scale) V_r^T; each pair's sign fixed
-  // so that its left vector's largest entry is positive (the factorisation leaves it free).
-  std::vector<float> u(size_t(s.rows * b));
-  gemm('N', 'N', s.rows, b, b, 1.0f, q.data(), ritz.left.data(), false, u.data());
+  // B = u[:, :r] sqrt(S_r / scale), A = sqrt(S_r / scale) V_r^T; each pair's sign fixed so that
+  // its left vector's largest entry is positive (the factorisation leaves it free).
   LowRankFactors out;
   out.rank = r;
   out.a.resize(size_t(r * s.cols));

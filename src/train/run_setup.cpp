@@ -8,9 +8,7 @@
 #include "train/adapter_files.hpp"
 #include "train/budget.hpp"
 #include "train/checkpoint_agree.hpp"
-#include "train/dora_init.hpp"
 #include "train/init.hpp"
-#include "train/lora_base_start.hpp"
 #include "train/run_checks.hpp"
 #include "train/synthetic_corpus.hpp"
 #include "train/token_cache.hpp"
@@ -112,27 +110,9 @@ void build_executor(RunState& s, RunHooks* hooks) {
   if (const std::string where = ex.buffer(Tier::disk).describe(); !where.empty())
     log << fmt::format("disk tier: {}\n", where);
   ex.set_timing(true);  // two clock reads per op: the report's time per phase
-  // OLoRA / PiSSA rewrite the base and start the adapters (an adapter's file then replaces
-  // them): a quantised base as it is quantised, a float one once loaded. A checkpoint holds the
-  // rewritten base already.
-  BaseStart start(c.policy.lora, c.seed);
-  BaseStart* starting = c.resume.empty() ? &start : nullptr;
-  if (c.load.empty()) {
-    initialize_parameters(ex, s.run.spec, c.seed, s.staging, {}, starting);
-  } else {
-    load_weights(c.load, ex, s.run.spec, s.staging, starting);
-    // A base checkpoint has no adapters: they start as PEFT starts them.
-    initialize_parameters(ex, s.run.spec, c.seed, s.staging,
-                          [](const ParamEntry& e) { return is_lora_adapter(e.name); }, starting);
-    log << fmt::format("loaded weights from {}\n", c.load);
-  }
-  if (starting) start.start(ex, s.staging);
-  // DoRA's magnitudes: from the base weights, unless an adapter or a checkpoint brings them.
-  if (c.load_adapter.empty() && c.resume.empty()) initialize_dora_magnitudes(ex, s.staging);
-  if (!c.load_adapter.empty()) {
-    load_adapter(c.load_adapter, ex, s.run.spec, c.policy.lora, s.staging);
-    log << fmt::format("loaded the LoRA adapter from {}\n", c.load_adapter);
-  }
+  load_run_weights(c, ex, s.run.spec, s.staging, !c.resume.empty());
+  if (!c.load.empty()) log << fmt::format("loaded weights from {}\n", c.load);
+  if (!c.load_adapter.empty()) log << fmt::format("loaded the LoRA adapter from {}\n", c.load_adapter);
   zero_persistent_state(ex, s.staging);
   const TensorId tokens = prog.find_tensor(kTokens), targets = prog.find_tensor(kTargets);
   const TensorId eval_tokens = prog.find_tensor(kEvalTokens), eval_targets = prog.find_tensor(kEvalTargets);

@@ -322,10 +322,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, LoraStartParity, ::testing::Values("llama_olo
 class LoraStartQuantized : public ::testing::TestWithParam<const char*> {};
 
 const ParamEntry* param_of(const Program& p, const std::string& name) {
-  for (const ParamEntry& e : p.params())
-    if (e.name == name) return &e;
-  ADD_FAILURE() << "no parameter " << name;
-  return &p.params().front();
+  const ParamEntry* e = p.find_param(name);
+  if (e == nullptr) ADD_FAILURE() << "no parameter " << name;
+  return e != nullptr ? e : &p.params().front();
 }
 
 TEST_P(LoraStartQuantized, TheResidualIsWhatIsQuantisedAndWsErrorShrinks) {
